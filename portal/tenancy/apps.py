@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TenancyConfig(AppConfig):
+    name = "portal.tenancy"
+    label = "tenancy"
