@@ -1,0 +1,33 @@
+"""Domain exceptions → HTTP answers with messages that say what is wrong."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ObjectDoesNotExist
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from portal.reservations.quota import QuotaExceeded
+from portal.reservations.rules import RuleViolation
+from portal.reservations.states import IllegalTransition
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, RuleViolation):
+        return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, QuotaExceeded):
+        return Response(
+            {"detail": str(exc), "code": "quota_exceeded", "team": exc.team.slug, "quota": {
+                "gpu_share": str(exc.team.quota_gpu_share), "memory_mib": exc.team.quota_memory_mib,
+                "gpus": exc.team.quota_max_gpus}, "in_use": exc.usage.as_dict()},
+            status=status.HTTP_409_CONFLICT,
+        )
+    if isinstance(exc, IllegalTransition):
+        return Response(
+            {"detail": f"not allowed: the reservation is {exc.current}", "code": "illegal_transition",
+             "state": exc.current},
+            status=status.HTTP_409_CONFLICT,
+        )
+    if isinstance(exc, ObjectDoesNotExist):
+        return Response({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
+    return drf_exception_handler(exc, context)

@@ -1,0 +1,236 @@
+"""API representations. Field-level formats are checked here; domain rules (models, memory,
+quota) by the services, which report per-field errors the same way."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from portal.fleet.models import Gpu, Node
+from portal.reservations.models import Allocation, Kind, Reservation, StateTransition
+from portal.tenancy import roles
+from portal.tenancy.models import ApiToken, ExclusionGroup, Membership, Role, Team
+
+SHARE = {"max_digits": 4, "decimal_places": 3, "coerce_to_string": False}
+
+
+class VisibleTeamField(serializers.SlugRelatedField):
+    """A team given by slug, looked up among the teams the user may see (others read as unknown)."""
+
+    default_error_messages = {
+        "does_not_exist": "no team '{value}' that you belong to",
+        "invalid": "must be a team slug",
+    }
+
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="slug", **kwargs)
+
+    def get_queryset(self):
+        return roles.visible_teams(self.context["request"].user)
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
+    gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
+    node = serializers.CharField(source="gpu.node.name", read_only=True)
+    compute_share = serializers.DecimalField(**SHARE, read_only=True)
+    compute_limit = serializers.DecimalField(**SHARE, read_only=True)
+
+    class Meta:
+        model = Allocation
+        fields = ["gpu_uuid", "gpu_index", "node", "compute_share", "compute_limit", "memory_mib"]
+
+
+class ReservationSerializer(serializers.ModelSerializer):
+    team = VisibleTeamField()
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    node = serializers.CharField(source="node.name", read_only=True, default=None)
+    kind = serializers.ChoiceField(choices=Kind.choices, default=Kind.BATCH)
+    image = serializers.CharField(max_length=255)
+    command = serializers.ListField(child=serializers.CharField(max_length=4096, allow_blank=True),
+                                    max_length=256, required=False, default=list)
+    gpu_request = serializers.DecimalField(**SHARE, min_value=Decimal("0.001"), max_value=Decimal("1"))
+    gpu_limit = serializers.DecimalField(**SHARE, min_value=Decimal("0.001"), max_value=Decimal("1"),
+                                         required=False, allow_null=True)
+    gpu_memory_mib = serializers.IntegerField(min_value=1, max_value=10_000_000)
+    gpu_count = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    gpu_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    group_headcount = serializers.IntegerField(min_value=1, max_value=4096, required=False, allow_null=True)
+    group_threshold = serializers.DecimalField(**SHARE, required=False, allow_null=True,
+                                               min_value=Decimal("0.001"), max_value=Decimal("1"))
+    max_duration_s = serializers.IntegerField(min_value=60, max_value=30 * 86400, required=False, allow_null=True)
+    allocations = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Reservation
+        fields = [
+            "id", "name", "team", "owner", "kind", "image", "command",
+            "gpu_request", "gpu_limit", "gpu_memory_mib", "gpu_count", "gpu_model", "priority",
+            "opportunistic", "requeue_on_preempt", "affinity", "anti_affinity", "exclusion",
+            "group_name", "group_headcount", "group_threshold", "max_duration_s", "expires_at",
+            "state", "state_reason", "node", "allocations",
+            "created_at", "placed_at", "started_at", "finished_at", "updated_at",
+        ]
+        read_only_fields = [
+            "id", "owner", "opportunistic", "expires_at", "state", "state_reason", "node",
+            "created_at", "placed_at", "started_at", "finished_at", "updated_at",
+        ]
+        extra_kwargs = {
+            "name": {"required": False, "allow_blank": True},
+            "affinity": {"required": False, "allow_blank": True},
+            "anti_affinity": {"required": False, "allow_blank": True},
+            "exclusion": {"required": False, "allow_blank": True},
+            "group_name": {"required": False, "allow_blank": True},
+        }
+
+    def get_allocations(self, obj) -> list[dict]:
+        live = [a for a in obj.allocations.all() if a.released_at is None]
+        return AllocationSerializer(live, many=True).data
+
+
+class ReservationPage(serializers.Serializer):
+    """Only for documentation of the cancel answer."""
+
+    detail = serializers.CharField()
+
+
+class StateTransitionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = StateTransition
+        fields = ["from_state", "to_state", "actor_label", "reason", "at"]
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    quota_gpu_share = serializers.DecimalField(max_digits=8, decimal_places=3, coerce_to_string=False,
+                                               min_value=Decimal("0"), max_value=Decimal("100000"))
+    quota_memory_mib = serializers.IntegerField(min_value=0, max_value=10**12)
+    quota_max_gpus = serializers.IntegerField(min_value=0, max_value=1_000_000)
+    my_role = serializers.SerializerMethodField()
+    in_use = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Team
+        fields = ["slug", "name", "quota_gpu_share", "quota_memory_mib", "quota_max_gpus",
+                  "allow_over_quota", "my_role", "in_use", "created_at"]
+        read_only_fields = ["created_at"]
+
+    def get_my_role(self, obj) -> str | None:
+        return roles.role_in(self.context["request"].user, obj)
+
+    def get_in_use(self, obj) -> dict:
+        from portal.reservations.quota import usage_of
+
+        return usage_of(obj).as_dict()
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    team = VisibleTeamField()
+    user = serializers.SlugRelatedField(slug_field="username", queryset=get_user_model().objects.all(),
+                                        error_messages={"does_not_exist": "no user '{value}'"})
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "team", "user", "role", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class MembershipUpdateSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Membership
+        fields = ["id", "team", "user", "role", "created_at"]
+        read_only_fields = ["id", "team", "user", "created_at"]
+
+    team = serializers.CharField(source="team.slug", read_only=True)
+    user = serializers.CharField(source="user.username", read_only=True)
+
+
+class ExclusionGroupSerializer(serializers.ModelSerializer):
+    team = VisibleTeamField()
+
+    class Meta:
+        model = ExclusionGroup
+        fields = ["id", "team", "label", "description", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators = []  # uniqueness is checked in validate() with a clearer message
+
+    def validate(self, attrs):
+        team = attrs.get("team") or getattr(self.instance, "team", None)
+        label = attrs.get("label") or getattr(self.instance, "label", None)
+        clash = ExclusionGroup.objects.filter(team=team, label=label)
+        if self.instance:
+            clash = clash.exclude(pk=self.instance.pk)
+        if clash.exists():
+            raise serializers.ValidationError({"label": f"team {team.slug} already has a group '{label}'"})
+        return attrs
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", read_only=True)
+    allocated_request = serializers.DecimalField(max_digits=6, decimal_places=3, coerce_to_string=False,
+                                                 read_only=True)
+    allocated_memory_mib = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Gpu
+        fields = ["uuid", "node", "index", "model", "memory_mib", "nvlink_peers", "numa_node", "healthy",
+                  "allocated_request", "allocated_memory_mib"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpu_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["name", "labels", "status", "status_reason", "cpu_milli", "memory_mib", "last_seen",
+                  "gpu_count", "created_at"]
+
+
+class NodeActionSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+        read_only_fields = ["id", "prefix", "created_at", "last_used_at", "revoked_at"]
+
+
+class NewTokenSerializer(TokenSerializer):
+    key = serializers.CharField(read_only=True, help_text="Shown once; only its hash is stored.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "key"]
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
+    name = serializers.CharField(max_length=80, required=False, default="cli")
+
+
+class CapacityQuerySerializer(serializers.Serializer):
+    gpu_request = serializers.DecimalField(**SHARE, min_value=Decimal("0.001"), max_value=Decimal("1"))
+    gpu_memory_mib = serializers.IntegerField(min_value=1, max_value=10_000_000)
+    gpu_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    gpu_count = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    team = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
+
+
+class CapacityGpuSerializer(serializers.Serializer):
+    uuid = serializers.CharField()
+    node = serializers.CharField()
+    index = serializers.IntegerField()
+    model = serializers.CharField()
+    free_share = serializers.FloatField()
+    free_memory_mib = serializers.IntegerField()
+
+
+class CapacityAnswerSerializer(serializers.Serializer):
+    gpus = CapacityGpuSerializer(many=True)
+    fits = serializers.BooleanField()
+    reasons = serializers.ListField(child=serializers.DictField())

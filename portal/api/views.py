@@ -1,0 +1,249 @@
+"""REST API views: declarative querysets scoped to what the user may see; the domain work is done
+by the services. Objects of other teams are filtered out of querysets, so they answer 404."""
+
+from __future__ import annotations
+
+from django.contrib.auth import authenticate
+from django.db.models import Count, IntegerField, Prefetch, Q, Sum, Value
+from django.db.models.functions import Coalesce
+from django.db.models import DecimalField
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.fleet import services as fleet_services
+from portal.fleet.models import Gpu, Node
+from portal.reservations import services
+from portal.reservations.models import Allocation, Reservation
+from portal.reservations.rules import ReservationSpec
+from portal.tenancy import roles
+from portal.tenancy import services as tenancy_services
+from portal.tenancy.models import ApiToken, ExclusionGroup, Membership, Team
+
+from . import capacity, permissions, serializers
+from .filters import MembershipFilter, ReservationFilter
+
+ERRORS = {400: OpenApiResponse(description="Invalid input, per field"),
+          404: OpenApiResponse(description="Not found (or not visible to you)")}
+
+
+@extend_schema_view(
+    create=extend_schema(responses={201: serializers.ReservationSerializer, 409: OpenApiResponse(
+        description="Over the team's quota"), **ERRORS}),
+)
+class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                         viewsets.GenericViewSet):
+    """GPU reservations of your teams. Members submit to their teams and cancel their own;
+    team admins cancel any of their team's; managers read."""
+
+    serializer_class = serializers.ReservationSerializer
+    filterset_class = ReservationFilter
+
+    def get_queryset(self):
+        user = self.request.user
+        qs = Reservation.objects.select_related("team", "owner", "node").prefetch_related(
+            Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node")))
+        if not user.is_staff:
+            qs = qs.filter(team__in=roles.visible_teams(user))
+        return qs
+
+    def perform_create(self, serializer):
+        data = dict(serializer.validated_data)
+        team = data.pop("team")
+        permissions.require_submit(self.request.user, team)
+        serializer.instance = services.submit(self.request.user, ReservationSpec(team=team, **data))
+
+    @extend_schema(request=None, responses={200: serializers.ReservationSerializer, 409: OpenApiResponse(
+        description="The reservation has already finished"), 403: OpenApiResponse(description="Not yours")})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        reservation = self.get_object()
+        permissions.require_cancel(request.user, reservation)
+        services.cancel(reservation.pk, request.user)
+        return Response(self.get_serializer(self.get_queryset().get(pk=reservation.pk)).data)
+
+    @extend_schema(responses={200: serializers.StateTransitionSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def history(self, request, pk=None):
+        reservation = self.get_object()
+        return Response(serializers.StateTransitionSerializer(reservation.transitions.all(), many=True).data)
+
+
+class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                  mixins.UpdateModelMixin, viewsets.GenericViewSet):
+    """Teams you belong to (all, for site admins). Site admins create teams and set quotas."""
+
+    serializer_class = serializers.TeamSerializer
+    lookup_field = "slug"
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
+
+    def get_queryset(self):
+        return roles.visible_teams(self.request.user)
+
+    def perform_create(self, serializer):
+        permissions.require_staff(self.request.user)
+        serializer.save()
+
+    def perform_update(self, serializer):
+        permissions.require_staff(self.request.user)
+        serializer.save()
+
+
+class TeamScopedViewSet(viewsets.ModelViewSet):
+    """Objects that belong to a team: visible to its people; changed by its admins and staff."""
+
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        qs = self.queryset.select_related("team")
+        if not self.request.user.is_staff:
+            qs = qs.filter(team__in=roles.visible_teams(self.request.user))
+        return qs
+
+    def perform_create(self, serializer):
+        permissions.require_team_admin(self.request.user, serializer.validated_data["team"])
+        serializer.save()
+
+    def perform_update(self, serializer):
+        permissions.require_team_admin(self.request.user, serializer.instance.team)
+        if "team" in serializer.validated_data:
+            permissions.require_team_admin(self.request.user, serializer.validated_data["team"])
+        serializer.save()
+
+    def perform_destroy(self, instance):
+        permissions.require_team_admin(self.request.user, instance.team)
+        instance.delete()
+
+
+class MembershipViewSet(TeamScopedViewSet):
+    """Who is in your teams with which role; team admins add, change and remove members."""
+
+    queryset = Membership.objects.select_related("user")
+    filterset_class = MembershipFilter
+
+    def get_serializer_class(self):
+        if self.action in ("update", "partial_update"):
+            return serializers.MembershipUpdateSerializer
+        return serializers.MembershipSerializer
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        permissions.require_team_admin(self.request.user, data["team"])
+        if Membership.objects.filter(team=data["team"], user=data["user"]).exists():
+            from rest_framework.exceptions import ValidationError
+
+            raise ValidationError({"user": f"{data['user'].username} is already in team {data['team'].slug}"})
+        serializer.save()
+
+
+class ExclusionGroupViewSet(TeamScopedViewSet):
+    """Exclusion groups (Gemini): workloads with different exclusion labels never share a GPU."""
+
+    queryset = ExclusionGroup.objects.all()
+    serializer_class = serializers.ExclusionGroupSerializer
+    filterset_fields = ["team__slug", "label"]
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """The GPU nodes. Site admins drain a node (no new placements) and return it to service."""
+
+    serializer_class = serializers.NodeSerializer
+    lookup_field = "name"
+    lookup_value_regex = r"[-a-zA-Z0-9_.]+"
+    filterset_fields = ["status"]
+
+    def get_queryset(self):
+        return Node.objects.annotate(gpu_count=Count("gpus"))
+
+    @extend_schema(request=serializers.NodeActionSerializer, responses={200: serializers.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request, name=None):
+        return self._set(request, fleet_services.drain)
+
+    @extend_schema(request=serializers.NodeActionSerializer, responses={200: serializers.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def undrain(self, request, name=None):
+        return self._set(request, fleet_services.undrain)
+
+    def _set(self, request, operation):
+        permissions.require_staff(request.user)
+        node = self.get_object()
+        body = serializers.NodeActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        operation(node.pk, request.user, body.validated_data["reason"])
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data)
+
+
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every GPU with what is allocated on it now."""
+
+    serializer_class = serializers.GpuSerializer
+    lookup_field = "uuid"
+    lookup_value_regex = r"[-a-zA-Z0-9_.]+"
+    filterset_fields = ["model", "node__name"]
+
+    def get_queryset(self):
+        live = Q(allocations__released_at__isnull=True)
+        return Gpu.objects.select_related("node").annotate(
+            allocated_request=Coalesce(Sum("allocations__compute_share", filter=live),
+                                       Value(0), output_field=DecimalField(max_digits=6, decimal_places=3)),
+            allocated_memory_mib=Coalesce(Sum("allocations__memory_mib", filter=live), Value(0),
+                                          output_field=IntegerField()),
+        )
+
+
+@extend_schema(request=serializers.TokenSerializer, responses={201: serializers.NewTokenSerializer})
+class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,
+                   viewsets.GenericViewSet):
+    """Your API tokens. The key is shown once, at creation; DELETE revokes."""
+
+    serializer_class = serializers.TokenSerializer
+
+    def get_queryset(self):
+        return ApiToken.objects.filter(user=self.request.user)
+
+    def create(self, request, *args, **kwargs):
+        body = self.get_serializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        token, key = tenancy_services.create_token(request.user, body.validated_data["name"])
+        token.key = key
+        return Response(serializers.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance):
+        tenancy_services.revoke_token(instance)
+
+
+class ObtainTokenView(APIView):
+    """Exchange a username and password for a new API token (for CLIs and scripts)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes = []
+
+    @extend_schema(request=serializers.TokenRequestSerializer,
+                   responses={201: serializers.NewTokenSerializer, 400: OpenApiResponse(description="Invalid"),
+                              401: OpenApiResponse(description="Wrong credentials")})
+    def post(self, request):
+        body = serializers.TokenRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        user = authenticate(request, username=body.validated_data["username"],
+                            password=body.validated_data["password"])
+        if user is None:
+            raise AuthenticationFailed("wrong username or password")
+        token, key = tenancy_services.create_token(user, body.validated_data["name"])
+        token.key = key
+        return Response(serializers.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+
+class CapacityView(APIView):
+    """The GPUs that could take such a request now; when none could, the reasons why."""
+
+    @extend_schema(parameters=[serializers.CapacityQuerySerializer],
+                   responses={200: serializers.CapacityAnswerSerializer, **ERRORS})
+    def get(self, request):
+        query = serializers.CapacityQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(capacity.answer(request.user, **query.validated_data))

@@ -1,0 +1,49 @@
+"""The GPU fleet: nodes (with their agent credential) and the GPUs on them."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class NodeStatus(models.TextChoices):
+    READY = "ready", "Ready"
+    DRAINING = "draining", "Draining"
+    LOST = "lost", "Lost"
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=253, unique=True)
+    labels = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.READY)
+    status_reason = models.CharField(max_length=200, blank=True)
+    cpu_milli = models.PositiveIntegerField(default=0, help_text="Allocatable CPU in millicores (0: unknown)")
+    memory_mib = models.PositiveBigIntegerField(default=0, help_text="Allocatable memory (0: unknown)")
+    last_seen = models.DateTimeField(null=True, blank=True)
+    # The node agent's credential: only a hash is kept (manage.py node_token shows the key once).
+    agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    agent_token_created_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    uuid = models.CharField(max_length=96, unique=True)
+    index = models.PositiveSmallIntegerField()
+    model = models.CharField(max_length=64, db_index=True)
+    memory_mib = models.PositiveIntegerField()
+    nvlink_peers = models.JSONField(default=list, blank=True, help_text="Indices of NVLink-connected GPUs")
+    numa_node = models.SmallIntegerField(null=True, blank=True)
+    healthy = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="unique_gpu_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.index} ({self.model})"

@@ -1,0 +1,124 @@
+"""Reservations (what a user asked for), allocations (the GPU shares one holds) and the audit log
+of every state transition."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from portal.fleet.models import Gpu
+from portal.tenancy.models import Team
+
+from .states import State
+
+
+class Kind(models.TextChoices):
+    INTERACTIVE = "interactive", "Interactive (notebook)"
+    BATCH = "batch", "Batch job"
+
+
+class Reservation(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reservations")
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="reservations")
+    name = models.CharField(max_length=63, blank=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.BATCH)
+    image = models.CharField(max_length=255)
+    command = models.JSONField(default=list, blank=True)
+
+    gpu_request = models.DecimalField(max_digits=4, decimal_places=3)
+    gpu_limit = models.DecimalField(max_digits=4, decimal_places=3)
+    gpu_memory_mib = models.PositiveIntegerField()
+    gpu_count = models.PositiveSmallIntegerField(default=1)
+    gpu_model = models.CharField(max_length=200, blank=True, help_text="A model, or several joined by '|'")
+    priority = models.PositiveSmallIntegerField(default=50, validators=[MinValueValidator(0), MaxValueValidator(100)])
+    # Accepted beyond the team's quota (priority 0): not counted in the quota, preemptible.
+    opportunistic = models.BooleanField(default=False)
+    requeue_on_preempt = models.BooleanField(default=False)
+
+    affinity = models.CharField(max_length=63, blank=True)
+    anti_affinity = models.CharField(max_length=63, blank=True)
+    exclusion = models.CharField(max_length=63, blank=True)
+
+    group_name = models.CharField(max_length=63, blank=True)
+    group_headcount = models.PositiveSmallIntegerField(null=True, blank=True)
+    group_threshold = models.DecimalField(max_digits=4, decimal_places=3, null=True, blank=True)
+
+    max_duration_s = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
+    state_reason = models.CharField(max_length=500, blank=True)
+    node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["team", "state"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(gpu_request__gt=0) & models.Q(gpu_request__lte=models.F("gpu_limit"))
+                & models.Q(gpu_limit__lte=1),
+                name="share_within_bounds",
+            ),
+            models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="at_least_one_gpu"),
+        ]
+
+    def __str__(self) -> str:
+        return f"reservation {self.pk} ({self.state})"
+
+    @property
+    def guaranteed_share(self) -> Decimal:
+        """What this reservation counts against its team's quota (whole cards count 1.0 each)."""
+        return self.gpu_request * self.gpu_count
+
+
+class Allocation(models.Model):
+    """One GPU share held by a reservation. `released_at` set = no longer held."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    compute_share = models.DecimalField(max_digits=4, decimal_places=3)
+    compute_limit = models.DecimalField(max_digits=4, decimal_places=3)
+    memory_mib = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["reservation_id", "gpu_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["reservation", "gpu"], condition=models.Q(released_at__isnull=True),
+                name="one_live_allocation_per_gpu",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reservation_id} on {self.gpu_id}: {self.compute_share}"
+
+
+class StateTransition(models.Model):
+    """Audit log: every state change, who made it, when and why."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=16, choices=State.choices, blank=True)
+    to_state = models.CharField(max_length=16, choices=State.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_label = models.CharField(max_length=64, help_text="Username or system component")
+    reason = models.CharField(max_length=500, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.reservation_id}: {self.from_state or '∅'} → {self.to_state}"

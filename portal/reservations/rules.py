@@ -1,0 +1,150 @@
+"""Rules a reservation request must satisfy, checked before anything is written.
+
+Each problem is reported against the field it concerns, with the rule it breaks, so the API,
+the form and the kubectl-label path all refuse bad input the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.db.models import Count, Max
+
+from portal.fleet.models import Gpu
+from portal.tenancy.models import LABEL_RE, ExclusionGroup, Team
+
+from .models import Kind
+
+ONE = Decimal("1")
+MAX_COMMAND_ARGS = 256
+MAX_ARG_LEN = 4096
+# OCI reference: [registry[:port]/]path[:tag][@digest]; conservative, lowercase path components.
+IMAGE_RE = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+LABEL = re.compile(LABEL_RE)
+
+
+class RuleViolation(Exception):
+    """Per-field messages: {"gpu_limit": ["must be ≥ gpu_request (0.5)"]}."""
+
+    def __init__(self, errors: dict[str, list[str]]):
+        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
+        self.errors = errors
+
+
+@dataclass
+class ReservationSpec:
+    team: Team
+    image: str
+    gpu_request: Decimal
+    gpu_memory_mib: int
+    gpu_limit: Decimal | None = None
+    gpu_count: int = 1
+    gpu_model: str = ""
+    priority: int = 50
+    kind: str = Kind.BATCH
+    name: str = ""
+    command: list[str] = field(default_factory=list)
+    affinity: str = ""
+    anti_affinity: str = ""
+    exclusion: str = ""
+    group_name: str = ""
+    group_headcount: int | None = None
+    group_threshold: Decimal | None = None
+    max_duration_s: int | None = None
+    requeue_on_preempt: bool = False
+
+    def models(self) -> list[str]:
+        return [m for m in self.gpu_model.split("|") if m] if self.gpu_model else []
+
+
+def fleet_models() -> dict[str, int]:
+    """Known GPU models → the largest card's memory (MiB)."""
+    return dict(Gpu.objects.values_list("model").annotate(Max("memory_mib")))
+
+
+def largest_node_gpu_count() -> int:
+    counts = Gpu.objects.values("node").annotate(n=Count("id")).aggregate(m=Max("n"))["m"]
+    return counts or 0
+
+
+def normalize(spec: ReservationSpec) -> None:
+    """Fill derived values: limit defaults to request; whole GPUs take the whole card."""
+    if spec.gpu_count >= 2 and spec.gpu_limit is None and spec.gpu_request == ONE:
+        spec.gpu_limit = ONE
+    if spec.gpu_limit is None:
+        spec.gpu_limit = spec.gpu_request
+
+
+def check(spec: ReservationSpec) -> None:
+    """Raise RuleViolation naming every field that breaks a rule."""
+    normalize(spec)
+    errors: dict[str, list[str]] = {}
+
+    def bad(name: str, message: str) -> None:
+        errors.setdefault(name, []).append(message)
+
+    if not IMAGE_RE.match(spec.image or ""):
+        bad("image", "must be a container image reference such as 'registry.example.com/team/app:1.2'")
+    if len(spec.command) > MAX_COMMAND_ARGS or any(len(a) > MAX_ARG_LEN for a in spec.command):
+        bad("command", f"at most {MAX_COMMAND_ARGS} arguments of at most {MAX_ARG_LEN} characters")
+    if spec.name and not LABEL.match(spec.name):
+        bad("name", "must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric")
+
+    if spec.gpu_count < 1:
+        bad("gpu_count", "must be at least 1")
+    if not (Decimal(0) < spec.gpu_request <= ONE):
+        bad("gpu_request", "must be greater than 0 and at most 1.0 (a fraction of one GPU)")
+    elif not (spec.gpu_request <= spec.gpu_limit <= ONE):
+        bad("gpu_limit", f"must be between gpu_request ({spec.gpu_request}) and 1.0")
+    if spec.gpu_count >= 2 and (spec.gpu_request != ONE or spec.gpu_limit != ONE):
+        bad("gpu_request", "multi-GPU reservations take whole cards: gpu_request and gpu_limit must be 1.0")
+    if spec.gpu_count >= 2:
+        most = largest_node_gpu_count()
+        if spec.gpu_count > most:
+            bad("gpu_count", f"no node has {spec.gpu_count} GPUs (the largest has {most})")
+
+    if not (0 <= spec.priority <= 100):
+        bad("priority", "must be between 0 (opportunistic) and 100")
+
+    known = fleet_models()
+    wanted = spec.models()
+    unknown = [m for m in wanted if m not in known]
+    if unknown:
+        bad("gpu_model", f"unknown GPU model {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}")
+    largest = max((known[m] for m in wanted if m in known), default=max(known.values(), default=0))
+    if spec.gpu_memory_mib <= 0:
+        bad("gpu_memory_mib", "must be greater than 0")
+    elif spec.gpu_memory_mib > largest:
+        what = f"a {'|'.join(wanted)}" if wanted else "any"
+        bad("gpu_memory_mib", f"{spec.gpu_memory_mib} MiB is more than {what} card holds ({largest} MiB)")
+
+    for name in ("affinity", "anti_affinity", "exclusion", "group_name"):
+        value = getattr(spec, name)
+        if value and not LABEL.match(value):
+            bad(name, "must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric")
+    if spec.exclusion and LABEL.match(spec.exclusion):
+        if not ExclusionGroup.objects.filter(team=spec.team, label=spec.exclusion).exists():
+            bad("exclusion", f"team {spec.team.slug} has no exclusion group '{spec.exclusion}'")
+
+    if spec.group_name:
+        if spec.group_headcount is None or spec.group_headcount < 1:
+            bad("group_headcount", "a pod group needs a headcount of at least 1")
+        if spec.group_threshold is None:
+            spec.group_threshold = ONE
+        if not (Decimal(0) < spec.group_threshold <= ONE):
+            bad("group_threshold", "must be greater than 0 and at most 1")
+    elif spec.group_headcount is not None or spec.group_threshold is not None:
+        bad("group_name", "required when group_headcount or group_threshold is given")
+
+    if spec.max_duration_s is not None and not (60 <= spec.max_duration_s <= 30 * 86400):
+        bad("max_duration_s", "must be between 60 seconds and 30 days")
+    if spec.kind not in Kind.values:
+        bad("kind", f"must be one of {', '.join(Kind.values)}")
+
+    if errors:
+        raise RuleViolation(errors)

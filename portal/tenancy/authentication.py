@@ -1,0 +1,32 @@
+"""`Authorization: Token <key>` against hashed per-user API tokens."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from .models import ApiToken, hash_secret
+
+# Touch last_used_at at most this often so reads don't turn into a write per request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class HashedTokenAuthentication(authentication.TokenAuthentication):
+    keyword = "Token"
+
+    def authenticate_credentials(self, key: str):
+        token = (
+            ApiToken.objects.select_related("user")
+            .filter(key_hash=hash_secret(key), revoked_at__isnull=True)
+            .first()
+        )
+        if token is None:
+            raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed("User inactive or deleted.")
+        now = timezone.now()
+        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token

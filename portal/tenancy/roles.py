@@ -1,0 +1,43 @@
+"""Who may see and do what, by team role. One place so pages, API and sockets agree."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from .models import Membership, Role, Team
+
+SUBMIT_ROLES = {Role.MEMBER, Role.ADMIN}
+
+
+def team_roles(user) -> dict[int, str]:
+    """team id → role for an authenticated user (cached on the user object per request)."""
+    if not user.is_authenticated:
+        return {}
+    cached = getattr(user, "_tessera_team_roles", None)
+    if cached is None:
+        cached = dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
+        user._tessera_team_roles = cached
+    return cached
+
+
+def visible_teams(user) -> QuerySet[Team]:
+    if user.is_staff:
+        return Team.objects.all()
+    return Team.objects.filter(id__in=list(team_roles(user)))
+
+
+def role_in(user, team: Team | int) -> str | None:
+    team_id = team if isinstance(team, int) else team.pk
+    return team_roles(user).get(team_id)
+
+
+def can_submit(user, team: Team) -> bool:
+    return user.is_staff or role_in(user, team) in SUBMIT_ROLES
+
+
+def can_admin(user, team: Team | int) -> bool:
+    return user.is_staff or role_in(user, team) == Role.ADMIN
+
+
+def forget_roles(user) -> None:
+    user.__dict__.pop("_tessera_team_roles", None)
