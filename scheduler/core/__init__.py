@@ -1,0 +1,82 @@
+"""Tessera's placement engine: pure Python + numpy, no Django, no I/O.
+
+Public interface (stable; the portal's Celery cycle and capacity endpoint use it):
+
+Data in (frozen dataclasses, `scheduler.core.model`):
+- `Snapshot(nodes, teams={}, now=0.0)`
+- `Node(name, gpus, labels={}, status=NodeStatus.READY|DRAINING|LOST, cpu_milli_free=None,
+  memory_mib_free=None)`
+  (None: not tracked, never a reason to refuse)
+- `Gpu(uuid, index, model, memory_mib, nvlink_peers=frozenset[int], numa_node=0, shares=())`
+- `Share(reservation_id, request, memory_mib, priority, team, affinity, anti_affinity, exclusion, group)`:
+  a share already on a GPU (a multi-GPU reservation appears once per GPU, same reservation_id)
+- `TeamUsage(quota_gpus, used_gpus)`: optional, for fair-share ordering only (quota is the portal's)
+- `Request(id, team, gpu_request, gpu_limit, gpu_memory_mib, gpu_count, gpu_model, priority,
+  affinity, anti_affinity, exclusion, group=PodGroup(name, headcount, threshold), created_at,
+  cpu_milli, memory_mib)`; gpu_model: None, "A100", {"V100M16", "V100M32"} or "V100M16|V100M32";
+  gpu_count >= 2 needs gpu_request 1.0; invalid values raise ValueError with the field named.
+
+Entry points:
+- `schedule(snapshot, pending, policy="tessera", *, preemption=True, typical=None, seed=0,
+  aging_s=300) -> CycleResult(policy, placements, preemptions, unschedulable)`
+  - `Placement(request_id, node, gpu_uuids, gpu_indexes, share, memory_mib, score, group)`
+  - `Preemption(request_id, victims: tuple[reservation_id], placement)`: evict, then bind
+  - `Unschedulable(request_id, reasons: tuple[Reason(code, message, count)])`
+- `feasible_gpus(snapshot, request, policy="tessera") -> (list[GpuCandidate], list[Reason])`:
+  candidates best first (node, gpu_uuid, gpu_index, model, free_share, free_memory_mib, score).
+- `POLICIES`: random, best-fit, packing, spread, dot-product, fgd, tessera.
+
+Reason codes (`ReasonCode`, stable strings): invalid, quota, node_not_ready, node_cpu, node_memory,
+model, exclusion, affinity, anti_affinity, memory, compute, whole_gpu, no_fit, gang_incomplete.
+"""
+
+from .cycle import feasible_gpus, schedule
+from .engine import POLICIES, Choice, choose, make_scorer
+from .fragmentation import TypicalPod, typical_pods
+from .model import (
+    MILLI,
+    CycleResult,
+    Gpu,
+    GpuCandidate,
+    Node,
+    NodeStatus,
+    Placement,
+    PodGroup,
+    Preemption,
+    Reason,
+    ReasonCode,
+    Request,
+    Share,
+    Snapshot,
+    TeamUsage,
+    Unschedulable,
+)
+from .state import ClusterState
+
+__all__ = [
+    "MILLI",
+    "POLICIES",
+    "Choice",
+    "ClusterState",
+    "CycleResult",
+    "Gpu",
+    "GpuCandidate",
+    "Node",
+    "NodeStatus",
+    "Placement",
+    "PodGroup",
+    "Preemption",
+    "Reason",
+    "ReasonCode",
+    "Request",
+    "Share",
+    "Snapshot",
+    "TeamUsage",
+    "TypicalPod",
+    "Unschedulable",
+    "choose",
+    "feasible_gpus",
+    "make_scorer",
+    "schedule",
+    "typical_pods",
+]

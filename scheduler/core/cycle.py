@@ -1,0 +1,177 @@
+"""The scheduling cycle: queue sort -> per request (or gang) filter, score, reserve -> decisions.
+
+Reservations live in the cycle's ClusterState only; binding them is the caller's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .engine import Choice, choose, make_scorer
+from .filters import explain, feasible, nodes_with_room
+from .fragmentation import TypicalPod, typical_pods
+from .model import (
+    CycleResult,
+    GpuCandidate,
+    Placement,
+    Preemption,
+    Reason,
+    ReasonCode,
+    Request,
+    Snapshot,
+    Unschedulable,
+)
+from .preemption import find_preemption
+from .queue import DEFAULT_AGING_S, queue_order
+from .scorers import Scorer
+from .state import ClusterState
+
+ZONE_LABELS = ("topology.kubernetes.io/rack", "rack", "topology.kubernetes.io/zone", "zone")
+
+
+def _workload(snapshot: Snapshot, pending: Iterable[Request]) -> list[Request]:
+    """The requests FGD-style policies plan for: what runs now plus what waits."""
+    out = list(pending)
+    for node in snapshot.nodes:
+        for gpu in node.gpus:
+            for s in gpu.shares:
+                out.append(Request(id=s.reservation_id, gpu_request=s.request, gpu_model=gpu.model))
+    return out
+
+
+def _placement(state: ClusterState, req: Request, choice: Choice) -> Placement:
+    i = choice.node
+    return Placement(
+        request_id=req.id,
+        node=state.node_names[i],
+        gpu_uuids=tuple(state.gpu_uuids[i][j] for j in choice.slots),
+        gpu_indexes=tuple(state.gpu_indexes[i][j] for j in choice.slots),
+        share=req.gpu_request if req.gpu_count else 0.0,
+        memory_mib=req.gpu_memory_mib,
+        score=choice.score,
+        group=req.group.name if req.group else None,
+    )
+
+
+def _closeness(state: ClusterState, group: str) -> np.ndarray:
+    """Tier per node for a gang member: 2 where the gang already is, 1 in the same rack/zone, else 0."""
+    tier = np.zeros(len(state.node_names), dtype=np.int64)
+    nodes = state.group_nodes.get(group)
+    if not nodes:
+        return tier
+    zones = set()
+    for i in nodes:
+        labels = state.node_labels[i]
+        zones |= {(k, labels[k]) for k in ZONE_LABELS if k in labels}
+    if zones:
+        for i, labels in enumerate(state.node_labels):
+            if any(labels.get(k) == v for k, v in zones):
+                tier[i] = 1
+    for i in nodes:
+        tier[i] = 2
+    return tier
+
+
+def schedule(
+    snapshot: Snapshot,
+    pending: Sequence[Request],
+    policy: str = "tessera",
+    *,
+    preemption: bool = True,
+    typical: Sequence[TypicalPod] | None = None,
+    seed: int = 0,
+    aging_s: float = DEFAULT_AGING_S,
+) -> CycleResult:
+    """Decide for every pending request: a placement, a preemption, or reasons it waits."""
+    ids = [r.id for r in pending]
+    if len(set(ids)) != len(ids):
+        raise ValueError("pending requests repeat an id")
+    state = ClusterState.from_snapshot(snapshot)
+    scorer = make_scorer(
+        policy, state, typical if typical is not None else typical_pods(_workload(snapshot, pending)), seed
+    )
+    placements: list[Placement] = []
+    preemptions: list[Preemption] = []
+    refused: list[Unschedulable] = []
+    done_groups: set[str] = set()
+    ordered = queue_order(pending, snapshot.teams, snapshot.now, aging_s)
+    for req in ordered:
+        if req.group is not None:
+            if req.group.name in done_groups:
+                continue
+            done_groups.add(req.group.name)
+            members = [r for r in ordered if r.group is not None and r.group.name == req.group.name]
+            ok, out = _place_gang(state, scorer, members)
+            (placements.extend if ok else refused.extend)(out)
+            continue
+        choice = choose(state, req, scorer)
+        if choice is not None:
+            state.reserve(req, choice.node, choice.slots)
+            placements.append(_placement(state, req, choice))
+            continue
+        reasons = tuple(explain(state, req))
+        if preemption:
+            found = find_preemption(state, req)
+            if found is not None:
+                choice, victims = found
+                state.reserve(req, choice.node, choice.slots)
+                preemptions.append(Preemption(req.id, victims, _placement(state, req, choice)))
+                continue
+        refused.append(Unschedulable(req.id, reasons))
+    return CycleResult(policy, tuple(placements), tuple(preemptions), tuple(refused))
+
+
+def _place_gang(state: ClusterState, scorer: Scorer, members: list[Request]):
+    group = members[0].group
+    assert group is not None
+    running = sum(1 for p in state.placed.values() if p.share.group == group.name)
+    need = max(0, group.min_members - running)
+    placed: list[tuple[Request, Choice]] = []
+    failures: dict[str, tuple[Reason, ...]] = {}
+    for req in members:
+        choice = choose(state, req, scorer, tier=_closeness(state, group.name))
+        if choice is None:
+            failures[req.id] = tuple(explain(state, req))
+            continue
+        state.reserve(req, choice.node, choice.slots)
+        placed.append((req, choice))
+    if len(placed) >= need and placed:
+        return True, [_placement(state, r, c) for r, c in placed]
+    for req, _ in placed:  # all or nothing: give back the partial reservations
+        state.release(req.id)
+    msg = f"pod group {group.name}: {len(placed)} of the {need} members needed now could be placed together"
+    gang = Reason(ReasonCode.GANG_INCOMPLETE, msg, len(placed))
+    return False, [Unschedulable(r.id, (gang, *failures.get(r.id, ()))) for r in members]
+
+
+def feasible_gpus(
+    snapshot: Snapshot, request: Request, policy: str = "tessera", typical: Sequence[TypicalPod] | None = None
+) -> tuple[list[GpuCandidate], list[Reason]]:
+    """Where `request` could go now (best first) and why the other GPUs were refused."""
+    state = ClusterState.from_snapshot(snapshot)
+    ok = feasible(state, request)
+    room = nodes_with_room(ok, request)
+    reasons = explain(state, request)
+    if not room.any():
+        return [], reasons
+    scorer = make_scorer(
+        policy, state, typical if typical is not None else typical_pods(_workload(snapshot, [request]))
+    )
+    scores, _ = scorer.score(state, request, ok, room)
+    out: list[tuple[tuple[float, int, int], GpuCandidate]] = []
+    for i in np.flatnonzero(room):
+        for j in np.flatnonzero(ok[i]):
+            cand = GpuCandidate(
+                node=state.node_names[i],
+                gpu_uuid=state.gpu_uuids[i][j],
+                gpu_index=state.gpu_indexes[i][j],
+                model=state.models[state.gpu_model[i, j]],
+                free_share=float(state.free[i, j]) / 1000.0,
+                free_memory_mib=int(state.mem_free[i, j]),
+                score=float(scores[i]),
+            )
+            out.append(((-float(scores[i]), int(state.tie_rank[i]), int(j)), cand))
+    out.sort(key=lambda x: x[0])
+    return [c for _, c in out], reasons

@@ -1,0 +1,94 @@
+"""PostFilter: for a guarantee request that fits nowhere, the fewest lower-priority shares to evict.
+
+Victims always have strictly lower priority than the request. Candidates are ranked by number of
+victims, then by the highest victim priority (lowest first), then by node order; each candidate is
+checked by actually releasing its victims and running the filters again, and put back if it fails.
+"""
+
+from __future__ import annotations
+
+from .engine import Choice
+from .filters import feasible
+from .model import MILLI, Request
+from .state import ClusterState, Placed
+
+
+def _slot_victims(
+    state: ClusterState, req: Request, node: int, slot: int, by_slot: dict
+) -> list[Placed] | None:
+    """Lowest-priority-first victims on one slot that make room for one GPU's worth of `req`."""
+    shares = by_slot.get((node, slot), [])
+    if any(p.share.priority >= req.priority for p in shares) and req.whole:
+        return None
+    need = MILLI if req.whole else req.milli
+    free, mem = int(state.free[node, slot]), int(state.mem_free[node, slot])
+    # Shares that clash on labels must go whatever their size.
+    clash = [p for p in shares if _clashes(p, req)]
+    if any(p.share.priority >= req.priority for p in clash):
+        return None
+    chosen = list(clash)
+    for p in chosen:
+        free, mem = free + p.milli, mem + p.memory_mib
+    rest = sorted(
+        (p for p in shares if p not in chosen and p.share.priority < req.priority),
+        key=lambda p: (p.share.priority, -p.milli),
+    )
+    for p in rest:
+        if free >= need and mem >= req.gpu_memory_mib:
+            break
+        chosen.append(p)
+        free, mem = free + p.milli, mem + p.memory_mib
+    if free >= need and mem >= req.gpu_memory_mib:
+        return chosen
+    return None
+
+
+def _clashes(p: Placed, req: Request) -> bool:
+    s = p.share
+    if req.anti_affinity & s.anti_affinity:
+        return True
+    return s.exclusion != req.exclusion
+
+
+def find_preemption(state: ClusterState, req: Request) -> tuple[Choice, tuple[str, ...]] | None:
+    if req.priority <= 0 or req.gpu_count == 0:
+        return None
+    by_slot: dict[tuple[int, int], list[Placed]] = {}
+    for p in state.placed.values():
+        for j in p.gpus:
+            by_slot.setdefault((p.node, j), []).append(p)
+    allowed = [m for m in range(len(state.models))]
+    if req.gpu_model is not None:
+        allowed = [state.model_id[m] for m in req.gpu_model if m in state.model_id]
+    options: list[tuple[tuple[int, int, int], int, tuple[int, ...], tuple[str, ...]]] = []
+    for node in range(len(state.node_names)):
+        if not state.ready[node]:
+            continue
+        per_slot = []
+        for slot in range(int(state.gpu_count[node])):
+            if int(state.gpu_model[node, slot]) not in allowed:
+                continue
+            if req.gpu_memory_mib > state.mem_total[node, slot]:
+                continue
+            victims = _slot_victims(state, req, node, slot, by_slot)
+            if victims is not None:
+                per_slot.append((len(victims), slot, victims))
+        if len(per_slot) < req.gpu_count:
+            continue
+        per_slot.sort(key=lambda x: (x[0], x[1]))
+        picked = per_slot[: req.gpu_count]
+        ids = tuple(sorted({p.share.reservation_id for _, _, vs in picked for p in vs}))
+        if not ids:
+            continue  # fits without eviction: the filters refused it for another reason
+        top = max(state.placed[i].share.priority for i in ids)
+        options.append(
+            ((len(ids), top, int(state.tie_rank[node])), node, tuple(s for _, s, _ in picked), ids)
+        )
+    for _, node, slots, ids in sorted(options):
+        released = [state.release(i) for i in ids]
+        ok = feasible(state, req)
+        if all(ok[node, j] for j in slots):
+            return Choice(node, tuple(sorted(slots)), 0.0), ids
+        for rec in released:
+            state.restore(rec)
+    return None

@@ -1,0 +1,231 @@
+"""ClusterState: the cycle's mutable working copy of a snapshot, held as numpy arrays.
+
+Nodes are rows, GPU slots are columns (padded to the widest node; a padded slot has 0 free milli
+and is marked invalid, so it never fits a request). Every change to a node bumps its version, which
+lets scorers keep per-node results and recompute only what changed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .model import MILLI, Node, NodeStatus, Request, Share, Snapshot, to_milli
+
+UNTRACKED = np.int64(1 << 60)  # node CPU/memory nobody reported: never a reason to refuse
+
+
+@dataclass
+class GpuLabels:
+    """Labels of the shares on one GPU, counted so that a share leaving removes exactly its own."""
+
+    affinity: Counter[str] = field(default_factory=Counter)
+    anti_affinity: Counter[str] = field(default_factory=Counter)
+    exclusion: Counter[frozenset[str]] = field(default_factory=Counter)
+    shares: int = 0
+
+    def add(self, share: Share, sign: int = 1) -> None:
+        for label in share.affinity:
+            self.affinity[label] += sign
+        for label in share.anti_affinity:
+            self.anti_affinity[label] += sign
+        self.exclusion[share.exclusion] += sign
+        self.shares += sign
+        for counter in (self.affinity, self.anti_affinity, self.exclusion):
+            for key in [k for k, v in counter.items() if v <= 0]:
+                del counter[key]
+
+
+@dataclass(frozen=True)
+class Placed:
+    """What a share took, so that it can be given back (rollback, preemption)."""
+
+    share: Share
+    node: int
+    gpus: tuple[int, ...]
+    milli: int
+    memory_mib: int
+    cpu_milli: int
+    node_memory_mib: int
+
+
+class ClusterState:
+    def __init__(
+        self,
+        node_names: Sequence[str],
+        gpu_models: Sequence[Sequence[str]],
+        gpu_memory_mib: Sequence[Sequence[int]],
+        cpu_milli_free: Sequence[int | None] | None = None,
+        memory_mib_free: Sequence[int | None] | None = None,
+        status: Sequence[NodeStatus] | None = None,
+        node_labels: Sequence[Mapping[str, str]] | None = None,
+        gpu_uuids: Sequence[Sequence[str]] | None = None,
+        gpu_indexes: Sequence[Sequence[int]] | None = None,
+        nvlink: Sequence[Sequence[frozenset[int]]] | None = None,
+        numa: Sequence[Sequence[int]] | None = None,
+        tie_rank: np.ndarray | None = None,
+    ) -> None:
+        n = len(node_names)
+        width = max([len(m) for m in gpu_models] + [1])
+        self.node_names = list(node_names)
+        self.node_index = {name: i for i, name in enumerate(self.node_names)}
+        self.gpu_count = np.array([len(m) for m in gpu_models], dtype=np.int64)
+        self.valid = np.arange(width)[None, :] < self.gpu_count[:, None]
+        self.models: list[str] = sorted({m for row in gpu_models for m in row})
+        self.model_id = {m: i for i, m in enumerate(self.models)}
+        self.gpu_model = np.full((n, width), -1, dtype=np.int64)
+        self.mem_total = np.zeros((n, width), dtype=np.int64)
+        for i, row in enumerate(gpu_models):
+            self.gpu_model[i, : len(row)] = [self.model_id[m] for m in row]
+            self.mem_total[i, : len(row)] = gpu_memory_mib[i]
+        # The node's model for fragmentation: the model of its first GPU (nodes are homogeneous in practice).
+        self.node_model = np.where(self.gpu_count > 0, self.gpu_model[:, 0], -1)
+        self.free = np.where(self.valid, MILLI, 0).astype(np.int64)
+        self.mem_free = self.mem_total.copy()
+        self.cpu_free = _tracked(cpu_milli_free, n)
+        self.node_mem_free = _tracked(memory_mib_free, n)
+        statuses = list(status) if status is not None else [NodeStatus.READY] * n
+        self.ready = np.array([s == NodeStatus.READY for s in statuses], dtype=bool)
+        self.node_labels = list(node_labels) if node_labels is not None else [{} for _ in range(n)]
+        self.gpu_uuids = (
+            [list(u) for u in gpu_uuids]
+            if gpu_uuids is not None
+            else [[f"{name}/gpu{j}" for j in range(len(gpu_models[i]))] for i, name in enumerate(node_names)]
+        )
+        self.gpu_indexes = (
+            [list(x) for x in gpu_indexes]
+            if gpu_indexes is not None
+            else [list(range(len(m))) for m in gpu_models]
+        )
+        self.nvlink = nvlink
+        self.numa = numa
+        self.version = np.zeros(n, dtype=np.int64)
+        # Ties go to the node that sorts first in this order (a fixed permutation, e.g. per seed).
+        self.tie_rank = np.arange(n, dtype=np.int64) if tie_rank is None else np.asarray(tie_rank)
+        # Every GPU holding shares has a record; label filters only look when some share is labelled.
+        self.labels: dict[tuple[int, int], GpuLabels] = {}
+        self.labelled_shares = 0
+        self.placed: dict[str, Placed] = {}
+        self.group_nodes: dict[str, Counter[int]] = {}
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> ClusterState:
+        nodes: tuple[Node, ...] = snapshot.nodes
+        ordered = [sorted(node.gpus, key=lambda g: g.index) for node in nodes]
+        state = cls(
+            node_names=[n.name for n in nodes],
+            gpu_models=[[g.model for g in gpus] for gpus in ordered],
+            gpu_memory_mib=[[g.memory_mib for g in gpus] for gpus in ordered],
+            cpu_milli_free=[n.cpu_milli_free for n in nodes],
+            memory_mib_free=[n.memory_mib_free for n in nodes],
+            status=[n.status for n in nodes],
+            node_labels=[dict(n.labels) for n in nodes],
+            gpu_uuids=[[g.uuid for g in gpus] for gpus in ordered],
+            gpu_indexes=[[g.index for g in gpus] for gpus in ordered],
+            nvlink=[[_peer_slots(g.nvlink_peers, gpus) for g in gpus] for gpus in ordered],
+            numa=[[g.numa_node for g in gpus] for gpus in ordered],
+        )
+        for i, gpus in enumerate(ordered):
+            for j, gpu in enumerate(gpus):
+                for share in gpu.shares:
+                    # Existing shares were admitted elsewhere; record them even if they over-commit.
+                    state.free[i, j] -= to_milli(share.request)
+                    state.mem_free[i, j] -= share.memory_mib
+                    state._label(i, j).add(share)
+                    state.labelled_shares += _is_labelled(share)
+                    rec = state.placed.get(share.reservation_id)
+                    gpus_of = (*rec.gpus, j) if rec else (j,)
+                    state.placed[share.reservation_id] = Placed(
+                        share, i, gpus_of, to_milli(share.request), share.memory_mib, 0, 0
+                    )
+                    if share.group:
+                        state.group_nodes.setdefault(share.group, Counter())[i] += 1
+        return state
+
+    # ---- queries ------------------------------------------------------------------------------
+    @property
+    def has_labels(self) -> bool:
+        """Whether any share in the cluster carries a label (else label filters have nothing to do)."""
+        return self.labelled_shares > 0
+
+    def _label(self, i: int, j: int) -> GpuLabels:
+        key = (i, j)
+        if key not in self.labels:
+            self.labels[key] = GpuLabels()
+        return self.labels[key]
+
+    def shares_on(self, i: int, j: int) -> list[Placed]:
+        return [p for p in self.placed.values() if p.node == i and j in p.gpus]
+
+    # ---- changes ------------------------------------------------------------------------------
+    def reserve(self, request: Request, node: int, gpus: tuple[int, ...]) -> Placed:
+        """Take a request's share on `gpus` of `node`. The caller has checked that it fits."""
+        share = share_of(request)
+        milli = request.milli if request.gpu_count > 0 else 0
+        rec = Placed(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
+        self._apply(rec, -1)
+        self.placed[request.id] = rec
+        return rec
+
+    def release(self, reservation_id: str) -> Placed:
+        rec = self.placed.pop(reservation_id)
+        self._apply(rec, +1)
+        return rec
+
+    def restore(self, rec: Placed) -> None:
+        """Put back a share released earlier (a rolled-back preemption)."""
+        self._apply(rec, -1)
+        self.placed[rec.share.reservation_id] = rec
+
+    def _apply(self, rec: Placed, sign: int) -> None:
+        i = rec.node
+        for j in rec.gpus:
+            self.free[i, j] += sign * rec.milli
+            self.mem_free[i, j] += sign * rec.memory_mib
+            self._label(i, j).add(rec.share, -sign)
+            self.labelled_shares -= sign * _is_labelled(rec.share)
+            if self.labels[(i, j)].shares <= 0:
+                del self.labels[(i, j)]
+        if self.cpu_free[i] != UNTRACKED:
+            self.cpu_free[i] += sign * rec.cpu_milli
+        if self.node_mem_free[i] != UNTRACKED:
+            self.node_mem_free[i] += sign * rec.node_memory_mib
+        if rec.share.group:
+            nodes = self.group_nodes.setdefault(rec.share.group, Counter())
+            nodes[i] -= sign
+            if nodes[i] <= 0:
+                del nodes[i]
+        self.version[i] += 1
+
+
+def share_of(request: Request) -> Share:
+    return Share(
+        reservation_id=request.id,
+        request=request.gpu_request if request.gpu_count > 0 else 1.0,
+        memory_mib=request.gpu_memory_mib,
+        priority=request.priority,
+        team=request.team,
+        affinity=request.affinity,
+        anti_affinity=request.anti_affinity,
+        exclusion=request.exclusion,
+        group=request.group.name if request.group else None,
+    )
+
+
+def _is_labelled(share: Share) -> int:
+    return int(bool(share.affinity or share.anti_affinity or share.exclusion))
+
+
+def _tracked(values: Sequence[int | None] | None, n: int) -> np.ndarray:
+    if values is None:
+        return np.full(n, UNTRACKED, dtype=np.int64)
+    return np.array([UNTRACKED if v is None else v for v in values], dtype=np.int64)
+
+
+def _peer_slots(peers: frozenset[int], gpus: Sequence) -> frozenset[int]:
+    slot = {g.index: j for j, g in enumerate(gpus)}
+    return frozenset(slot[p] for p in peers if p in slot)
