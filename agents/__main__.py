@@ -1,0 +1,178 @@
+"""Command line: `tessera-agent` / `python -m agents`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from agents import __version__
+from agents.agent import DEFAULT_BUFFER_SECONDS, Agent, AgentSettings
+from agents.cgroup import CgroupResolver
+from agents.gpus.base import GpuSource
+from agents.inventory import InventoryError, load_inventory, pick_node
+from agents.placements import PlacementTable
+from agents.protocol import NODE_NAME_PATTERN
+from agents.stream import websocket_url
+
+log = logging.getLogger("agents")
+
+TOKEN_ENV = "TESSERA_AGENT_TOKEN"
+MIN_BUFFER_SECONDS = 600.0  # the agent promises at least ten minutes of samples across an outage
+_TOKEN_RE = re.compile(r"^[\x21-\x7e]{1,512}$")  # printable ASCII, no spaces: safe in an HTTP header
+
+DESCRIPTION = """\
+Tessera node agent: samples this node's GPUs about once a second and streams the samples to the
+portal over a WebSocket (protocol: agents/PROTOCOL.md). While the portal is unreachable it keeps
+sampling into a bounded buffer and replays it in order after reconnecting."""
+
+EPILOG = f"""\
+The node token (made with `manage.py node_token NODE`) comes from --token, --token-file or the
+{TOKEN_ENV} environment variable; prefer the file or the variable, since command lines are visible
+to every user of the machine.
+
+examples:
+  tessera-agent --portal https://tessera.example.org --token-file /etc/tessera/token
+  python -m agents --portal http://127.0.0.1:8000 --token T \
+      --simulate deploy/inventory/demo.yaml --node t4-node-1
+"""
+
+
+def _bounded_float(low: float, high: float):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value:g} is out of range ({low:g} to {high:g})")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tessera-agent",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--portal", required=True, metavar="URL",
+                        help="portal address, e.g. https://tessera.example.org (the agent connects to "
+                             "wss://.../ws/agents/); a ws:// or wss:// URL is used as given")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token", metavar="TOKEN", help="this node's token")
+    token.add_argument("--token-file", metavar="PATH", type=Path, help="read the node token from a file")
+    parser.add_argument("--node", metavar="NAME",
+                        help="node name (default: $NODE_NAME, else the host name); with --simulate, "
+                             "which inventory node to simulate")
+    parser.add_argument("--simulate", metavar="INVENTORY", type=Path,
+                        help="simulate the GPUs of a node from an inventory YAML instead of using NVML")
+    parser.add_argument("--interval", metavar="SECONDS", type=_bounded_float(0.1, 60.0), default=1.0,
+                        help="seconds between samples (default 1)")
+    parser.add_argument("--buffer-seconds", metavar="SECONDS",
+                        type=_bounded_float(MIN_BUFFER_SECONDS, 86_400.0), default=DEFAULT_BUFFER_SECONDS,
+                        help=f"how much sampling the local buffer holds while the portal is unreachable "
+                             f"(default {DEFAULT_BUFFER_SECONDS:g}, at least {MIN_BUFFER_SECONDS:g})")
+    parser.add_argument("--backoff-max", metavar="SECONDS", type=_bounded_float(1.0, 600.0), default=30.0,
+                        help="longest wait between reconnection attempts (default 30)")
+    parser.add_argument("--proc-root", metavar="PATH", type=Path, default=Path("/proc"),
+                        help="where to read processes' cgroups to find their pods (default /proc)")
+    parser.add_argument("--seed", type=int, help="random seed of the simulated GPUs (with --simulate)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def _read_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    if args.token is not None:
+        token, origin = args.token, "--token"
+    elif args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            parser.error(f"--token-file {args.token_file}: cannot read: {exc}")
+        origin = f"--token-file {args.token_file}"
+    elif os.environ.get(TOKEN_ENV):
+        token, origin = os.environ[TOKEN_ENV].strip(), TOKEN_ENV
+    else:
+        parser.error(f"no node token: give --token, --token-file or set {TOKEN_ENV}")
+    if not _TOKEN_RE.match(token):
+        parser.error(f"{origin}: a node token is 1 to 512 printable characters without spaces")
+    return token
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        url = websocket_url(args.portal)
+    except ValueError as exc:
+        parser.error(f"--portal {exc}")
+    token = _read_token(parser, args)
+    if args.seed is not None and args.simulate is None:
+        parser.error("--seed only applies with --simulate")
+
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+    source: GpuSource
+    resolver: CgroupResolver | None = None
+    if args.simulate is not None:
+        from agents.gpus.simulated import SimulatedSource
+
+        try:
+            node = pick_node(load_inventory(args.simulate), args.node, str(args.simulate))
+        except InventoryError as exc:
+            parser.error(f"--simulate {exc}")
+        node_name = node.name
+        placements = PlacementTable({g.uuid for g in node.gpus})
+        source = SimulatedSource(node, placements, seed=args.seed)
+    else:
+        from agents.gpus.nvml import GpuSourceError, NvmlSource
+
+        node_name = args.node or os.environ.get("NODE_NAME") or socket.gethostname().lower()
+        if not re.match(NODE_NAME_PATTERN, node_name):
+            parser.error(f"node name {node_name!r} is not a Kubernetes node name; pass --node")
+        try:
+            source = NvmlSource()
+        except GpuSourceError as exc:
+            print(f"tessera-agent: {exc}", file=sys.stderr)
+            return 1
+        placements = PlacementTable({d.uuid for d in source.devices()})
+        resolver = CgroupResolver(args.proc_root)
+
+    settings = AgentSettings(
+        url=url,
+        token=token,
+        node=node_name,
+        interval_s=args.interval,
+        buffer_seconds=args.buffer_seconds,
+        backoff_cap_s=args.backoff_max,
+    )
+    agent = Agent(settings, source, placements, resolver)
+    log.info("tessera-agent %s: node %s, %d GPUs (%s), portal %s",
+             __version__, node_name, len(agent.hello.gpus), source.kind, url)
+    asyncio.run(_run(agent))
+    return 0
+
+
+async def _run(agent: Agent) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await agent.run(stop)
+    log.info("stopped; %d samples were still unacknowledged", len(agent.buffer))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

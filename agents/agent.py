@@ -1,0 +1,138 @@
+"""The agent: a sampling loop that never waits for the network, and the stream that drains it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+from agents import __version__
+from agents.buffer import SampleBuffer
+from agents.cgroup import CgroupResolver
+from agents.gpus.base import GpuSource
+from agents.pacing import Backoff
+from agents.placements import PlacementTable
+from agents.protocol import MAX_GPUS_PER_NODE, PROTOCOL_VERSION, Hello, encode
+from agents.sampling import Sampler
+from agents.stream import PortalStream
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUFFER_SECONDS = 900.0
+# 64 MiB holds 15 minutes of 8 GPUs with ~100 processes each second (about 20 KiB a sample).
+DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class AgentSettings:
+    url: str  # the agents WebSocket endpoint (see stream.websocket_url)
+    token: str
+    node: str
+    interval_s: float = 1.0
+    buffer_seconds: float = DEFAULT_BUFFER_SECONDS
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    stable_after_s: float = 10.0
+    drain_timeout_s: float = 3.0  # on shutdown, how long to wait for the portal to ack what is left
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        source: GpuSource,
+        placements: PlacementTable,
+        resolver: CgroupResolver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.placements = placements
+        self.stream_id = str(uuid.uuid4())
+        devices = source.devices()
+        if len(devices) > MAX_GPUS_PER_NODE:
+            raise ValueError(f"{len(devices)} GPUs; the protocol allows {MAX_GPUS_PER_NODE}")
+        self.hello = Hello(
+            v=PROTOCOL_VERSION,
+            type="hello",
+            node=settings.node,
+            stream=self.stream_id,
+            agent_version=__version__,
+            source=source.kind,
+            driver_version=source.driver_version(),
+            interval_ms=round(settings.interval_s * 1000),
+            gpus=[
+                {
+                    "index": d.index,
+                    "uuid": d.uuid,
+                    "model": d.model,
+                    "memory_mib": d.memory_mib,
+                    "numa_node": d.numa_node,
+                    "nvlink_peers": list(d.nvlink_peers),
+                    "mig_mode": d.mig_mode,
+                }
+                for d in devices
+            ],
+        )
+        self.buffer = SampleBuffer(
+            max_samples=max(1, math.ceil(settings.buffer_seconds / settings.interval_s)),
+            max_bytes=settings.buffer_bytes,
+        )
+        self.sampler = Sampler(source, placements, resolver)
+        self.stream = PortalStream(
+            url=settings.url,
+            token=settings.token,
+            hello=encode(self.hello),
+            node=settings.node,
+            stream_id=self.stream_id,
+            buffer=self.buffer,
+            placements=placements,
+            backoff=Backoff(settings.backoff_base_s, settings.backoff_cap_s),
+            stable_after_s=settings.stable_after_s,
+        )
+
+    async def _sample_loop(self, stop: asyncio.Event) -> None:
+        interval = self.settings.interval_s
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while not stop.is_set():
+            try:
+                # NVML calls block for a few milliseconds; keep them off the event loop.
+                seq, text = await asyncio.to_thread(self.sampler.take)
+            except Exception:
+                log.exception("reading the GPUs failed; trying again next interval")
+            else:
+                dropped = self.buffer.append(seq, text)
+                # Log the first drop and then one in a hundred, not every second.
+                total = self.buffer.dropped
+                if dropped and (total == dropped or total % 100 < dropped):
+                    log.warning("buffer full: %d samples dropped so far (oldest first)", total)
+                self.stream.wake()
+            next_at += interval
+            now = loop.time()
+            if next_at < now:
+                # We fell behind (a stalled read): skip the missed ticks rather than bursting.
+                next_at = now + interval - (now - next_at) % interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), next_at - now)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample and stream until `stop` is set; then try briefly to deliver what is buffered."""
+        stream_stop = asyncio.Event()
+        sampling = asyncio.create_task(self._sample_loop(stop))
+        streaming = asyncio.create_task(self.stream.run(stream_stop))
+        try:
+            await stop.wait()
+            await sampling
+            deadline = time.monotonic() + self.settings.drain_timeout_s
+            while len(self.buffer) and self.stream.connected and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            stream_stop.set()
+            sampling.cancel()
+            await asyncio.gather(sampling, streaming, return_exceptions=True)
+            self.source.close()
