@@ -1,0 +1,93 @@
+"""Personas and a demo fleet for the portal tests.
+
+alice: vision member · bob: nlp member · carol: vision team admin · dave: vision manager ·
+erin: nlp team admin · admin: staff.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.cache import cache
+from rest_framework.test import APIClient
+
+from portal.fleet import inventory
+from portal.fleet.models import Gpu
+from portal.tenancy.models import ExclusionGroup, Membership, Role, Team
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_INVENTORY = ROOT / "deploy" / "inventory" / "demo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # The real hasher costs ~0.5 s per user; the personas need none of its strength.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttle_cache():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def fleet(db):
+    inventory.load(DEMO_INVENTORY)
+    return Gpu.objects.select_related("node")
+
+
+@pytest.fixture
+def teams(db):
+    vision = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=Decimal("2.0"),
+                                 quota_memory_mib=200_000, quota_max_gpus=4, allow_over_quota=True)
+    nlp = Team.objects.create(slug="nlp", name="NLP", quota_gpu_share=Decimal("1.5"),
+                              quota_memory_mib=100_000, quota_max_gpus=3, allow_over_quota=False)
+    ExclusionGroup.objects.create(team=vision, label="secure")
+    return {"vision": vision, "nlp": nlp}
+
+
+def _person(username, memberships=(), staff=False):
+    user = get_user_model().objects.create_user(username, password="pw-" + username, is_staff=staff)
+    for team, role in memberships:
+        Membership.objects.create(user=user, team=team, role=role)
+    return user
+
+
+@pytest.fixture
+def people(teams):
+    v, n = teams["vision"], teams["nlp"]
+    return {
+        "alice": _person("alice", [(v, Role.MEMBER)]),
+        "alice2": _person("alice2", [(v, Role.MEMBER)]),
+        "bob": _person("bob", [(n, Role.MEMBER)]),
+        "carol": _person("carol", [(v, Role.ADMIN)]),
+        "dave": _person("dave", [(v, Role.MANAGER)]),
+        "erin": _person("erin", [(n, Role.ADMIN)]),
+        "admin": _person("admin", staff=True),
+    }
+
+
+@pytest.fixture
+def client_for(people):
+    def make(name: str) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(people[name])
+        return client
+
+    return make
+
+
+@pytest.fixture
+def reservation_body():
+    def make(**overrides) -> dict:
+        body = {"team": "vision", "image": "pytorch/pytorch:2.3.0", "command": ["python", "train.py"],
+                "gpu_request": 0.25, "gpu_memory_mib": 8192}
+        body.update(overrides)
+        return body
+
+    return make
