@@ -107,7 +107,7 @@ class Hello(_Message):
     agent_version: Annotated[str, Field(pattern=VERSION_PATTERN)]
     source: Literal["nvml", "simulated"]
     driver_version: Annotated[str, Field(min_length=1, max_length=64)] | None
-    interval_ms: Annotated[StrictInt, Field(ge=100, le=60_000)]
+    interval_ms: Annotated[StrictInt, Field(ge=10, le=60_000)]
     gpus: Annotated[list[GpuInfo], Field(max_length=MAX_GPUS_PER_NODE)]
 
     @model_validator(mode="after")
