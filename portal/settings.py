@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "portal.tenancy",
     "portal.fleet",
     "portal.reservations",
+    "portal.placement",
     "portal.api",
     "portal.web",
 ]

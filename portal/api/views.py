@@ -157,7 +157,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["status"]
 
     def get_queryset(self):
-        return Node.objects.annotate(gpu_count=Count("gpus"))
+        return Node.objects.annotate(gpu_count=Count("gpus")).order_by("name")
 
     @extend_schema(request=serializers.NodeActionSerializer, responses={200: serializers.NodeSerializer})
     @action(detail=True, methods=["post"])
@@ -193,7 +193,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
                                        Value(0), output_field=DecimalField(max_digits=6, decimal_places=3)),
             allocated_memory_mib=Coalesce(Sum("allocations__memory_mib", filter=live), Value(0),
                                           output_field=IntegerField()),
-        )
+        ).order_by("node__name", "index")
 
 
 @extend_schema(request=serializers.TokenSerializer, responses={201: serializers.NewTokenSerializer})
