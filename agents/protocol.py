@@ -261,7 +261,8 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:3]:
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-        parts.append(f"{where or 'message'}: {err['msg']}")
+        text = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {text}" if where else text)
     more = exc.error_count() - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
@@ -271,12 +272,14 @@ def parse(raw: str | bytes, allowed: dict[str, type[_Message]]) -> _Message:
 
     Raises ProtocolError with the code the receiver should answer with.
     """
-    size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8"))
+    if isinstance(raw, bytes):
+        raise ProtocolError("bad_json", "binary frames are not accepted; send JSON in a text frame")
+    size = len(raw.encode("utf-8"))
     if size > MAX_MESSAGE_BYTES:
         raise ProtocolError("too_large", f"message is {size} bytes, the limit is {MAX_MESSAGE_BYTES}")
     try:
         data: Any = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise ProtocolError("bad_json", f"not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError("bad_json", "a message must be a JSON object")
