@@ -1,0 +1,62 @@
+"""Command line: ``python -m agents.broker --socket /run/tessera/broker.sock``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+
+from agents.broker.policy import BrokerSettings
+from agents.broker.server import serve
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = BrokerSettings()
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.broker",
+        description="Tessera share broker: grants GPU time tokens to the preload library "
+        "(protocol: preload/PROTOCOL.md).",
+    )
+    parser.add_argument("--socket", required=True,
+                        help="Unix socket path (TESSERA_BROKER_SOCKET of the workloads)")
+    parser.add_argument("--window", type=_positive, default=defaults.window_s, help="sliding window, seconds")
+    parser.add_argument("--min-quota-ms", type=_positive, default=defaults.min_quota_s * 1e3)
+    parser.add_argument("--max-quota-ms", type=_positive, default=defaults.max_quota_s * 1e3)
+    parser.add_argument("--low-quota-ms", type=_positive, default=defaults.low_quota_s * 1e3,
+                        help="quantum of low-priority shares while a high-priority share is on the GPU")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = BrokerSettings(
+            window_s=args.window,
+            min_quota_s=args.min_quota_ms / 1e3,
+            max_quota_s=args.max_quota_ms / 1e3,
+            initial_quota_s=min(max(BrokerSettings.initial_quota_s, args.min_quota_ms / 1e3),
+                                args.max_quota_ms / 1e3),
+            low_quota_s=args.low_quota_ms / 1e3,
+            start_window_s=min(BrokerSettings.start_window_s, args.window),
+        )
+    except ValueError as exc:
+        print(f"python -m agents.broker: {exc}", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.socket, settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
