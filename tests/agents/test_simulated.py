@@ -1,0 +1,124 @@
+"""The simulated GPU set: its load follows the placements, bounded by each share's limit."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agents.gpus.simulated import SimulatedSource, share_usage
+from agents.inventory import load_inventory, pick_node
+from agents.placements import PlacementRefused, PlacementTable
+from agents.protocol import Placements
+
+
+def setup(demo_inventory, node="a100-node-2", seed=11):
+    inventory_node = pick_node(load_inventory(demo_inventory), node, "demo")
+    table = PlacementTable({g.uuid for g in inventory_node.gpus})
+    return inventory_node, table, SimulatedSource(inventory_node, table, seed=seed)
+
+
+def place(table, revision, *entries):
+    return table.apply(Placements.model_validate({
+        "v": 1, "type": "placements", "revision": revision,
+        "placements": [{"memory_mib": None, "pod_uid": None, **e} for e in entries],
+    }))
+
+
+def util_series(source, uuid, n=60):
+    return [next(g.sm_util_pct for g in source.read().gpus if g.uuid == uuid) for _ in range(n)]
+
+
+def test_idle_gpus_read_zero(demo_inventory):
+    _, _, source = setup(demo_inventory)
+    for _ in range(5):
+        reading = source.read()
+        assert all(g.sm_util_pct == 0 and g.mem_used_mib == 0 for g in reading.gpus)
+        assert reading.processes == [] and reading.shares == []
+        assert all(0 < g.power_w < 100 for g in reading.gpus)  # idle draw of an A100
+
+
+def test_utilization_follows_the_placed_shares_and_stays_within_their_limits(demo_inventory):
+    node, table, source = setup(demo_inventory)
+    g0, g1, g2, _ = (g.uuid for g in node.gpus)
+    place(table, 1,
+          {"reservation": "small", "gpu_uuid": g0, "request": 0.1, "limit": 0.2},
+          {"reservation": "big", "gpu_uuid": g1, "request": 0.5, "limit": 1.0},
+          {"reservation": "pair-a", "gpu_uuid": g2, "request": 0.5, "limit": 1.0},
+          {"reservation": "pair-b", "gpu_uuid": g2, "request": 0.5, "limit": 1.0})
+    readings = [source.read() for _ in range(80)]
+    util = {u: [next(g.sm_util_pct for g in r.gpus if g.uuid == u) for r in readings] for u in (g0, g1, g2)}
+    assert max(util[g0]) <= 20 + 4  # the limit, plus the sensor's noise
+    assert statistics.mean(util[g0]) > 5
+    assert statistics.mean(util[g1]) > statistics.mean(util[g0]) + 10
+    # Two shares that each may take the whole GPU: together they fill more of it than one alone.
+    assert statistics.mean(util[g2]) > statistics.mean(util[g1]) - 5
+    for r in readings:
+        by_res = {s.reservation: s.used_frac for s in r.shares}
+        assert by_res["small"] <= 0.2 and by_res["big"] <= 1.0
+        assert by_res["pair-a"] + by_res["pair-b"] <= 1.0 + 1e-9
+        gpu_util = {g.uuid: g.sm_util_pct for g in r.gpus}
+        # The GPU's utilization is its shares' use, give or take the noise.
+        assert abs(gpu_util[g2] - 100 * (by_res["pair-a"] + by_res["pair-b"])) <= 5
+
+
+def test_memory_stays_under_each_share_cap_and_the_gpu_total(demo_inventory):
+    node, table, source = setup(demo_inventory, node="t4-node-1")
+    g0 = node.gpus[0].uuid
+    place(table, 1, {"reservation": "a", "gpu_uuid": g0, "request": 0.5, "limit": 0.5, "memory_mib": 6000},
+          {"reservation": "b", "gpu_uuid": g0, "request": 0.5, "limit": 0.5})
+    for _ in range(30):
+        reading = source.read()
+        mem = {p.reservation: p.mem_used_mib for p in reading.processes}
+        assert 0 < mem["a"] <= 6000
+        assert 0 < mem["b"] <= 15360 // 2  # no cap: at most its request's part of the GPU
+        gpu = next(g for g in reading.gpus if g.uuid == g0)
+        assert gpu.mem_used_mib == min(15360, mem["a"] + mem["b"])
+
+
+def test_removing_a_placement_frees_the_gpu(demo_inventory):
+    node, table, source = setup(demo_inventory)
+    g0 = node.gpus[0].uuid
+    place(table, 1, {"reservation": "r", "gpu_uuid": g0, "request": 0.4, "limit": 0.8})
+    assert statistics.mean(util_series(source, g0, 20)) > 10
+    place(table, 2)
+    assert util_series(source, g0, 5) == [0] * 5
+
+
+def test_an_older_revision_does_not_undo_a_newer_one(demo_inventory):
+    node, table, _ = setup(demo_inventory)
+    g0 = node.gpus[0].uuid
+    assert place(table, 5, {"reservation": "new", "gpu_uuid": g0, "request": 0.4, "limit": 0.8})
+    assert not place(table, 4, {"reservation": "old", "gpu_uuid": g0, "request": 0.4, "limit": 0.8})
+    assert [p.reservation for p in table.all()] == ["new"]
+
+
+def test_placements_on_a_gpu_of_another_node_are_refused_and_change_nothing(demo_inventory):
+    node, table, _ = setup(demo_inventory)
+    place(table, 1, {"reservation": "keep", "gpu_uuid": node.gpus[0].uuid, "request": 0.4, "limit": 0.8})
+    with pytest.raises(PlacementRefused, match="not a GPU of this node") as refused:
+        place(table, 2, {"reservation": "x", "gpu_uuid": "GPU-elsewhere", "request": 0.4, "limit": 0.8})
+    assert refused.value.code == "unknown_gpu"
+    assert [p.reservation for p in table.all()] == ["keep"] and table.revision == 1
+
+
+shares = st.lists(
+    st.tuples(st.floats(0.0, 1.0), st.floats(0.01, 1.0), st.floats(0.0, 1.0)), min_size=1, max_size=8
+)
+
+
+@given(shares)
+def test_share_usage_respects_limits_requests_and_the_whole_gpu(raw):
+    # Requests scaled so they fit the GPU together, as the placement engine guarantees.
+    total_request = sum(r for _, r, _ in raw)
+    scale = min(1.0, 1.0 / total_request)
+    wants = [w for w, _, _ in raw]
+    requests = [r * scale for _, r, _ in raw]
+    limits = [r + (1.0 - r) * extra for r, (_, _, extra) in zip(requests, raw, strict=True)]
+    used = share_usage(wants, requests, limits)
+    assert sum(used) <= 1.0 + 1e-9
+    for u, w, r, lim in zip(used, wants, requests, limits, strict=True):
+        assert -1e-12 <= u <= min(w, lim) + 1e-9  # never more than it wants or may have
+        assert u >= min(w, r) - 1e-9  # always what it wants up to its request
