@@ -76,6 +76,20 @@ def websocket_url(portal: str) -> str:
     return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
+class _RedactToken(logging.Filter):
+    """websockets logs the handshake headers at DEBUG level; the node token must not reach the log."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self._token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self._token in message:
+            record.msg, record.args = message.replace(self._token, "[redacted]"), None
+        return True
+
+
 class HandshakeRefused(Exception):
     """The portal answered the handshake with an HTTP error (bad token, wrong path...)."""
 
@@ -108,6 +122,8 @@ class PortalStream:
         self.rate = rate or TokenBucket(AGENT_MAX_MESSAGES_PER_S, AGENT_MAX_BURST)
         self.connected = False
         self.sessions = 0  # sessions that got as far as a welcome
+        self._ws_log = logging.getLogger(f"{__name__}.websocket")
+        self._ws_log.addFilter(_RedactToken(token))
         self._wake = asyncio.Event()
         self._in_flight: deque[int] = deque()  # last seq of each unacknowledged batch
 
@@ -157,6 +173,7 @@ class PortalStream:
             ping_timeout=20,
             close_timeout=5,
             proxy=None,
+            logger=self._ws_log,
         ) as ws:
             await ws.send(self.hello)
             welcome = await self._await_welcome(ws)
