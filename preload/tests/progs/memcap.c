@@ -148,7 +148,7 @@ int main(int argc, char **argv) {
                 fr = ((CUresult (*)(CUarray))get("cuArrayDestroy", "cuArrayDestroy"))((CUarray)handles[0]);
             else
                 fr = ((CUresult (*)(CUdeviceptr))get("cuMemFree", "cuMemFree_v2"))(handles[0]);
-            printf("free=%d\n", fr);
+            printf("freed=%d\n", fr);
         }
     }
     size_t free_b = 0, total_b = 0, dev_total = 0;

@@ -1,0 +1,145 @@
+"""The memory cap holds on every way a program can reach the driver, and the memory queries show it."""
+
+from __future__ import annotations
+
+import struct
+import sys
+import textwrap
+
+import pytest
+
+from .conftest import GiB, MiB, Env, parse_kv
+
+RESOLVERS = ["direct", "dlopen", "gpa1:0", "gpa1:1", "gpa1:2", "gpa2:0", "gpa2:1", "gpa2:2", "gpa_self"]
+APIS = ["alloc", "pitch", "managed", "async", "async_ptsz", "pool", "pool_ptsz", "create", "array", "array3d"]
+
+
+def memcap(env: Env, resolver: str, api: str, cap: int) -> dict[str, int]:
+    program = "memcap_direct" if resolver == "direct" else "memcap"
+    result = env.run(program, resolver, api, cap)
+    assert result.returncode == 0, result.stderr
+    return parse_kv(result.stdout)
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("resolver", RESOLVERS)
+def test_allocation_over_the_cap_fails_and_allocates_nothing(capped: Env, resolver: str, api: str) -> None:
+    out = memcap(capped.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi"), resolver, api, GiB)
+    assert out["first"] == 0  # 3/4 of the cap fits
+    assert out["second"] == 2  # CUDA_ERROR_OUT_OF_MEMORY: 3/4 + 1/2 does not
+    assert out["fake_delta"] == 0  # and the driver never saw the refused call
+    assert out["freed"] == 0
+    assert out["third"] == 0  # the freed bytes came back
+    assert out["total"] == GiB
+    assert out["free"] == GiB // 2
+    assert out["device_total"] == GiB
+
+
+def test_without_the_library_the_fake_driver_allocates_past_the_cap(bare: Env) -> None:
+    out = memcap(bare.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi"), "dlopen", "alloc", GiB)
+    assert out["second"] == 0
+    assert out["total"] == 16 * GiB
+
+
+@pytest.mark.parametrize("program", ["cudart_shared", "cudart_static"])
+def test_cuda_runtime_takes_our_entry_points(capped: Env, program: str) -> None:
+    # libcudart cannot create a context on a fake driver (it needs NVIDIA's private export tables),
+    # but it resolves every driver entry point up front through dlsym + cuGetProcAddress. Every
+    # allocation, memory query and launch entry point it resolved must be ours, by variant.
+    result = capped.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi", TESSERA_LOG_LEVEL="debug").run(program, GiB)
+    assert result.returncode == 0, result.stderr
+    hooked = {
+        line.split("cuGetProcAddress(")[1].split(")")[0]
+        for line in result.stderr.splitlines()
+        if line.endswith(": hooked")
+    }
+    names = {h.split(",")[0] for h in hooked}
+    for name in ["cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocFromPoolAsync",
+                 "cuMemFree", "cuMemFreeAsync", "cuArrayCreate", "cuArray3DCreate", "cuArrayDestroy",
+                 "cuMemGetInfo", "cuDeviceTotalMem", "cuLaunchKernel", "cuLaunchKernelEx",
+                 "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuGetProcAddress"]:
+        assert name in names, f"{program} resolved {name} around the library"
+    # the per-thread-default-stream variants too
+    for name in ["cuMemAllocAsync", "cuLaunchKernel", "cuGraphLaunch", "cuLaunchKernelEx"]:
+        assert any(h.startswith(name + ",") and h.endswith(", 2") for h in hooked), name
+
+
+PY_CTYPES = textwrap.dedent(
+    """
+    import ctypes, sys
+    cuda = ctypes.CDLL("libcuda.so.1")
+    assert cuda.cuInit(0) == 0
+    ptr = ctypes.c_ulonglong()
+    first = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(600 << 20))
+    second = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(600 << 20))
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    print(f"first={first} second={second} free={free.value} total={total.value}")
+    """
+)
+
+
+def test_python_ctypes_is_capped(capped: Env) -> None:
+    result = capped.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi").run(sys.executable, "-c", PY_CTYPES)
+    assert result.returncode == 0, result.stderr
+    out = parse_kv(result.stdout)
+    assert (out["first"], out["second"]) == (0, 2)
+    assert out["total"] == GiB
+    assert out["free"] == GiB - 600 * MiB
+
+
+PY_NVML = textwrap.dedent(
+    """
+    import ctypes, pynvml
+    cuda = ctypes.CDLL("libcuda.so.1")
+    cuda.cuInit(0)
+    ptr = ctypes.c_ulonglong()
+    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(256 << 20)) == 0
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    print(f"total={v1.total} used={v1.used} free={v1.free} total2={v2.total} used2={v2.used} free2={v2.free}")
+    """
+)
+
+
+def test_nvml_shows_the_share_not_the_card(capped: Env) -> None:
+    result = capped.with_(TESSERA_GPU_MEMORY_LIMIT="2Gi").run(sys.executable, "-c", PY_NVML)
+    assert result.returncode == 0, result.stderr
+    out = parse_kv(result.stdout)
+    assert out["total"] == out["total2"] == 2 * GiB
+    assert out["used"] == out["used2"] == 256 * MiB
+    assert out["free"] == out["free2"] == 2 * GiB - 256 * MiB
+
+
+def test_nvml_without_the_library_shows_the_card(bare: Env) -> None:
+    result = bare.run(sys.executable, "-c", PY_NVML)
+    assert result.returncode == 0, result.stderr
+    assert parse_kv(result.stdout)["total"] == 16 * GiB
+
+
+@pytest.mark.parametrize(("text", "cap"), [("1073741824", GiB), ("1Gi", GiB), ("512Mi", 512 * MiB),
+                                            ("2G", 2 * GiB), ("3072Ki", 3 * MiB)])
+def test_memory_limit_units(capped: Env, text: str, cap: int) -> None:
+    out = memcap(capped.with_(TESSERA_GPU_MEMORY_LIMIT=text), "dlopen", "alloc", cap)
+    assert out["total"] == cap
+    assert (out["first"], out["second"]) == (0, 2)
+
+
+@pytest.mark.parametrize("text", ["lots", "-5", "1.5Gi", "12Qi", "", "99999999999999999999"])
+def test_invalid_memory_limit_is_reported_and_allocates_nothing(capped: Env, text: str) -> None:
+    env = capped.with_(TESSERA_GPU_MEMORY_LIMIT=text)
+    result = env.run("memcap", "dlopen", "alloc", GiB)
+    assert "TESSERA_GPU_MEMORY_LIMIT" in result.stderr
+    assert "no GPU memory will be allocated" in result.stderr
+    out = parse_kv(result.stdout)
+    assert out["first"] == 2 and out["second"] == 2 and out["third"] == 2
+
+
+def test_a_foreign_budget_file_is_refused_not_ignored(capped: Env) -> None:
+    budget = capped.root / "budget"
+    budget.write_bytes(struct.pack("<Q", 0xDEADBEEF) + bytes(4096 * 8))
+    result = capped.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi").run("memcap", "dlopen", "alloc", GiB)
+    assert "unknown format" in result.stderr
+    assert parse_kv(result.stdout)["first"] == 2
