@@ -1,0 +1,155 @@
+"""Reading the Alibaba GPU trace (cluster-trace-gpu-v2023, "openb") with row-level validation.
+
+A bad row (missing column, not a number, negative, impossible GPU shape) is reported with its
+file and line and skipped; reading goes on. A file that cannot be read at all raises TraceError.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+DEFAULT_TRACE_DIR = Path(
+    os.environ.get(
+        "TESSERA_TRACE_DIR", Path(__file__).resolve().parents[3] / "shared/traces/alibaba-gpu-v2023"
+    )
+)
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+
+
+class TraceError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TracePod:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int  # per GPU
+    gpu_spec: str  # "" or "A|B"
+
+
+@dataclass(frozen=True)
+class TraceNode:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class Loaded(Generic[T]):
+    rows: list[T]
+    problems: list[str] = field(default_factory=list)  # "file:line: what is wrong"
+
+
+def resolve_trace(name_or_path: str, trace_dir: Path = DEFAULT_TRACE_DIR) -> Path:
+    """A shipped trace name ("default", "gpushare40", "openb_pod_list_default") or a CSV path."""
+    path = Path(name_or_path)
+    if path.suffix == ".csv" or path.exists():
+        if not path.is_file():
+            raise TraceError(f"trace file {path} does not exist")
+        return path
+    stem = name_or_path if name_or_path.startswith("openb_pod_list_") else f"openb_pod_list_{name_or_path}"
+    candidate = trace_dir / "csv" / f"{stem}.csv"
+    if not candidate.is_file():
+        raise TraceError(f"no trace named {name_or_path!r} in {trace_dir / 'csv'}")
+    return candidate
+
+
+def shipped_traces(trace_dir: Path = DEFAULT_TRACE_DIR) -> list[str]:
+    names = sorted(
+        p.stem.removeprefix("openb_pod_list_") for p in (trace_dir / "csv").glob("openb_pod_list_*.csv")
+    )
+    return names
+
+
+def _int(row: dict[str, str | None], key: str) -> int:
+    raw = row.get(key)
+    if raw is None or raw.strip() == "":
+        raise ValueError(f"column {key} is empty")
+    try:
+        value = int(float(raw))
+    except ValueError:
+        raise ValueError(f"column {key} is not a number: {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"column {key} is negative: {value}")
+    return value
+
+
+def _open(path: Path, columns: tuple[str, ...]) -> tuple[csv.DictReader, object]:
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror}") from exc
+    reader = csv.DictReader(handle)
+    missing = [c for c in columns if c not in (reader.fieldnames or [])]
+    if missing:
+        handle.close()
+        raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)}")
+    return reader, handle
+
+
+def load_pods(path: Path) -> Loaded[TracePod]:
+    reader, handle = _open(path, POD_COLUMNS)
+    out: Loaded[TracePod] = Loaded([])
+    with handle:  # type: ignore[attr-defined]
+        for row in reader:
+            line = reader.line_num
+            try:
+                if None in row.values() or None in row:
+                    raise ValueError("wrong number of fields")
+                pod = TracePod(
+                    name=(row["name"] or f"line-{line}").strip(),
+                    cpu_milli=_int(row, "cpu_milli"),
+                    memory_mib=_int(row, "memory_mib"),
+                    num_gpu=_int(row, "num_gpu"),
+                    gpu_milli=_int(row, "gpu_milli") if row.get("gpu_milli", "").strip() else 0,
+                    gpu_spec=(row.get("gpu_spec") or "").strip(),
+                )
+                if pod.num_gpu > 0 and not 0 < pod.gpu_milli <= 1000:
+                    raise ValueError(f"gpu_milli must be in 1..1000 for a GPU pod, got {pod.gpu_milli}")
+                if pod.num_gpu > 1 and pod.gpu_milli != 1000:
+                    raise ValueError("a pod with several GPUs must take whole GPUs (gpu_milli 1000)")
+            except ValueError as exc:
+                out.problems.append(f"{path}:{line}: {exc}")
+                continue
+            out.rows.append(pod)
+    return out
+
+
+def load_nodes(path: Path) -> Loaded[TraceNode]:
+    reader, handle = _open(path, NODE_COLUMNS)
+    out: Loaded[TraceNode] = Loaded([])
+    with handle:  # type: ignore[attr-defined]
+        for row in reader:
+            line = reader.line_num
+            try:
+                if None in row.values() or None in row:
+                    raise ValueError("wrong number of fields")
+                node = TraceNode(
+                    name=(row["sn"] or "").strip(),
+                    cpu_milli=_int(row, "cpu_milli"),
+                    memory_mib=_int(row, "memory_mib"),
+                    gpus=_int(row, "gpu"),
+                    model=(row.get("model") or "").strip(),
+                )
+                if not node.name:
+                    raise ValueError("column sn is empty")
+                if node.gpus > 0 and not node.model:
+                    raise ValueError("a GPU node needs a model")
+            except ValueError as exc:
+                out.problems.append(f"{path}:{line}: {exc}")
+                continue
+            out.rows.append(node)
+    return out
