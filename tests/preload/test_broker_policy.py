@@ -85,7 +85,8 @@ def test_limit_holds_in_every_window_even_alone() -> None:
     for second in range(1, 31):
         sim.run(1)
         window = min(second, SETTINGS.window_s)
-        assert sim.sched.shares["a"].window_used(sim.now, SETTINGS.window_s) <= 0.5 * window + SETTINGS.max_quota_s
+        used = sim.sched.shares["a"].window_used(sim.now, SETTINGS.window_s)
+        assert used <= 0.5 * window + SETTINGS.max_quota_s
     assert sim.fraction("a", 30) == pytest.approx(0.5, abs=0.01)
 
 

@@ -73,7 +73,9 @@ def test_hello_acquire_grant_release(broker: BrokerProcess) -> None:
         (b"RELEASE used_us=99999999999999 idle=0\n", b"used_us must be between"),
     ],
 )
-def test_bad_messages_are_rejected_and_the_broker_lives_on(broker: BrokerProcess, line: bytes, reason: bytes) -> None:
+def test_bad_messages_are_rejected_and_the_broker_lives_on(
+    broker: BrokerProcess, line: bytes, reason: bytes
+) -> None:
     c = Conn(broker)
     if line.startswith(b"RELEASE"):
         c.ask(HELLO % (b"s1", 1))

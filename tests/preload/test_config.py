@@ -60,5 +60,6 @@ def test_bad_log_level_is_named(capped: Env) -> None:
 
 
 def test_bad_share_id_is_replaced_not_trusted(capped: Env) -> None:
-    result = capped.with_(TESSERA_SHARE_ID="../../etc/passwd", TESSERA_GPU_MEMORY_LIMIT="1Gi").run("hog", 1, 1, 0)
+    env = capped.with_(TESSERA_SHARE_ID="../../etc/passwd", TESSERA_GPU_MEMORY_LIMIT="1Gi")
+    result = env.run("hog", 1, 1, 0)
     assert "TESSERA_SHARE_ID may hold only" in result.stderr

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from .conftest import GiB, MiB, Env, parse_kv
+from .conftest import Env, GiB, MiB, parse_kv
 
 RESOLVERS = ["direct", "dlopen", "gpa1:0", "gpa1:1", "gpa1:2", "gpa2:0", "gpa2:1", "gpa2:2", "gpa_self"]
 APIS = ["alloc", "pitch", "managed", "async", "async_ptsz", "pool", "pool_ptsz", "create", "array", "array3d"]
@@ -54,8 +54,9 @@ def test_cuda_runtime_takes_our_entry_points(capped: Env, program: str) -> None:
         if line.endswith(": hooked")
     }
     names = {h.split(",")[0] for h in hooked}
-    for name in ["cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocFromPoolAsync",
-                 "cuMemFree", "cuMemFreeAsync", "cuArrayCreate", "cuArray3DCreate", "cuArrayDestroy",
+    for name in ["cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync",
+                 "cuMemAllocFromPoolAsync", "cuMemFree", "cuMemFreeAsync", "cuArrayCreate", "cuArray3DCreate",
+                 "cuArrayDestroy",
                  "cuMemGetInfo", "cuDeviceTotalMem", "cuLaunchKernel", "cuLaunchKernelEx",
                  "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuGetProcAddress"]:
         assert name in names, f"{program} resolved {name} around the library"

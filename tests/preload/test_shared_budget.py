@@ -6,8 +6,9 @@ import os
 import signal
 import struct
 import time
+from pathlib import Path
 
-from .conftest import GiB, Env, parse_kv
+from .conftest import Env, GiB, parse_kv
 
 # budget file layout (preload/src/budget.c): header, then 1024 slots of (pid, pad, start time, bytes)
 HEADER = struct.Struct("<QII40sQQ")
@@ -77,7 +78,7 @@ def test_a_reused_pid_does_not_keep_a_dead_process_bytes(capped: Env) -> None:
     env.run("hog", 1, 1, 0)  # creates the budget file
     budget = capped.root / "budget"
     data = bytearray(budget.read_bytes())
-    magic, version, nslots, mutex, total, cap = HEADER.unpack_from(data, 0)
+    magic, version, nslots, mutex, _total, cap = HEADER.unpack_from(data, 0)
     # a slot that claims the whole cap for a pid that is alive (this test) but started at another time:
     # the process it describes is gone and the pid was reused
     SLOT.pack_into(data, HEADER.size, os.getpid(), 0, 1, GiB)
@@ -91,7 +92,7 @@ def test_a_live_process_keeps_its_bytes(capped: Env) -> None:
     holder = env.popen("hog", GiB // 2, 1, 30000)
     try:
         wait_for_line(holder, "allocated=")
-        stat = open(f"/proc/{holder.pid}/stat").read()
+        stat = Path(f"/proc/{holder.pid}/stat").read_text()
         start = int(stat.rsplit(")", 1)[1].split()[19])
         data = (capped.root / "budget").read_bytes()
         slots = [SLOT.unpack_from(data, HEADER.size + i * SLOT.size) for i in range(8)]
