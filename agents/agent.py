@@ -134,5 +134,9 @@ class Agent:
         finally:
             stream_stop.set()
             sampling.cancel()
+            # A connection attempt to a portal that does not answer can take open_timeout; don't wait.
+            _, pending = await asyncio.wait({streaming}, timeout=self.settings.drain_timeout_s + 5.0)
+            for task in pending:
+                task.cancel()
             await asyncio.gather(sampling, streaming, return_exceptions=True)
             self.source.close()

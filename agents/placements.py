@@ -38,13 +38,19 @@ class PlacementTable:
         if unknown:
             raise PlacementRefused("unknown_gpu", f"placements name GPU {unknown[0]}, not a GPU of this node")
         with self._lock:
-            # Messages can cross on a reconnect; an older revision must not undo a newer one.
+            # A stale message must not undo a newer one (only possible from a misbehaving portal, as
+            # one connection is ordered; new_connection() starts the count again).
             if message.revision < self._revision:
                 return False
             self._revision = message.revision
             self._placements = tuple(message.placements)
             self._by_pod = {p.pod_uid: p.reservation for p in message.placements if p.pod_uid}
         return True
+
+    def new_connection(self) -> None:
+        """Accept any revision from the next message: revisions only order messages of one connection."""
+        with self._lock:
+            self._revision = -1
 
     def all(self) -> tuple[Placement, ...]:
         with self._lock:

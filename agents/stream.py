@@ -122,6 +122,7 @@ class PortalStream:
         self.rate = rate or TokenBucket(AGENT_MAX_MESSAGES_PER_S, AGENT_MAX_BURST)
         self.connected = False
         self.sessions = 0  # sessions that got as far as a welcome
+        self._welcomed_at: float | None = None
         self._ws_log = logging.getLogger(f"{__name__}.websocket")
         self._ws_log.addFilter(_RedactToken(token))
         self._wake = asyncio.Event()
@@ -135,10 +136,9 @@ class PortalStream:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            started = time.monotonic()
-            welcomed = False
+            self._welcomed_at = None
             try:
-                welcomed = await self._session(stop)
+                await self._session(stop)
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN):
@@ -155,14 +155,16 @@ class PortalStream:
                 self.connected = False
             if stop.is_set():
                 break
-            if welcomed and time.monotonic() - started >= self.stable_after_s:
+            # A connection that worked for a while resets the backoff, however it ended (a portal
+            # restart drops it without a close frame), so the agent is back within a second or so.
+            if self._welcomed_at is not None and time.monotonic() - self._welcomed_at >= self.stable_after_s:
                 self.backoff.reset()
             delay = self.backoff.next_delay()
             log.info("reconnecting in %.1f s (%d samples buffered)", delay, len(self.buffer))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 
-    async def _session(self, stop: asyncio.Event) -> bool:
+    async def _session(self, stop: asyncio.Event) -> None:
         async with connect(
             self.url,
             additional_headers={TOKEN_HEADER: f"{TOKEN_SCHEME} {self._token}"},
@@ -183,6 +185,9 @@ class PortalStream:
                             welcome.acked_seq, self.buffer.last_seq)
             self.connected = True
             self.sessions += 1
+            self._welcomed_at = time.monotonic()
+            # Each connection starts from the portal's view; a restarted portal may count revisions anew.
+            self.placements.new_connection()
             self._in_flight.clear()
             log.info("connected to %s; replaying %d buffered samples", self.url, len(self.buffer))
             sender = asyncio.create_task(self._send_loop(ws, max(welcome.acked_seq, self.buffer.acked_seq)))
@@ -199,7 +204,8 @@ class PortalStream:
             for task in done:
                 if task is not stopper and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-            return True
+            if receiver in done:
+                log.warning("portal closed the connection: code %s %s", ws.close_code, ws.close_reason or "")
 
     async def _await_welcome(self, ws: ClientConnection) -> Welcome:
         try:

@@ -122,3 +122,12 @@ def test_share_usage_respects_limits_requests_and_the_whole_gpu(raw):
     for u, w, r, lim in zip(used, wants, requests, limits, strict=True):
         assert -1e-12 <= u <= min(w, lim) + 1e-9  # never more than it wants or may have
         assert u >= min(w, r) - 1e-9  # always what it wants up to its request
+
+
+def test_a_new_connection_takes_the_portals_placements_whatever_their_revision(demo_inventory):
+    node, table, _ = setup(demo_inventory)
+    g0 = node.gpus[0].uuid
+    place(table, 900, {"reservation": "before-restart", "gpu_uuid": g0, "request": 0.4, "limit": 0.8})
+    table.new_connection()  # the portal restarted and counts from 1 again
+    assert place(table, 1, {"reservation": "after-restart", "gpu_uuid": g0, "request": 0.4, "limit": 0.8})
+    assert [p.reservation for p in table.all()] == ["after-restart"]

@@ -171,3 +171,23 @@ async def test_bad_placements_are_answered_with_an_error_and_the_connection_surv
     assert "placements[0].gpu_uuid" in portal.errors_from_agent[1]["message"]
     assert agent.placements.revision == -1  # nothing was applied
     assert len(portal.hellos) == 1  # one connection throughout
+
+
+async def test_after_a_healthy_connection_drops_the_agent_is_back_quickly(portal, agent_tools):
+    make_agent, running = agent_tools
+    portal.token = "not-yet"  # refused at first: the backoff climbs towards its 5 s cap
+    agent = make_agent(portal.url, backoff=(0.05, 5.0))
+    async with running(agent):
+        await asyncio.sleep(1.5)
+        assert agent.stream.backoff.attempt >= 5
+        portal.token = "node-token-1"
+        await portal.wait_for(lambda: portal.last_seq >= 20, timeout=20)  # healthy for > 0.5 s
+        await asyncio.sleep(0.6)
+        await portal.kill()
+        await asyncio.sleep(0.3)
+        await portal.start()
+        restarted = asyncio.get_running_loop().time()
+        await portal.wait_for(lambda: len(portal.hellos) >= 2, timeout=10)
+        back_after = asyncio.get_running_loop().time() - restarted
+    # Without the reset the first wait after the drop alone would be at least 1.6 s.
+    assert back_after < 1.2
