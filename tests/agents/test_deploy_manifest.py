@@ -1,0 +1,38 @@
+"""The agent DaemonSet is valid Kubernetes and runs the agent with flags it understands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+from agents.__main__ import build_parser
+
+MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "daemonset.yaml"
+
+
+def documents() -> list[dict]:
+    return [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+
+
+def test_the_manifest_is_valid_for_kubernetes_1_34():
+    for doc in documents():
+        kubernetes_validate.validate(doc, "1.34.0", strict=True)
+
+
+def test_the_agent_sees_host_processes_and_reads_its_own_nodes_token_without_taking_a_gpu():
+    (daemonset,) = [d for d in documents() if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    (container,) = pod["containers"]
+    assert "nvidia.com/gpu" not in str(container["resources"])
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # Kubernetes expands $(NODE_NAME); the result must be arguments the agent accepts.
+    args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]
+    parsed = build_parser().parse_args(args)
+    assert str(parsed.token_file) == "/etc/tessera/tokens/gpu-node-1"
+    assert parsed.node == "gpu-node-1" and parsed.simulate is None
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert str(parsed.token_file.parent) in mounts
