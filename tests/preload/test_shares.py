@@ -1,0 +1,139 @@
+"""Compute shares on the fake device, measured over 20 s.
+
+All mixes run at once, each on its own fake GPU (kernels of one fake GPU run one at a time across
+processes; a kernel sleeps for its duration, so the measurement does not depend on free CPU), with
+one broker serving every GPU, as on a node. Fractions are of wall time: device time a process got
+divided by the length of the common measurement interval.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from .conftest import LIBRARY, BrokerProcess, Env, fake_env
+
+SECONDS = 20.0
+KERNEL_US = 1000
+TOLERANCE = 0.03
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Job:
+    gpu: str
+    name: str
+    request: float
+    limit: float
+    priority: str = "low"
+    burst: int = 0  # kernels per burst; 0 = always busy
+    pause_ms: int = 0
+    broker: bool = True
+
+
+JOBS = [
+    Job("mix-30-70", "a", 0.3, 1.0),
+    Job("mix-30-70", "b", 0.7, 1.0),
+    Job("mix-10-90", "a", 0.1, 0.1),
+    Job("mix-10-90", "b", 0.9, 0.9),
+    Job("lone", "a", 0.3, 1.0),
+    Job("capped", "a", 0.5, 0.5),
+    Job("three", "a", 0.2, 0.4),
+    Job("three", "b", 0.3, 0.3),
+    Job("three", "c", 0.1, 1.0),
+    Job("prio", "high", 0.5, 1.0, "high", burst=100, pause_ms=100),
+    Job("prio", "low", 0.5, 1.0, "low"),
+    Job("prio-alone", "high", 0.5, 1.0, "high", burst=100, pause_ms=100),
+    Job("local", "a", 0.3, 1.0, broker=False),
+]
+
+
+@pytest.fixture(scope="module")
+def results(built, tmp_path_factory) -> dict[tuple[str, str], dict]:
+    root = tmp_path_factory.mktemp("shares")
+    broker = BrokerProcess(root / "broker.sock", root / "broker.log").start()
+    start_at = time.time() + 2.0
+    procs = []
+    try:
+        for job in JOBS:
+            env = Env(root, fake_env(root)).with_(
+                LD_PRELOAD=str(LIBRARY),
+                FAKE_GPU_UUID=job.gpu,
+                NVIDIA_VISIBLE_DEVICES=job.gpu,
+                TESSERA_SHARE_ID=f"{job.gpu}-{job.name}",
+                TESSERA_GPU_REQUEST=str(job.request),
+                TESSERA_GPU_LIMIT=str(job.limit),
+                TESSERA_PRIORITY=job.priority,
+                TESSERA_BROKER_SOCKET=str(broker.socket_path if job.broker else root / "absent.sock"),
+            )
+            args = ["--seconds", SECONDS, "--kernel-us", KERNEL_US, "--start-at", f"{start_at:.6f}"]
+            if job.burst:
+                args += ["--burst", job.burst, "--pause-ms", job.pause_ms]
+            procs.append((job, env.popen("kernel_loop", *args)))
+        out = {}
+        for job, proc in procs:
+            stdout, stderr = proc.communicate(timeout=SECONDS + 60)
+            assert proc.returncode == 0, stderr
+            out[(job.gpu, job.name)] = json.loads(stdout) | {"stderr": stderr}
+        out[("broker", "stats")] = broker.query()
+        return out
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        broker.stop()
+
+
+def fraction(results, gpu: str, name: str) -> float:
+    r = results[(gpu, name)]
+    return r["busy_s"] / r["wall_s"]
+
+
+@pytest.mark.parametrize(("gpu", "expected"), [("mix-30-70", (0.3, 0.7)), ("mix-10-90", (0.1, 0.9))])
+def test_two_shares_get_their_fractions(results, gpu: str, expected: tuple[float, float]) -> None:
+    got = (fraction(results, gpu, "a"), fraction(results, gpu, "b"))
+    assert got[0] == pytest.approx(expected[0], abs=TOLERANCE), got
+    assert got[1] == pytest.approx(expected[1], abs=TOLERANCE), got
+
+
+def test_a_lone_share_bursts_to_the_whole_device(results) -> None:
+    assert fraction(results, "lone", "a") >= 0.95
+
+
+def test_a_share_never_passes_its_limit_even_alone(results) -> None:
+    got = fraction(results, "capped", "a")
+    assert 0.45 <= got <= 0.53, got
+
+
+def test_three_tenants_converge(results) -> None:
+    got = [fraction(results, "three", n) for n in "abc"]
+    # a bursts to its limit 0.4, b is held to 0.3, c (request 0.1, limit 1) takes what is left
+    assert got[0] == pytest.approx(0.4, abs=TOLERANCE), got
+    assert got[1] == pytest.approx(0.3, abs=TOLERANCE), got
+    assert got[2] == pytest.approx(0.3, abs=TOLERANCE), got
+
+
+def test_high_priority_keeps_its_throughput_beside_low_priority(results) -> None:
+    alone = results[("prio-alone", "high")]["bursts"]
+    shared = results[("prio", "high")]["bursts"]
+    assert alone > 50
+    assert shared / alone >= 0.95, (shared, alone)
+    assert fraction(results, "prio", "low") >= 0.20
+
+
+def test_without_a_broker_the_request_share_is_enforced_locally(results) -> None:
+    r = results[("local", "a")]
+    assert fraction(results, "local", "a") == pytest.approx(0.3, abs=TOLERANCE)
+    assert r["stderr"].count("unreachable") == 1  # logged once, not per token
+
+
+def test_the_broker_reports_gpu_time_per_share(results) -> None:
+    stats = results[("broker", "stats")]["gpus"]
+    reported = stats["mix-30-70"]["shares"]["mix-30-70-b"]["used_total_s"]
+    measured = results[("mix-30-70", "b")]["busy_s"]
+    # the broker counts from the first token to the last, a bit more than the measured interval
+    assert measured * 0.97 <= reported <= measured * 1.15
