@@ -30,11 +30,14 @@ struct hook g_hooks[] = {
     {NULL, NULL, NULL, 0},
 };
 
-/* ---- the real dlsym ---- */
+/* ---- the real dlsym ----
+ * Sanitizer runtimes call dlsym while they initialise, before their instrumentation can run: the
+ * code on this path is left uninstrumented and calls nothing the sanitizers intercept. */
+#define EARLY __attribute__((no_sanitize_address, no_sanitize_thread, no_instrument_function))
 
 __attribute__((visibility("hidden"))) void *(*tessera_real_dlsym_ptr)(void *, const char *);
 
-static void real_dlsym_init(void) {
+EARLY static void real_dlsym_init(void) {
     void *(*fn)(void *, const char *) = __atomic_load_n(&tessera_real_dlsym_ptr, __ATOMIC_ACQUIRE);
     if (fn) return;
     fn = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
@@ -47,15 +50,20 @@ void *real_dlsym(void *handle, const char *symbol) {
     return tessera_real_dlsym_ptr ? tessera_real_dlsym_ptr(handle, symbol) : NULL;
 }
 
-const struct hook *hook_by_name(const char *name) {
+EARLY static int same(const char *a, const char *b) {
+    while (*a && *a == *b) a++, b++;
+    return *a == *b;
+}
+
+EARLY const struct hook *hook_by_name(const char *name) {
     for (const struct hook *h = g_hooks; h->name; h++)
-        if (!strcmp(h->name, name)) return h;
+        if (same(h->name, name)) return h;
     return NULL;
 }
 
 /* Decides whether dlsym(handle, symbol) should answer with our hook. Called from the dlsym stub
  * before anything else, possibly before our constructor ran (sanitizer runtimes call dlsym early). */
-__attribute__((visibility("hidden"), used)) void *tessera_dlsym_filter(void *handle, const char *symbol) {
+EARLY __attribute__((visibility("hidden"), used)) void *tessera_dlsym_filter(void *handle, const char *symbol) {
     real_dlsym_init();
     if (!symbol || (symbol[0] != 'c' && symbol[0] != 'n')) return NULL;
     const struct hook *h = hook_by_name(symbol);

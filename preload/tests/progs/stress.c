@@ -1,5 +1,7 @@
 /* Many threads launch and allocate at once (run under ThreadSanitizer / AddressSanitizer).
- *   stress <threads> <iterations> <cap-bytes>
+ *   stress <threads> <iterations> <cap-bytes> [kernel-us]
+ * Every 16th launch runs a kernel of kernel-us microseconds on the fake device, so the run spans
+ * many token boundaries; the others are empty kernels.
  * Exits 0 when every thread finished and the budget is back to empty. */
 #include <cuda.h>
 #include <pthread.h>
@@ -10,16 +12,17 @@
 
 static unsigned long long cap;
 static int iterations;
+static uint64_t kernel_us;
 
 static void *worker(void *arg) {
     long id = (long)arg;
     CUcontext ctx;
     cuDevicePrimaryCtxRetain(&ctx, 0);
     cuCtxSetCurrent(ctx);
-    uint64_t us = 0;
+    uint64_t us = kernel_us;
     void *params[] = {&us};
     for (int i = 0; i < iterations; i++) {
-        if (cuLaunchKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, (i % 64) ? NULL : params, NULL) != CUDA_SUCCESS)
+        if (cuLaunchKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, (i % 16) ? NULL : params, NULL) != CUDA_SUCCESS)
             return (void *)1;
         if (i % 16 == 0) {
             CUdeviceptr p;
@@ -42,7 +45,8 @@ static void *worker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) return 2;
+    if (argc != 4 && argc != 5) return 2;
+    kernel_us = argc == 5 ? strtoull(argv[4], NULL, 10) : 0;
     int n = atoi(argv[1]);
     iterations = atoi(argv[2]);
     cap = strtoull(argv[3], NULL, 10);
