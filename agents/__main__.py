@@ -18,14 +18,13 @@ from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource
 from agents.inventory import InventoryError, load_inventory, pick_node
 from agents.placements import PlacementTable
-from agents.protocol import NODE_NAME_PATTERN
+from agents.protocol import NODE_NAME_PATTERN, TOKEN_PATTERN
 from agents.stream import websocket_url
 
 log = logging.getLogger("agents")
 
 TOKEN_ENV = "TESSERA_AGENT_TOKEN"
 MIN_BUFFER_SECONDS = 600.0  # the agent promises at least ten minutes of samples across an outage
-_TOKEN_RE = re.compile(r"^[\x21-\x7e]{1,512}$")  # printable ASCII, no spaces: safe in an HTTP header
 
 DESCRIPTION = """\
 Tessera node agent: samples this node's GPUs about once a second and streams the samples to the
@@ -104,7 +103,7 @@ def _read_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
         token, origin = os.environ[TOKEN_ENV].strip(), TOKEN_ENV
     else:
         parser.error(f"no node token: give --token, --token-file or set {TOKEN_ENV}")
-    if not _TOKEN_RE.match(token):
+    if not re.fullmatch(TOKEN_PATTERN, token):
         parser.error(f"{origin}: a node token is 1 to 512 printable characters without spaces")
     return token
 
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         from agents.gpus.nvml import GpuSourceError, NvmlSource
 
         node_name = args.node or os.environ.get("NODE_NAME") or socket.gethostname().lower()
-        if not re.match(NODE_NAME_PATTERN, node_name):
+        if not re.fullmatch(NODE_NAME_PATTERN, node_name):
             parser.error(f"node name {node_name!r} is not a Kubernetes node name; pass --node")
         try:
             source = NvmlSource()

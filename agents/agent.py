@@ -101,8 +101,11 @@ class Agent:
         next_at = loop.time()
         while not stop.is_set():
             try:
-                # NVML calls block for a few milliseconds; keep them off the event loop.
-                seq, text = await asyncio.to_thread(self.sampler.take)
+                if self.source.kind == "nvml":
+                    # NVML calls block for a few milliseconds; keep them off the event loop.
+                    seq, text = await asyncio.to_thread(self.sampler.take)
+                else:
+                    seq, text = self.sampler.take()
             except Exception:
                 log.exception("reading the GPUs failed; trying again next interval")
             else:

@@ -17,6 +17,7 @@ AGENT_WS_PATH = "/ws/agents/"
 # The node token travels in this header on the WebSocket handshake: "Authorization: Bearer <token>".
 TOKEN_HEADER = "Authorization"
 TOKEN_SCHEME = "Bearer"
+TOKEN_PATTERN = r"^[\x21-\x7e]{1,512}$"  # printable ASCII without spaces: safe in an HTTP header
 
 MAX_MESSAGE_BYTES = 1_048_576  # one text frame, UTF-8 encoded, either direction
 MAX_SAMPLES_PER_BATCH = 60

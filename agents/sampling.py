@@ -6,7 +6,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from agents.cgroup import CgroupResolver
@@ -65,8 +64,10 @@ class Sampler:
         sample: dict[str, Any] = {
             "seq": self.seq,
             "ts_ms": ts_ms,
-            "gpus": [asdict(g) for g in reading.gpus],
-            "processes": [asdict(p) for p in processes],
-            "shares": [asdict(s) for s in shares],
+            # vars() of these flat dataclasses is their fields in declaration order, which is the
+            # wire format; dataclasses.asdict() would deep-copy and cost two thirds of a sample.
+            "gpus": [vars(g) for g in reading.gpus],
+            "processes": [vars(p) for p in processes],
+            "shares": [vars(s) for s in shares],
         }
         return self.seq, json.dumps(sample, separators=(",", ":"), allow_nan=False)

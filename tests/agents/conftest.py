@@ -33,10 +33,11 @@ DEMO_INVENTORY = REPO / "deploy" / "inventory" / "demo.yaml"
 @dataclass
 class FakePortal:
     token: str = "node-token-1"
+    other_tokens: set[str] = field(default_factory=set)  # more nodes' tokens, for fleet tests
     handshakes: list[tuple[float, dict[str, str]]] = field(default_factory=list)
     hellos: list[Hello] = field(default_factory=list)
     batches: list[Samples] = field(default_factory=list)
-    stored: dict[int, dict[str, Any]] = field(default_factory=dict)  # seq -> sample, of the last stream
+    streams: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> seq -> sample
     arrivals: list[int] = field(default_factory=list)  # every seq received, in order, duplicates included
     errors_from_agent: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # agent messages that failed validation
@@ -68,6 +69,12 @@ class FakePortal:
         return f"ws://127.0.0.1:{self.port}/ws/agents/"
 
     @property
+    def stored(self) -> dict[int, dict[str, Any]]:
+        """seq -> sample of the one agent stream a test runs (empty before it connects)."""
+        assert len(self.streams) <= 1, "several agents: use .streams"
+        return next(iter(self.streams.values()), {})
+
+    @property
     def last_seq(self) -> int:
         return max(self.stored, default=0)
 
@@ -86,7 +93,8 @@ class FakePortal:
 
     def _check_token(self, connection: ServerConnection, request: Any) -> Any:
         self.handshakes.append((time.monotonic(), dict(request.headers.raw_items())))
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        accepted = {f"Bearer {t}" for t in {self.token, *self.other_tokens}}
+        if request.headers.get("Authorization") not in accepted:
             return connection.respond(HTTPStatus.FORBIDDEN, "node token refused\n")
         return None
 
@@ -97,7 +105,8 @@ class FakePortal:
             assert isinstance(hello, Hello)
             self.hellos.append(hello)
             await ws.send(json.dumps({"v": PROTOCOL_VERSION, "type": "welcome", "node": hello.node,
-                                      "stream": hello.stream, "acked_seq": self.last_seq}))
+                                      "stream": hello.stream,
+                                      "acked_seq": max(self.streams.get(hello.stream, {}), default=0)}))
             for message in self.first_messages:
                 await ws.send(json.dumps(message))
             async for raw in ws:
@@ -114,8 +123,9 @@ class FakePortal:
                 self.batches.append(batch)
                 for sample in batch.samples:
                     self.arrivals.append(sample.seq)
-                    if sample.seq not in self.stored:
-                        self.stored[sample.seq] = sample.model_dump()
+                    stored = self.streams.setdefault(batch.stream, {})
+                    if sample.seq not in stored:
+                        stored[sample.seq] = sample.model_dump()
                 if not self.acking:
                     continue
                 await ws.send(json.dumps({"v": PROTOCOL_VERSION, "type": "ack", "stream": batch.stream,
