@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import Env
+from .conftest import LIBRARY, Env, fake_env
 
 PATHS = ["launch", "launch_ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "graph", "graph_ptsz"]
 SECONDS = 4.0
@@ -16,8 +16,6 @@ SECONDS = 4.0
 
 @pytest.fixture(scope="module")
 def fractions(built, tmp_path_factory) -> dict[str, float]:
-    from .conftest import LIBRARY, fake_env
-
     root = tmp_path_factory.mktemp("paths")
     base = Env(root, fake_env(root)).with_(LD_PRELOAD=str(LIBRARY))
     start_at = f"{time.time() + 1.0:.6f}"
@@ -26,8 +24,9 @@ def fractions(built, tmp_path_factory) -> dict[str, float]:
         env = base.with_(FAKE_GPU_UUID=f"gpu-{path}")
         if path != "ungated":
             env = env.with_(TESSERA_GPU_REQUEST="0.2", TESSERA_GPU_LIMIT="1.0")
-        procs[path] = env.popen("kernel_loop", "--seconds", SECONDS, "--kernel-us", 1000, "--start-at", start_at,
-                                "--path", "launch" if path == "ungated" else path)
+        launch = "launch" if path == "ungated" else path
+        args = ["--seconds", SECONDS, "--kernel-us", 1000, "--start-at", start_at, "--path", launch]
+        procs[path] = env.popen("kernel_loop", *args)
     out = {}
     for path, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=60)

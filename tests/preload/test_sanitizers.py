@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from .conftest import BUILD, GiB, BrokerProcess, Env, make, parse_kv
+from .conftest import BUILD, BrokerProcess, Env, GiB, make, parse_kv
 
 pytestmark = pytest.mark.slow
 
