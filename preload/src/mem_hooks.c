@@ -171,6 +171,35 @@ CUresult cuArrayDestroy(CUarray handle) {
     return r;
 }
 
+/* every level of a mipmapped array, each half the size of the one before in each dimension */
+static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    uint64_t total = 0;
+    size_t w = d->Width, h = d->Height, depth = d->Depth;
+    for (unsigned l = 0; l < levels && l < 64; l++) {
+        total += array_bytes(w, h, depth, d->Format, d->NumChannels);
+        w = w > 1 ? w / 2 : w;
+        h = h > 1 ? h / 2 : h;
+        depth = depth > 1 ? depth / 2 : depth;
+    }
+    return total;
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned levels) {
+    tessera_init();
+    REAL(cuMipmappedArrayCreate, CUresult (*)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned));
+    if (!desc) return real(handle, desc, levels);
+    uint64_t n = mipmap_bytes(desc, levels);
+    COUNTED_ALLOC("cuMipmappedArrayCreate", n, real(handle, desc, levels), ALLOC_ARRAY, (uintptr_t)*handle);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle) {
+    tessera_init();
+    REAL(cuMipmappedArrayDestroy, CUresult (*)(CUmipmappedArray));
+    CUresult r = real(handle);
+    if (r == CUDA_SUCCESS) budget_release(alloc_untrack(ALLOC_ARRAY, (uintptr_t)handle));
+    return r;
+}
+
 /* ---- what the process sees ---- */
 
 static void share_view(uint64_t card_total, uint64_t card_free, uint64_t *total, uint64_t *free_,

@@ -188,6 +188,16 @@ CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
     return r;
 }
 CUresult cuArrayDestroy(CUarray a) { return forget((uint64_t)a); }
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    CUdeviceptr p;
+    uint64_t n = 0, w = d->Width, h = d->Height ? d->Height : 1, depth = d->Depth ? d->Depth : 1;
+    for (unsigned l = 0; l < levels; l++, w = w > 1 ? w / 2 : 1, h = h > 1 ? h / 2 : 1, depth = depth > 1 ? depth / 2 : 1)
+        n += w * h * depth * 4 * d->NumChannels;
+    CUresult r = alloc_and_remember(&p, n);
+    if (r == CUDA_SUCCESS) *m = (CUmipmappedArray)p;
+    return r;
+}
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { return forget((uint64_t)m); }
 CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
     pthread_mutex_lock(&mu);
     *total = card_bytes();
@@ -276,7 +286,7 @@ static const struct { const char *name; void *fn; } table[] = {
     E(cuMemAlloc_v2), E(cuMemAllocManaged), E(cuMemAllocAsync), E(cuMemAllocAsync_ptsz),
     E(cuMemAllocFromPoolAsync), E(cuMemAllocFromPoolAsync_ptsz), E(cuMemAllocPitch_v2), E(cuMemFree_v2),
     E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemCreate), E(cuMemRelease), E(cuArrayCreate_v2),
-    E(cuArray3DCreate_v2), E(cuArrayDestroy), E(cuMemGetInfo_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
+    E(cuArray3DCreate_v2), E(cuArrayDestroy), E(cuMipmappedArrayCreate), E(cuMipmappedArrayDestroy), E(cuMemGetInfo_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
     E(cuLaunchKernelEx), E(cuLaunchKernelEx_ptsz), E(cuLaunchCooperativeKernel),
     E(cuLaunchCooperativeKernel_ptsz), E(cuGraphLaunch), E(cuGraphLaunch_ptsz), E(cuGetProcAddress_v2),
     {"cuGetProcAddress", (void *)&fake_gpa_v1}, {NULL, NULL},

@@ -1,7 +1,7 @@
 /* Allocates through one resolution path and one allocation API, and prints what happened.
  *   memcap <resolver> <api> <cap-bytes>
  * resolver: direct (compiled with -DDIRECT), dlopen, gpa1:<flags>, gpa2:<flags>, gpa_self
- * api: alloc pitch managed async async_ptsz pool pool_ptsz create array array3d */
+ * api: alloc pitch managed async async_ptsz pool pool_ptsz create array array3d mipmap */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -30,7 +30,7 @@ static const struct { const char *name; void *fn; } linked[] = {
     D(cuInit), D(cuMemAlloc_v2), D(cuMemFree_v2), D(cuMemAllocPitch_v2), D(cuMemAllocManaged),
     D(cuMemAllocAsync), D(cuMemAllocAsync_ptsz), D(cuMemAllocFromPoolAsync), D(cuMemAllocFromPoolAsync_ptsz),
     D(cuMemFreeAsync), D(cuMemFreeAsync_ptsz), D(cuMemCreate), D(cuMemRelease), D(cuArrayCreate_v2),
-    D(cuArray3DCreate_v2), D(cuArrayDestroy), D(cuMemGetInfo_v2), D(cuDeviceTotalMem_v2),
+    D(cuArray3DCreate_v2), D(cuArrayDestroy), D(cuMipmappedArrayCreate), D(cuMipmappedArrayDestroy), D(cuMemGetInfo_v2), D(cuDeviceTotalMem_v2),
     D(fakeAllocatedBytes), {NULL, NULL}};
 #endif
 
@@ -132,6 +132,14 @@ int main(int argc, char **argv) {
             CUarray a = NULL;
             rc[i] = ((CUresult (*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))get("cuArray3DCreate", "cuArray3DCreate_v2"))(&a, &d);
             handles[i] = (uint64_t)a;
+        } else if (!strcmp(api, "mipmap")) {
+            /* three levels of a 2D float array: 1 + 1/4 + 1/16 of the first level = n bytes */
+            CUDA_ARRAY3D_DESCRIPTOR d = {.Width = 1024, .Height = n / 4096 * 16 / 21, .Depth = 0,
+                                         .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+            CUmipmappedArray m = NULL;
+            rc[i] = ((CUresult (*)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned))get(
+                "cuMipmappedArrayCreate", "cuMipmappedArrayCreate"))(&m, &d, 3);
+            handles[i] = (uint64_t)m;
         } else {
             fprintf(stderr, "memcap: unknown api %s\n", api);
             return 2;
@@ -144,6 +152,9 @@ int main(int argc, char **argv) {
                 fr = ((CUresult (*)(CUdeviceptr, CUstream))get("cuMemFreeAsync", ptsz ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync"))(handles[0], NULL);
             else if (!strcmp(api, "create"))
                 fr = ((CUresult (*)(CUmemGenericAllocationHandle))get("cuMemRelease", "cuMemRelease"))(handles[0]);
+            else if (!strcmp(api, "mipmap"))
+                fr = ((CUresult (*)(CUmipmappedArray))get("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy"))(
+                    (CUmipmappedArray)handles[0]);
             else if (!strncmp(api, "array", 5))
                 fr = ((CUresult (*)(CUarray))get("cuArrayDestroy", "cuArrayDestroy"))((CUarray)handles[0]);
             else
