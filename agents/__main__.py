@@ -19,6 +19,7 @@ from agents.gpus.base import GpuSource
 from agents.inventory import InventoryError, load_inventory, pick_node
 from agents.placements import PlacementTable
 from agents.protocol import NODE_NAME_PATTERN, TOKEN_PATTERN
+from agents.share_usage import BrokerUsage
 from agents.stream import websocket_url
 
 log = logging.getLogger("agents")
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest wait between reconnection attempts (default 30)")
     parser.add_argument("--proc-root", metavar="PATH", type=Path, default=Path("/proc"),
                         help="where to read processes' cgroups to find their pods (default /proc)")
+    parser.add_argument("--broker-socket", metavar="PATH", type=Path,
+                        help="the node's share broker socket, to report the GPU time each share used")
     parser.add_argument("--seed", type=int, help="random seed of the simulated GPUs (with --simulate)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     token = _read_token(parser, args)
     if args.seed is not None and args.simulate is None:
         parser.error("--seed only applies with --simulate")
+    if args.broker_socket is not None and args.simulate is not None:
+        parser.error("--broker-socket does not apply with --simulate (simulated shares report their own use)")
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source: GpuSource
     resolver: CgroupResolver | None = None
+    share_usage: BrokerUsage | None = None
     if args.simulate is not None:
         from agents.gpus.simulated import SimulatedSource
 
@@ -148,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         placements = PlacementTable({d.uuid for d in source.devices()})
         resolver = CgroupResolver(args.proc_root)
+        if args.broker_socket is not None:
+            share_usage = BrokerUsage(args.broker_socket, {d.uuid for d in source.devices()})
 
     settings = AgentSettings(
         url=url,
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         buffer_seconds=args.buffer_seconds,
         backoff_cap_s=args.backoff_max,
     )
-    agent = Agent(settings, source, placements, resolver)
+    agent = Agent(settings, source, placements, resolver, share_usage)
     log.info("tessera-agent %s: node %s, %d GPUs (%s), portal %s",
              __version__, node_name, len(agent.hello.gpus), source.kind, url)
     asyncio.run(_run(agent))

@@ -18,6 +18,7 @@ from agents.pacing import Backoff
 from agents.placements import PlacementTable
 from agents.protocol import MAX_GPUS_PER_NODE, PROTOCOL_VERSION, Hello, encode
 from agents.sampling import Sampler
+from agents.share_usage import BrokerUsage
 from agents.stream import PortalStream
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class Agent:
         source: GpuSource,
         placements: PlacementTable,
         resolver: CgroupResolver | None = None,
+        share_usage: BrokerUsage | None = None,
     ) -> None:
         self.settings = settings
         self.source = source
@@ -82,7 +84,7 @@ class Agent:
             max_samples=max(1, math.ceil(settings.buffer_seconds / settings.interval_s)),
             max_bytes=settings.buffer_bytes,
         )
-        self.sampler = Sampler(source, placements, resolver)
+        self.sampler = Sampler(source, placements, resolver, share_usage)
         self.stream = PortalStream(
             url=settings.url,
             token=settings.token,

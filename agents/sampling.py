@@ -12,6 +12,7 @@ from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource, ProcessReading
 from agents.placements import PlacementTable
 from agents.protocol import MAX_PROCESSES_PER_SAMPLE, MAX_SHARES_PER_SAMPLE
+from agents.share_usage import BrokerUsage, with_process_memory
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,13 @@ class Sampler:
         source: GpuSource,
         placements: PlacementTable,
         resolver: CgroupResolver | None = None,
+        share_usage: BrokerUsage | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.source = source
         self.placements = placements
         self.resolver = resolver
+        self.share_usage = share_usage
         self.clock = clock
         self.seq = 0
         self._warned_truncation = False
@@ -53,6 +56,8 @@ class Sampler:
         attribute(reading.processes, self.placements, self.resolver)
         processes = reading.processes
         shares = reading.shares
+        if self.share_usage is not None:
+            shares = shares + with_process_memory(self.share_usage.read(), processes)
         if len(processes) > MAX_PROCESSES_PER_SAMPLE or len(shares) > MAX_SHARES_PER_SAMPLE:
             # Keep the biggest users; the protocol caps a sample so one batch always fits a frame.
             if not self._warned_truncation:

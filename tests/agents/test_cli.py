@@ -58,6 +58,8 @@ def test_the_console_script_points_at_the_cli():
         (["--portal", "http://x", "--token", "t", "--simulate", DEMO, "--node", "gpu-9"], {},
          "no node named 'gpu-9'"),
         (["--portal", "http://x", "--token", "t", "--seed", "3"], {}, "--seed only applies with --simulate"),
+        (["--portal", "http://x", "--token", "t", "--simulate", DEMO, "--node", "t4-node-1",
+          "--broker-socket", "/run/b.sock"], {}, "--broker-socket does not apply with --simulate"),
         (["--portal", "http://x", "--token", "t", "--node", "Bad_Name"], {}, "not a Kubernetes node name"),
     ],
 )
