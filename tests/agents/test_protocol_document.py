@@ -45,6 +45,6 @@ def test_the_documented_simulated_uuid_is_what_the_code_derives():
 
 def test_documented_patterns_are_the_code_patterns():
     for pattern in (protocol.NODE_NAME_PATTERN, protocol.STREAM_PATTERN, protocol.RESERVATION_PATTERN,
-                    protocol.CONTAINER_ID_PATTERN, protocol.VERSION_PATTERN):
+                    protocol.CONTAINER_ID_PATTERN, protocol.VERSION_PATTERN, protocol.TOKEN_PATTERN):
         assert f"`{pattern}`" in DOC, pattern
     assert "`^(GPU\\|MIG)-[A-Za-z0-9/-]{1,92}$`" in DOC  # escaped for the markdown table
