@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 
 from agents.broker.policy import BrokerSettings
@@ -53,9 +54,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"python -m agents.broker: {exc}", file=sys.stderr)
         return 2
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.socket, settings))
+    asyncio.run(_run_until_signalled(args.socket, settings))
     return 0
+
+
+async def _run_until_signalled(socket_path: str, settings: BrokerSettings) -> None:
+    # SIGTERM (kubelet, systemd) and SIGINT end the broker cleanly: the socket file goes too
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await serve(socket_path, settings)
 
 
 if __name__ == "__main__":

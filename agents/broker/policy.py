@@ -58,6 +58,7 @@ class Share:
     used_total_s: float = 0.0
     burst_s: float = 0.0
     clients: int = 0
+    defined: bool = False  # terms set by the node (agent), not by what its processes announce
     _entries: deque[tuple[float, float]] = field(default_factory=deque)  # (end time, GPU seconds)
     _window_used_s: float = 0.0
 
@@ -139,6 +140,16 @@ class GpuScheduler:
 
     # ---- membership ----
 
+    def define_share(self, share_id: str, request: float, limit: float, high: bool, now: float) -> None:
+        """Sets a share's terms from the node's side; its processes' own announcements no longer count."""
+        if not 0 < request <= limit <= 1:
+            raise ValueError(f"share {share_id}: need 0 < request <= limit <= 1, got {request}, {limit}")
+        share = self.shares.get(share_id)
+        if share is None:
+            share = Share(share_id, request, limit, high, now, self.settings.initial_quota_s)
+            self.shares[share_id] = share
+        share.request, share.limit, share.high_priority, share.defined = request, limit, high, True
+
     def add_client(
         self, client_id: int, share_id: str, request: float, limit: float, high: bool, pid: int, now: float
     ) -> Client:
@@ -146,7 +157,7 @@ class GpuScheduler:
         if share is None:
             share = Share(share_id, request, limit, high, now, self.settings.initial_quota_s)
             self.shares[share_id] = share
-        elif share.clients == 0:
+        elif share.clients == 0 and not share.defined:
             # a share that comes back may come back with new terms; its history stays
             share.request, share.limit, share.high_priority = request, limit, high
         share.clients += 1
@@ -156,7 +167,7 @@ class GpuScheduler:
 
     def terms_conflict(self, share_id: str, request: float, limit: float, high: bool) -> bool:
         share = self.shares.get(share_id)
-        if share is None or not share.clients:
+        if share is None or not (share.clients or share.defined):
             return False
         return (share.request, share.limit, share.high_priority) != (request, limit, high)
 

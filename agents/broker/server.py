@@ -88,6 +88,12 @@ class Broker:
             "rejected_lines": self.rejected_lines,
         }
 
+    def define_share(self, gpu: str, share_id: str, request: float, limit: float,
+                     high_priority: bool) -> None:
+        """The node agent's word on a share's terms (from its reservation); processes cannot change them."""
+        self._gpu(gpu).scheduler.define_share(share_id, request, limit, high_priority, time.monotonic())
+        self._gpu(gpu).poke()
+
     def _gpu(self, name: str) -> _Gpu:
         gpu = self.gpus.get(name)
         if gpu is None:
@@ -117,8 +123,8 @@ class Broker:
                         gpu = self._gpu(message.gpu)
                         if gpu.scheduler.terms_conflict(message.share, message.request, message.limit,
                                                         message.high_priority):
-                            log.warning("share %s: pid %d announced other terms than its running processes; "
-                                        "the first terms stay", message.share, message.pid)
+                            log.warning("share %s: pid %d announced other terms than the share has; "
+                                        "the share's terms stay", message.share, message.pid)
                         client_id = next(self._ids)
                         gpu.scheduler.add_client(client_id, message.share, message.request, message.limit,
                                                  message.high_priority, message.pid, time.monotonic())
@@ -159,13 +165,14 @@ class Broker:
 
 
 async def serve(socket_path: str | os.PathLike[str], settings: BrokerSettings | None = None,
-                ready: asyncio.Event | None = None) -> None:
-    """Runs the broker on a Unix socket until cancelled."""
+                ready: asyncio.Event | None = None, broker: Broker | None = None) -> None:
+    """Runs the broker on a Unix socket until cancelled. Pass a :class:`Broker` to keep a handle on it
+    (``snapshot()`` for telemetry, ``define_share()`` for terms)."""
     path = Path(socket_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket from a previous run
-    broker = Broker(settings)
+    broker = broker or Broker(settings)
     server = await asyncio.start_unix_server(broker.handle, path=str(path), limit=MAX_LINE_BYTES)
     # workload containers run as any user; the socket is only mounted where shares are meant to reach it
     os.chmod(path, 0o666)  # noqa: S103

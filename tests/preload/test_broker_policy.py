@@ -174,3 +174,17 @@ def test_settings_are_validated() -> None:
         BrokerSettings(min_quota_s=0.01, initial_quota_s=0.005)
     with pytest.raises(ValueError, match="window"):
         BrokerSettings(window_s=0.1)
+
+
+def test_terms_defined_by_the_node_beat_what_processes_announce() -> None:
+    sim = Sim()
+    sim.sched.define_share("a", 0.2, 0.2, False, 0.0)
+    sim.add(1, "a", 1.0, 1.0)  # the process claims the whole GPU
+    assert sim.sched.terms_conflict("a", 1.0, 1.0, False)
+    sim.run(30)
+    assert sim.fraction("a", 30) == pytest.approx(0.2, abs=0.01)
+
+
+def test_defined_terms_are_validated() -> None:
+    with pytest.raises(ValueError, match="request <= limit"):
+        GpuScheduler("g", SETTINGS).define_share("a", 0.5, 0.4, False, 0.0)

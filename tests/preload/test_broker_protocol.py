@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 
@@ -150,3 +151,9 @@ def test_the_command_line_rejects_bad_settings(tmp_path) -> None:
     )
     assert result.returncode == 2
     assert "quotas must satisfy" in result.stderr
+
+
+def test_sigterm_ends_the_broker_and_removes_its_socket(broker: BrokerProcess) -> None:
+    broker.stop(signal.SIGTERM)
+    assert broker.proc.returncode == 0
+    assert not broker.socket_path.exists()
