@@ -12,6 +12,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #define HOOK(n) {#n, (void *)&n, NULL, 0}
@@ -162,8 +163,37 @@ void *hook_for_real(void *pfn) {
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
+/* Our hook for what the caller asked, by the driver's own rules: _ptsz for per-thread default
+ * stream lookups, _v2 from CUDA 3.2 on where a _v2 exists, cuGetProcAddress_v2 from 12.0. */
+static void *hook_by_request(const char *symbol, int version, cuuint64_t flags) {
+    char name[128];
+    const struct hook *h = NULL;
+    if (strlen(symbol) > 100) return NULL;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        snprintf(name, sizeof name, "%s_ptsz", symbol);
+        h = hook_by_name(name);
+    }
+    if (!h && !strcmp(symbol, "cuGetProcAddress")) h = hook_by_name(version >= 12000 ? "cuGetProcAddress_v2" : symbol);
+    if (!h && version >= 3020) {
+        snprintf(name, sizeof name, "%s_v2", symbol);
+        h = hook_by_name(name);
+    }
+    if (!h) h = hook_by_name(symbol);
+    return h && !h->nvml && real_cuda(h->name) ? h->fn : NULL;
+}
+
 static void translate(const char *symbol, void **pfn, int version, cuuint64_t flags) {
     void *mine = hook_for_real(*pfn);
+    if (mine == *pfn) {
+        /* a pointer we do not know (the driver may hand out internal entry points): a call we count
+         * must never slip past uncounted, so fall back to the hook for the name and variant asked */
+        void *by_name = hook_by_request(symbol, version, flags);
+        if (by_name && by_name != *pfn) {
+            tlog(TLOG_INFO, "cuGetProcAddress(%s, %d, %llu): unknown driver pointer, hooked by name", symbol,
+                 version, (unsigned long long)flags);
+            mine = by_name;
+        }
+    }
     if (mine != *pfn)
         tlog(TLOG_DEBUG, "cuGetProcAddress(%s, %d, %llu): hooked", symbol, version, (unsigned long long)flags);
     *pfn = mine;

@@ -292,7 +292,24 @@ static const struct { const char *name; void *fn; } table[] = {
     {"cuGetProcAddress", (void *)&fake_gpa_v1}, {NULL, NULL},
 };
 
+/* With FAKE_GPA_ALIASES=1, cuGetProcAddress hands out internal entry points (other addresses than
+ * the exported symbols), as a driver may. */
+static CUresult alias_alloc(CUdeviceptr *p, size_t n) { return alloc_and_remember(p, n); }
+static CUresult alias_alloc_async_ptsz(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return alloc_and_remember(p, n); }
+static CUresult alias_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned sh, CUstream s, void **params, void **extra) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, params, extra);
+}
+static const struct { const char *name; void *fn; } aliases[] = {
+    {"cuMemAlloc_v2", (void *)&alias_alloc}, {"cuMemAllocAsync_ptsz", (void *)&alias_alloc_async_ptsz},
+    {"cuLaunchKernel", (void *)&alias_launch}, {NULL, NULL},
+};
+
 static void *find(const char *name) {
+    const char *use_aliases = getenv("FAKE_GPA_ALIASES");
+    if (use_aliases && *use_aliases == '1')
+        for (int i = 0; aliases[i].name; i++)
+            if (!strcmp(aliases[i].name, name)) return aliases[i].fn;
     for (int i = 0; table[i].name; i++)
         if (!strcmp(table[i].name, name)) return table[i].fn;
     return NULL;

@@ -158,3 +158,15 @@ def test_driver_use_in_another_library_constructor(capped: Env, order: str) -> N
     assert result.returncode == 0, result.stderr
     out = parse_kv(result.stdout)
     assert (out["ctor_over_cap"], out["ctor_under_cap"]) == (2, 0)
+
+
+@pytest.mark.parametrize(("resolver", "api"),
+                         [("gpa2:0", "alloc"), ("gpa1:0", "alloc"), ("gpa2:2", "async_ptsz")])
+def test_unknown_driver_pointers_are_hooked_by_name(capped: Env, resolver: str, api: str) -> None:
+    # the fake hands out internal entry points instead of its exported symbols
+    env = capped.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi", FAKE_GPA_ALIASES="1", TESSERA_LOG_LEVEL="info")
+    result = env.run("memcap", resolver, api, GiB)
+    assert "unknown driver pointer, hooked by name" in result.stderr
+    out = parse_kv(result.stdout)
+    assert (out["first"], out["second"], out["third"], out["fake_delta"]) == (0, 2, 0, 0)
+
