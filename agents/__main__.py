@@ -12,6 +12,8 @@ import socket
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from agents import __version__
 from agents.agent import DEFAULT_BUFFER_SECONDS, Agent, AgentSettings
 from agents.cgroup import CgroupResolver
@@ -165,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         buffer_seconds=args.buffer_seconds,
         backoff_cap_s=args.backoff_max,
     )
-    agent = Agent(settings, source, placements, resolver, share_usage)
+    try:
+        agent = Agent(settings, source, placements, resolver, share_usage)
+    except (ValueError, ValidationError) as exc:
+        # e.g. more GPUs than the protocol carries, or a GPU name NVML reports oddly
+        print(f"tessera-agent: this node cannot be described in protocol v1: {exc}", file=sys.stderr)
+        return 1
     log.info("tessera-agent %s: node %s, %d GPUs (%s), portal %s",
              __version__, node_name, len(agent.hello.gpus), source.kind, url)
     asyncio.run(_run(agent))

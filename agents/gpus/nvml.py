@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from agents.gpus.base import GpuDevice, GpuReading, MigMode, ProcessReading, Reading
+from agents.protocol import MAX_PID
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +186,9 @@ class NvmlSource:
             uuid=device.uuid,
             sm_util_pct=_percent(rates.gpu) if rates is not None else None,
             mem_util_pct=_percent(rates.memory) if rates is not None else None,
-            mem_used_mib=min(int(memory.used) // MIB, device.memory_mib),
-            power_w=round(power_mw / 1000.0, 1) if power_mw is not None else None,
-            temp_c=int(temp) if temp is not None else None,
+            mem_used_mib=max(0, min(int(memory.used) // MIB, device.memory_mib)),
+            power_w=_in_range(round(power_mw / 1000.0, 1), 0.0, 5000.0) if power_mw is not None else None,
+            temp_c=_in_range(int(temp), -40, 150) if temp is not None else None,
         )
 
     def _read_processes(self, device: GpuDevice, handle: Any) -> list[ProcessReading]:
@@ -208,12 +209,15 @@ class NvmlSource:
             pass
         readings = []
         for p in procs:
+            if not 1 <= int(p.pid) <= MAX_PID:
+                continue  # not a Linux pid; nothing could be attributed to it anyway
             used = getattr(p, "usedGpuMemory", None)
+            mem = max(0, min(int(used) // MIB, device.memory_mib)) if used is not None else None
             readings.append(
                 ProcessReading(
                     pid=int(p.pid),
                     gpu_uuid=device.uuid,
-                    mem_used_mib=int(used) // MIB if used is not None else None,
+                    mem_used_mib=mem,
                     sm_util_pct=_percent(utils[p.pid]) if p.pid in utils else None,
                 )
             )
@@ -226,3 +230,9 @@ class NvmlSource:
 
 def _percent(value: Any) -> int:
     return max(0, min(100, int(value)))
+
+
+def _in_range(value: Any, low: Any, high: Any) -> Any:
+    # A sensor reading outside what any GPU can do is a broken sensor: report it as unknown, because
+    # one impossible value would make the portal refuse the whole batch it travels in.
+    return value if low <= value <= high else None

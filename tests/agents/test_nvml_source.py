@@ -13,6 +13,8 @@ import types
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agents.cgroup import CgroupResolver
 from agents.gpus.nvml import GpuSourceError, NvmlSource, normalize_bus_id
@@ -236,3 +238,19 @@ def test_nvml_samples_go_through_the_same_pipeline_and_validate(sysfs, tmp_path)
     assert (stray.pod_uid, stray.reservation) == (None, None)
     source.close()
     assert nvml.shut_down
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    used=st.integers(0, 2**45), util=st.integers(0, 2**31), power=st.integers(0, 2**31),
+    temp=st.integers(-300, 2**31), pid=st.integers(0, 2**32 - 1), proc_used=st.integers(0, 2**45),
+    sm=st.integers(0, 2**31),
+)
+def test_whatever_the_sensors_say_the_sample_stays_valid(sysfs, used, util, power, temp, pid, proc_used, sm):
+    # One impossible value must never make the portal refuse a whole batch.
+    gpu = FakeGpu(UUIDS[0], "NVIDIA A100-SXM4-80GB", BUS[0], 81920, used_mib=used // MIB, util=(util, util),
+                  power_mw=power, temp=temp, processes=[(pid, proc_used)], process_samples=[(pid, 1, sm)])
+    source = NvmlSource(fake_pynvml([gpu]), sysfs_root=sysfs)
+    table = PlacementTable({UUIDS[0]})
+    _, text = Sampler(source, table).take()
+    Sample.model_validate(json.loads(text))
