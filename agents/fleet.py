@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import random
 import re
 import signal
 import sys
@@ -102,12 +104,21 @@ def build_agents(args: argparse.Namespace, parser: argparse.ArgumentParser) -> l
     return agents
 
 
-async def run_fleet(agents: list[Agent]) -> None:
+async def run_fleet(agents: list[Agent], seed: int = 0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await asyncio.gather(*(agent.run(stop) for agent in agents))
+    rng = random.Random(seed)
+
+    async def staggered(agent: Agent) -> None:
+        # Real nodes do not sample in lock-step; spreading the start over one interval keeps a
+        # simulated fleet from hitting the portal with every node's sample in the same millisecond.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), rng.uniform(0, agent.settings.interval_s))
+        await agent.run(stop)
+
+    await asyncio.gather(*(staggered(agent) for agent in agents))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     agents = build_agents(args, parser)
     gpus = sum(len(a.hello.gpus) for a in agents)
     print(f"fleet: {len(agents)} simulated nodes, {gpus} GPUs -> {agents[0].settings.url}", file=sys.stderr)
-    asyncio.run(run_fleet(agents))
+    asyncio.run(run_fleet(agents, args.seed))
     return 0
 
 
