@@ -9,6 +9,8 @@
 #include "hooks.h"
 
 #include <pthread.h>
+#include <signal.h>
+#include <string.h>
 #include <time.h>
 
 /* A token held with no launch for this long is handed back early (the process went idle). */
@@ -43,6 +45,13 @@ static void drain_device(void) {
 
 static void *token_thread(void *arg) {
     (void)arg;
+    /* our drains must not count as unsafe calls against another thread's CUDA graph capture */
+    CUresult (*exchange)(CUstreamCaptureMode *) =
+        (CUresult (*)(CUstreamCaptureMode *))real_cuda("cuThreadExchangeStreamCaptureMode");
+    if (exchange) {
+        CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        exchange(&mode);
+    }
     uint64_t used = 0;
     int idle = 0;
     for (;;) {
@@ -111,9 +120,21 @@ void gate_wait_slow(void) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, token_thread, NULL) == 0) thread_running = 1;
-        else tlog(TLOG_ERROR, "cannot start the token thread; launches wait");
+        /* the application's signals stay with the application's threads */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int err = pthread_create(&t, &attr, token_thread, NULL);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         pthread_attr_destroy(&attr);
+        if (err) {
+            /* better an ungated process than a hung one: the memory cap still holds */
+            tlog(TLOG_ERROR, "cannot start the token thread (%s); launches are not gated", strerror(err));
+            atomic_store_explicit(&g_gate, GATE_VALID | GATE_SEEN, memory_order_release);
+            pthread_mutex_unlock(&gate_mu);
+            return;
+        }
+        thread_running = 1;
     }
     demand = 1;
     pthread_cond_signal(&thread_cv);
