@@ -99,7 +99,10 @@ static void try_connect(void) {
         return;
     }
     if (strncmp(line, "OK", 2) != 0) {
-        tlog(TLOG_ERROR, "share broker refused this process: %s", line);
+        if (!fallback_logged)
+            tlog(TLOG_ERROR, "share broker refused this process (%s); holding to the request share %.3f locally",
+                 line, g_cfg.request);
+        fallback_logged = 1;
         close(broker_fd);
         broker_fd = -1;
         return;
