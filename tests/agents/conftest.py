@@ -42,6 +42,7 @@ class FakePortal:
     errors_from_agent: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # agent messages that failed validation
     first_messages: list[dict[str, Any]] = field(default_factory=list)  # pushed right after welcome
+    fail_store_at: int | None = None  # the batch holding this seq fails once, as with a database outage
     acking: bool = True  # False: store but do not ack, as when a portal dies before its acks go out
     port: int = 0
     _server: Server | None = None
@@ -120,6 +121,13 @@ class FakePortal:
                     self.refused.append(str(exc))
                     continue
                 assert isinstance(batch, Samples)
+                if self.fail_store_at is not None and any(s.seq == self.fail_store_at for s in batch.samples):
+                    self.fail_store_at = None
+                    await ws.send(json.dumps({"v": PROTOCOL_VERSION, "type": "error", "code": "internal",
+                                              "message": "database unavailable", "fatal": True,
+                                              "ref_seq": batch.samples[0].seq}))
+                    await ws.close(1011, "database unavailable")
+                    return
                 self.batches.append(batch)
                 for sample in batch.samples:
                     self.arrivals.append(sample.seq)

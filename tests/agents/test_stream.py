@@ -191,3 +191,18 @@ async def test_after_a_healthy_connection_drops_the_agent_is_back_quickly(portal
         back_after = asyncio.get_running_loop().time() - restarted
     # Without the reset the first wait after the drop alone would be at least 1.6 s.
     assert back_after < 1.2
+
+
+async def test_a_batch_the_portal_could_not_store_is_sent_again_after_reconnecting(
+    portal, agent_tools, caplog
+):
+    make_agent, running = agent_tools
+    portal.fail_store_at = 12
+    agent = make_agent(portal.url)
+    async with running(agent):
+        await portal.wait_for(lambda: portal.last_seq >= 30)
+    assert len(portal.hellos) == 2
+    assert sorted(portal.stored) == list(range(1, portal.last_seq + 1))
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "portal reports internal: database unavailable" in logged
+    assert "received 1011 (internal error) database unavailable" in logged
