@@ -170,10 +170,17 @@ static struct slot *own_slot(struct budget_file *b) {
     uint64_t start = 0;
     char state;
     proc_stat(pid, &start, &state);
+    for (unsigned i = 0; i < b->nslots; i++) {
+        if (b->slots[i].pid == pid && b->slots[i].start_time == start) {   /* ours already (e.g. remapped) */
+            my_slot = (int)i;
+            my_slot_pid = pid;
+            return &b->slots[i];
+        }
+    }
     for (int pass = 0; pass < 2; pass++) {
         for (unsigned i = 0; i < b->nslots; i++) {
             struct slot *s = &b->slots[i];
-            if (s->pid == 0 || (s->pid == pid && s->start_time != start && !slot_alive(s))) {
+            if (s->pid == 0 || (s->pid == pid && !slot_alive(s))) {
                 b->total -= s->used < b->total ? s->used : b->total;
                 s->pid = pid;
                 s->start_time = start;
