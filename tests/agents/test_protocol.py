@@ -6,6 +6,8 @@ import copy
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.gpus.simulated import SimulatedSource
 from agents.inventory import load_inventory, pick_node
@@ -18,6 +20,7 @@ from agents.protocol import (
     Placements,
     ProtocolError,
     Samples,
+    _parse_slow,
     error_message,
     parse,
 )
@@ -215,3 +218,47 @@ def test_portal_addresses_map_to_the_agents_endpoint(portal, url):
 def test_bad_portal_addresses_are_refused(portal, says):
     with pytest.raises(ValueError, match=says):
         websocket_url(portal)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=40) | st.sampled_from([GPU, STREAM, "42", 1.0, 0, 100, 101, -1]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def leaves(value, path=()):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from leaves(item, (*path, i))
+    yield path
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_the_fast_and_the_careful_validation_agree(data):
+    message = data.draw(st.sampled_from([batch(count=2), placements(placement())]))
+    allowed = PORTAL_MESSAGES if message["type"] == "placements" else AGENT_MESSAGES
+    paths = [p for p in leaves(message) if p]
+    path = data.draw(st.sampled_from(paths))
+    target = message
+    for key in path[:-1]:
+        target = target[key]
+    if data.draw(st.booleans()):
+        target[path[-1]] = data.draw(json_values)
+    elif isinstance(target, dict):
+        del target[path[-1]]
+    raw = json.dumps(message)
+    try:
+        slow = _parse_slow(raw, allowed)
+    except ProtocolError:
+        slow = None
+    try:
+        fast = parse(raw, allowed)
+    except ProtocolError:
+        fast = None
+    assert fast == slow
