@@ -171,7 +171,11 @@ static struct slot *own_slot(struct budget_file *b) {
     char state;
     proc_stat(pid, &start, &state);
     for (unsigned i = 0; i < b->nslots; i++) {
-        if (b->slots[i].pid == pid && b->slots[i].start_time == start) {   /* ours already (e.g. remapped) */
+        if (b->slots[i].pid == pid && b->slots[i].start_time == start) {
+            /* this process before an exec: exec destroyed its contexts, so the driver freed its memory */
+            struct slot *s = &b->slots[i];
+            b->total -= s->used < b->total ? s->used : b->total;
+            s->used = 0;
             my_slot = (int)i;
             my_slot_pid = pid;
             return &b->slots[i];

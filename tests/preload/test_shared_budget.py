@@ -101,3 +101,9 @@ def test_a_live_process_keeps_its_bytes(capped: Env) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_exec_drops_the_old_image_memory(capped: Env) -> None:
+    # exec keeps the pid and start time but destroys the CUDA contexts: the bytes are free again
+    result = capped.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi").run("execer", "first", GiB)
+    assert parse_kv(result.stdout) == {"before_exec": 0, "after_exec": 0}, result.stderr
