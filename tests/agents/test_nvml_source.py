@@ -7,6 +7,7 @@ spelling, per-process utilization samples filtered by a last-seen timestamp.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import types
@@ -254,3 +255,34 @@ def test_whatever_the_sensors_say_the_sample_stays_valid(sysfs, used, util, powe
     table = PlacementTable({UUIDS[0]})
     _, text = Sampler(source, table).take()
     Sample.model_validate(json.loads(text))
+
+
+@pytest.mark.asyncio
+async def test_an_nvml_agent_registers_its_gpus_and_streams_attributed_samples(portal, sysfs, tmp_path):
+    from agents.agent import Agent, AgentSettings
+
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    pod = "5c6d7e8f-9a0b-4c1d-8e2f-3a4b5c6d7e8f"
+    (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{pod}/{'cd' * 32}\n")
+    source = NvmlSource(fake_pynvml(three_gpus()), sysfs_root=sysfs)
+    table = PlacementTable({d.uuid for d in source.devices()})
+    portal.first_messages.append({"v": 1, "type": "placements", "revision": 1, "placements": [
+        {"reservation": "r-7", "gpu_uuid": UUIDS[0], "request": 0.5, "limit": 1.0, "memory_mib": None,
+         "pod_uid": pod}]})
+    agent = Agent(AgentSettings(url=portal.url, token=portal.token, node="gpu-node-1", interval_s=0.05),
+                  source, table, CgroupResolver(proc))
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await portal.wait_for(lambda: table.revision == 1)
+        placed_from = agent.sampler.seq + 1
+        await portal.wait_for(lambda: portal.last_seq >= placed_from)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    hello = portal.hellos[0]
+    assert (hello.source, hello.driver_version) == ("nvml", "550.54.15")
+    assert [g.uuid for g in hello.gpus] == UUIDS[:3]
+    owned = next(p for p in portal.stored[placed_from]["processes"] if p["pid"] == 4242)
+    assert (owned["pod_uid"], owned["reservation"]) == (pod, "r-7")
