@@ -103,8 +103,9 @@ def schedule(
                 continue
             done_groups.add(req.group.name)
             members = [r for r in ordered if r.group is not None and r.group.name == req.group.name]
-            ok, out = _place_gang(state, scorer, members)
-            (placements.extend if ok else refused.extend)(out)
+            gang_placed, gang_refused = _place_gang(state, scorer, members)
+            placements.extend(gang_placed)
+            refused.extend(gang_refused)
             continue
         choice = choose(state, req, scorer)
         if choice is not None:
@@ -123,7 +124,10 @@ def schedule(
     return CycleResult(policy, tuple(placements), tuple(preemptions), tuple(refused))
 
 
-def _place_gang(state: ClusterState, scorer: Scorer, members: list[Request]):
+def _place_gang(
+    state: ClusterState, scorer: Scorer, members: list[Request]
+) -> tuple[list[Placement], list[Unschedulable]]:
+    """Place a pod group's members close together; keep them only if enough fit, else roll back."""
     group = members[0].group
     assert group is not None
     running = sum(1 for p in state.placed.values() if p.share.group == group.name)
@@ -138,12 +142,14 @@ def _place_gang(state: ClusterState, scorer: Scorer, members: list[Request]):
         state.reserve(req, choice.node, choice.slots)
         placed.append((req, choice))
     if len(placed) >= need and placed:
-        return True, [_placement(state, r, c) for r, c in placed]
+        # Enough members run together; the others wait with their own reasons.
+        waiting = [Unschedulable(r.id, failures[r.id]) for r in members if r.id in failures]
+        return [_placement(state, r, c) for r, c in placed], waiting
     for req, _ in placed:  # all or nothing: give back the partial reservations
         state.release(req.id)
     msg = f"pod group {group.name}: {len(placed)} of the {need} members needed now could be placed together"
     gang = Reason(ReasonCode.GANG_INCOMPLETE, msg, len(placed))
-    return False, [Unschedulable(r.id, (gang, *failures.get(r.id, ()))) for r in members]
+    return [], [Unschedulable(r.id, (gang, *failures.get(r.id, ()))) for r in members]
 
 
 def feasible_gpus(

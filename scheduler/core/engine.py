@@ -77,9 +77,10 @@ def choose(
     cand = room
     if tier is not None:
         cand = cand & (tier == tier[cand].max())
-    best = scores[cand].max()
-    cand = cand & (scores == best)
-    node = int(np.flatnonzero(cand)[np.argmin(state.tie_rank[cand])])
+    masked = np.where(cand, scores, -np.inf)
+    best = masked.max()
+    tied = np.flatnonzero(masked == best)
+    node = int(tied[0]) if tied.size == 1 else int(tied[np.argmin(state.tie_rank[tied])])
     if req.gpu_count == 0:
         slots: tuple[int, ...] = ()
     elif req.gpu_count == 1 and not req.whole:

@@ -172,8 +172,29 @@ FILTERS: tuple[Filter, ...] = (
 )
 
 
+def only_compute_per_gpu(state: ClusterState, req: Request) -> bool:
+    """True when no per-GPU rule but compute (and the model, on one-model nodes) can refuse a slot.
+
+    Then a GPU's fitness is its free compute alone, which scorers may cache per node.
+    """
+    return not state.has_labels and not req.exclusion and req.gpu_memory_mib <= 0 and state.homogeneous
+
+
 def feasible(state: ClusterState, req: Request) -> np.ndarray:
     """GPU slots that can take one GPU's worth of the request (nodes x slots)."""
+    if req.gpu_count > 0 and not state.has_labels and not req.exclusion and req.gpu_memory_mib <= 0:
+        # Fast path, same answer as the filters below: node rules, model, compute.
+        node_ok = state.ready & (state.cpu_free >= req.cpu_milli) & (state.node_mem_free >= req.memory_mib)
+        ok = state.free >= (MILLI if req.whole else req.milli)  # padded slots hold 0: never fit
+        if req.gpu_model is not None:
+            ok &= state.model_mask(req.gpu_model)
+        ok &= node_ok[:, None]
+        return ok
+    return feasible_by_filters(state, req)
+
+
+def feasible_by_filters(state: ClusterState, req: Request) -> np.ndarray:
+    """`feasible` through every filter plugin in turn (the reference for the fast path)."""
     ok = state.valid.copy()
     if req.gpu_count == 0:  # CPU only: every valid node row, GPU columns irrelevant
         ok = np.ones(state.free.shape, dtype=bool)
@@ -193,6 +214,8 @@ def nodes_with_room(ok: np.ndarray, req: Request) -> np.ndarray:
     """Nodes where the request as a whole fits: enough feasible GPUs on one node."""
     if req.gpu_count == 0:
         return ok[:, 0] if ok.shape[1] else np.ones(ok.shape[0], dtype=bool)
+    if req.gpu_count == 1:
+        return ok.any(axis=1)
     return ok.sum(axis=1) >= req.gpu_count
 
 

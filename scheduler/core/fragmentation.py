@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .filters import only_compute_per_gpu
 from .model import MILLI, Request
 from .scorers import pick_slot, pod_cpu
 from .state import UNTRACKED, ClusterState
@@ -64,6 +65,9 @@ def typical_pods(requests: Iterable[Request], coverage: float = 0.95) -> list[Ty
     ]
 
 
+_PLENTY = np.int64(1 << 50)
+
+
 def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
     """The reference's int64(sigmoid(delta / 1000) * 100): integers 0..100, ties are common."""
     return np.floor(100.0 / (1.0 + np.exp(-delta / 1000.0)))
@@ -97,6 +101,9 @@ class Fragmentation:
         self.sums = np.zeros((n, len(keys)), dtype=np.float64)
         self.frag = np.zeros(n, dtype=np.float64)
         self.seen = np.full(n, -1, dtype=np.int64)
+        # Nodes in the same state (GPU free row, CPU, model) share a class id: scorers compute once per class.
+        self.node_class = np.zeros(n, dtype=np.int64)
+        self._classes: dict[bytes, int] = {}
 
     # ---- per node -----------------------------------------------------------------------------
     def weights(self, nodes: np.ndarray, cpu_left: np.ndarray) -> np.ndarray:
@@ -119,11 +126,23 @@ class Fragmentation:
             total = free.sum(axis=1)
             self.frag[stale] = total * self.total_freq - (w * self.usable[stale]).sum(axis=1)
             self.seen[stale] = self.state.version[stale]
+            keys = np.concatenate(
+                [
+                    free,
+                    self.state.cpu_free[stale, None],
+                    self.state.node_model[stale, None],
+                    self.state.gpu_count[stale, None],
+                ],
+                axis=1,
+            )
+            classes = self._classes
+            for i, row in zip(stale.tolist(), keys, strict=True):
+                self.node_class[i] = classes.setdefault(row.tobytes(), len(classes))
         return stale
 
     def cpu_left(self, nodes: np.ndarray) -> np.ndarray:
         cpu = self.state.cpu_free[nodes]
-        return np.where(cpu == UNTRACKED, np.iinfo(np.int64).max // 2, cpu)
+        return np.where(cpu == UNTRACKED, _PLENTY, cpu)
 
     def cluster_frag(self) -> float:
         self.refresh()
@@ -186,15 +205,45 @@ class FgdScorer:
         key = (req.milli if req.gpu_count else 0, req.gpu_count, pod_cpu(req))
         one_gpu = req.gpu_count == 1 and not req.whole
         n, width = state.free.shape
-        if key not in self.cache:
-            seen = np.full(n, -1, dtype=np.int64)
-            values = np.zeros((n, width) if one_gpu else n, dtype=np.float64)
-            self.cache[key] = (seen, values)
-        seen, values = self.cache[key]
-        stale = np.flatnonzero(seen != state.version)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = _ShapeScores(n, width if one_gpu else 0)
+            self.cache[key] = entry
+        stale = np.flatnonzero(entry.seen != state.version)
         if stale.size:
-            values[stale] = self.node_values(req, stale)
-            seen[stale] = state.version[stale]
-        if one_gpu:
-            return pick_slot(values, ok)
-        return values.copy(), np.full(n, -1)
+            values = self._values_deduplicated(req, stale)
+            if one_gpu:
+                values = np.where(state.free[stale] >= req.milli, values, -np.inf)
+                entry.values[stale] = values
+                best, slot = pick_slot(values, np.isfinite(values))
+                entry.best[stale] = best
+                entry.slot[stale] = slot
+            else:
+                entry.best[stale] = values
+            entry.seen[stale] = state.version[stale]
+        if not one_gpu:
+            return entry.best.copy(), entry.slot
+        if only_compute_per_gpu(state, req):
+            return entry.best.copy(), entry.slot
+        return pick_slot(entry.values, ok)
+
+    def _values_deduplicated(self, req: Request, nodes: np.ndarray) -> np.ndarray:
+        """node_values, computed once per distinct node state (many nodes look alike, e.g. empty)."""
+        if nodes.size < DEDUP_ABOVE:
+            return self.node_values(req, nodes)
+        _, first, inverse = np.unique(self.frag.node_class[nodes], return_index=True, return_inverse=True)
+        return self.node_values(req, nodes[first])[inverse.reshape(-1)]
+
+
+# Below this many nodes to rescore, finding the distinct ones costs more than it saves.
+DEDUP_ABOVE = 48
+
+
+class _ShapeScores:
+    """One request shape's scores per node (and per slot), with the node versions they are for."""
+
+    def __init__(self, n: int, width: int) -> None:
+        self.seen = np.full(n, -1, dtype=np.int64)
+        self.values = np.full((n, width), -np.inf)
+        self.best = np.full(n, -np.inf)
+        self.slot = np.full(n, -1, dtype=np.int64)

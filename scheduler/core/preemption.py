@@ -55,6 +55,8 @@ def find_preemption(state: ClusterState, req: Request) -> tuple[Choice, tuple[st
         return None
     by_slot: dict[tuple[int, int], list[Placed]] = {}
     for p in state.placed.values():
+        if p.share.reservation_id in state.reserved_now:
+            continue  # decisions of this cycle are not running yet: never victims
         for j in p.gpus:
             by_slot.setdefault((p.node, j), []).append(p)
     allowed = [m for m in range(len(state.models))]
@@ -72,18 +74,17 @@ def find_preemption(state: ClusterState, req: Request) -> tuple[Choice, tuple[st
                 continue
             victims = _slot_victims(state, req, node, slot, by_slot)
             if victims is not None:
-                per_slot.append((len(victims), slot, victims))
+                top = max((p.share.priority for p in victims), default=-1)
+                per_slot.append((len(victims), top, slot, victims))
         if len(per_slot) < req.gpu_count:
             continue
-        per_slot.sort(key=lambda x: (x[0], x[1]))
+        per_slot.sort(key=lambda x: x[:3])
         picked = per_slot[: req.gpu_count]
-        ids = tuple(sorted({p.share.reservation_id for _, _, vs in picked for p in vs}))
+        ids = tuple(sorted({p.share.reservation_id for *_, vs in picked for p in vs}))
         if not ids:
             continue  # fits without eviction: the filters refused it for another reason
         top = max(state.placed[i].share.priority for i in ids)
-        options.append(
-            ((len(ids), top, int(state.tie_rank[node])), node, tuple(s for _, s, _ in picked), ids)
-        )
+        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids))
     for _, node, slots, ids in sorted(options):
         released = [state.release(i) for i in ids]
         ok = feasible(state, req)

@@ -83,6 +83,8 @@ class ClusterState:
             self.mem_total[i, : len(row)] = gpu_memory_mib[i]
         # The node's model for fragmentation: the model of its first GPU (nodes are homogeneous in practice).
         self.node_model = np.where(self.gpu_count > 0, self.gpu_model[:, 0], -1)
+        self.homogeneous = all(len(set(row)) <= 1 for row in gpu_models)
+        self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self.free = np.where(self.valid, MILLI, 0).astype(np.int64)
         self.mem_free = self.mem_total.copy()
         self.cpu_free = _tracked(cpu_milli_free, n)
@@ -109,6 +111,7 @@ class ClusterState:
         self.labels: dict[tuple[int, int], GpuLabels] = {}
         self.labelled_shares = 0
         self.placed: dict[str, Placed] = {}
+        self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
         self.group_nodes: dict[str, Counter[int]] = {}
 
     # ---- construction -------------------------------------------------------------------------
@@ -158,6 +161,15 @@ class ClusterState:
             self.labels[key] = GpuLabels()
         return self.labels[key]
 
+    def model_mask(self, models: frozenset[str]) -> np.ndarray:
+        """GPU slots of one of `models` (cached: models never change)."""
+        mask = self._model_masks.get(models)
+        if mask is None:
+            ids = [self.model_id[m] for m in models if m in self.model_id]
+            mask = np.isin(self.gpu_model, ids)
+            self._model_masks[models] = mask
+        return mask
+
     def shares_on(self, i: int, j: int) -> list[Placed]:
         return [p for p in self.placed.values() if p.node == i and j in p.gpus]
 
@@ -169,10 +181,12 @@ class ClusterState:
         rec = Placed(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
         self._apply(rec, -1)
         self.placed[request.id] = rec
+        self.reserved_now.add(request.id)
         return rec
 
     def release(self, reservation_id: str) -> Placed:
         rec = self.placed.pop(reservation_id)
+        self.reserved_now.discard(reservation_id)
         self._apply(rec, +1)
         return rec
 

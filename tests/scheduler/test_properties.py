@@ -1,0 +1,111 @@
+"""Invariants over random clusters and request streams (hypothesis, bounded)."""
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.core import POLICIES, Gpu, Node, NodeStatus, PodGroup, Request, Share, Snapshot, schedule
+from scheduler.core.model import to_milli
+
+LABELS = st.sampled_from(["x", "y"])
+SHARES = st.sampled_from([0.1, 0.25, 0.3, 0.5, 0.7, 1.0])
+
+
+@st.composite
+def clusters(draw):
+    nodes = []
+    sid = 0
+    for n in range(draw(st.integers(1, 4))):
+        gpus = []
+        for j in range(draw(st.integers(1, 4))):
+            memory = draw(st.sampled_from([8000, 16000]))
+            shares, used, used_mem = [], 0, 0
+            excl = draw(st.sampled_from([frozenset(), frozenset({"x"})]))
+            for _ in range(draw(st.integers(0, 2))):
+                req = draw(SHARES)
+                mem = draw(st.sampled_from([0, 2000, 4000]))
+                if used + to_milli(req) > 1000 or used_mem + mem > memory:
+                    break
+                used, used_mem, sid = used + to_milli(req), used_mem + mem, sid + 1
+                shares.append(Share(f"s{sid}", req, mem, priority=draw(st.integers(0, 60)), exclusion=excl))
+            gpus.append(Gpu(f"n{n}g{j}", j, draw(st.sampled_from(["A", "B"])), memory, shares=tuple(shares)))
+        status = draw(st.sampled_from([NodeStatus.READY, NodeStatus.READY, NodeStatus.DRAINING]))
+        nodes.append(
+            Node(f"n{n}", tuple(gpus), status=status, cpu_milli_free=draw(st.sampled_from([None, 4000])))
+        )
+    return Snapshot(tuple(nodes))
+
+
+@st.composite
+def requests(draw):
+    out = []
+    gang = PodGroup("gang", headcount=3, threshold=draw(st.sampled_from([0.5, 1.0])))
+    for i in range(draw(st.integers(1, 10))):
+        count = draw(st.sampled_from([1, 1, 1, 2]))
+        out.append(
+            Request(
+                f"r{i}",
+                gpu_request=1.0 if count > 1 else draw(SHARES),
+                gpu_count=count,
+                gpu_memory_mib=draw(st.sampled_from([0, 0, 3000, 9000])),
+                gpu_model=draw(st.sampled_from([None, "A", "A|B"])),
+                priority=draw(st.integers(0, 100)),
+                anti_affinity=draw(st.sampled_from([frozenset(), frozenset({"x"})])),
+                exclusion=draw(
+                    st.sampled_from([frozenset(), frozenset(), frozenset({"x"}), frozenset({"y"})])
+                ),
+                group=gang if draw(st.integers(0, 4)) == 0 else None,
+                cpu_milli=draw(st.sampled_from([0, 1000, 3000])),
+            )
+        )
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snap=clusters(), pending=requests(), policy=st.sampled_from(POLICIES))
+def test_decisions_never_break_the_rules(snap, pending, policy):
+    result = schedule(snap, pending, policy)
+    note = f"{snap!r}\n{pending!r}\n{result!r}"
+    by_id = {r.id: r for r in pending}
+    decided = [p.request_id for p in result.placements] + [p.request_id for p in result.preemptions]
+    decided += [u.request_id for u in result.unschedulable]
+    assert sorted(decided) == sorted(by_id), note
+
+    gpus = {g.uuid: (n, g) for n in snap.nodes for g in n.gpus}
+    on_gpu = defaultdict(list)
+    priority_of = {}
+    for n in snap.nodes:
+        for g in n.gpus:
+            for s in g.shares:
+                on_gpu[g.uuid].append(
+                    (s.reservation_id, to_milli(s.request), s.memory_mib, s.exclusion, s.anti_affinity)
+                )
+                priority_of[s.reservation_id] = s.priority
+    for pre in result.preemptions:
+        req = by_id[pre.request_id]
+        assert req.priority > 0
+        for victim in pre.victims:
+            assert priority_of[victim] < req.priority, "never preempts equal or higher priority"
+            for uuid in on_gpu:
+                on_gpu[uuid] = [s for s in on_gpu[uuid] if s[0] != victim]
+    new = [*result.placements, *(p.placement for p in result.preemptions)]
+    for p in new:
+        req = by_id[p.request_id]
+        assert len(p.gpu_uuids) == req.gpu_count
+        for uuid in p.gpu_uuids:
+            node, gpu = gpus[uuid]
+            assert node.name == p.node and node.status == NodeStatus.READY
+            assert req.gpu_model is None or gpu.model in req.gpu_model
+            for other in on_gpu[uuid]:
+                assert not (req.anti_affinity & other[4]), "anti-affinity violated"
+            on_gpu[uuid].append((req.id, req.milli, req.gpu_memory_mib, req.exclusion, req.anti_affinity))
+    for uuid, shares in on_gpu.items():
+        _, gpu = gpus[uuid]
+        assert sum(s[1] for s in shares) <= 1000, "GPU compute over-committed"
+        assert sum(s[2] for s in shares) <= gpu.memory_mib, "GPU memory over-committed"
+        assert len({s[3] for s in shares}) <= 1, "exclusion groups mixed on one GPU"
+    gang = [r for r in pending if r.group is not None]
+    if gang:
+        placed = sum(1 for p in new if p.group == "gang")
+        assert placed == 0 or placed >= gang[0].group.min_members, "gang placed partially"
