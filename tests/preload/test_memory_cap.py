@@ -170,3 +170,11 @@ def test_unknown_driver_pointers_are_hooked_by_name(capped: Env, resolver: str, 
     out = parse_kv(result.stdout)
     assert (out["first"], out["second"], out["third"], out["fake_delta"]) == (0, 2, 0, 0)
 
+
+
+def test_rtld_next_still_means_after_the_caller(capped: Env) -> None:
+    env = capped.with_(LD_PRELOAD=f"{LIBRARY} {TEST_BIN / 'libnext.so'}", TESSERA_GPU_MEMORY_LIMIT="1Gi")
+    result = env.run("hog", GiB // 2, 1, 0, timeout=20)
+    assert result.returncode == 0, result.stderr
+    assert "next_ok=1" in result.stderr
+    assert parse_kv(result.stdout)["allocated"] == GiB // 2
