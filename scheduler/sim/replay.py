@@ -147,9 +147,19 @@ def replay(
         policy=policy,
         trace=trace,
         seed=seed,
-        alloc_pct={b: round(float(np.mean(v)), 2) for b, v in sorted(alloc.items())},
-        frag_ratio_pct={b: round(float(np.mean(v)), 2) for b, v in sorted(frag.items())},
+        alloc_pct=_discrete(alloc, int(ratio * 100)),
+        frag_ratio_pct=_discrete(frag, int(ratio * 100)),
         pods=len(order),
         failed=failed,
         decision_s=timings,
     )
+
+
+def _discrete(records: dict[int, list[float]], last: int) -> dict[int, float]:
+    """Mean per rounded arrived %; a point with no record takes the records within +-1, as the reference."""
+    out: dict[int, float] = {}
+    for point in range(0, last + 1):
+        values = records.get(point) or [v for p in (point - 1, point + 1) for v in records.get(p, [])]
+        if values:
+            out[point] = round(float(np.mean(values)), 2)
+    return out
