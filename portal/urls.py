@@ -10,3 +10,6 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("", include("portal.web.urls")),
 ]
+
+handler404 = "portal.api.errors.not_found"
+handler500 = "portal.api.errors.server_error"

@@ -13,10 +13,24 @@ from portal.reservations.models import Allocation, Kind, Reservation, StateTrans
 from portal.tenancy import roles
 from portal.tenancy.models import ApiToken, ExclusionGroup, Membership, Role, Team
 
+from .strict import StrictTypesMixin
+
 SHARE = {"max_digits": 4, "decimal_places": 3, "coerce_to_string": False}
 
 
-class VisibleTeamField(serializers.SlugRelatedField):
+class SafeSlugRelatedField(serializers.SlugRelatedField):
+    """Refuses values that cannot name anything (NUL bytes, over-long) before they reach the
+    database, which would otherwise fail on them."""
+
+    max_length = 150
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or not data or "\x00" in data or len(data) > self.max_length:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class VisibleTeamField(SafeSlugRelatedField):
     """A team given by slug, looked up among the teams the user may see (others read as unknown)."""
 
     default_error_messages = {
@@ -43,7 +57,7 @@ class AllocationSerializer(serializers.ModelSerializer):
         fields = ["gpu_uuid", "gpu_index", "node", "compute_share", "compute_limit", "memory_mib"]
 
 
-class ReservationSerializer(serializers.ModelSerializer):
+class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
     team = VisibleTeamField()
     owner = serializers.CharField(source="owner.username", read_only=True)
     node = serializers.CharField(source="node.name", read_only=True, default=None)
@@ -91,19 +105,13 @@ class ReservationSerializer(serializers.ModelSerializer):
         return AllocationSerializer(live, many=True).data
 
 
-class ReservationPage(serializers.Serializer):
-    """Only for documentation of the cancel answer."""
-
-    detail = serializers.CharField()
-
-
 class StateTransitionSerializer(serializers.ModelSerializer):
     class Meta:
         model = StateTransition
         fields = ["from_state", "to_state", "actor_label", "reason", "at"]
 
 
-class TeamSerializer(serializers.ModelSerializer):
+class TeamSerializer(StrictTypesMixin, serializers.ModelSerializer):
     quota_gpu_share = serializers.DecimalField(max_digits=8, decimal_places=3, coerce_to_string=False,
                                                min_value=Decimal("0"), max_value=Decimal("100000"))
     quota_memory_mib = serializers.IntegerField(min_value=0, max_value=10**12)
@@ -126,10 +134,10 @@ class TeamSerializer(serializers.ModelSerializer):
         return usage_of(obj).as_dict()
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(StrictTypesMixin, serializers.ModelSerializer):
     team = VisibleTeamField()
-    user = serializers.SlugRelatedField(slug_field="username", queryset=get_user_model().objects.all(),
-                                        error_messages={"does_not_exist": "no user '{value}'"})
+    user = SafeSlugRelatedField(slug_field="username", queryset=get_user_model().objects.all(),
+                                error_messages={"does_not_exist": "no user '{value}'", "invalid": "must be a username"})
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
     class Meta:
@@ -138,7 +146,7 @@ class MembershipSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
 
-class MembershipUpdateSerializer(serializers.ModelSerializer):
+class MembershipUpdateSerializer(StrictTypesMixin, serializers.ModelSerializer):
     class Meta:
         model = Membership
         fields = ["id", "team", "user", "role", "created_at"]
@@ -148,7 +156,7 @@ class MembershipUpdateSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.username", read_only=True)
 
 
-class ExclusionGroupSerializer(serializers.ModelSerializer):
+class ExclusionGroupSerializer(StrictTypesMixin, serializers.ModelSerializer):
     team = VisibleTeamField()
 
     class Meta:
@@ -189,11 +197,11 @@ class NodeSerializer(serializers.ModelSerializer):
                   "gpu_count", "created_at"]
 
 
-class NodeActionSerializer(serializers.Serializer):
+class NodeActionSerializer(StrictTypesMixin, serializers.Serializer):
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
 
-class TokenSerializer(serializers.ModelSerializer):
+class TokenSerializer(StrictTypesMixin, serializers.ModelSerializer):
     class Meta:
         model = ApiToken
         fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
@@ -207,7 +215,7 @@ class NewTokenSerializer(TokenSerializer):
         fields = [*TokenSerializer.Meta.fields, "key"]
 
 
-class TokenRequestSerializer(serializers.Serializer):
+class TokenRequestSerializer(StrictTypesMixin, serializers.Serializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
     name = serializers.CharField(max_length=80, required=False, default="cli")

@@ -26,6 +26,7 @@ from portal.tenancy.models import ApiToken, ExclusionGroup, Membership, Team
 
 from . import capacity, permissions, serializers
 from .filters import MembershipFilter, ReservationFilter
+from .query import refuse_empty, refuse_unknown
 
 ERRORS = {400: OpenApiResponse(description="Invalid input, per field"),
           404: OpenApiResponse(description="Not found (or not visible to you)")}
@@ -67,7 +68,7 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
         return Response(self.get_serializer(self.get_queryset().get(pk=reservation.pk)).data)
 
     @extend_schema(responses={200: serializers.StateTransitionSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def history(self, request, pk=None):
         reservation = self.get_object()
         return Response(serializers.StateTransitionSerializer(reservation.transitions.all(), many=True).data)
@@ -196,7 +197,8 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         ).order_by("node__name", "index")
 
 
-@extend_schema(request=serializers.TokenSerializer, responses={201: serializers.NewTokenSerializer})
+@extend_schema_view(create=extend_schema(request=serializers.TokenSerializer,
+                                         responses={201: serializers.NewTokenSerializer}))
 class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,
                    viewsets.GenericViewSet):
     """Your API tokens. The key is shown once, at creation; DELETE revokes."""
@@ -223,6 +225,9 @@ class ObtainTokenView(APIView):
     permission_classes = [AllowAny]
     authentication_classes = []
 
+    def get_authenticate_header(self, request) -> str:
+        return "Token"  # wrong credentials answer 401 (not 403) with a challenge
+
     @extend_schema(request=serializers.TokenRequestSerializer,
                    responses={201: serializers.NewTokenSerializer, 400: OpenApiResponse(description="Invalid"),
                               401: OpenApiResponse(description="Wrong credentials")})
@@ -244,6 +249,8 @@ class CapacityView(APIView):
     @extend_schema(parameters=[serializers.CapacityQuerySerializer],
                    responses={200: serializers.CapacityAnswerSerializer, **ERRORS})
     def get(self, request):
+        refuse_unknown(request.query_params, set(serializers.CapacityQuerySerializer().fields))
+        refuse_empty(request.query_params, {"gpu_request", "gpu_memory_mib", "gpu_count"})
         query = serializers.CapacityQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return Response(capacity.answer(request.user, **query.validated_data))

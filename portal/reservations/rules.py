@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 from django.db.models import Count, Max
 
@@ -72,8 +72,32 @@ def largest_node_gpu_count() -> int:
     return counts or 0
 
 
+def _decimal(value) -> Decimal:
+    return value if isinstance(value, Decimal) else Decimal(str(value))
+
+
 def normalize(spec: ReservationSpec) -> None:
-    """Fill derived values: limit defaults to request; whole GPUs take the whole card."""
+    """Coerce numbers (labels and forms give strings, callers floats) and fill derived values:
+    the limit defaults to the request; whole GPUs take the whole card."""
+    errors = {}
+    for name in ("gpu_request", "gpu_limit", "group_threshold"):
+        value = getattr(spec, name)
+        if value is None:
+            continue
+        try:
+            setattr(spec, name, _decimal(value).quantize(Decimal("0.001")))
+        except (InvalidOperation, ValueError):
+            errors[name] = [f"must be a decimal number, got {value!r}"]
+    for name in ("gpu_memory_mib", "gpu_count", "priority", "group_headcount", "max_duration_s"):
+        value = getattr(spec, name)
+        if value is None or isinstance(value, int):
+            continue
+        try:
+            setattr(spec, name, int(str(value)))
+        except ValueError:
+            errors[name] = [f"must be a whole number, got {value!r}"]
+    if errors:
+        raise RuleViolation(errors)
     if spec.gpu_count >= 2 and spec.gpu_limit is None and spec.gpu_request == ONE:
         spec.gpu_limit = ONE
     if spec.gpu_limit is None:

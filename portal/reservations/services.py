@@ -51,7 +51,7 @@ def submit(user, spec: rules.ReservationSpec) -> Reservation:
     The team row lock serialises concurrent submissions of one team, so two requests that
     together exceed the quota can never both be admitted.
     """
-    rules.check(spec)
+    rules.check(spec)  # also coerces the numbers in spec
     share = spec.gpu_request * spec.gpu_count
     memory = spec.gpu_memory_mib * spec.gpu_count
     with transaction.atomic():

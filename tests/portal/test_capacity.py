@@ -1,0 +1,52 @@
+"""`GET /api/v1/capacity/`: where a request could go now, and why not when it cannot."""
+
+from decimal import Decimal
+
+from portal.fleet.models import Gpu
+from portal.reservations import rules, services
+
+URL = "/api/v1/capacity/"
+
+
+def test_lists_gpus_that_fit(client_for, fleet):
+    r = client_for("alice").get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 16000, "gpu_model": "V100-32GB"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["fits"] is True
+    assert {g["model"] for g in body["gpus"]} == {"V100-32GB"} and len(body["gpus"]) == 4
+
+
+def test_full_gpus_drop_out(client_for, fleet, people, teams):
+    for index in (0, 1):
+        gpu = Gpu.objects.get(node__name="t4-node-1", index=index)
+        res = services.submit(people["alice"], rules.ReservationSpec(
+            team=teams["vision"], image="busybox:1.36", gpu_request=Decimal("0.75"), gpu_memory_mib=1000))
+        services.place(res.pk, gpu.node_id, [services.Share(gpu.pk, Decimal("0.75"), 1000)])
+    body = client_for("bob").get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 1000, "gpu_model": "T4"}).json()
+    assert body["fits"] is False and body["gpus"] == []
+    assert "compute" in {r["code"] for r in body["reasons"]}
+    small = client_for("bob").get(URL, {"gpu_request": "0.25", "gpu_memory_mib": 1000, "gpu_model": "T4"}).json()
+    assert [g["free_share"] for g in small["gpus"]] == [0.25, 0.25]
+
+
+def test_empty_answer_says_why(client_for, fleet):
+    body = client_for("alice").get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 20000, "gpu_model": "T4"}).json()
+    assert body["fits"] is False and body["gpus"] == []
+    assert any(r["code"] == "memory" for r in body["reasons"]), body
+
+
+def test_quota_is_a_reason(client_for, fleet):
+    body = client_for("bob").get(URL, {"gpu_request": "1.0", "gpu_memory_mib": 1000, "gpu_count": 2,
+                                       "team": "nlp"}).json()
+    assert body["fits"] is False
+    assert body["reasons"][0]["code"] == "quota"
+    assert "GPU share quota is 1.500" in body["reasons"][0]["message"]
+    assert body["gpus"], "the GPUs are free; only the quota stands in the way"
+
+
+def test_bad_queries_are_400(client_for, fleet):
+    alice = client_for("alice")
+    assert "gpu_model" in alice.get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 1, "gpu_model": "X"}).json()
+    assert "gpu_request" in alice.get(URL, {"gpu_memory_mib": 1}).json()
+    r = alice.get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 1, "gpu_count": 2})
+    assert r.status_code == 400 and "whole cards" in r.json()["gpu_request"][0]
