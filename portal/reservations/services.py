@@ -16,7 +16,7 @@ from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.tenancy.models import Team
 
 from . import rules
-from .events import request_cycle
+from .events import announce_allocations, request_cycle
 from .models import Allocation, Reservation, StateTransition
 from .quota import QuotaExceeded, over_quota, usage_of
 from .states import HOLDS_GPU, TERMINAL, State, check_transition
@@ -110,6 +110,7 @@ def transition(reservation_id: int, target: str, actor=None, reason: str = "") -
 def _apply(reservation: Reservation, target: str, actor, reason: str) -> None:
     current = reservation.state
     check_transition(current, target)
+    node_id = reservation.node_id
     now = timezone.now()
     reservation.state = target
     reservation.state_reason = reason
@@ -127,14 +128,16 @@ def _apply(reservation: Reservation, target: str, actor, reason: str) -> None:
         fields += ["node", "placed_at", "expires_at"]
     reservation.save(update_fields=fields)
     if current in HOLDS_GPU and target not in HOLDS_GPU:
-        _release(reservation, now)
+        _release(reservation, node_id, now)
     _record(reservation, current, target, actor, reason)
     if current in HOLDS_GPU or target == State.PENDING:
         request_cycle(f"{reservation.pk} {current}→{target}")
 
 
-def _release(reservation: Reservation, now) -> None:
-    Allocation.objects.filter(reservation=reservation, released_at__isnull=True).update(released_at=now)
+def _release(reservation: Reservation, node_id: int | None, now) -> None:
+    released = Allocation.objects.filter(reservation=reservation, released_at__isnull=True).update(released_at=now)
+    if released:
+        announce_allocations(node_id)
 
 
 def cancel(reservation_id: int, actor, reason: str = "cancelled by user") -> tuple[Reservation, bool]:
@@ -194,6 +197,7 @@ def place(reservation_id: int, node_id: int, shares: Iterable[Share], actor="sys
             reservation.expires_at = now + timedelta(seconds=reservation.max_duration_s)
         reservation.save(update_fields=["node", "placed_at", "expires_at"])
         _apply(reservation, State.PLACED, actor, reason)
+        announce_allocations(node.pk)
     return reservation
 
 
