@@ -1,0 +1,289 @@
+"""The contract between the placement cycle and a cluster: plain frozen data in and out.
+
+The portal (`portal/placement`) decides; a backend carries the decision out on a cluster and reports
+what the cluster does. Backends know nothing of Django or the database: they receive a `PodSpec`
+and answer `PodStatus`, `ClusterEvent` and `ExternalPod` values. Implementations:
+`scheduler.backends.local.LocalBackend` (simulated pods, quickstart and tests) and
+`scheduler.backends.kubernetes` (the official client).
+
+Pods for portal reservations
+----------------------------
+- `bind(spec) -> PodStatus`: create the pod, or adopt it when a pod of that name already exists
+  and carries the same reservation label (a retried task never makes two). A pod of that name for
+  another reservation raises `PodConflict`. Raises `TransientBackendError` for anything worth
+  retrying (HTTP 5xx, 429, timeouts, connection refused, 409 on a racing create that a re-read
+  does not explain) and `PermanentBackendError` when retrying cannot help (422 invalid manifest,
+  403 forbidden, the node does not exist): the portal then fails the reservation with the message.
+- `unbind(ref, grace_s, reason) -> bool`: delete the pod gracefully; True if something was
+  deleted, False if it was already gone (idempotent, never raises for a missing pod).
+- `list_pods() -> list[PodStatus]`: every pod carrying `RESERVATION_LABEL`: the ones it created
+  and the external pods it bound (kubectl path, `external=True`); reconcile compares these with
+  the database.
+- `list_nodes() -> list[NodeCondition]`: readiness of each cluster node (reconcile notices nodes
+  that went NotReady while no watch was running).
+- `poll(timeout_s) -> list[ClusterEvent]`: block at most `timeout_s` for what happened since the
+  last call: `PodEvent` (phase changed, or `deleted=True` when the pod is gone — deleted from
+  outside or after we unbound it) and `NodeEvent` (ready or not). A backend that lost its place in
+  the stream (watch expired, 410 Gone) returns what it can and relies on the next reconcile; it
+  never invents events. Events may repeat: consumers are idempotent.
+
+Pod naming and linking: `pod_name(reservation_id, attempt)` = ``tessera-r<id>-<attempt>``;
+`attempt` counts the placements of that reservation (a requeued one gets a new name, so the old
+pod still terminating never collides). Labels: `RESERVATION_LABEL` (the reservation id),
+`TEAM_LABEL`, `MANAGED_BY_LABEL`. Annotation `PLACEMENT_ANNOTATION` holds the placement as compact
+JSON (`placement_annotation`): {"reservation": "12", "gpus": ["GPU-..."], "request": 0.25,
+"limit": 0.5, "memory_mib": 8192, "priority": "high"}; the device plugin of the kubectl path
+reads the same annotation. `env` holds what the container needs: NVIDIA_VISIBLE_DEVICES (the GPU
+UUIDs, comma-separated), LD_PRELOAD (`PRELOAD_PATH`, mounted read-only from the node's
+`PRELOAD_HOST_DIR`), TESSERA_GPU_REQUEST, TESSERA_GPU_LIMIT, TESSERA_GPU_MEMORY_LIMIT (``<n>Mi``),
+TESSERA_PRIORITY (high|low), TESSERA_SHARE_ID (the reservation id), TESSERA_BROKER_SOCKET
+(`BROKER_SOCKET`, its directory mounted from the node's `BROKER_HOST_DIR`).
+
+Pods created with kubectl (KubeShare 2.0 labels, `schedulerName: tessera`)
+--------------------------------------------------------------------------
+- `list_pending_external() -> list[ExternalPod]`: pods with `spec.schedulerName == SCHEDULER_NAME`,
+  no `nodeName`, not being deleted; with their namespace, uid, labels and annotations (the portal
+  turns the `sharedgpu/*` labels into a reservation and validates them).
+- `bind_external(pod, node, labels, annotations)`: first patch the pod's labels and annotations
+  (`external_binding` gives them: the reservation label, and the placement the device plugin
+  reads), then POST the Binding subresource. Idempotent: a pod already bound to `node` is
+  success; bound elsewhere or gone raises `PodConflict`.
+- `reject_external(pod, reason)`: record a Warning Event (reason `FailedScheduling`, message
+  `reason`) on the pod, which stays pending. Repeating it for the same message may be dropped.
+
+Everything a backend raises derives from `BackendError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+SCHEDULER_NAME = "tessera"
+MANAGED_BY = "tessera"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+RESERVATION_LABEL = "tessera.io/reservation"
+TEAM_LABEL = "tessera.io/team"
+PLACEMENT_ANNOTATION = "tessera.io/placement"
+REASON_ANNOTATION = "tessera.io/deletion-reason"
+
+PRELOAD_HOST_DIR = "/opt/tessera/lib"
+PRELOAD_PATH = "/opt/tessera/lib/libtessera_preload.so"
+BROKER_HOST_DIR = "/run/tessera"
+BROKER_SOCKET = "/run/tessera/broker.sock"
+
+# Reservations at or above this priority get the broker's "high" class; below it "low".
+HIGH_PRIORITY_FROM = 50
+
+
+class BackendError(Exception):
+    """Anything a backend could not do."""
+
+
+class TransientBackendError(BackendError):
+    """Worth retrying later: the API server is unavailable, slow, or raced us."""
+
+
+class PermanentBackendError(BackendError):
+    """Retrying cannot help (invalid manifest, unknown node, forbidden)."""
+
+
+class PodConflict(PermanentBackendError):
+    """A pod of that name exists for another reservation, or an external pod is bound elsewhere."""
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """One GPU of a placement and the share of it the pod holds."""
+
+    uuid: str
+    index: int
+    request: float
+    limit: float
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """Everything needed to run one reservation's pod. Built by `make_pod_spec`."""
+
+    reservation_id: str
+    name: str
+    namespace: str
+    node: str
+    team: str
+    image: str
+    command: tuple[str, ...]
+    gpus: tuple[GpuShare, ...]
+    priority: int
+    kind: str  # "interactive" | "batch"
+    env: tuple[tuple[str, str], ...]
+    labels: tuple[tuple[str, str], ...]
+    annotations: tuple[tuple[str, str], ...]
+    # Local backend only: how long a simulated batch pod runs before it succeeds (None: until deleted).
+    simulated_duration_s: float | None = None
+
+    @property
+    def ref(self) -> PodRef:
+        return PodRef(self.namespace, self.name)
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class PodStatus:
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    phase: Phase
+    reservation_id: str | None  # from RESERVATION_LABEL; None for a pod we did not label
+    reason: str = ""  # e.g. "OOMKilled", "Error", "Evicted"; "" when none
+    message: str = ""
+    deleting: bool = False  # deletionTimestamp set
+    external: bool = False  # created by a user (kubectl path), bound by us
+
+    @property
+    def ref(self) -> PodRef:
+        return PodRef(self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    name: str
+    ready: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    pod: PodStatus
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    node: NodeCondition
+
+
+ClusterEvent = PodEvent | NodeEvent
+
+
+@dataclass(frozen=True)
+class ExternalPod:
+    """A pod a user created with `schedulerName: tessera` that waits for a node."""
+
+    namespace: str
+    name: str
+    uid: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    image: str = ""
+    created_at: float = 0.0  # unix seconds
+
+    @property
+    def ref(self) -> PodRef:
+        return PodRef(self.namespace, self.name)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def bind(self, spec: PodSpec) -> PodStatus: ...
+
+    def unbind(self, ref: PodRef, grace_s: int, reason: str) -> bool: ...
+
+    def list_pods(self) -> list[PodStatus]: ...
+
+    def list_nodes(self) -> list[NodeCondition]: ...
+
+    def poll(self, timeout_s: float) -> list[ClusterEvent]: ...
+
+    def list_pending_external(self) -> list[ExternalPod]: ...
+
+    def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
+                      annotations: Mapping[str, str]) -> None: ...
+
+    def reject_external(self, pod: PodRef, reason: str) -> None: ...
+
+
+def pod_name(reservation_id: str | int, attempt: int) -> str:
+    return f"tessera-r{reservation_id}-{attempt}"
+
+
+def broker_priority(priority: int) -> str:
+    return "high" if priority >= HIGH_PRIORITY_FROM else "low"
+
+
+def placement_annotation(reservation_id: str, gpus: tuple[GpuShare, ...], priority: int) -> str:
+    first = gpus[0]
+    return json.dumps({
+        "reservation": reservation_id,
+        "gpus": [g.uuid for g in gpus],
+        "request": first.request,
+        "limit": first.limit,
+        "memory_mib": first.memory_mib,
+        "priority": broker_priority(priority),
+    }, separators=(",", ":"), sort_keys=True)
+
+
+def share_env(reservation_id: str, gpus: tuple[GpuShare, ...], priority: int) -> dict[str, str]:
+    """The variables the preload library and the NVIDIA runtime read (see preload/README.md)."""
+    first = gpus[0]
+    return {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
+        "LD_PRELOAD": PRELOAD_PATH,
+        "TESSERA_GPU_REQUEST": f"{first.request:g}",
+        "TESSERA_GPU_LIMIT": f"{first.limit:g}",
+        "TESSERA_GPU_MEMORY_LIMIT": f"{first.memory_mib}Mi",
+        "TESSERA_PRIORITY": broker_priority(priority),
+        "TESSERA_SHARE_ID": reservation_id,
+        "TESSERA_BROKER_SOCKET": BROKER_SOCKET,
+    }
+
+
+def external_binding(reservation_id: str, team: str, gpus: tuple[GpuShare, ...],
+                     priority: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) to patch onto a kubectl pod before binding it."""
+    labels = {RESERVATION_LABEL: reservation_id, TEAM_LABEL: team}
+    return labels, {PLACEMENT_ANNOTATION: placement_annotation(reservation_id, gpus, priority)}
+
+
+def make_pod_spec(*, reservation_id: str, attempt: int, namespace: str, node: str, team: str, image: str,
+                  command: tuple[str, ...], gpus: tuple[GpuShare, ...], priority: int, kind: str,
+                  extra_env: Mapping[str, str] | None = None,
+                  simulated_duration_s: float | None = None) -> PodSpec:
+    """A complete, deterministic spec: the same inputs always give the same pod."""
+    if not gpus:
+        raise ValueError("gpus: a pod needs at least one GPU share")
+    if attempt < 1:
+        raise ValueError("attempt: counts from 1")
+    env = dict(extra_env or {})
+    env.update(share_env(reservation_id, gpus, priority))  # ours win: a user cannot lift the cap
+    labels = {RESERVATION_LABEL: reservation_id, TEAM_LABEL: team, MANAGED_BY_LABEL: MANAGED_BY}
+    annotations = {PLACEMENT_ANNOTATION: placement_annotation(reservation_id, gpus, priority)}
+    return PodSpec(
+        reservation_id=reservation_id, name=pod_name(reservation_id, attempt), namespace=namespace, node=node,
+        team=team, image=image, command=tuple(command), gpus=tuple(gpus), priority=priority, kind=kind,
+        env=tuple(sorted(env.items())), labels=tuple(sorted(labels.items())),
+        annotations=tuple(sorted(annotations.items())), simulated_duration_s=simulated_duration_s,
+    )
