@@ -20,6 +20,11 @@ class Kind(models.TextChoices):
     BATCH = "batch", "Batch job"
 
 
+class Source(models.TextChoices):
+    PORTAL = "portal", "Portal or API"
+    KUBECTL = "kubectl", "kubectl pod"
+
+
 class Reservation(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reservations")
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="reservations")
@@ -53,6 +58,20 @@ class Reservation(models.Model):
     state_reason = models.CharField(max_length=500, blank=True)
     node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
+    # Where the request came from; kubectl ones are bound to the user's own pod.
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.PORTAL)
+    # The pod that runs it: ours (name from the placement attempt) or the user's (kubectl path).
+    pod_namespace = models.CharField(max_length=63, blank=True)
+    pod_name = models.CharField(max_length=253, blank=True)
+    pod_uid = models.CharField(max_length=64, blank=True, db_index=True)
+    attempt = models.PositiveIntegerField(default=0, help_text="How many times it has been placed")
+    # "Why not yet" beyond state_reason: place in the queue and a rough start estimate (pending only).
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    expiry_warned_at = models.DateTimeField(null=True, blank=True)
+    # Set while measured utilization stays under the team's idle threshold.
+    idle_since = models.DateTimeField(null=True, blank=True)
+
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     placed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -69,6 +88,9 @@ class Reservation(models.Model):
                 name="share_within_bounds",
             ),
             models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="at_least_one_gpu"),
+            # One reservation per kubectl pod, however often the pod is seen.
+            models.UniqueConstraint(fields=["pod_uid"], condition=models.Q(source="kubectl"),
+                                    name="one_reservation_per_kubectl_pod"),
         ]
 
     def __str__(self) -> str:

@@ -35,6 +35,21 @@ class Team(models.Model):
     allow_over_quota = models.BooleanField(
         default=True, help_text="Accept priority-0 requests beyond the quota as opportunistic (preemptible)."
     )
+    # Kubernetes namespace whose kubectl (sharedgpu/*) pods belong to this team; blank: the slug.
+    namespace = models.CharField(max_length=63, blank=True)
+    # Lifecycle policy.
+    interactive_max_s = models.PositiveIntegerField(
+        default=8 * 3600, help_text="Interactive ones without a duration end after this."
+    )
+    idle_threshold = models.DecimalField(
+        max_digits=4, decimal_places=3, default=Decimal("0.050"),
+        help_text="Using less than this fraction of the GPU is idle.",
+    )
+    idle_after_s = models.PositiveIntegerField(default=1800, help_text="Idle this long → flagged idle.")
+    idle_reclaim = models.BooleanField(default=False, help_text="End idle reservations (else flag only).")
+    requeue_on_node_lost = models.BooleanField(
+        default=True, help_text="A lost node's reservations are requeued (else they fail)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
