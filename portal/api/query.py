@@ -3,6 +3,8 @@ silently return everything."""
 
 from __future__ import annotations
 
+import django_filters
+from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend
 
@@ -20,13 +22,17 @@ def refuse_unknown(params, allowed: set[str]) -> None:
 class StrictQueryParams(BaseFilterBackend):
     def filter_queryset(self, request, queryset, view):
         allowed = set()
-        filterset_class = getattr(view, "filterset_class", None)
+        typed = set()  # filters whose empty value means nothing (django-filter would ignore it)
+        filterset_class = DjangoFilterBackend().get_filterset_class(view, queryset)
         if filterset_class is not None:
             allowed |= set(filterset_class.base_filters)
-        allowed |= set(getattr(view, "filterset_fields", None) or ())
+            typed |= {name for name, f in filterset_class.base_filters.items()
+                      if isinstance(f, django_filters.ChoiceFilter | django_filters.MultipleChoiceFilter
+                                    | django_filters.NumberFilter)}
         if getattr(view, "action", None) == "list" and getattr(view, "pagination_class", None):
             allowed |= PAGINATION
         refuse_unknown(request.query_params, allowed)
+        refuse_empty(request.query_params, typed)
         return queryset
 
 

@@ -73,3 +73,51 @@ def apply_inventory(nodes: list[dict]) -> tuple[int, int]:
             gpu_total += 1
     request_cycle("inventory changed")
     return len(nodes), gpu_total
+
+
+# Node agents report in (portal.telemetry): last_seen, lost and back, GPUs that came and went.
+
+LOST_REASON_PREFIX = "no agent report for"
+
+
+def record_seen(node_ids: list[int], at) -> None:
+    Node.objects.filter(pk__in=node_ids).update(last_seen=at)
+
+
+def mark_lost_nodes(silent_for) -> list[str]:
+    """Mark lost every ready or draining node whose agent has been silent for `silent_for`
+    (a timedelta). Nodes that never reported are left alone: with no agent deployed there is
+    nothing to miss. Returns the names marked lost; each change requests a placement cycle."""
+    cutoff = timezone.now() - silent_for
+    names = []
+    silent = Node.objects.filter(last_seen__lt=cutoff).exclude(status=NodeStatus.LOST).values_list("pk", "name")
+    for pk, name in silent:
+        reason = f"{LOST_REASON_PREFIX} {int(silent_for.total_seconds())} s"
+        with transaction.atomic():
+            # Re-checked under the row lock: the agent may have come back meanwhile.
+            node = Node.objects.select_for_update().get(pk=pk)
+            if node.status == NodeStatus.LOST or node.last_seen is None or node.last_seen >= cutoff:
+                continue
+            node.status, node.status_reason = NodeStatus.LOST, reason
+            node.save(update_fields=["status", "status_reason"])
+            request_cycle(f"node {name} lost")
+        names.append(name)
+    return names
+
+
+def mark_back(node_id: int) -> bool:
+    """An agent reported again: a node that was lost for silence is ready again (a node that
+    staff drained stays drained). Returns True when the status changed."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.status != NodeStatus.LOST or not node.status_reason.startswith(LOST_REASON_PREFIX):
+            return False
+        node.status, node.status_reason = NodeStatus.READY, ""
+        node.save(update_fields=["status", "status_reason"])
+        request_cycle(f"node {node.name} back")
+    return True
+
+
+def gpus_changed(node: Node) -> None:
+    """The agent's GPU list differs from ours (a GPU gone or new): placements must look again."""
+    request_cycle(f"GPUs of node {node.name} changed")

@@ -1,0 +1,244 @@
+"""Storing what agents send: the hello (stream, GPU inventory, node seen) and sample batches.
+
+`store_batches` takes the batches of many connections at once and writes them in one
+transaction: at 500 nodes × 1 Hz, one commit per batch would cost more than the rows themselves.
+Idempotency is per (node, stream, seq): the stream row is locked, samples with seq ≤ its
+`last_seq` are skipped, and `last_seq` moves forward in the same transaction as the rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents.protocol import Hello, Sample, Samples
+from portal.fleet import services as fleet_services
+from portal.fleet.models import Gpu, Node
+from portal.reservations.models import Reservation
+
+from .models import AgentStream, GpuSample, LateMinute, RollupState, ShareSample
+
+# Writing last_seen once per batch would be one UPDATE per node per second for nothing.
+LAST_SEEN_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What a connection learnt at hello and needs for every batch."""
+
+    stream_pk: int
+    node_id: int
+    node_name: str
+    acked_seq: int
+    gpu_ids: dict[str, int]  # GPU UUID → Gpu pk, for the GPUs of this node
+
+
+@dataclass
+class Submission:
+    info: StreamInfo
+    message: Samples
+
+
+@dataclass
+class Stored:
+    """The outcome for one submission: what to ack and the newest reading for the live views."""
+
+    ack_seq: int
+    new_samples: int
+    latest: dict | None = None  # see _latest_reading
+
+
+@dataclass
+class _Cache:
+    last_seen_written: dict[int, float] = field(default_factory=dict)
+    watermark: datetime | None = None
+    watermark_read_at: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_cache = _Cache()
+
+
+def register_hello(node: Node, hello: Hello) -> StreamInfo:
+    """Record the agent's stream and GPUs, mark the node seen (and back from lost)."""
+    now = timezone.now()
+    with transaction.atomic():
+        stream, _ = AgentStream.objects.get_or_create(
+            node=node, stream=uuid.UUID(hello.stream),
+            defaults={"agent_version": hello.agent_version, "source": hello.source,
+                      "interval_ms": hello.interval_ms},
+        )
+        gpu_ids = reconcile_gpus(node, hello)
+        Node.objects.filter(pk=node.pk).update(last_seen=now)
+    fleet_services.mark_back(node.pk)
+    with _cache.lock:
+        _cache.last_seen_written[node.pk] = time.monotonic()
+    return StreamInfo(stream_pk=stream.pk, node_id=node.pk, node_name=node.name,
+                      acked_seq=stream.last_seq, gpu_ids=gpu_ids)
+
+
+def reconcile_gpus(node: Node, hello: Hello) -> dict[str, int]:
+    """Trust the agent over the seeded inventory for which GPUs are there: a GPU it no longer
+    reports is flagged unhealthy (no new placements), one it reports again is healthy again, a
+    new one is added. Model names stay as seeded: reservations ask for them by those names."""
+    reported = {g.uuid: g for g in hello.gpus}
+    known = {g.uuid: g for g in Gpu.objects.filter(node=node)}
+    changed = False
+    for uuid_, gpu in known.items():
+        healthy = uuid_ in reported
+        if gpu.healthy != healthy:
+            Gpu.objects.filter(pk=gpu.pk).update(healthy=healthy)
+            changed = True
+    taken = {g.index for g in known.values()}
+    for uuid_, info in reported.items():
+        if uuid_ in known or info.index in taken or Gpu.objects.filter(uuid=uuid_).exists():
+            continue
+        Gpu.objects.create(node=node, uuid=uuid_, index=info.index, model=info.model[:64],
+                           memory_mib=info.memory_mib, nvlink_peers=list(info.nvlink_peers),
+                           numa_node=info.numa_node)
+        changed = True
+    if changed:
+        fleet_services.gpus_changed(node)
+    return dict(Gpu.objects.filter(node=node, uuid__in=list(reported)).values_list("uuid", "pk"))
+
+
+def _ts(sample: Sample) -> datetime:
+    return datetime.fromtimestamp(sample.ts_ms / 1000, tz=UTC)
+
+
+def _share_readings(sample: Sample) -> list[tuple[str, str, float, int | None]]:
+    """(reservation, gpu uuid, used fraction, memory) per share. Without a share broker the
+    agent reports processes only; their SM use, summed per reservation, stands in."""
+    if sample.shares:
+        return [(s.reservation, s.gpu_uuid, s.used_frac, s.mem_used_mib) for s in sample.shares]
+    derived: dict[tuple[str, str], list] = {}
+    for p in sample.processes:
+        if p.reservation is None:
+            continue
+        entry = derived.setdefault((p.reservation, p.gpu_uuid), [0.0, None])
+        entry[0] += (p.sm_util_pct or 0) / 100
+        if p.mem_used_mib is not None:
+            entry[1] = (entry[1] or 0) + p.mem_used_mib
+    return [(r, g, min(1.0, used), mem) for (r, g), (used, mem) in derived.items()]
+
+
+def _reservation_teams(submissions: list[Submission]) -> dict[int, int]:
+    ids = set()
+    for sub in submissions:
+        for sample in sub.message.samples:
+            for reservation, *_ in _share_readings(sample):
+                if reservation.isdigit():
+                    ids.add(int(reservation))
+    if not ids:
+        return {}
+    return dict(Reservation.objects.filter(pk__in=ids).values_list("pk", "team_id"))
+
+
+def _rollup_watermark() -> datetime | None:
+    with _cache.lock:
+        if time.monotonic() - _cache.watermark_read_at < 10:
+            return _cache.watermark
+    state = RollupState.objects.first()
+    with _cache.lock:
+        _cache.watermark = state.rolled_up_to if state else None
+        _cache.watermark_read_at = time.monotonic()
+        return _cache.watermark
+
+
+def store_batches(submissions: list[Submission]) -> list[Stored]:
+    """Store the samples of many connections in one transaction; one Stored per submission."""
+    teams = _reservation_teams(submissions)
+    watermark = _rollup_watermark()
+    results: list[Stored] = []
+    gpu_rows: list[GpuSample] = []
+    share_rows: list[ShareSample] = []
+    late: set[datetime] = set()
+    with transaction.atomic():
+        stream_pks = sorted({s.info.stream_pk for s in submissions})
+        # Locked in id order: concurrent writers (two portal processes) never deadlock.
+        streams = {s.pk: s for s in AgentStream.objects.select_for_update().filter(pk__in=stream_pks)
+                   .order_by("pk")}
+        for sub in submissions:
+            stream = streams[sub.info.stream_pk]
+            fresh = [s for s in sub.message.samples if s.seq > stream.last_seq]
+            last = sub.message.samples[-1].seq
+            if not fresh:
+                results.append(Stored(ack_seq=last, new_samples=0))
+                continue
+            gpu_ids = sub.info.gpu_ids
+            for sample in fresh:
+                ts = _ts(sample)
+                if watermark is not None and ts < watermark:
+                    late.add(ts.replace(second=0, microsecond=0))
+                for g in sample.gpus:
+                    gpu_id = gpu_ids.get(g.uuid)
+                    if gpu_id is None:
+                        continue  # not a GPU of this node's hello
+                    gpu_rows.append(GpuSample(
+                        gpu_id=gpu_id, stream_id=stream.pk, seq=sample.seq, ts=ts,
+                        sm_util_pct=g.sm_util_pct, mem_util_pct=g.mem_util_pct, mem_used_mib=g.mem_used_mib,
+                        power_w=g.power_w, temp_c=g.temp_c))
+                for reservation, gpu_uuid, used, mem in _share_readings(sample):
+                    gpu_id = gpu_ids.get(gpu_uuid)
+                    if gpu_id is None or not reservation.isdigit() or int(reservation) not in teams:
+                        continue  # a share we do not know (already deleted, or not ours)
+                    share_rows.append(ShareSample(reservation_id=int(reservation), gpu_id=gpu_id, ts=ts,
+                                                  used_frac=used, mem_used_mib=mem))
+            stream.last_seq = fresh[-1].seq
+            stream.dropped = max(stream.dropped, sub.message.dropped)
+            stream.last_sample_at = _ts(fresh[-1])
+            results.append(Stored(ack_seq=last, new_samples=len(fresh),
+                                  latest=_latest_reading(sub.info, fresh[-1], teams)))
+        GpuSample.objects.bulk_create(gpu_rows, batch_size=2000)
+        ShareSample.objects.bulk_create(share_rows, batch_size=2000)
+        touched = [streams[pk] for pk in stream_pks]
+        AgentStream.objects.bulk_update(touched, ["last_seq", "dropped", "last_sample_at"], batch_size=500)
+        if late:
+            LateMinute.objects.bulk_create([LateMinute(minute=m) for m in late], ignore_conflicts=True)
+        _touch_nodes({s.info.node_id for s in submissions})
+    return results
+
+
+def _touch_nodes(node_ids: set[int]) -> None:
+    now_mono = time.monotonic()
+    with _cache.lock:
+        due = [n for n in node_ids if now_mono - _cache.last_seen_written.get(n, 0.0) >= LAST_SEEN_EVERY_S]
+        for n in due:
+            _cache.last_seen_written[n] = now_mono
+    if due:
+        fleet_services.record_seen(due, timezone.now())
+
+
+def _latest_reading(info: StreamInfo, sample: Sample, teams: dict[int, int]) -> dict:
+    """The newest sample of a batch in the shape the live views send (ids, not UUIDs)."""
+    gpus = []
+    for g in sample.gpus:
+        gpu_id = info.gpu_ids.get(g.uuid)
+        if gpu_id is not None:
+            gpus.append({"gpu": gpu_id, "sm_util_pct": g.sm_util_pct, "mem_util_pct": g.mem_util_pct,
+                         "mem_used_mib": g.mem_used_mib, "power_w": g.power_w, "temp_c": g.temp_c})
+    shares = []
+    for reservation, gpu_uuid, used, mem in _share_readings(sample):
+        gpu_id = info.gpu_ids.get(gpu_uuid)
+        if gpu_id is None or not reservation.isdigit() or int(reservation) not in teams:
+            continue
+        shares.append({"reservation": int(reservation), "team": teams[int(reservation)], "gpu": gpu_id,
+                       "used_frac": round(used, 4), "mem_used_mib": mem})
+    return {"node": info.node_id, "ts_ms": sample.ts_ms, "gpus": gpus, "shares": shares}
+
+
+def too_far_ahead(message: Samples, now: datetime | None = None, skew: timedelta | None = None) -> str | None:
+    """Why a batch is refused for its clock, or None. (The protocol lets the portal tighten ts.)"""
+    from .conf import max_future_skew
+
+    limit = (now or timezone.now()) + (skew or max_future_skew())
+    for i, sample in enumerate(message.samples):
+        if _ts(sample) > limit:
+            return f"samples: samples[{i}].ts_ms: {sample.ts_ms} is more than {int((skew or max_future_skew()).total_seconds())} s in the future"
+    return None

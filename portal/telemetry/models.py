@@ -1,0 +1,116 @@
+"""GPU telemetry: agent streams, raw samples (kept short) and per-minute rollups (kept long).
+
+Raw rows are one GPU (or one share) at one sampling instant; they live about an hour. The
+per-minute rollups keep sums and counts rather than averages, so a month of minutes can be
+re-aggregated exactly into hours or days by a report.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from portal.fleet.models import Gpu, Node
+from portal.reservations.models import Reservation
+
+
+class AgentStream(models.Model):
+    """One agent process's numbered sample stream. `last_seq` is the highest seq stored: the
+    idempotency key of ingestion (a sample with seq ≤ last_seq is a replay and is skipped)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="agent_streams")
+    stream = models.UUIDField()
+    agent_version = models.CharField(max_length=32)
+    source = models.CharField(max_length=16)
+    interval_ms = models.PositiveIntegerField()
+    last_seq = models.BigIntegerField(default=0)
+    dropped = models.BigIntegerField(default=0, help_text="Samples the agent dropped before they were stored")
+    last_sample_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "stream"], name="unique_stream_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/{self.stream} @{self.last_seq}"
+
+
+class GpuSample(models.Model):
+    """One GPU at one sampling instant (raw, short retention)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    stream = models.ForeignKey(AgentStream, on_delete=models.CASCADE, related_name="+")
+    seq = models.BigIntegerField()
+    ts = models.DateTimeField()
+    sm_util_pct = models.SmallIntegerField(null=True)
+    mem_util_pct = models.SmallIntegerField(null=True)
+    mem_used_mib = models.IntegerField()
+    power_w = models.FloatField(null=True)
+    temp_c = models.SmallIntegerField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["gpu", "ts"]), models.Index(fields=["ts"])]
+
+
+class ShareSample(models.Model):
+    """What one placed share really used on one GPU at one sampling instant (raw)."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="+")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    ts = models.DateTimeField()
+    used_frac = models.FloatField()
+    mem_used_mib = models.IntegerField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["reservation", "ts"]), models.Index(fields=["ts"])]
+
+
+class GpuMinute(models.Model):
+    """Per-minute rollup of one GPU: sums and counts (averages are sum / count)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    minute = models.DateTimeField()
+    samples = models.IntegerField()
+    sm_util_sum = models.BigIntegerField(help_text="Sum of sm_util_pct over the samples that had it")
+    sm_util_count = models.IntegerField()
+    sm_util_max = models.SmallIntegerField(null=True)
+    mem_used_sum = models.BigIntegerField()
+    mem_used_max = models.IntegerField()
+    power_sum = models.FloatField()
+    power_count = models.IntegerField()
+    temp_max = models.SmallIntegerField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu", "minute"], name="unique_gpu_minute")]
+        indexes = [models.Index(fields=["minute"])]
+
+
+class ShareMinute(models.Model):
+    """Per-minute rollup of one share on one GPU."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="+")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    team_id = models.BigIntegerField(db_index=True, help_text="The reservation's team, for team reports")
+    minute = models.DateTimeField()
+    samples = models.IntegerField()
+    used_sum = models.FloatField()
+    used_max = models.FloatField()
+    mem_used_max = models.IntegerField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["reservation", "gpu", "minute"], name="unique_share_minute")
+        ]
+        indexes = [models.Index(fields=["minute"]), models.Index(fields=["reservation", "minute"])]
+
+
+class LateMinute(models.Model):
+    """A minute that got samples after it was rolled up (a replay after an outage): the next
+    rollup recomputes it from the raw rows."""
+
+    minute = models.DateTimeField(unique=True)
+
+
+class RollupState(models.Model):
+    """Singleton: every minute before `rolled_up_to` has been rolled up."""
+
+    rolled_up_to = models.DateTimeField(null=True)

@@ -1,0 +1,121 @@
+"""Per-minute rollups, retention and lost-node marking: the periodic maintenance of telemetry.
+
+`maintain()` is what the periodic task runs (Celery beat, or the in-process ticker when there is
+no beat). Each step is idempotent: a rollup recomputes whole minutes from the raw rows and
+upserts them, so running twice, or two runs racing, gives the same rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Count, F, FloatField, Max, Sum, Value
+from django.db.models.functions import Coalesce, TruncMinute
+from django.utils import timezone
+
+from portal.fleet import services as fleet_services
+
+from . import conf
+from .models import GpuMinute, GpuSample, LateMinute, RollupState, ShareMinute, ShareSample
+
+log = logging.getLogger(__name__)
+
+# A minute is rolled up this long after it ends: batches still in flight (the agent sends each
+# sample as it is taken, the writer commits within a fraction of a second) land first.
+SETTLE = timedelta(seconds=15)
+# One run rolls up at most this much, so a portal back after a long stop catches up in steps.
+MAX_SPAN = timedelta(hours=2)
+
+_GPU_FIELDS = ["samples", "sm_util_sum", "sm_util_count", "sm_util_max", "mem_used_sum", "mem_used_max",
+               "power_sum", "power_count", "temp_max"]
+_SHARE_FIELDS = ["team_id", "samples", "used_sum", "used_max", "mem_used_max"]
+
+
+def _floor(at: datetime) -> datetime:
+    return at.replace(second=0, microsecond=0)
+
+
+def roll_up_span(start: datetime, end: datetime) -> int:
+    """Recompute the rollups of every minute in [start, end) from the raw rows; returns rows written."""
+    gpu_rows = [
+        GpuMinute(gpu_id=r["gpu_id"], minute=r["m"], **{f: r[f] for f in _GPU_FIELDS})
+        for r in GpuSample.objects.filter(ts__gte=start, ts__lt=end)
+        .annotate(m=TruncMinute("ts")).values("gpu_id", "m")
+        .annotate(samples=Count("id"), sm_util_sum=Coalesce(Sum("sm_util_pct"), 0),
+                  sm_util_count=Count("sm_util_pct"), sm_util_max=Max("sm_util_pct"),
+                  mem_used_sum=Sum("mem_used_mib"), mem_used_max=Max("mem_used_mib"),
+                  power_sum=Coalesce(Sum("power_w"), Value(0.0), output_field=FloatField()),
+                  power_count=Count("power_w"), temp_max=Max("temp_c"))
+    ]
+    share_rows = [
+        ShareMinute(reservation_id=r["reservation_id"], gpu_id=r["gpu_id"], minute=r["m"],
+                    **{f: r[f] for f in _SHARE_FIELDS})
+        for r in ShareSample.objects.filter(ts__gte=start, ts__lt=end)
+        .annotate(m=TruncMinute("ts"), team_id=F("reservation__team_id"))
+        .values("reservation_id", "gpu_id", "m", "team_id")
+        .annotate(samples=Count("id"), used_sum=Sum("used_frac"), used_max=Max("used_frac"),
+                  mem_used_max=Max("mem_used_mib"))
+    ]
+    GpuMinute.objects.bulk_create(gpu_rows, batch_size=2000, update_conflicts=True,
+                                  unique_fields=["gpu", "minute"], update_fields=_GPU_FIELDS)
+    ShareMinute.objects.bulk_create(share_rows, batch_size=2000, update_conflicts=True,
+                                    unique_fields=["reservation", "gpu", "minute"], update_fields=_SHARE_FIELDS)
+    return len(gpu_rows) + len(share_rows)
+
+
+def roll_up(now: datetime | None = None) -> int:
+    """Roll up the minutes completed since the last run, then the minutes that received late
+    samples (a replay after an outage). Returns the rollup rows written."""
+    now = now or timezone.now()
+    end = _floor(now - SETTLE)
+    written = 0
+    with transaction.atomic():
+        state = RollupState.objects.select_for_update().first() or RollupState.objects.create(rolled_up_to=None)
+        start = state.rolled_up_to
+        if start is None:
+            oldest = GpuSample.objects.order_by("ts").values_list("ts", flat=True).first()
+            start = _floor(oldest) if oldest else end
+        stop = min(end, start + MAX_SPAN)
+        if stop > start:
+            written += roll_up_span(start, stop)
+            state.rolled_up_to = stop
+            state.save(update_fields=["rolled_up_to"])
+        late = list(LateMinute.objects.filter(minute__lt=state.rolled_up_to or stop)
+                    .values_list("pk", "minute"))
+        for _pk, minute in late:
+            written += roll_up_span(minute, minute + timedelta(minutes=1))
+        LateMinute.objects.filter(pk__in=[pk for pk, _ in late]).delete()
+    return written
+
+
+def apply_retention(now: datetime | None = None) -> dict[str, int]:
+    """Delete raw rows past raw retention (never before they are rolled up) and minutes past
+    minute retention. Returns how many rows of each kind went."""
+    now = now or timezone.now()
+    state = RollupState.objects.first()
+    minute_cutoff = now - conf.minute_retention()
+    deleted = {"gpu_samples": 0, "share_samples": 0, "late_minutes": 0}
+    if state is not None and state.rolled_up_to is not None:
+        raw_cutoff = min(now - conf.raw_retention(), state.rolled_up_to)
+        deleted = {
+            "gpu_samples": GpuSample.objects.filter(ts__lt=raw_cutoff).delete()[0],
+            "share_samples": ShareSample.objects.filter(ts__lt=raw_cutoff).delete()[0],
+            "late_minutes": LateMinute.objects.filter(minute__lt=raw_cutoff).delete()[0],
+        }
+    return {
+        **deleted,
+        "gpu_minutes": GpuMinute.objects.filter(minute__lt=minute_cutoff).delete()[0],
+        "share_minutes": ShareMinute.objects.filter(minute__lt=minute_cutoff).delete()[0],
+    }
+
+
+def maintain(now: datetime | None = None) -> dict:
+    """One round of telemetry upkeep: rollups, retention, lost nodes."""
+    rolled = roll_up(now)
+    deleted = apply_retention(now)
+    lost = fleet_services.mark_lost_nodes(conf.node_lost_after())
+    if lost:
+        log.warning("nodes marked lost (agent silent): %s", ", ".join(lost))
+    return {"rolled_up": rolled, "deleted": deleted, "lost": lost}

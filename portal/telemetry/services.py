@@ -1,0 +1,111 @@
+"""Telemetry questions other parts of the portal ask: measured use per reservation, the
+placements an agent must enforce, and the newest readings for the live views and /metrics."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Iterable
+
+from django.db import connection
+from django.db.models import Count, Max, Sum
+from django.utils import timezone
+
+from portal.reservations.models import Allocation
+
+from .models import GpuSample, RollupState, ShareMinute, ShareSample
+
+# Newest readings older than this are not "current" (the agent is away): /metrics and the live
+# state leave such GPUs out rather than show stale numbers as live.
+CURRENT_WITHIN = timedelta(seconds=30)
+
+
+def recent_utilization(reservation_ids: Iterable[int], since: datetime) -> dict[int, float]:
+    """Measured GPU use of each reservation since `since`: the mean over time of the fraction of
+    a GPU its shares really used, summed over its GPUs (0.3 = on average 30 % of one GPU).
+
+    Reservations with no samples in the window are absent from the answer: no data (no agent,
+    or not started) is not the same as idle. Raw samples cover the recent part; per-minute
+    rollups the part before the last rollup, so a window longer than raw retention works too.
+    """
+    ids = list({int(i) for i in reservation_ids})
+    if not ids:
+        return {}
+    state = RollupState.objects.first()
+    rolled_to = state.rolled_up_to if state else None
+    sums: dict[tuple[int, int], list[float]] = {}  # (reservation, gpu) → [sum, count]
+    raw_from = since
+    if rolled_to is not None and rolled_to > since:
+        minutes = (ShareMinute.objects.filter(reservation_id__in=ids, minute__gte=since, minute__lt=rolled_to)
+                   .values("reservation_id", "gpu_id").annotate(s=Sum("used_sum"), n=Sum("samples")))
+        for row in minutes:
+            sums[(row["reservation_id"], row["gpu_id"])] = [row["s"] or 0.0, row["n"] or 0]
+        # Raw rows of rolled-up minutes would count twice; the minute of `since` itself may be
+        # partial, which is the price of minute granularity.
+        raw_from = max(since, rolled_to)
+    raw = (ShareSample.objects.filter(reservation_id__in=ids, ts__gte=raw_from)
+           .values("reservation_id", "gpu_id").annotate(s=Sum("used_frac"), n=Count("id")))
+    for row in raw:
+        entry = sums.setdefault((row["reservation_id"], row["gpu_id"]), [0.0, 0])
+        entry[0] += row["s"] or 0.0
+        entry[1] += row["n"]
+    result: dict[int, float] = {}
+    for (reservation_id, _gpu), (total, count) in sums.items():
+        if count:
+            result[reservation_id] = result.get(reservation_id, 0.0) + total / count
+    return {k: round(v, 4) for k, v in result.items()}
+
+
+def placements_for_node(node_id: int) -> dict:
+    """The `placements` message body for a node's agent: every live share on its GPUs."""
+    rows = (Allocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True)
+            .select_related("gpu").order_by("reservation_id", "gpu__index"))
+    placements = [
+        {"reservation": str(a.reservation_id), "gpu_uuid": a.gpu.uuid, "request": float(a.compute_share),
+         "limit": float(max(a.compute_limit, a.compute_share)), "memory_mib": a.memory_mib or None,
+         "pod_uid": None}
+        for a in rows
+    ]
+    # Milliseconds keep the revision increasing across portal restarts and processes.
+    return {"v": 1, "type": "placements", "revision": time.time_ns() // 1_000_000, "placements": placements}
+
+
+def latest_gpu_readings(gpu_ids: Iterable[int] | None = None) -> dict[int, dict]:
+    """gpu id → its newest raw reading within CURRENT_WITHIN."""
+    qs = GpuSample.objects.filter(ts__gte=timezone.now() - CURRENT_WITHIN)
+    if gpu_ids is not None:
+        qs = qs.filter(gpu_id__in=list(gpu_ids))
+    fields = ("gpu_id", "ts", "sm_util_pct", "mem_util_pct", "mem_used_mib", "power_w", "temp_c")
+    if connection.vendor == "postgresql":
+        rows = qs.order_by("gpu_id", "-ts").distinct("gpu_id").values(*fields)
+    else:
+        newest = dict(qs.values("gpu_id").annotate(ts=Max("ts")).values_list("gpu_id", "ts"))
+        rows = [r for r in qs.values(*fields) if newest.get(r["gpu_id"]) == r["ts"]]
+    return {r["gpu_id"]: _reading(r) for r in rows}
+
+
+def _reading(row: dict) -> dict:
+    return {"gpu": row["gpu_id"], "ts_ms": int(row["ts"].timestamp() * 1000), "sm_util_pct": row["sm_util_pct"],
+            "mem_util_pct": row["mem_util_pct"], "mem_used_mib": row["mem_used_mib"],
+            "power_w": row["power_w"], "temp_c": row["temp_c"]}
+
+
+def latest_share_readings(reservation_ids: Iterable[int] | None = None) -> dict[tuple[int, int], dict]:
+    """(reservation id, gpu id) → newest share reading within CURRENT_WITHIN, with the team."""
+    qs = ShareSample.objects.filter(ts__gte=timezone.now() - CURRENT_WITHIN)
+    if reservation_ids is not None:
+        qs = qs.filter(reservation_id__in=list(reservation_ids))
+    fields = ("reservation_id", "gpu_id", "ts", "used_frac", "mem_used_mib", "reservation__team_id")
+    if connection.vendor == "postgresql":
+        rows = qs.order_by("reservation_id", "gpu_id", "-ts").distinct("reservation_id", "gpu_id").values(*fields)
+    else:
+        newest = {(r["reservation_id"], r["gpu_id"]): r["ts"]
+                  for r in qs.values("reservation_id", "gpu_id").annotate(ts=Max("ts"))}
+        rows = [r for r in qs.values(*fields) if newest.get((r["reservation_id"], r["gpu_id"])) == r["ts"]]
+    return {
+        (r["reservation_id"], r["gpu_id"]): {
+            "reservation": r["reservation_id"], "team": r["reservation__team_id"], "gpu": r["gpu_id"],
+            "ts_ms": int(r["ts"].timestamp() * 1000), "used_frac": round(r["used_frac"], 4),
+            "mem_used_mib": r["mem_used_mib"]}
+        for r in rows
+    }
