@@ -8,11 +8,10 @@ end up idle behind exhausted CPUs. Tessera adds the growth of that stranded comp
 
     stranded = max(0, free GPU milli - free CPU milli / r),   r = workload CPU per GPU milli,
 
-to FGD's fragmentation growth (weight STRANDING_WEIGHT) before FGD's integer sigmoid score, keeps
-FGD's node-order tie-break (it consolidates pods onto the same nodes, which matters more than any
-finer score: without ties FGD drops to ~91%), and among equal scores prefers the fullest GPU that
-fits. Measured on the trace (bench/results/scheduler): 95.94% allocation at 130% arrived vs FGD's
-95.40% (10 seeds, default trace).
+to FGD's fragmentation growth (weight STRANDING_WEIGHT, GPU pods only) before FGD's integer
+sigmoid score, keeps FGD's node-order tie-break (it consolidates pods onto the same nodes, which
+matters more than any finer score: without ties FGD drops to ~91%), and among equal scores prefers
+the fullest GPU that fits. Results against FGD per trace: bench/results/scheduler/.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from .model import MILLI, Request
 from .scorers import pod_cpu
 from .state import UNTRACKED, ClusterState
 
-STRANDING_WEIGHT = 2.0
+STRANDING_WEIGHT = 1.0
 # Below one score point, so it only orders placements FGD's integer score calls equal.
 BEST_FIT_WEIGHT = 0.2
 
@@ -54,6 +53,10 @@ class TesseraScorer(FgdScorer):
 
     def node_values(self, req: Request, nodes: np.ndarray) -> np.ndarray:
         one_gpu = req.gpu_count == 1 and not req.whole
+        if req.gpu_count == 0:
+            # CPU-only pods keep FGD's rule: charging them for stranding pushed them onto the
+            # CPU-rich nodes that GPU pods also need, and lost on the CPU-heavy traces.
+            return _sigmoid_score(self.deltas(req, nodes))
         growth = STRANDING_WEIGHT * self.stranding_growth(req, nodes)
         delta = self.deltas(req, nodes) - (growth[:, None] if one_gpu else growth)
         score = _sigmoid_score(delta)
