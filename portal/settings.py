@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "portal.fleet",
     "portal.reservations",
     "portal.placement",
+    "portal.telemetry",
     "portal.api",
     "portal.web",
 ]
@@ -183,6 +184,15 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # The cluster backend the placement cycle acts through: "local" (simulated) or "kubernetes".
 TESSERA_BACKEND = os.environ.get("TESSERA_BACKEND", "local")
 TESSERA_INVENTORY = os.environ.get("TESSERA_INVENTORY", str(BASE_DIR / "deploy" / "inventory" / "demo.yaml"))
+
+# Telemetry (portal.telemetry.conf has the meaning of each): raw samples kept short, per-minute
+# rollups long; a node silent this long is lost; /metrics scraped with this bearer token.
+TESSERA_TELEMETRY_RAW_RETENTION_S = int(os.environ.get("TESSERA_TELEMETRY_RAW_RETENTION_S", "3600"))
+TESSERA_TELEMETRY_MINUTE_RETENTION_DAYS = int(os.environ.get("TESSERA_TELEMETRY_MINUTE_RETENTION_DAYS", "90"))
+TESSERA_NODE_LOST_AFTER_S = int(os.environ.get("TESSERA_NODE_LOST_AFTER_S", "90"))
+TESSERA_METRICS_TOKEN = os.environ.get("TESSERA_METRICS_TOKEN", "")
+# Without Celery beat (the quickstart) the portal process runs the telemetry upkeep itself.
+TESSERA_TELEMETRY_TICKER = env_bool("TESSERA_TELEMETRY_TICKER", CELERY_TASK_ALWAYS_EAGER)
 
 LOGGING = {
     "version": 1,

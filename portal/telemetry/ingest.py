@@ -22,6 +22,7 @@ from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Reservation
 
+from . import conf
 from .models import AgentStream, GpuSample, LateMinute, RollupState, ShareSample
 
 # Writing last_seen once per batch would be one UPDATE per node per second for nothing.
@@ -235,10 +236,10 @@ def _latest_reading(info: StreamInfo, sample: Sample, teams: dict[int, int]) -> 
 
 def too_far_ahead(message: Samples, now: datetime | None = None, skew: timedelta | None = None) -> str | None:
     """Why a batch is refused for its clock, or None. (The protocol lets the portal tighten ts.)"""
-    from .conf import max_future_skew
-
-    limit = (now or timezone.now()) + (skew or max_future_skew())
+    skew = skew or conf.max_future_skew()
+    limit = (now or timezone.now()) + skew
     for i, sample in enumerate(message.samples):
         if _ts(sample) > limit:
-            return f"samples: samples[{i}].ts_ms: {sample.ts_ms} is more than {int((skew or max_future_skew()).total_seconds())} s in the future"
+            return (f"samples: samples[{i}].ts_ms: {sample.ts_ms} is more than {int(skew.total_seconds())} s "
+                    "in the future (check the node's clock)")
     return None

@@ -50,6 +50,9 @@ class GpuSample(models.Model):
     class Meta:
         indexes = [models.Index(fields=["gpu", "ts"]), models.Index(fields=["ts"])]
 
+    def __str__(self) -> str:
+        return f"gpu {self.gpu_id} @{self.ts:%H:%M:%S}"
+
 
 class ShareSample(models.Model):
     """What one placed share really used on one GPU at one sampling instant (raw)."""
@@ -62,6 +65,9 @@ class ShareSample(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["reservation", "ts"]), models.Index(fields=["ts"])]
+
+    def __str__(self) -> str:
+        return f"reservation {self.reservation_id} on gpu {self.gpu_id} @{self.ts:%H:%M:%S}"
 
 
 class GpuMinute(models.Model):
@@ -83,6 +89,9 @@ class GpuMinute(models.Model):
         constraints = [models.UniqueConstraint(fields=["gpu", "minute"], name="unique_gpu_minute")]
         indexes = [models.Index(fields=["minute"])]
 
+    def __str__(self) -> str:
+        return f"gpu {self.gpu_id} {self.minute:%Y-%m-%d %H:%M}"
+
 
 class ShareMinute(models.Model):
     """Per-minute rollup of one share on one GPU."""
@@ -102,6 +111,9 @@ class ShareMinute(models.Model):
         ]
         indexes = [models.Index(fields=["minute"]), models.Index(fields=["reservation", "minute"])]
 
+    def __str__(self) -> str:
+        return f"reservation {self.reservation_id} on gpu {self.gpu_id} {self.minute:%Y-%m-%d %H:%M}"
+
 
 class LateMinute(models.Model):
     """A minute that got samples after it was rolled up (a replay after an outage): the next
@@ -109,8 +121,14 @@ class LateMinute(models.Model):
 
     minute = models.DateTimeField(unique=True)
 
+    def __str__(self) -> str:
+        return f"late {self.minute:%Y-%m-%d %H:%M}"
+
 
 class RollupState(models.Model):
     """Singleton: every minute before `rolled_up_to` has been rolled up."""
 
     rolled_up_to = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"rolled up to {self.rolled_up_to}"

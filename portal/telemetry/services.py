@@ -4,8 +4,8 @@ placements an agent must enforce, and the newest readings for the live views and
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Iterable
 
 from django.db import connection
 from django.db.models import Count, Max, Sum

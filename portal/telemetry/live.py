@@ -1,0 +1,222 @@
+"""Live fan-out to browsers: group names, who may join which group, which groups anyone watches,
+and per-group sequence numbers.
+
+Groups: `gpu:<id>` (the GPU's own numbers: any signed-in user, as the GPU list in the API),
+`team:<id>` (the shares of a team's reservations: its members and staff) and `reservation:<id>`
+(the same as its team). GPU messages carry no share, so nobody learns another team's work.
+
+Every message of a group has the next number of that group's sequence. channels-redis drops
+messages for a full channel, so a browser that sees a gap asks `/telemetry/live/state/` for
+the current state, which carries the sequence number it is current up to (the counter is read
+before the database, and bumped only after the commit, so nothing in between is lost).
+
+Only watched groups are published to: at 4,000 GPUs, sending every reading to a group nobody
+listens to would cost the portal more than storing it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from portal.fleet.models import Gpu
+from portal.reservations.models import Reservation
+from portal.tenancy import roles
+
+GROUP_PATTERN = re.compile(r"^(gpu|team|reservation):([1-9][0-9]{0,17})$")
+WATCH_TTL_S = 90  # a browser consumer renews its groups every 30 s
+WATCH_CACHE_S = 1.0  # publishers re-read the watched set at most this often
+_KEY = "tessera:live:"
+
+
+@dataclass(frozen=True)
+class Group:
+    kind: str
+    id: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+    @property
+    def channel_group(self) -> str:
+        # Channels group names allow only ASCII letters, digits, hyphens, underscores and periods.
+        return f"live.{self.kind}.{self.id}"
+
+
+def parse_group(name: object) -> Group | None:
+    if not isinstance(name, str):
+        return None
+    m = GROUP_PATTERN.match(name)
+    return Group(m.group(1), int(m.group(2))) if m else None
+
+
+def may_see(user, group: Group) -> bool:
+    """Whether `user` may receive `group`'s messages (re-checked while subscribed)."""
+    if not user.is_authenticated or not user.is_active:
+        return False
+    if group.kind == "gpu":
+        return Gpu.objects.filter(pk=group.id).exists()
+    if user.is_staff:
+        if group.kind == "team":
+            return True
+        return Reservation.objects.filter(pk=group.id).exists()
+    teams = roles.team_roles(user)
+    if group.kind == "team":
+        return group.id in teams
+    team_id = Reservation.objects.filter(pk=group.id).values_list("team_id", flat=True).first()
+    return team_id is not None and team_id in teams
+
+
+def messages_for(latest: dict) -> dict[str, dict]:
+    """group name → message data for one node's newest reading (see ingest._latest_reading)."""
+    out: dict[str, dict] = {}
+    for reading in latest["gpus"]:
+        out[f"gpu:{reading['gpu']}"] = {"type": "gpu", "data": {**reading, "ts_ms": latest["ts_ms"]}}
+    by_team: dict[int, list] = {}
+    by_reservation: dict[int, list] = {}
+    for share in latest["shares"]:
+        by_team.setdefault(share["team"], []).append(share)
+        by_reservation.setdefault(share["reservation"], []).append(share)
+    for team, shares in by_team.items():
+        out[f"team:{team}"] = {"type": "shares", "data": {"node": latest["node"], "ts_ms": latest["ts_ms"],
+                                                          "shares": shares}}
+    for reservation, shares in by_reservation.items():
+        out[f"reservation:{reservation}"] = {"type": "shares", "data": {
+            "node": latest["node"], "ts_ms": latest["ts_ms"], "shares": shares}}
+    return out
+
+
+class _MemoryStore:
+    """Watched groups and sequence numbers for one process (no Redis: the quickstart)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watch: dict[str, float] = {}
+        self._seq: dict[str, int] = {}
+
+    async def watch(self, names: list[str]) -> None:
+        self.watch_sync(names)
+
+    def watch_sync(self, names: list[str]) -> None:
+        with self._lock:
+            for n in names:
+                self._watch[n] = time.time() + WATCH_TTL_S
+
+    async def watched(self) -> set[str]:
+        now = time.time()
+        with self._lock:
+            return {n for n, until in self._watch.items() if until > now}
+
+    async def next_seqs(self, names: list[str]) -> dict[str, int]:
+        with self._lock:
+            for n in names:
+                self._seq[n] = self._seq.get(n, 0) + 1
+            return {n: self._seq[n] for n in names}
+
+    def current_seqs(self, names: list[str]) -> dict[str, int]:
+        with self._lock:
+            return {n: self._seq.get(n, 0) for n in names}
+
+
+class _RedisStore:
+    """The same, shared by every portal process through Redis."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._clients: dict[int, object] = {}
+        self._sync = None
+
+    def _client(self):
+        import asyncio
+
+        import redis.asyncio as aioredis
+
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(id(loop))
+        if client is None:
+            client = self._clients[id(loop)] = aioredis.Redis.from_url(self._url)
+        return client
+
+    def _sync_client(self):
+        import redis
+
+        if self._sync is None:
+            self._sync = redis.Redis.from_url(self._url)
+        return self._sync
+
+    async def watch(self, names: list[str]) -> None:
+        if names:
+            await self._client().zadd(_KEY + "watched", {n: time.time() + WATCH_TTL_S for n in names})
+
+    def watch_sync(self, names: list[str]) -> None:
+        if names:
+            self._sync_client().zadd(_KEY + "watched", {n: time.time() + WATCH_TTL_S for n in names})
+
+    async def watched(self) -> set[str]:
+        client = self._client()
+        now = time.time()
+        pipe = client.pipeline()
+        pipe.zremrangebyscore(_KEY + "watched", "-inf", now)
+        pipe.zrange(_KEY + "watched", 0, -1)
+        _, names = await pipe.execute()
+        return {n.decode() for n in names}
+
+    async def next_seqs(self, names: list[str]) -> dict[str, int]:
+        pipe = self._client().pipeline(transaction=False)
+        for n in names:
+            pipe.incr(_KEY + "seq:" + n)
+        return dict(zip(names, await pipe.execute(), strict=True))
+
+    def current_seqs(self, names: list[str]) -> dict[str, int]:
+        values = self._sync_client().mget([_KEY + "seq:" + n for n in names]) if names else []
+        return {n: int(v or 0) for n, v in zip(names, values, strict=True)}
+
+
+_store: _MemoryStore | _RedisStore | None = None
+_store_lock = threading.Lock()
+
+
+def store() -> _MemoryStore | _RedisStore:
+    global _store
+    with _store_lock:
+        if _store is None:
+            _store = _RedisStore(settings.REDIS_URL) if settings.REDIS_URL else _MemoryStore()
+        return _store
+
+
+class Publisher:
+    """Sends a batch of newest readings to the groups somebody watches (one per event loop)."""
+
+    def __init__(self) -> None:
+        self._watched: set[str] = set()
+        self._read_at = 0.0
+
+    async def publish(self, latest_readings: list[dict]) -> int:
+        from channels.layers import get_channel_layer
+
+        if time.monotonic() - self._read_at > WATCH_CACHE_S:
+            self._watched = await store().watched()
+            self._read_at = time.monotonic()
+        if not self._watched:
+            return 0
+        outgoing: dict[str, dict] = {}
+        for latest in latest_readings:
+            for name, message in messages_for(latest).items():
+                if name in self._watched:
+                    outgoing[name] = message  # a newer reading of the same group wins
+        if not outgoing:
+            return 0
+        names = list(outgoing)
+        seqs = await store().next_seqs(names)
+        layer = get_channel_layer()
+        for name in names:
+            group = parse_group(name)
+            text = json.dumps({"group": name, "seq": seqs[name], **outgoing[name]}, separators=(",", ":"))
+            await layer.group_send(group.channel_group, {"type": "live.message", "group": name, "text": text})
+        return len(names)

@@ -1,0 +1,63 @@
+"""Telemetry fixtures: a placed reservation and a way to build the agent's messages."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from decimal import Decimal
+
+import pytest
+
+from agents.protocol import Hello, Samples
+from portal.fleet.models import Gpu, Node
+from portal.reservations.models import Allocation, Reservation
+from portal.reservations.states import State
+
+
+@pytest.fixture
+def node(fleet) -> Node:
+    return Node.objects.get(name="a100-node-1")
+
+
+@pytest.fixture
+def placed(node, people, teams):
+    """Two running reservations on a100-node-1: vision's on GPU 0 (0.5), nlp's on GPU 1 (0.25)."""
+
+    def make(owner, team, gpu_index, share):
+        gpu = Gpu.objects.get(node=node, index=gpu_index)
+        r = Reservation.objects.create(owner=owner, team=team, image="img", gpu_request=Decimal(share),
+                                       gpu_limit=Decimal(share), gpu_memory_mib=4096, state=State.RUNNING,
+                                       node=node)
+        Allocation.objects.create(reservation=r, gpu=gpu, compute_share=Decimal(share),
+                                  compute_limit=Decimal(share), memory_mib=4096)
+        return r
+
+    return {"vision": make(people["alice"], teams["vision"], 0, "0.5"),
+            "nlp": make(people["bob"], teams["nlp"], 1, "0.25")}
+
+
+def hello_for(node: Node, stream: str | None = None) -> Hello:
+    gpus = [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib,
+             "numa_node": g.numa_node, "nvlink_peers": [], "mig_mode": "disabled"}
+            for g in Gpu.objects.filter(node=node).order_by("index")]
+    return Hello.model_validate({"v": 1, "type": "hello", "node": node.name, "stream": stream or str(uuid.uuid4()),
+                                 "agent_version": "0.1.0", "source": "simulated", "driver_version": "simulated",
+                                 "interval_ms": 1000, "gpus": gpus})
+
+
+def samples_for(node: Node, stream: str, seqs: range, *, util: int = 40, shares=(), ts_ms: int | None = None,
+                step_ms: int = 1000) -> Samples:
+    """One batch: every GPU of the node at `util` %, plus (reservation, gpu index, used) shares."""
+    gpus = list(Gpu.objects.filter(node=node).order_by("index"))
+    start = ts_ms if ts_ms is not None else int(time.time() * 1000) - 1000 * len(seqs)
+    samples = []
+    for i, seq in enumerate(seqs):
+        samples.append({
+            "seq": seq, "ts_ms": start + i * step_ms,
+            "gpus": [{"uuid": g.uuid, "sm_util_pct": util, "mem_util_pct": util // 2, "mem_used_mib": 1000 + g.index,
+                      "power_w": 100.0, "temp_c": 50} for g in gpus],
+            "processes": [],
+            "shares": [{"reservation": str(r), "gpu_uuid": gpus[idx].uuid, "used_frac": used, "mem_used_mib": 512}
+                       for r, idx, used in shares],
+        })
+    return Samples.model_validate({"v": 1, "type": "samples", "stream": stream, "dropped": 0, "samples": samples})

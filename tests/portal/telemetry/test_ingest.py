@@ -1,0 +1,97 @@
+"""Storing sample batches: idempotent per (node, stream, seq), attributed shares, node seen/lost."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from portal.fleet import services as fleet_services
+from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.telemetry import ingest
+from portal.telemetry.models import GpuSample, ShareSample
+from portal.telemetry.services import recent_utilization
+
+from .conftest import hello_for, samples_for
+
+pytestmark = pytest.mark.django_db
+
+
+def _submit(info, message):
+    return ingest.store_batches([ingest.Submission(info, message)])[0]
+
+
+def test_replayed_samples_are_stored_once_and_still_acked(node):
+    hello = hello_for(node)
+    info = ingest.register_hello(node, hello)
+    assert info.acked_seq == 0
+    first = _submit(info, samples_for(node, hello.stream, range(1, 6)))
+    assert (first.ack_seq, first.new_samples) == (5, 5)
+    # The ack was lost; the agent resends 3..8 after reconnecting.
+    again = _submit(info, samples_for(node, hello.stream, range(3, 9)))
+    assert (again.ack_seq, again.new_samples) == (8, 3)
+    seqs = sorted(set(GpuSample.objects.filter(stream_id=info.stream_pk).values_list("seq", flat=True)))
+    assert seqs == list(range(1, 9))
+    assert GpuSample.objects.filter(stream_id=info.stream_pk).count() == 8 * 8
+    # A reconnect of the same stream is welcomed with what is stored.
+    assert ingest.register_hello(node, hello).acked_seq == 8
+
+
+def test_a_new_stream_starts_from_zero(node):
+    first = hello_for(node)
+    info = ingest.register_hello(node, first)
+    _submit(info, samples_for(node, first.stream, range(1, 3)))
+    # A restarted agent has a new stream: its numbering starts again.
+    assert ingest.register_hello(node, hello_for(node)).acked_seq == 0
+
+
+def test_shares_of_unknown_reservations_are_not_stored(node, placed):
+    hello = hello_for(node)
+    info = ingest.register_hello(node, hello)
+    _submit(info, samples_for(node, hello.stream, range(1, 3),
+                              shares=[(placed["vision"].pk, 0, 0.4), (999999, 2, 0.9)]))
+    assert set(ShareSample.objects.values_list("reservation_id", flat=True)) == {placed["vision"].pk}
+
+
+def test_recent_utilization_is_the_mean_use_per_reservation(node, placed):
+    hello = hello_for(node)
+    info = ingest.register_hello(node, hello)
+    _submit(info, samples_for(node, hello.stream, range(1, 3), shares=[(placed["vision"].pk, 0, 0.2)]))
+    _submit(info, samples_for(node, hello.stream, range(3, 5), shares=[(placed["vision"].pk, 0, 0.6)]))
+    since = timezone.now() - timedelta(minutes=5)
+    use = recent_utilization([placed["vision"].pk, placed["nlp"].pk], since)
+    # nlp reported nothing: absent (no data), not 0 (idle).
+    assert use == {placed["vision"].pk: pytest.approx(0.4)}
+    assert recent_utilization([placed["vision"].pk], timezone.now() + timedelta(seconds=5)) == {}
+
+
+def test_hello_flags_gpus_the_agent_no_longer_has(node):
+    hello = hello_for(node)
+    gone = hello.gpus[-1].uuid
+    trimmed = hello.model_copy(update={"gpus": hello.gpus[:-1]})
+    info = ingest.register_hello(node, trimmed)
+    assert gone not in info.gpu_ids
+    assert not Gpu.objects.get(uuid=gone).healthy
+    ingest.register_hello(node, hello)
+    assert Gpu.objects.get(uuid=gone).healthy
+
+
+def test_silent_node_is_lost_and_comes_back_when_its_agent_reports(node):
+    ingest.register_hello(node, hello_for(node))
+    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(minutes=5))
+    never_seen = Node.objects.exclude(pk=node.pk).first()
+    assert fleet_services.mark_lost_nodes(timedelta(seconds=90)) == [node.name]
+    node.refresh_from_db()
+    never_seen.refresh_from_db()
+    assert node.status == NodeStatus.LOST and never_seen.status == NodeStatus.READY
+    ingest.register_hello(node, hello_for(node))
+    node.refresh_from_db()
+    assert node.status == NodeStatus.READY
+
+
+def test_a_drained_node_stays_drained_when_its_agent_reports(node):
+    fleet_services.drain(node.pk, "admin", "maintenance")
+    ingest.register_hello(node, hello_for(node))
+    node.refresh_from_db()
+    assert node.status == NodeStatus.DRAINING
