@@ -158,6 +158,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "ENUM_NAME_OVERRIDES": {"ReservationStateEnum": "portal.reservations.states.State"},
     # Browsers use the session; API clients are documented with tokens only.
     "AUTHENTICATION_WHITELIST": ["portal.tenancy.authentication.HashedTokenAuthentication"],
     "POSTPROCESSING_HOOKS": [

@@ -35,8 +35,10 @@ class QuotaExceeded(Exception):
 
 def usage_of(team: Team) -> Usage:
     """What the team's active, guaranteed (non-opportunistic) reservations count against its quota."""
-    share = ExpressionWrapper(F("gpu_request") * F("gpu_count"), output_field=DecimalField(max_digits=8, decimal_places=3))
-    memory = ExpressionWrapper(F("gpu_memory_mib") * F("gpu_count"), output_field=DecimalField(max_digits=14, decimal_places=0))
+    share = ExpressionWrapper(F("gpu_request") * F("gpu_count"),
+                              output_field=DecimalField(max_digits=8, decimal_places=3))
+    memory = ExpressionWrapper(F("gpu_memory_mib") * F("gpu_count"),
+                               output_field=DecimalField(max_digits=14, decimal_places=0))
     totals = Reservation.objects.filter(team=team, state__in=ACTIVE, opportunistic=False).aggregate(
         share=Coalesce(Sum(share), Value(ZERO)),
         memory=Coalesce(Sum(memory), Value(ZERO)),

@@ -151,9 +151,9 @@ def check(spec: ReservationSpec) -> None:
         value = getattr(spec, name)
         if value and not LABEL.match(value):
             bad(name, "must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric")
-    if spec.exclusion and LABEL.match(spec.exclusion):
-        if not ExclusionGroup.objects.filter(team=spec.team, label=spec.exclusion).exists():
-            bad("exclusion", f"team {spec.team.slug} has no exclusion group '{spec.exclusion}'")
+    if (spec.exclusion and LABEL.match(spec.exclusion)
+            and not ExclusionGroup.objects.filter(team=spec.team, label=spec.exclusion).exists()):
+        bad("exclusion", f"team {spec.team.slug} has no exclusion group '{spec.exclusion}'")
 
     if spec.group_name:
         if spec.group_headcount is None or spec.group_headcount < 1:

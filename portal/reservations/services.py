@@ -171,7 +171,8 @@ def place(reservation_id: int, node_id: int, shares: Iterable[Share], actor="sys
         if node.status != NodeStatus.READY:
             raise CapacityConflict(f"node {node.name} is {node.status}")
         # Locked in id order so that concurrent cycles cannot deadlock on each other.
-        gpus = {g.pk: g for g in Gpu.objects.select_for_update().filter(pk__in=[s.gpu_id for s in shares]).order_by("pk")}
+        locked = Gpu.objects.select_for_update().filter(pk__in=[s.gpu_id for s in shares]).order_by("pk")
+        gpus = {g.pk: g for g in locked}
         used = {
             row["gpu_id"]: row
             for row in Allocation.objects.filter(gpu_id__in=gpus, released_at__isnull=True)

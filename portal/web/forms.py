@@ -30,6 +30,8 @@ class ReservationForm(forms.Form):
         if not user.is_staff:
             teams = teams.filter(id__in=[t for t, r in roles.team_roles(user).items() if r in roles.SUBMIT_ROLES])
         self.fields["team"].queryset = teams
+        if teams.count() == 1:
+            self.fields["team"].initial = teams.first().slug
         self.fields["gpu_model"].choices = [("", "any")] + [(m, m) for m in models]
 
     def spec_fields(self) -> dict:

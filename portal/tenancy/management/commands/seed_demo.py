@@ -56,5 +56,5 @@ class Command(BaseCommand):
                 for slug, role in memberships:
                     Membership.objects.update_or_create(user=user, team=teams[slug], defaults={"role": role})
         self.stdout.write(f"fleet: {nodes} nodes, {gpus} GPUs from {inventory}")
-        self.stdout.write("people (password: %s): alice (vision member), bob (nlp member), carol (vision admin), "
-                          "dave (manager of both), admin (site admin)" % DEMO_PASSWORD)
+        self.stdout.write(f"people (password: {DEMO_PASSWORD}): alice (vision member), bob (nlp member), "
+                          "carol (vision admin), dave (manager of both), admin (site admin)")
