@@ -1,0 +1,211 @@
+"""`KubernetesBackend`: the `scheduler.backends.base.Backend` contract on a real cluster, through the
+official client. Read `scheduler/backends/base.py` for what each call promises."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+
+from ..base import (
+    REASON_ANNOTATION,
+    RESERVATION_LABEL,
+    SCHEDULER_NAME,
+    ClusterEvent,
+    ExternalPod,
+    NodeCondition,
+    PermanentBackendError,
+    PodConflict,
+    PodRef,
+    PodSpec,
+    PodStatus,
+    TransientBackendError,
+)
+from .api import Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
+from .manifests import (
+    binding_manifest,
+    check_labels,
+    event_manifest,
+    external_pod,
+    is_pending_external,
+    node_condition,
+    pod_manifest,
+    pod_status,
+)
+from .watch import ClusterWatch
+
+log = logging.getLogger(__name__)
+
+LIST_PAGE = 500
+
+
+class KubernetesBackend:
+    """Pods on a Kubernetes cluster. Options (all keywords, as `scheduler.backends.create` passes them):
+
+    - where: `host` (+ `token`, `verify_ssl`) for an explicit API server; else `in_cluster`
+      (default: when running in a pod) or `kubeconfig` / `context`
+    - `retry`: a `RetryPolicy` or a dict of its fields (attempts, base_s, max_s, timeouts)
+    - `watch_timeout_s`: server-side length of one watch request (then it is renewed)
+    - `runtime_class`: the pods' RuntimeClass (default "nvidia"; None to leave it out)
+    """
+
+    name = "kubernetes"
+
+    def __init__(self, *, host: str | None = None, token: str | None = None, verify_ssl: bool = True,
+                 kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None,
+                 retry: RetryPolicy | Mapping[str, Any] | None = None, watch_timeout_s: int = 60,
+                 runtime_class: str | None = "nvidia", api_client: client.ApiClient | None = None) -> None:
+        policy = retry if isinstance(retry, RetryPolicy) else RetryPolicy(**dict(retry or {}))
+        api_client = api_client or make_api_client(host=host, token=token, kubeconfig=kubeconfig,
+                                                   context=context, in_cluster=in_cluster,
+                                                   verify_ssl=verify_ssl)
+        self.api = KubeApi(api_client, policy)
+        self.runtime_class = runtime_class
+        self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
+                                  backoff_max_s=policy.max_s)
+
+    # -- pods for portal reservations ----------------------------------------------------------------
+
+    def bind(self, spec: PodSpec) -> PodStatus:
+        manifest = pod_manifest(spec, runtime_class=self.runtime_class)
+        try:
+            self.api.call(f"node {spec.node}", self.api.core.read_node, spec.node, _preload_content=False)
+        except NotFound as exc:
+            raise PermanentBackendError(f"node {spec.node!r} does not exist in the cluster") from exc
+        try:
+            created = self._raw("create pod", self.api.core.create_namespaced_pod, spec.namespace, manifest)
+            return pod_status(created)
+        except NotFound as exc:
+            raise PermanentBackendError(f"namespace {spec.namespace!r} does not exist: {exc}") from exc
+        except Conflict:
+            # A pod of this name exists: ours from an earlier try whose answer was lost, or another's.
+            return self._adopt(spec)
+
+    def _adopt(self, spec: PodSpec) -> PodStatus:
+        try:
+            existing = self._raw("read pod", self.api.core.read_namespaced_pod, spec.name, spec.namespace)
+        except NotFound as exc:
+            # It was there a moment ago and is gone now (deleted between our calls): try again later.
+            raise TransientBackendError(f"pod {spec.namespace}/{spec.name} vanished while adopting") from exc
+        status = pod_status(existing)
+        if status.reservation_id != spec.reservation_id or status.external:
+            raise PodConflict(f"pod {spec.namespace}/{spec.name} exists for reservation "
+                              f"{status.reservation_id!r}, not {spec.reservation_id!r}")
+        if status.deleting:
+            raise TransientBackendError(f"pod {spec.namespace}/{spec.name} is still terminating")
+        log.info("adopted existing pod %s/%s for reservation %s", spec.namespace, spec.name, spec.reservation_id)
+        return status
+
+    def unbind(self, ref: PodRef, grace_s: int, reason: str) -> bool:
+        if grace_s < 0:
+            raise ValueError("grace_s: must be >= 0")
+        try:
+            # Why it goes, for whoever looks at the pod while it terminates (and for us on reconcile).
+            self._raw("annotate pod", self.api.core.patch_namespaced_pod, ref.name, ref.namespace,
+                      {"metadata": {"annotations": {REASON_ANNOTATION: reason[:1024]}}})
+            self._raw("delete pod", self.api.core.delete_namespaced_pod, ref.name, ref.namespace,
+                      grace_period_seconds=grace_s, propagation_policy="Background")
+        except NotFound:
+            return False
+        except Conflict as exc:
+            raise TransientBackendError(str(exc)) from exc
+        return True
+
+    def list_pods(self) -> list[PodStatus]:
+        return [pod_status(o) for o in self._list_all("list pods", self.api.core.list_pod_for_all_namespaces,
+                                                      label_selector=RESERVATION_LABEL)]
+
+    def list_nodes(self) -> list[NodeCondition]:
+        return [node_condition(o) for o in self._list_all("list nodes", self.api.core.list_node)]
+
+    def poll(self, timeout_s: float) -> list[ClusterEvent]:
+        self.watch.start()
+        return self.watch.drain(timeout_s)
+
+    # -- kubectl path --------------------------------------------------------------------------------
+
+    def list_pending_external(self) -> list[ExternalPod]:
+        objs = self._list_all("list pending pods", self.api.core.list_pod_for_all_namespaces,
+                              field_selector=f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName=")
+        pods = [external_pod(o) for o in objs if is_pending_external(o)]
+        return sorted(pods, key=lambda p: (p.created_at, p.namespace, p.name))
+
+    def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
+                      annotations: Mapping[str, str]) -> None:
+        check_labels(labels)
+        current = self._read_external(pod)
+        bound_to = (current.get("spec") or {}).get("nodeName")
+        if bound_to:
+            self._check_bound(pod, node, bound_to)
+            return
+        patch = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
+        try:
+            # The placement goes on first: the device plugin reads it as soon as the kubelet sees the pod.
+            self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name, pod.namespace, patch)
+            self.api.call("bind pod", self.api.core.create_namespaced_pod_binding, pod.name, pod.namespace,
+                          binding_manifest(pod.namespace, pod.name, node), _preload_content=False)
+        except NotFound as exc:
+            raise PodConflict(f"pod {pod.namespace}/{pod.name} is gone") from exc
+        except Conflict:
+            # Bound meanwhile: by our own earlier try (answer lost) or by someone else.
+            after = self._read_external(pod)
+            self._check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
+
+    def reject_external(self, pod: PodRef, reason: str) -> None:
+        try:
+            obj = self._raw("read pod", self.api.core.read_namespaced_pod, pod.name, pod.namespace)
+        except NotFound:
+            return  # nobody left to tell
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        event = event_manifest(namespace=pod.namespace, pod_name=pod.name, pod_uid=uid,
+                               reason="FailedScheduling", message=reason)
+        try:
+            self.api.call("record event", self.api.core.create_namespaced_event, pod.namespace, event,
+                          _preload_content=False)
+        except Conflict:
+            pass  # the same message is already recorded on this pod
+        except NotFound:
+            return
+
+    def _read_external(self, pod: PodRef) -> dict:
+        try:
+            obj = self._raw("read pod", self.api.core.read_namespaced_pod, pod.name, pod.namespace)
+        except NotFound as exc:
+            raise PodConflict(f"pod {pod.namespace}/{pod.name} is gone") from exc
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            raise PodConflict(f"pod {pod.namespace}/{pod.name} is being deleted")
+        return obj
+
+    @staticmethod
+    def _check_bound(pod: PodRef, node: str, bound_to: str) -> None:
+        if bound_to != node:
+            raise PodConflict(f"pod {pod.namespace}/{pod.name} is bound to {bound_to or 'no node'}, not {node}")
+
+    # -- plumbing ------------------------------------------------------------------------------------
+
+    def _raw(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict:
+        """One call, answered as the JSON dict the API server sent (no client-model round trip)."""
+        resp = self.api.call(what, fn, *args, _preload_content=False, **kwargs)
+        try:
+            return json.loads(resp.data)
+        except ValueError as exc:
+            raise TransientBackendError(f"{what}: the API server sent invalid JSON") from exc
+        finally:
+            resp.release_conn()
+
+    def _list_all(self, what: str, fn: Any, **kwargs: Any) -> list[dict]:
+        items: list[dict] = []
+        token = None
+        while True:
+            page = self._raw(what, fn, limit=LIST_PAGE, **({"_continue": token} if token else {}), **kwargs)
+            items.extend(page.get("items") or ())
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    def close(self) -> None:
+        self.watch.stop()
+        self.api.close()

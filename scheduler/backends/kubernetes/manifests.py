@@ -1,0 +1,234 @@
+"""Kubernetes objects as plain dicts, both ways: the manifests the backend sends (pods, bindings,
+events) and the `scheduler.backends.base` values it reads back from pods and nodes.
+
+Manifests are dicts rather than client models so that what we validate is byte for byte what goes
+over the wire.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ..base import (
+    BROKER_HOST_DIR,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PRELOAD_HOST_DIR,
+    RESERVATION_LABEL,
+    SCHEDULER_NAME,
+    ExternalPod,
+    NodeCondition,
+    PermanentBackendError,
+    Phase,
+    PodSpec,
+    PodStatus,
+)
+
+CONTAINER_NAME = "main"
+GRACE_S = 30
+
+# The API server's own rules for names and labels (a violation is a 422 there; we say it first).
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+
+def check_name(kind: str, name: str, *, dns_label: bool = False) -> None:
+    pattern, limit = (_DNS_LABEL, 63) if dns_label else (_DNS_SUBDOMAIN, 253)
+    if not name or len(name) > limit or not pattern.match(name):
+        raise PermanentBackendError(
+            f"{kind} {name!r} is not a valid Kubernetes name (lower-case letters, digits and '-', "
+            f"at most {limit} characters)")
+
+
+def check_labels(labels: Mapping[str, str]) -> None:
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))) or not (
+                0 < len(name) <= 63 and _LABEL_NAME.match(name)):
+            raise PermanentBackendError(f"label key {key!r} is not a valid Kubernetes label key")
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            raise PermanentBackendError(
+                f"label {key}={value!r} is not a valid Kubernetes label value (at most 63 of "
+                "letters, digits, '-', '_', '.', starting and ending with a letter or digit)")
+
+
+def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
+                 tolerate_gpu_taint: bool = True) -> dict[str, Any]:
+    """The pod for one reservation: pinned to its node (`nodeName`, so no scheduler runs), the GPU
+    given by `NVIDIA_VISIBLE_DEVICES`, the preload library and the broker socket mounted from the node."""
+    check_name("pod", spec.name, dns_label=True)
+    check_name("namespace", spec.namespace, dns_label=True)
+    check_name("node", spec.node)
+    labels = dict(spec.labels)
+    check_labels(labels)
+    if not spec.image.strip():
+        raise PermanentBackendError("image: a pod needs a container image")
+    for key, _ in spec.env:
+        if not _ENV_NAME.match(key):
+            raise PermanentBackendError(f"env: {key!r} is not a valid environment variable name")
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "env": [{"name": k, "value": v} for k, v in spec.env],
+        "volumeMounts": [
+            {"name": "tessera-preload", "mountPath": PRELOAD_HOST_DIR, "readOnly": True},
+            {"name": "tessera-broker", "mountPath": BROKER_HOST_DIR},
+        ],
+    }
+    if spec.command:
+        container["command"] = list(spec.command)
+    pod_spec: dict[str, Any] = {
+        "nodeName": spec.node,
+        # Never picked up by another scheduler, and recognisable as ours.
+        "schedulerName": SCHEDULER_NAME,
+        # A batch job runs once; an interactive session comes back if its process dies.
+        "restartPolicy": "Never" if spec.kind == "batch" else "Always",
+        "terminationGracePeriodSeconds": GRACE_S,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "containers": [container],
+        "volumes": [
+            {"name": "tessera-preload", "hostPath": {"path": PRELOAD_HOST_DIR, "type": "Directory"}},
+            {"name": "tessera-broker", "hostPath": {"path": BROKER_HOST_DIR, "type": "DirectoryOrCreate"}},
+        ],
+    }
+    if runtime_class:
+        pod_spec["runtimeClassName"] = runtime_class
+    if tolerate_gpu_taint:
+        pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.namespace,
+            "labels": labels,
+            "annotations": dict(spec.annotations),
+        },
+        "spec": pod_spec,
+    }
+
+
+def binding_manifest(namespace: str, name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": namespace},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+
+
+def event_name(pod_name: str, reason: str, message: str) -> str:
+    """One Event per pod and message: the same refusal again is the same object (409, dropped)."""
+    digest = hashlib.sha256(f"{reason}\0{message}".encode()).hexdigest()[:16]
+    return f"{pod_name}.tessera.{digest}"
+
+
+def event_manifest(*, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str,
+                   event_type: str = "Warning", now: datetime | None = None) -> dict[str, Any]:
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": event_name(pod_name, reason, message), "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod_name,
+                           "uid": pod_uid},
+        "reason": reason,
+        "message": message[:1024],  # the API server refuses longer messages
+        "type": event_type,
+        "source": {"component": SCHEDULER_NAME},
+        "reportingComponent": SCHEDULER_NAME,
+        "reportingInstance": SCHEDULER_NAME,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+def _phase(value: Any) -> Phase:
+    try:
+        return Phase(value or "Pending")
+    except ValueError:
+        return Phase.UNKNOWN
+
+
+def _why(status: Mapping[str, Any]) -> tuple[str, str]:
+    """The most telling (reason, message): the pod's own (Evicted), else a container's (OOMKilled)."""
+    if status.get("reason"):
+        return str(status["reason"]), str(status.get("message") or "")
+    for cs in status.get("containerStatuses") or ():
+        state = cs.get("state") or {}
+        for key in ("terminated", "waiting"):
+            inner = state.get(key) or {}
+            if inner.get("reason"):
+                return str(inner["reason"]), str(inner.get("message") or "")
+    return "", ""
+
+
+def pod_status(obj: Mapping[str, Any]) -> PodStatus:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    reason, message = _why(status)
+    return PodStatus(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        node=spec.get("nodeName") or None,
+        phase=_phase(status.get("phase")),
+        reservation_id=labels.get(RESERVATION_LABEL),
+        reason=reason,
+        message=message,
+        deleting=bool(meta.get("deletionTimestamp")),
+        external=labels.get(MANAGED_BY_LABEL) != MANAGED_BY,
+    )
+
+
+def node_condition(obj: Mapping[str, Any]) -> NodeCondition:
+    meta = obj.get("metadata") or {}
+    for cond in (obj.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "Ready":
+            ready = cond.get("status") == "True"
+            return NodeCondition(meta.get("name", ""), ready, "" if ready else str(cond.get("reason") or ""))
+    return NodeCondition(meta.get("name", ""), False, "NoReadyCondition")
+
+
+def _unix(stamp: Any) -> float:
+    if not stamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def external_pod(obj: Mapping[str, Any]) -> ExternalPod:
+    meta = obj.get("metadata") or {}
+    containers = (obj.get("spec") or {}).get("containers") or [{}]
+    return ExternalPod(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        image=str(containers[0].get("image") or ""),
+        created_at=_unix(meta.get("creationTimestamp")),
+    )
+
+
+def is_pending_external(obj: Mapping[str, Any]) -> bool:
+    """A user's pod that asked for our scheduler and has no node yet (not one of ours, not leaving)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return (spec.get("schedulerName") == SCHEDULER_NAME and not spec.get("nodeName")
+            and not meta.get("deletionTimestamp")
+            and (meta.get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY
+            and (obj.get("status") or {}).get("phase", "Pending") == "Pending")

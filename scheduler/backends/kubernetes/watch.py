@@ -1,0 +1,204 @@
+"""Pod and node watches in background threads, turned into `ClusterEvent`s for `poll()`.
+
+Each resource kind has one thread: list (to learn the resourceVersion), then watch from there with a
+server-side timeout, again and again. A 410 Gone (the watch fell out of the API server's window)
+means a relist; on relist the current state of anything that changed since we last knew is reported,
+and pods that vanished meanwhile are reported deleted. Errors back off and retry; nothing here raises
+into the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import random
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import urllib3
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+from ..base import BackendError, ClusterEvent, NodeCondition, NodeEvent, PodEvent, PodStatus
+from .api import KubeApi
+from .manifests import node_condition, pod_status
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED = 100_000
+
+
+class ClusterWatch:
+    def __init__(self, api: KubeApi, *, pod_selector: str, timeout_s: int = 60,
+                 backoff_max_s: float = 5.0) -> None:
+        self._api = api
+        self._pod_selector = pod_selector
+        self._timeout_s = timeout_s
+        self._backoff_max_s = backoff_max_s
+        self._events: queue.Queue[ClusterEvent] = queue.Queue(MAX_QUEUED)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._rng = random.Random()
+        self.relists = 0  # how many times a list was needed (start, 410, errors): telemetry and tests
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stop.clear()
+        core = self._api.core
+        pods: dict[tuple[str, str], PodStatus] = {}
+        nodes: dict[str, bool] = {}
+        self._threads = [
+            threading.Thread(target=self._run, name="tessera-watch-pods", daemon=True, args=(
+                "pods", core.list_pod_for_all_namespaces, {"label_selector": self._pod_selector},
+                lambda typ, obj: self._on_pod(pods, typ, obj), lambda objs: self._relisted_pods(pods, objs))),
+            threading.Thread(target=self._run, name="tessera-watch-nodes", daemon=True, args=(
+                "nodes", core.list_node, {}, lambda typ, obj: self._on_node(nodes, typ, obj),
+                lambda objs: self._relisted_nodes(nodes, objs))),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout_s)
+
+    def drain(self, timeout_s: float) -> list[ClusterEvent]:
+        """What happened since the last call, waiting at most `timeout_s` for the first event."""
+        try:
+            out = [self._events.get(timeout=max(0.0, timeout_s))]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _run(self, kind: str, list_fn: Callable[..., Any], selector: Mapping[str, str],
+             on_event: Callable[[str, dict], None], on_relist: Callable[[list[dict]], None]) -> None:
+        rv: str | None = None
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._relist(kind, list_fn, selector, on_relist)
+                stream = watch.Watch()
+                for event in stream.stream(list_fn, resource_version=rv, timeout_seconds=self._timeout_s,
+                                           allow_watch_bookmarks=True,
+                                           _request_timeout=(self._api.policy.connect_timeout_s,
+                                                             self._timeout_s + 10), **selector):
+                    obj = event["raw_object"]
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if event["type"] != "BOOKMARK":
+                        on_event(event["type"], obj)
+                    if self._stop.is_set():
+                        stream.stop()
+                        break
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("%s watch expired (410 Gone); relisting", kind)
+                    rv = None
+                    continue
+                failures += 1
+                log.warning("%s watch failed: HTTP %s %s", kind, exc.status, exc.reason)
+            except (urllib3.exceptions.HTTPError, OSError, BackendError, ValueError) as exc:
+                failures += 1
+                log.warning("%s watch failed: %s: %s", kind, type(exc).__name__, exc)
+            if failures:
+                # After a failure the stream position may be stale or the server may have restarted:
+                # relist so nothing in between is missed.
+                rv = None
+                self._stop.wait(self._rng.uniform(0, min(self._backoff_max_s, 0.1 * 2 ** min(failures, 10))))
+
+    def _relist(self, kind: str, list_fn: Callable[..., Any], selector: Mapping[str, str],
+                on_relist: Callable[[list[dict]], None]) -> str:
+        self.relists += 1
+        items: list[dict] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500, **selector}
+            if token:
+                kwargs["_continue"] = token
+            resp = self._api.call(f"list {kind}", list_fn, _preload_content=False, **kwargs)
+            body = _json(resp)
+            items.extend(body.get("items") or ())
+            meta = body.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                on_relist(items)
+                return str(meta.get("resourceVersion") or "")
+
+    # -- turning objects into events ----------------------------------------------------------------
+
+    def _emit(self, event: ClusterEvent) -> None:
+        try:
+            self._events.put_nowait(event)
+        except queue.Full:
+            log.warning("event queue full: dropping %s (reconcile will catch up)", event)
+
+    def _on_pod(self, seen: dict[tuple[str, str], PodStatus], typ: str, obj: dict) -> None:
+        status = pod_status(obj)
+        key = (status.namespace, status.name)
+        if typ == "DELETED":
+            seen.pop(key, None)
+            self._emit(PodEvent(status, deleted=True))
+        elif _pod_changed(seen.get(key), status):
+            seen[key] = status
+            self._emit(PodEvent(status))
+
+    def _relisted_pods(self, seen: dict[tuple[str, str], PodStatus], objs: list[dict]) -> None:
+        now = {}
+        for obj in objs:
+            status = pod_status(obj)
+            now[(status.namespace, status.name)] = status
+        for key, old in list(seen.items()):
+            if key not in now:
+                del seen[key]
+                self._emit(PodEvent(old, deleted=True))
+        for key, status in now.items():
+            if _pod_changed(seen.get(key), status):
+                seen[key] = status
+                self._emit(PodEvent(status))
+
+    def _on_node(self, seen: dict[str, bool], typ: str, obj: dict) -> None:
+        cond = node_condition(obj)
+        if typ == "DELETED":
+            seen.pop(cond.name, None)
+            self._emit(NodeEvent(NodeCondition(cond.name, False, "Deleted")))
+        elif seen.get(cond.name) != cond.ready:
+            seen[cond.name] = cond.ready
+            self._emit(NodeEvent(cond))
+
+    def _relisted_nodes(self, seen: dict[str, bool], objs: list[dict]) -> None:
+        conds = {c.name: c for c in map(node_condition, objs)}
+        for name in list(seen):
+            if name not in conds:
+                del seen[name]
+                self._emit(NodeEvent(NodeCondition(name, False, "Deleted")))
+        for name, cond in conds.items():
+            if seen.get(name) != cond.ready:
+                seen[name] = cond.ready
+                self._emit(NodeEvent(cond))
+
+
+def _pod_changed(old: PodStatus | None, new: PodStatus) -> bool:
+    return old is None or (old.phase, old.deleting, old.reason, old.node) != (
+        new.phase, new.deleting, new.reason, new.node)
+
+
+def _json(resp: Any) -> dict:
+    try:
+        return json.loads(resp.data)
+    finally:
+        resp.release_conn()

@@ -1,0 +1,76 @@
+"""A fake API server per test and a `KubernetesBackend` pointed at it with short retries."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from scheduler.backends import GpuShare, make_pod_spec
+
+
+def load_fake_apiserver():
+    """The fake API server module, by file (the tests are not a package; the device plugin tests
+    load the same module this way)."""
+    name = "tessera_tests_fake_apiserver"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("fake_apiserver.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture
+def apiserver():
+    server = load_fake_apiserver().FakeApiServer(namespaces=("default", "tessera", "team-vision")).start()
+    yield server
+    server.stop()
+    assert not server.invalid, f"the backend sent invalid manifests: {server.invalid}"
+
+
+@pytest.fixture
+def make_backend(apiserver):
+    from scheduler.backends.kubernetes import KubernetesBackend
+
+    made = []
+
+    def make(**overrides):
+        options = dict(host=apiserver.url, watch_timeout_s=5,
+                       retry=dict(attempts=4, base_s=0.01, max_s=0.05, connect_timeout_s=1.0, read_timeout_s=1.0))
+        options.update(overrides)
+        backend = KubernetesBackend(**options)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+@pytest.fixture
+def backend(make_backend):
+    return make_backend()
+
+
+def spec_for(reservation_id="42", attempt=1, node="gpu-node-1", namespace="tessera", team="vision",
+             kind="batch", gpus=None, priority=10, command=("python", "train.py")):
+    gpus = gpus or (GpuShare(uuid="GPU-0a1b2c3d-0000-4000-8000-000000000001", index=0, request=0.25,
+                             limit=0.5, memory_mib=8192),)
+    return make_pod_spec(reservation_id=reservation_id, attempt=attempt, namespace=namespace, node=node,
+                         team=team, image="ghcr.io/example/train:1.0", command=command, gpus=gpus,
+                         priority=priority, kind=kind, extra_env={"EPOCHS": "3"})
+
+
+@pytest.fixture
+def pod_spec():
+    return spec_for
+
+
+@pytest.fixture
+def nodes(apiserver):
+    for name in ("gpu-node-1", "gpu-node-2"):
+        apiserver.add_node(name)
+    return apiserver

@@ -1,0 +1,537 @@
+"""A small Kubernetes API server for the tests: a real HTTP server on 127.0.0.1 that speaks the part
+of the REST API the official client uses for nodes, pods (create, read, patch, delete, list with
+selectors and pages, `?watch=true` streams), the Binding subresource and Events.
+
+What it checks like the real one: names, label values, 409 AlreadyExists on create, 409 on a binding
+of an already bound pod, resourceVersion preconditions on patch, 410 Gone for a watch that starts
+before the retained history. Every object posted to it is validated with `kubernetes-validate`
+against Kubernetes 1.34 (strict: unknown fields are errors); an invalid one is answered 422 and kept
+in `invalid` so that a test can fail on it.
+
+Faults: `inject(method, path_regex, status=..., delay_s=..., times=..., after=...)` answers the next
+matching requests with an HTTP error, a delay longer than the client's timeout, or (with
+`after=True`) performs the request and then answers the error, like an answer lost on the way back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import json
+import re
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import kubernetes_validate
+
+K8S_VERSION = "1.34.0"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int | None
+    delay_s: float
+    times: int
+    after: bool
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    content_type: str
+
+
+@dataclass
+class Store:
+    objects: dict[tuple[str, str, str], dict] = field(default_factory=dict)  # (kind, ns, name)
+    history: list[tuple[int, str, str, dict]] = field(default_factory=list)  # (rv, kind, type, obj)
+    first_rv: int = 1  # the oldest resourceVersion a watch may start from
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.body = _status(code, reason, message)
+        self.code = code
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386; for the label and annotation maps we patch, strategic merge means the same."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _selector_matches(selector: str, values: dict[str, str], *, fields: bool) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if values.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = re.split(r"==?", term, maxsplit=1)
+            if values.get(key, "" if fields else None) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in values:
+                return False
+        elif term not in values:
+            return False
+    return True
+
+
+def _pod_fields(obj: dict) -> dict[str, str]:
+    meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status", {})
+    return {"metadata.name": meta["name"], "metadata.namespace": meta.get("namespace", ""),
+            "spec.nodeName": spec.get("nodeName", ""), "spec.schedulerName": spec.get("schedulerName", ""),
+            "status.phase": status.get("phase", "")}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that time out and hang up are part of the tests, not an error of the server.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class FakeApiServer:
+    def __init__(self, namespaces: tuple[str, ...] = ("default", "tessera")) -> None:
+        self.namespaces = set(namespaces)
+        self.store = Store()
+        self.lock = threading.Condition()
+        self._rv = itertools.count(1)
+        self.faults: list[Fault] = []
+        self.requests: list[Request] = []
+        self.invalid: list[tuple[dict, str]] = []
+        self.validated = 0
+        self.hold_deletions = False  # True: deleted pods stay terminating until `finish_deletion`
+        self.stopping = False
+        self.open_watches = 0
+        self._server = _Server(("127.0.0.1", 0), self._handler_class())
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    # -- life -------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeApiServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- what tests do from "outside" (kubelet, users, controllers) ---------------------------------
+
+    def add_node(self, name: str, ready: bool = True) -> dict:
+        obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
+               "status": {"conditions": [self._ready_condition(ready)]}}
+        with self.lock:
+            return self._put("Node", "", name, obj, "ADDED")
+
+    def set_node_ready(self, name: str, ready: bool) -> None:
+        with self.lock:
+            obj = copy.deepcopy(self.store.objects[("Node", "", name)])
+            obj["status"]["conditions"] = [self._ready_condition(ready)]
+            self._put("Node", "", name, obj, "MODIFIED")
+
+    def create_pod(self, manifest: dict) -> dict:
+        """A pod as a user would make it with kubectl (not validated as ours are)."""
+        with self.lock:
+            return self._create_pod(manifest["metadata"]["namespace"], copy.deepcopy(manifest))
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str, reason: str = "",
+                      container_reason: str = "") -> None:
+        with self.lock:
+            obj = copy.deepcopy(self.store.objects[("Pod", namespace, name)])
+            obj["status"]["phase"] = phase
+            if reason:
+                obj["status"]["reason"] = reason
+            if container_reason:
+                obj["status"]["containerStatuses"] = [
+                    {"name": "main", "state": {"terminated": {"reason": container_reason, "exitCode": 1}}}]
+            self._put("Pod", namespace, name, obj, "MODIFIED")
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        """Gone at once, as after `kubectl delete --force` or the end of a graceful deletion."""
+        with self.lock:
+            obj = self.store.objects.pop(("Pod", namespace, name))
+            self._record("Pod", "DELETED", obj)
+
+    def finish_deletion(self, namespace: str, name: str) -> None:
+        self.remove_pod(namespace, name)
+
+    def pod(self, namespace: str, name: str) -> dict | None:
+        with self.lock:
+            obj = self.store.objects.get(("Pod", namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def pods(self) -> list[dict]:
+        with self.lock:
+            return [copy.deepcopy(o) for (k, _, _), o in self.store.objects.items() if k == "Pod"]
+
+    def events(self) -> list[dict]:
+        with self.lock:
+            return [copy.deepcopy(o) for (k, _, _), o in self.store.objects.items() if k == "Event"]
+
+    def compact(self) -> None:
+        """Forget the watch history, as etcd compaction does: older watches get 410 Gone."""
+        with self.lock:
+            self.store.history.clear()
+            self.store.first_rv = next(self._rv)
+            self.lock.notify_all()
+
+    def inject(self, method: str, path: str, *, status: int | None = 500, delay_s: float = 0.0,
+               times: int = 1, after: bool = False) -> None:
+        with self.lock:
+            self.faults.append(Fault(method.upper(), re.compile(path), status, delay_s, times, after))
+
+    def calls(self, method: str, path: str) -> list[Request]:
+        pattern = re.compile(path)
+        with self.lock:
+            return [r for r in self.requests if r.method == method and pattern.search(r.path)]
+
+    # -- the store --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _ready_condition(ready: bool) -> dict:
+        return {"type": "Ready", "status": "True" if ready else "False",
+                "reason": "KubeletReady" if ready else "NodeStatusUnknown"}
+
+    def _record(self, kind: str, typ: str, obj: dict) -> None:
+        rv = next(self._rv)
+        obj["metadata"]["resourceVersion"] = str(rv)
+        self.store.history.append((rv, kind, typ, copy.deepcopy(obj)))
+        self.lock.notify_all()
+
+    def _put(self, kind: str, ns: str, name: str, obj: dict, typ: str) -> dict:
+        self._record(kind, typ, obj)
+        self.store.objects[(kind, ns, name)] = obj
+        return copy.deepcopy(obj)
+
+    def _create_pod(self, ns: str, body: dict) -> dict:
+        meta = body.setdefault("metadata", {})
+        name = meta.get("name", "")
+        if ns not in self.namespaces:
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+        if not _DNS_LABEL.match(name) or len(name) > 63:
+            raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: metadata.name')
+        for key, value in (meta.get("labels") or {}).items():
+            if len(value) > 63 or not _LABEL_VALUE.match(value):
+                raise ApiError(422, "Invalid", f"metadata.labels: Invalid value: {value!r} for {key}")
+        if ("Pod", ns, name) in self.store.objects:
+            raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
+        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        body.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
+        body["status"] = {"phase": "Pending"}
+        return self._put("Pod", ns, name, body, "ADDED")
+
+    def _validate(self, body: Any) -> None:
+        self.validated += 1
+        try:
+            kubernetes_validate.validate(body, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            self.invalid.append((body, str(exc)))
+            raise ApiError(422, "Invalid", f"invalid {body.get('kind')}: {exc}") from exc
+
+    # -- HTTP -------------------------------------------------------------------------------------
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # chunked watch streams need it
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def do_PATCH(self) -> None:
+                self._serve("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._serve("DELETE")
+
+            def _serve(self, method: str) -> None:
+                parts = urlsplit(self.path)
+                query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    self._send(400, _status(400, "BadRequest", "invalid JSON"))
+                    return
+                request = Request(method, parts.path, query, body, self.headers.get("Content-Type", ""))
+                with server.lock:
+                    server.requests.append(request)
+                    fault = server._take_fault(method, parts.path + ("?watch" if _is_watch(query) else ""))
+                if fault and not fault.after:
+                    self._fault(fault)
+                    return
+                try:
+                    if method == "GET" and _is_watch(query):
+                        self._watch(parts.path, query)
+                        return
+                    code, answer = server._route(request)
+                except ApiError as exc:
+                    code, answer = exc.code, exc.body
+                if fault:
+                    self._fault(fault)
+                    return
+                self._send(code, answer)
+
+            def _fault(self, fault: Fault) -> None:
+                if fault.delay_s:
+                    time.sleep(fault.delay_s)
+                code = fault.status or 504
+                with contextlib.suppress(OSError):  # the client may have given up waiting
+                    self._send(code, _status(code, "InternalError" if code >= 500 else "Conflict",
+                                             "injected fault"))
+
+            def _send(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _watch(self, path: str, query: dict[str, str]) -> None:
+                kind, ns = _watched(path)
+                deadline = time.monotonic() + float(query.get("timeoutSeconds") or 30)
+                labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                rv = int(query.get("resourceVersion") or 0)
+                with server.lock:
+                    server.open_watches += 1
+                try:
+                    with server.lock:
+                        if rv and rv < server.store.first_rv - 1:
+                            gone = _status(410, "Expired", f"too old resource version: {rv}")
+                            self._chunk(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+                            self._chunk(b"")
+                            return
+                        if not rv:  # from now, starting with the current objects as ADDED
+                            pending = [(0, "ADDED", o) for (k, n, _), o in server.store.objects.items()
+                                       if k == kind and (not ns or n == ns)]
+                            rv = server.store.history[-1][0] if server.store.history else 0
+                        else:
+                            pending = []
+                    while True:
+                        for _, typ, obj in pending:
+                            if server._visible(kind, obj, labels, fields):
+                                line = json.dumps({"type": typ, "object": obj}).encode() + b"\n"
+                                self._chunk(line)
+                        with server.lock:
+                            pending = []
+                            while not pending:
+                                if server.stopping or time.monotonic() >= deadline:
+                                    self._chunk(b"")
+                                    return
+                                if rv < server.store.first_rv - 1:
+                                    break  # compacted under us: the client will relist on its next try
+                                pending = [(r, t, o) for r, k, t, o in server.store.history
+                                           if r > rv and k == kind and (not ns or o["metadata"].get("namespace") == ns)]
+                                if not pending:
+                                    server.lock.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+                            if not pending:
+                                self._chunk(b"")
+                                return
+                            rv = pending[-1][0]
+                except OSError:
+                    pass  # the client went away
+                finally:
+                    with server.lock:
+                        server.open_watches -= 1
+
+        return Handler
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        for fault in self.faults:
+            if fault.method == method and fault.times > 0 and fault.path.search(path):
+                fault.times -= 1
+                return fault
+        return None
+
+    def _visible(self, kind: str, obj: dict, labels: str, fields: str) -> bool:
+        values = obj["metadata"].get("labels") or {}
+        if labels and not _selector_matches(labels, values, fields=False):
+            return False
+        return not (fields and kind == "Pod" and not _selector_matches(fields, _pod_fields(obj), fields=True))
+
+    def _list(self, kind: str, ns: str, query: dict[str, str]) -> dict:
+        with self.lock:
+            items = sorted(((n, name), o) for (k, n, name), o in self.store.objects.items()
+                           if k == kind and (not ns or n == ns))
+            rv = str(self.store.history[-1][0] if self.store.history else 0)
+        items = [copy.deepcopy(o) for _, o in items
+                 if self._visible(kind, o, query.get("labelSelector", ""), query.get("fieldSelector", ""))]
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or 0) or len(items) or 1
+        page = items[start:start + limit]
+        meta: dict[str, Any] = {"resourceVersion": rv}
+        if start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": page}
+
+    def _route(self, req: Request) -> tuple[int, dict]:
+        path, m = req.path, None
+        if path == "/api/v1/nodes" and req.method == "GET":
+            return 200, self._list("Node", "", req.query)
+        if (m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path)) and req.method == "GET":
+            return 200, self._get("Node", "", m[1])
+        if path == "/api/v1/pods" and req.method == "GET":
+            return 200, self._list("Pod", "", req.query)
+        if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", path):
+            if req.method == "GET":
+                return 200, self._list("Pod", m[1], req.query)
+            if req.method == "POST":
+                self._validate(req.body)
+                with self.lock:
+                    return 201, self._create_pod(m[1], copy.deepcopy(req.body))
+        if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", path):
+            ns, name = m[1], m[2]
+            if req.method == "GET":
+                return 200, self._get("Pod", ns, name)
+            if req.method == "PATCH":
+                return 200, self._patch_pod(ns, name, req)
+            if req.method == "DELETE":
+                return 200, self._delete_pod(ns, name, req)
+        if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding", path)) and req.method == "POST":
+            self._validate(req.body)
+            return 201, self._bind(m[1], m[2], req.body)
+        if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path):
+            if req.method == "POST":
+                self._validate(req.body)
+                return 201, self._create_event(m[1], req.body)
+            if req.method == "GET":
+                return 200, self._list("Event", m[1], req.query)
+        raise ApiError(404, "NotFound", f"the fake API server has no {req.method} {path}")
+
+    def _get(self, kind: str, ns: str, name: str) -> dict:
+        with self.lock:
+            obj = self.store.objects.get((kind, ns, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+            return copy.deepcopy(obj)
+
+    def _patch_pod(self, ns: str, name: str, req: Request) -> dict:
+        if "merge-patch" not in req.content_type:
+            raise ApiError(415, "UnsupportedMediaType", f"the fake supports merge patches, not {req.content_type}")
+        with self.lock:
+            obj = self.store.objects.get(("Pod", ns, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found')
+            want_rv = ((req.body or {}).get("metadata") or {}).get("resourceVersion")
+            if want_rv and want_rv != obj["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": '
+                               "the object has been modified")
+            patched = merge_patch(obj, req.body)
+            patched["metadata"]["name"], patched["metadata"]["namespace"] = name, ns
+            for key, value in (patched["metadata"].get("labels") or {}).items():
+                if len(value) > 63 or not _LABEL_VALUE.match(value):
+                    raise ApiError(422, "Invalid", f"metadata.labels: Invalid value: {value!r} for {key}")
+            return self._put("Pod", ns, name, patched, "MODIFIED")
+
+    def _delete_pod(self, ns: str, name: str, req: Request) -> dict:
+        with self.lock:
+            obj = self.store.objects.get(("Pod", ns, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found')
+            grace = req.query.get("gracePeriodSeconds")
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = _now()
+            obj["metadata"]["deletionGracePeriodSeconds"] = int(grace) if grace else 30
+            out = self._put("Pod", ns, name, obj, "MODIFIED")
+            if not self.hold_deletions:
+                self.store.objects.pop(("Pod", ns, name))
+                self._record("Pod", "DELETED", obj)
+            return out
+
+    def _bind(self, ns: str, name: str, body: dict) -> dict:
+        with self.lock:
+            obj = self.store.objects.get(("Pod", ns, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found')
+            bound = obj.get("spec", {}).get("nodeName")
+            if bound:
+                raise ApiError(409, "Conflict", f"pod {name} is already assigned to node {bound!r}")
+            obj = copy.deepcopy(obj)
+            obj["spec"]["nodeName"] = body["target"]["name"]
+            self._put("Pod", ns, name, obj, "MODIFIED")
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    def _create_event(self, ns: str, body: dict) -> dict:
+        with self.lock:
+            name = body["metadata"]["name"]
+            if ("Event", ns, name) in self.store.objects:
+                raise ApiError(409, "AlreadyExists", f'events "{name}" already exists')
+            body = copy.deepcopy(body)
+            body["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+            return self._put("Event", ns, name, body, "ADDED")
+
+
+def _is_watch(query: dict[str, str]) -> bool:
+    return query.get("watch") in ("true", "1", "True")
+
+
+def _watched(path: str) -> tuple[str, str]:
+    if path == "/api/v1/nodes":
+        return "Node", ""
+    if path == "/api/v1/pods":
+        return "Pod", ""
+    if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", path):
+        return "Pod", m[1]
+    raise ApiError(404, "NotFound", f"cannot watch {path}")

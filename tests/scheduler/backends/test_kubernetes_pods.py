@@ -1,0 +1,176 @@
+"""The kubernetes backend creates, adopts, lists and deletes reservation pods on a (fake) API server
+that answers like the real one, faults included."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduler.backends import (
+    PermanentBackendError,
+    Phase,
+    PodConflict,
+    PodRef,
+    TransientBackendError,
+)
+from scheduler.backends.base import (
+    BROKER_HOST_DIR,
+    PLACEMENT_ANNOTATION,
+    PRELOAD_HOST_DIR,
+    PRELOAD_PATH,
+    REASON_ANNOTATION,
+    RESERVATION_LABEL,
+)
+
+PODS = r"^/api/v1/namespaces/tessera/pods$"
+
+
+def test_bind_creates_one_pod_pinned_to_its_node_with_the_share_and_the_node_mounts(nodes, backend, pod_spec):
+    status = backend.bind(pod_spec())
+    assert (status.name, status.node, status.phase, status.reservation_id) == (
+        "tessera-r42-1", "gpu-node-1", Phase.PENDING, "42")
+    assert not status.external
+    (pod,) = nodes.pods()
+    spec = pod["spec"]
+    assert spec["nodeName"] == "gpu-node-1"
+    (container,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-0a1b2c3d-0000-4000-8000-000000000001"
+    assert env["LD_PRELOAD"] == PRELOAD_PATH
+    assert (env["TESSERA_GPU_REQUEST"], env["TESSERA_GPU_LIMIT"], env["TESSERA_GPU_MEMORY_LIMIT"]) == (
+        "0.25", "0.5", "8192Mi")
+    assert env["TESSERA_SHARE_ID"] == "42" and env["EPOCHS"] == "3"
+    assert container["command"] == ["python", "train.py"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert volumes == mounts == {"tessera-preload": PRELOAD_HOST_DIR, "tessera-broker": BROKER_HOST_DIR}
+    assert pod["metadata"]["labels"][RESERVATION_LABEL] == "42"
+    placement = json.loads(pod["metadata"]["annotations"][PLACEMENT_ANNOTATION])
+    assert placement["gpus"] == ["GPU-0a1b2c3d-0000-4000-8000-000000000001"]
+    assert spec["restartPolicy"] == "Never"
+    assert nodes.validated >= 1  # and the fixture fails the test on any invalid manifest
+
+
+def test_interactive_pods_restart_and_run_the_images_own_command(nodes, backend, pod_spec):
+    backend.bind(pod_spec(kind="interactive", command=()))
+    (pod,) = nodes.pods()
+    assert pod["spec"]["restartPolicy"] == "Always"
+    assert "command" not in pod["spec"]["containers"][0]
+
+
+def test_a_retried_bind_adopts_the_existing_pod_and_never_makes_two(nodes, backend, pod_spec):
+    first = backend.bind(pod_spec())
+    again = backend.bind(pod_spec())
+    assert again.uid == first.uid
+    assert len(nodes.pods()) == 1
+
+
+def test_a_create_whose_answer_was_lost_is_retried_and_adopted(nodes, backend, pod_spec):
+    nodes.inject("POST", PODS, status=500, after=True)  # created, then the answer is a 500
+    status = backend.bind(pod_spec())
+    assert len(nodes.calls("POST", PODS)) == 2
+    (pod,) = nodes.pods()
+    assert status.uid == pod["metadata"]["uid"]
+
+
+def test_a_create_that_times_out_is_retried_and_adopted(nodes, backend, pod_spec):
+    nodes.inject("POST", PODS, delay_s=1.6, after=True)  # longer than the client's 1 s read timeout
+    status = backend.bind(pod_spec())
+    (pod,) = nodes.pods()
+    assert status.uid == pod["metadata"]["uid"]
+
+
+def test_server_errors_for_a_while_are_retried_with_backoff(nodes, backend, pod_spec):
+    nodes.inject("POST", PODS, status=500, times=2)
+    nodes.inject("GET", r"/api/v1/nodes/gpu-node-1$", status=503, times=1)
+    backend.bind(pod_spec())
+    assert len(nodes.calls("POST", PODS)) == 3
+    assert len(nodes.pods()) == 1
+
+
+def test_an_api_server_down_longer_than_the_retries_is_a_transient_error_and_leaves_nothing(
+        nodes, backend, pod_spec):
+    nodes.inject("POST", PODS, status=500, times=10)
+    with pytest.raises(TransientBackendError, match="HTTP 500"):
+        backend.bind(pod_spec())
+    assert nodes.pods() == []
+
+
+def test_an_unreachable_api_server_is_a_transient_error(make_backend, pod_spec):
+    backend = make_backend(host="http://127.0.0.1:9")  # discard port: nothing listens
+    with pytest.raises(TransientBackendError, match="after 4 attempts"):
+        backend.bind(pod_spec())
+
+
+def test_a_pod_name_held_by_another_reservation_is_a_conflict(nodes, backend, pod_spec):
+    backend.bind(pod_spec(reservation_id="42"))
+    other = pod_spec(reservation_id="43")
+    other = type(other)(**{**other.__dict__, "name": "tessera-r42-1"})
+    with pytest.raises(PodConflict, match="reservation '42', not '43'"):
+        backend.bind(other)
+
+
+def test_a_pod_of_ours_still_terminating_is_retried_later(nodes, backend, pod_spec):
+    backend.bind(pod_spec())
+    nodes.hold_deletions = True
+    backend.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=30, reason="preempted")
+    with pytest.raises(TransientBackendError, match="terminating"):
+        backend.bind(pod_spec())
+
+
+def test_an_unknown_node_or_namespace_is_permanent(nodes, backend, pod_spec):
+    with pytest.raises(PermanentBackendError, match="node 'gpu-node-9' does not exist"):
+        backend.bind(pod_spec(node="gpu-node-9"))
+    with pytest.raises(PermanentBackendError, match="namespace 'nowhere' does not exist"):
+        backend.bind(pod_spec(namespace="nowhere"))
+    assert nodes.pods() == []
+
+
+def test_a_team_name_kubernetes_cannot_hold_as_a_label_is_refused_before_anything_is_sent(
+        nodes, backend, pod_spec):
+    with pytest.raises(PermanentBackendError, match="not a valid Kubernetes label value"):
+        backend.bind(pod_spec(team="Vision & Speech"))
+    assert nodes.calls("POST", PODS) == []
+
+
+def test_unbind_deletes_gracefully_with_the_reason_and_is_idempotent(nodes, backend, pod_spec):
+    backend.bind(pod_spec())
+    nodes.hold_deletions = True
+    assert backend.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=20, reason="preempted by 51") is True
+    pod = nodes.pod("tessera", "tessera-r42-1")
+    assert pod["metadata"]["annotations"][REASON_ANNOTATION] == "preempted by 51"
+    (delete,) = nodes.calls("DELETE", r"/pods/tessera-r42-1$")
+    assert delete.query["gracePeriodSeconds"] == "20"
+    nodes.finish_deletion("tessera", "tessera-r42-1")
+    assert backend.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=20, reason="again") is False
+
+
+def test_unbind_survives_errors_and_a_lost_answer(nodes, backend, pod_spec):
+    backend.bind(pod_spec())
+    nodes.inject("DELETE", r"/pods/tessera-r42-1$", status=500, after=True)
+    # Deleted on the first try, the answer lost; the retry finds nothing, and that is fine.
+    assert backend.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=5, reason="cancelled") is False
+    assert nodes.pods() == []
+
+
+def test_list_pods_reports_ours_and_bound_kubectl_pods_across_pages(nodes, backend, pod_spec):
+    for i in range(3):
+        backend.bind(pod_spec(reservation_id=str(100 + i)))
+    for i in range(520):  # more than one page
+        nodes.create_pod({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": f"user-{i}", "namespace": "team-vision",
+                                       "labels": {RESERVATION_LABEL: str(1000 + i)}},
+                          "spec": {"schedulerName": "tessera", "containers": [{"name": "c", "image": "x"}]}})
+    nodes.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "unrelated", "namespace": "default"},
+                      "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    pods = backend.list_pods()
+    assert len(pods) == 523
+    assert {p.reservation_id for p in pods if not p.external} == {"100", "101", "102"}
+    assert sum(p.external for p in pods) == 520
+    assert len(nodes.calls("GET", r"^/api/v1/pods$")) == 2
+
+
+def test_list_nodes_reports_readiness(nodes, backend):
+    nodes.set_node_ready("gpu-node-2", False)
+    assert {(n.name, n.ready) for n in backend.list_nodes()} == {("gpu-node-1", True), ("gpu-node-2", False)}
