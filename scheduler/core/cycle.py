@@ -97,6 +97,11 @@ def schedule(
     refused: list[Unschedulable] = []
     done_groups: set[str] = set()
     ordered = queue_order(pending, snapshot.teams, snapshot.now, aging_s)
+    running = set(state.placed)
+    for req in [r for r in ordered if r.id in running]:
+        msg = f"request {req.id} already holds a share in the snapshot"
+        refused.append(Unschedulable(req.id, (Reason(ReasonCode.INVALID, msg),)))
+    ordered = [r for r in ordered if r.id not in running]
     for req in ordered:
         if req.group is not None:
             if req.group.name in done_groups:

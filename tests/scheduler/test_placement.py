@@ -123,3 +123,9 @@ def test_every_policy_places_a_simple_request(node):
     for policy in POLICIES:
         result = schedule(snap, [Request("r", gpu_request=0.5), Request("w", gpu_count=2)], policy)
         assert {p.request_id for p in result.placements} == {"r", "w"}, policy
+
+
+def test_a_request_that_already_runs_is_refused_as_invalid(node):
+    snap = Snapshot((node("a", shares={0: [Share("r", 0.5)]}),))
+    [refused] = schedule(snap, [Request("r", gpu_request=0.2)]).unschedulable
+    assert refused.codes == ("invalid",)
