@@ -95,6 +95,14 @@ class Fragmentation:
         self.onehot = np.zeros((len(gpu_pods), len(keys)), dtype=np.float64)
         for i, t in enumerate(gpu_pods):
             self.onehot[i, group_of[(t.milli, t.count)]] = 1.0
+        # W is a step function of the node's free CPU: tabulate it per model at every CPU threshold.
+        self.cpu_steps = np.unique(self.t_cpu)
+        fits_at = self.t_cpu[:, None] <= self.cpu_steps[None, :]  # (T, steps)
+        table = np.zeros((self.acc.shape[1], len(self.cpu_steps) + 1, len(keys)))
+        for m in range(self.acc.shape[1]):
+            w = (fits_at & self.acc[:, m, None]) * self.t_freq[:, None]  # (T, steps)
+            table[m, 1:] = w.T @ self.onehot
+        self.w_table = table
         n = len(state.node_names)
         self.cnt = np.zeros((n, len(keys)), dtype=np.int64)
         self.usable = np.zeros((n, len(keys)), dtype=np.float64)
@@ -110,8 +118,8 @@ class Fragmentation:
         """W[node, group]: frequency of the group's typical pods that may run on the node's CPU/model."""
         model = self.state.node_model[nodes]
         model = np.where(model < 0, self.acc.shape[1] - 1, model)
-        fits = self.acc[:, model] & (self.t_cpu[:, None] <= cpu_left[None, :])
-        return (fits * self.t_freq[:, None]).T @ self.onehot
+        step = np.searchsorted(self.cpu_steps, cpu_left, side="right")
+        return self.w_table[model, step]
 
     def refresh(self) -> np.ndarray:
         """Bring node summaries up to date; returns the nodes that changed."""
