@@ -64,6 +64,14 @@ def _bearer_token(scope) -> str | None:
     return m.group(1) if m else None
 
 
+# PROTOCOL.md section 6 names 1008 / 1009 / 1011, but Daphne (autobahn) lets a server send only
+# 1000 or 3000-4999; the portal sends 4000 + the standard code. The agent treats every close alike.
+CLOSE_POLICY = 4008
+CLOSE_TOO_BIG = 4009
+CLOSE_INTERNAL = 4011
+CLOSE_SUPERSEDED = 4409
+
+
 def _node_group(node_id: int) -> str:
     return f"agent.node.{node_id}"
 
@@ -99,7 +107,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         if not self.bucket.take():
             log.warning("agent of %s is flooding; closing", self.node.name)
-            await self._fatal("rate_limited", "over the portal's message rate; slow down", 1008)
+            await self._fatal("rate_limited", "over the portal's message rate; slow down", CLOSE_POLICY)
             self.broken = True
             return
         raw = text_data if text_data is not None else bytes_data
@@ -111,7 +119,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if isinstance(message, Hello):
             await self._on_hello(message)
         elif self.hello is None:
-            await self._fatal("unexpected_message", f"{message.type} before hello; send hello first", 1008)
+            await self._fatal("unexpected_message", f"{message.type} before hello; send hello first", CLOSE_POLICY)
         elif isinstance(message, Samples):
             await self._on_samples(message)
         elif isinstance(message, Error):
@@ -119,9 +127,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def _refuse(self, exc: ProtocolError, raw) -> None:
         if exc.code == "too_large":
-            await self._fatal("too_large", str(exc), 1009)
+            await self._fatal("too_large", str(exc), CLOSE_TOO_BIG)
         elif self.hello is None:
-            await self._fatal(exc.code, f"the first message must be a valid hello: {exc}", 1008)
+            await self._fatal(exc.code, f"the first message must be a valid hello: {exc}", CLOSE_POLICY)
         else:
             ref = None
             if isinstance(raw, str):
@@ -131,17 +139,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def _on_hello(self, hello: Hello) -> None:
         if self.hello is not None:
-            await self._fatal("unexpected_message", "a second hello on one connection", 1008)
+            await self._fatal("unexpected_message", "a second hello on one connection", CLOSE_POLICY)
             return
         if hello.node != self.node.name:
             await self._fatal("node_mismatch", f"this token belongs to node {self.node.name}, not {hello.node}",
-                              1008)
+                              CLOSE_POLICY)
             return
         try:
             self.info = await database_sync_to_async(ingest.register_hello)(self.node, hello)
         except Exception:
             log.exception("registering hello of %s failed", self.node.name)
-            await self._fatal("internal", "the portal could not record the hello; try again later", 1011)
+            await self._fatal("internal", "the portal could not record the hello; try again later",
+                              CLOSE_INTERNAL)
             return
         self.hello = hello
         group = _node_group(self.node.pk)
@@ -166,7 +175,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             stored = await writer().submit(ingest.Submission(self.info, message))
         except Exception:
             self.broken = True
-            await self._fatal("internal", "the portal could not store samples; resend after reconnecting", 1011)
+            await self._fatal("internal", "the portal could not store samples; resend after reconnecting",
+                              CLOSE_INTERNAL)
             return
         await self.send(json.dumps({"v": 1, "type": "ack", "stream": message.stream, "seq": stored.ack_seq},
                                    separators=(",", ":")))
@@ -183,7 +193,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def agent_superseded(self, event) -> None:
         if event.get("by") != self.channel_name:
             self.broken = True
-            await self.close(4409)
+            await self.close(CLOSE_SUPERSEDED)
 
 
 class LiveConsumer(AsyncWebsocketConsumer):

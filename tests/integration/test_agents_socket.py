@@ -1,0 +1,148 @@
+"""ws/agents/ against a real Daphne: token auth, malformed, oversized and flooding messages, and a
+portal restart under a running agent that leaves no hole in the stored series."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from portal.fleet.services import issue_node_token, revoke_node_token
+from portal.telemetry.models import AgentStream, GpuSample, ShareSample
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _hello(world, stream: str) -> str:
+    gpus = [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib,
+             "numa_node": g.numa_node, "nvlink_peers": [], "mig_mode": "disabled"}
+            for g in world["gpus"].values()]
+    return json.dumps({"v": 1, "type": "hello", "node": world["node"].name, "stream": stream,
+                       "agent_version": "0.1.0", "source": "simulated", "driver_version": "simulated",
+                       "interval_ms": 1000, "gpus": gpus})
+
+
+def _samples(world, stream: str, first: int, count: int = 1) -> str:
+    now = int(time.time() * 1000)
+    samples = [{"seq": first + i, "ts_ms": now - (count - i) * 1000, "processes": [], "shares": [],
+                "gpus": [{"uuid": g.uuid, "sm_util_pct": 10, "mem_util_pct": 5, "mem_used_mib": 100,
+                          "power_w": 50.0, "temp_c": 40} for g in world["gpus"].values()]}
+               for i in range(count)]
+    return json.dumps({"v": 1, "type": "samples", "stream": stream, "dropped": 0, "samples": samples})
+
+
+def _agent_socket(portal, token: str | None):
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return connect(f"{portal.ws}/ws/agents/", additional_headers=headers, open_timeout=10)
+
+
+def _until(ws, kind: str) -> dict:
+    while True:
+        message = json.loads(ws.recv(timeout=10))
+        if message["type"] == kind:
+            return message
+
+
+def test_missing_wrong_and_revoked_tokens_are_refused_at_the_handshake(portal, world):
+    node = world["node"]
+    token = issue_node_token(node)
+    for bad in (None, "not-a-token", token + "x", "tnode_ with space"):
+        with pytest.raises(InvalidStatus) as refused:
+            _agent_socket(portal, bad)
+        assert refused.value.response.status_code == 403
+    with _agent_socket(portal, token) as ws:  # the good one is let in
+        ws.send(_hello(world, str(uuid.uuid4())))
+        assert _until(ws, "welcome")["acked_seq"] == 0
+    revoke_node_token(node)
+    with pytest.raises(InvalidStatus):
+        _agent_socket(portal, token)
+
+
+def test_hello_for_another_node_is_refused(portal, world):
+    token = issue_node_token(world["node"])
+    with _agent_socket(portal, token) as ws:
+        ws.send(_hello(world, str(uuid.uuid4())).replace('"a100-node-1"', '"a100-node-2"'))
+        error = _until(ws, "error")
+        assert (error["code"], error["fatal"]) == ("node_mismatch", True)
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=5)
+        assert closed.value.rcvd.code == 4008
+
+
+def test_a_bad_message_is_refused_and_the_connection_survives(portal, world):
+    token = issue_node_token(world["node"])
+    stream = str(uuid.uuid4())
+    with _agent_socket(portal, token) as ws:
+        ws.send(_hello(world, stream))
+        _until(ws, "welcome")
+        ws.send("this is not json")
+        assert _until(ws, "error")["code"] == "bad_json"
+        bad = json.loads(_samples(world, stream, 1))
+        bad["samples"][0]["gpus"][0]["sm_util_pct"] = 101
+        ws.send(json.dumps(bad))
+        error = _until(ws, "error")
+        assert (error["code"], error["fatal"], error["ref_seq"]) == ("invalid_message", False, 1)
+        assert "sm_util_pct" in error["message"]
+        ws.send(_samples(world, stream, 1, count=3))
+        assert _until(ws, "ack")["seq"] == 3
+    assert AgentStream.objects.get(stream=stream).last_seq == 3
+    assert GpuSample.objects.filter(stream__stream=stream).count() == 3 * len(world["gpus"])
+
+
+def test_an_oversized_frame_closes_the_connection(portal, world):
+    token = issue_node_token(world["node"])
+    with _agent_socket(portal, token) as ws:
+        ws.send(_hello(world, str(uuid.uuid4())))
+        _until(ws, "welcome")
+        ws.send('{"v":1,"type":"samples","pad":"' + "x" * (1_048_576 + 10) + '"}')
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                message = json.loads(ws.recv(timeout=10))
+                if message["type"] == "error":
+                    assert (message["code"], message["fatal"]) == ("too_large", True)
+        assert closed.value.rcvd.code in (1009, 4009)
+
+
+def test_a_flood_closes_the_connection(portal, world):
+    token = issue_node_token(world["node"])
+    with _agent_socket(portal, token) as ws:
+        ws.send(_hello(world, str(uuid.uuid4())))
+        _until(ws, "welcome")
+        codes = []
+        with pytest.raises(ConnectionClosed) as closed:
+            for _ in range(500):
+                ws.send('{"v": 1, "type": "nonsense"}')
+            while True:
+                message = json.loads(ws.recv(timeout=10))
+                if message["type"] == "error":
+                    codes.append(message["code"])
+        assert closed.value.rcvd.code == 4008
+        assert codes[-1] == "rate_limited" and "invalid_message" in codes
+
+
+def test_portal_restart_leaves_no_hole_in_the_stored_series(portal, agents, world):
+    node = world["node"]
+    agents.start(node.name, issue_node_token(node), interval=0.2)
+    stream = wait_for(lambda: AgentStream.objects.filter(node=node, last_seq__gte=10).first(), 30,
+                      "the agent's first samples")
+    portal.stop()
+    time.sleep(3)  # the agent keeps sampling into its buffer (~15 samples)
+    down_at = AgentStream.objects.get(pk=stream.pk).last_seq
+    portal.start()
+    wait_for(lambda: AgentStream.objects.get(pk=stream.pk).last_seq >= down_at + 30, 40,
+             "the replay and fresh samples after the restart")
+    rows = GpuSample.objects.filter(stream=stream)
+    seqs = sorted(set(rows.values_list("seq", flat=True)))
+    last = seqs[-1]
+    assert seqs == list(range(1, last + 1)), "a sample is missing from the stored series"
+    assert rows.count() == last * len(world["gpus"])  # no duplicates either
+    assert "refused" not in agents.log(node.name)
+    # The simulated agent follows the placements pushed at welcome: both shares are reported.
+    reported = set(ShareSample.objects.values_list("reservation_id", flat=True))
+    assert reported == {r.pk for r in world["reservations"].values()}
