@@ -87,10 +87,12 @@ class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
             "group_name", "group_headcount", "group_threshold", "max_duration_s", "expires_at",
             "state", "state_reason", "node", "allocations",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
+            "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
         ]
         read_only_fields = [
             "id", "owner", "opportunistic", "expires_at", "state", "state_reason", "node",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
+            "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
         ]
         extra_kwargs = {
             "name": {"required": False, "allow_blank": True},

@@ -1,0 +1,131 @@
+"""Carry a committed decision out on the cluster: create (or adopt) the pod, delete a pod.
+
+Both are idempotent, so a task retried after a worker died mid-way, or run twice, changes
+nothing the second time: the pod name is deterministic and `Backend.bind` adopts an existing pod;
+`unbind` of a missing pod is a no-op. Transient backend errors propagate (the task retries them);
+permanent ones fail the reservation with the backend's message.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from portal.reservations import services
+from portal.reservations.events import announce_allocations
+from portal.reservations.models import Allocation, Kind, Reservation, Source
+from portal.reservations.states import HOLDS_GPU, IllegalTransition, State
+from scheduler.backends import (
+    Backend,
+    BackendError,
+    GpuShare,
+    PermanentBackendError,
+    Phase,
+    PodRef,
+    PodSpec,
+    PodStatus,
+    make_pod_spec,
+)
+from scheduler.backends.base import external_binding
+
+from .backend import simulated_batch_s
+
+log = logging.getLogger(__name__)
+ACTOR = "system:placement"
+GRACE_S = 30
+
+
+def gpu_shares(r: Reservation) -> tuple[GpuShare, ...]:
+    allocations = (Allocation.objects.filter(reservation=r, released_at__isnull=True)
+                   .select_related("gpu").order_by("gpu__index"))
+    return tuple(GpuShare(uuid=a.gpu.uuid, index=a.gpu.index, request=float(a.compute_share),
+                          limit=float(max(a.compute_limit, a.compute_share)), memory_mib=a.memory_mib)
+                 for a in allocations)
+
+
+def pod_spec(r: Reservation, gpus: tuple[GpuShare, ...]) -> PodSpec:
+    return make_pod_spec(
+        reservation_id=str(r.pk), attempt=r.attempt, namespace=r.pod_namespace, node=r.node.name,
+        team=r.team.slug, image=r.image, command=tuple(r.command), gpus=gpus, priority=r.priority, kind=r.kind,
+        simulated_duration_s=simulated_batch_s() if r.kind == Kind.BATCH else None,
+    )
+
+
+def bind(backend: Backend, reservation_id: int) -> PodStatus | None:
+    """Create the pod of a placed reservation. None when there is nothing (more) to do."""
+    r = Reservation.objects.select_related("team", "node").filter(pk=reservation_id).first()
+    if r is None or r.state != State.PLACED or r.node is None:
+        return None  # cancelled, preempted or already running meanwhile: reconcile handles its pod
+    gpus = gpu_shares(r)
+    if not gpus:
+        return None
+    try:
+        if r.source == Source.KUBECTL:
+            labels, annotations = external_binding(str(r.pk), r.team.slug, gpus, r.priority)
+            backend.bind_external(PodRef(r.pod_namespace, r.pod_name), r.node.name, labels, annotations)
+            status = None
+        else:
+            status = backend.bind(pod_spec(r, gpus))
+    except PermanentBackendError as exc:
+        _fail(r.pk, f"the cluster refused the pod: {exc}")
+        return None
+    if status is not None:
+        record_pod(r.pk, status)
+    return status
+
+
+def record_pod(reservation_id: int, status: PodStatus) -> None:
+    """Remember the pod's uid (the agents attribute processes by it) and move on with its phase."""
+    changed = Reservation.objects.filter(pk=reservation_id, pod_name=status.name).exclude(
+        pod_uid=status.uid).update(pod_uid=status.uid)
+    if changed:
+        node_id = Reservation.objects.values_list("node_id", flat=True).get(pk=reservation_id)
+        with transaction.atomic():
+            announce_allocations(node_id)
+    if status.phase == Phase.RUNNING:
+        _move(reservation_id, State.PLACED, State.RUNNING, f"pod {status.name} running on {status.node}")
+
+
+def _move(reservation_id: int, expected: str, target: str, reason: str, actor: str = ACTOR) -> bool:
+    """Transition only from `expected` (events may arrive late or twice)."""
+    try:
+        with transaction.atomic():
+            current = Reservation.objects.select_for_update().values_list("state", flat=True).get(pk=reservation_id)
+            if current != expected:
+                return False
+            services.transition(reservation_id, target, actor, reason)
+        return True
+    except (IllegalTransition, Reservation.DoesNotExist):
+        return False
+
+
+def _fail(reservation_id: int, reason: str) -> None:
+    for state in (State.PLACED, State.RUNNING):
+        if _move(reservation_id, state, State.FAILED, reason):
+            return
+
+
+def unbind(backend: Backend, namespace: str, name: str, reason: str, grace_s: int = GRACE_S) -> bool:
+    if not namespace or not name:
+        return False
+    return backend.unbind(PodRef(namespace, name), grace_s, reason)
+
+
+def release_ended_pods(backend: Backend, limit: int = 500) -> int:
+    """Delete the pods of reservations that stopped holding GPUs (cancelled, preempted, expired,
+    failed, requeued), then forget the pod name. A kubectl reservation still waiting keeps its
+    pod: it is the request itself."""
+    ended = (Reservation.objects.filter(pod_name__gt="").exclude(state__in=HOLDS_GPU)
+             .exclude(source=Source.KUBECTL, state=State.PENDING)
+             .values_list("pk", "state", "pod_namespace", "pod_name")[:limit])
+    deleted = 0
+    for pk, state, namespace, name in ended:
+        try:
+            if unbind(backend, namespace, name, f"reservation {pk} is {state}"):
+                deleted += 1
+        except BackendError as exc:  # tried again next cycle
+            log.warning("could not delete pod %s/%s: %s", namespace, name, exc)
+            continue
+        Reservation.objects.filter(pk=pk, pod_name=name).exclude(state__in=HOLDS_GPU).update(pod_name="")
+    return deleted

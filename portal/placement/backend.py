@@ -1,0 +1,52 @@
+"""The cluster backend this process acts through, built once per process from the settings.
+
+TESSERA_BACKEND=local: simulated cluster whose state file (TESSERA_LOCAL_STATE, default
+var/local-cluster.sqlite3) web, workers and beat share; its nodes are the database's nodes.
+TESSERA_BACKEND=kubernetes: `scheduler.backends.kubernetes`, pods in TESSERA_NAMESPACE.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+
+from portal.fleet.models import Node
+from scheduler.backends import Backend, create
+
+_cache: dict[tuple, Backend] = {}
+_known_nodes: dict[tuple, frozenset[str]] = {}
+
+
+def namespace() -> str:
+    return getattr(settings, "TESSERA_NAMESPACE", os.environ.get("TESSERA_NAMESPACE", "tessera"))
+
+
+def local_state_path() -> str:
+    return getattr(settings, "TESSERA_LOCAL_STATE",
+                   os.environ.get("TESSERA_LOCAL_STATE", str(settings.BASE_DIR / "var" / "local-cluster.sqlite3")))
+
+
+def simulated_batch_s() -> float:
+    """How long a simulated batch pod runs on the local backend before it succeeds."""
+    return float(getattr(settings, "TESSERA_LOCAL_BATCH_S", os.environ.get("TESSERA_LOCAL_BATCH_S", "300")))
+
+
+def get_backend() -> Backend:
+    name = settings.TESSERA_BACKEND
+    if name == "local":
+        start = float(getattr(settings, "TESSERA_LOCAL_START_S", os.environ.get("TESSERA_LOCAL_START_S", "1")))
+        key = (os.getpid(), name, local_state_path(), start)
+        backend = _cache.get(key)
+        if backend is None:
+            backend = _cache[key] = create("local", state_path=local_state_path(), start_delay_s=start)
+        # Nodes come and go with the inventory; the simulated cluster follows the database.
+        nodes = frozenset(Node.objects.values_list("name", flat=True))
+        if _known_nodes.get(key) != nodes:
+            backend.add_nodes(sorted(nodes - _known_nodes.get(key, frozenset())))
+            _known_nodes[key] = nodes
+        return backend
+    key = (os.getpid(), name, namespace())
+    if key not in _cache:
+        _cache[key] = create(name, namespace=namespace())
+    return _cache[key]

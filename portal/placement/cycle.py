@@ -1,0 +1,191 @@
+"""One placement cycle: snapshot the database, run the engine, commit each decision.
+
+Every decision commits in its own transaction that (1) passes the fence with this cycle's token
+and (2) goes through `reservations.services.place`, which locks the GPU rows and re-checks their
+free capacity. So no GPU is over-committed whatever runs concurrently, and a stale cycle cannot
+write. A gang's members commit in one transaction: all of them or none. Pods are created after the
+commit, by `bind` tasks (idempotent), never inside the transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from portal.fleet.models import Gpu, Node
+from portal.reservations import services
+from portal.reservations.models import Allocation, Kind, Reservation, Source
+from portal.reservations.states import HOLDS_GPU, IllegalTransition, State
+from scheduler import core
+from scheduler.backends import Backend, pod_name
+
+from . import snapshot
+from .backend import namespace
+from .locking import Lease, fence
+
+log = logging.getLogger(__name__)
+ACTOR = "system:scheduler"
+MILLI = Decimal("0.001")
+
+
+@dataclass
+class CycleReport:
+    placed: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    unschedulable: int = 0
+    conflicts: int = 0
+    seconds: float = 0.0
+
+
+def _policy() -> str:
+    return getattr(settings, "TESSERA_POLICY", "tessera")
+
+
+def _reason_text(reasons: tuple[core.Reason, ...]) -> str:
+    if not reasons:
+        return "no GPU fits this request right now"
+    return "; ".join(r.message for r in reasons)[:500]
+
+
+def _shares(p: core.Placement, gpu_ids: dict[str, int]) -> list[services.Share]:
+    share = Decimal(str(p.share)).quantize(MILLI)
+    return [services.Share(gpu_id=gpu_ids[u], compute_share=share, memory_mib=p.memory_mib) for u in p.gpu_uuids]
+
+
+def _after_place(reservation_id: int, on_bind: Callable[[int], None]) -> None:
+    """Inside the decision's transaction: count the attempt, name the pod, set the end time."""
+    r = Reservation.objects.select_related("team").get(pk=reservation_id)
+    attempt = r.attempt + 1
+    fields = {"attempt": attempt, "queue_position": None, "estimated_start": None, "idle_since": None,
+              "expiry_warned_at": None}
+    if r.source == Source.PORTAL:
+        fields.update(pod_namespace=namespace(), pod_name=pod_name(r.pk, attempt), pod_uid="")
+    if r.kind == Kind.INTERACTIVE and r.expires_at is None and r.team.interactive_max_s:
+        fields["expires_at"] = timezone.now() + timedelta(seconds=r.team.interactive_max_s)
+    Reservation.objects.filter(pk=r.pk).update(**fields)
+    transaction.on_commit(lambda: on_bind(reservation_id))
+
+
+def _evict(victim_id: int, by: Reservation, report: CycleReport) -> None:
+    v = Reservation.objects.select_for_update().get(pk=victim_id)
+    if v.state not in HOLDS_GPU:
+        return
+    why = f"preempted by reservation {by.pk} (priority {by.priority} over {v.priority})"
+    services.transition(v.pk, State.PREEMPTED, ACTOR, why)
+    # A kubectl pod is deleted by the preemption, so only portal reservations can come back.
+    if v.requeue_on_preempt and v.source == Source.PORTAL:
+        services.transition(v.pk, State.PENDING, ACTOR, f"requeued after being {why}")
+    report.preempted.append(v.pk)
+
+
+def run_cycle(lease: Lease, on_bind: Callable[[int], None], renew: Callable[[], bool] = lambda: True,
+              backend: Backend | None = None) -> CycleReport:
+    """Place what can be placed now. `on_bind(reservation_id)` is called after each commit (the
+    tasks module passes a function that enqueues the bind task)."""
+    started = time.perf_counter()
+    report = CycleReport()
+    if backend is not None:
+        from .actions import release_ended_pods
+        from .kubectl import ingest
+
+        release_ended_pods(backend)  # their GPUs are free in the database: free them on the cluster too
+        ingest(backend)
+    pending = list(Reservation.objects.filter(state=State.PENDING).select_related("team").order_by("created_at", "id"))
+    if not pending:
+        report.seconds = time.perf_counter() - started
+        return report
+    rows = {str(r.pk): r for r in pending}
+    requests = []
+    for r in pending:
+        try:
+            requests.append(snapshot.to_request(r))
+        except ValueError as exc:
+            services.note_pending_reason(r.pk, f"cannot be placed as asked: {exc}")
+    snap = snapshot.build()
+    result = core.schedule(snap, requests, _policy())
+    gpu_ids = dict(Gpu.objects.values_list("uuid", "pk"))
+    node_ids = dict(Node.objects.values_list("name", "pk"))
+
+    # Decisions: preemptions, then placements, gang members together.
+    units: list[tuple[list[core.Placement], tuple[str, ...]]] = []
+    for pre in result.preemptions:
+        units.append(([pre.placement], pre.victims))
+    groups: dict[str, list[core.Placement]] = defaultdict(list)
+    for p in result.placements:
+        if p.group:
+            groups[p.group].append(p)
+        else:
+            units.append(([p], ()))
+    units.extend((members, ()) for members in groups.values())
+
+    waiting: dict[str, str] = {u.request_id: _reason_text(u.reasons) for u in result.unschedulable}
+    for placements, victims in units:
+        if not renew():
+            log.warning("placement cycle stops: it lost the placement lease")
+            break
+        try:
+            with transaction.atomic():
+                fence(lease.token)
+                for victim in victims:
+                    _evict(int(victim), rows[placements[0].request_id], report)
+                for p in placements:
+                    services.place(int(p.request_id), node_ids[p.node], _shares(p, gpu_ids), ACTOR,
+                                   f"placed on {p.node} ({', '.join(p.gpu_uuids)})")
+                    _after_place(int(p.request_id), on_bind)
+        except (services.CapacityConflict, IllegalTransition, KeyError) as exc:
+            report.conflicts += 1
+            for p in placements:
+                waiting[p.request_id] = f"placement lost a race and is retried: {exc}"[:500]
+            continue
+        report.placed.extend(int(p.request_id) for p in placements)
+
+    for rid, why in waiting.items():
+        services.note_pending_reason(int(rid), why)
+    report.unschedulable = len(result.unschedulable)
+    update_queue(pending)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def update_queue(pending: list[Reservation]) -> None:
+    """Queue position (priority, then age) and a rough estimated start for what still waits: the
+    k-th waiting reservation may start when the k-th known end time among running ones comes."""
+    still = {pk for pk in Reservation.objects.filter(pk__in=[r.pk for r in pending], state=State.PENDING)
+             .values_list("pk", flat=True)}
+    order = sorted((r for r in pending if r.pk in still), key=lambda r: (-r.priority, r.created_at, r.pk))
+    ends = sorted(t for t in Reservation.objects.filter(state__in=HOLDS_GPU, expires_at__isnull=False)
+                  .values_list("expires_at", flat=True))
+    now = timezone.now()
+    changed = []
+    for position, r in enumerate(order, start=1):
+        estimate = max(ends[position - 1], now) if position <= len(ends) else None
+        if r.queue_position != position or r.estimated_start != estimate:
+            r.queue_position, r.estimated_start = position, estimate
+            changed.append(r)
+    Reservation.objects.bulk_update(changed, ["queue_position", "estimated_start"], batch_size=500)
+
+
+def live_shares_ok() -> list[str]:
+    """Invariant check used by tests and reconcile: every GPU's live requests ≤ 1 and memory ≤ card."""
+    problems = []
+    totals: dict[int, list] = defaultdict(lambda: [Decimal(0), 0])
+    for gpu_id, share, memory in Allocation.objects.filter(released_at__isnull=True).values_list(
+            "gpu_id", "compute_share", "memory_mib"):
+        totals[gpu_id][0] += share
+        totals[gpu_id][1] += memory
+    cards = dict(Gpu.objects.filter(pk__in=totals).values_list("pk", "memory_mib"))
+    for gpu_id, (share, memory) in totals.items():
+        if share > 1 or memory > cards[gpu_id]:
+            problems.append(f"GPU {gpu_id}: share {share}, memory {memory}/{cards[gpu_id]} MiB")
+    return problems
+
+

@@ -1,0 +1,167 @@
+"""The kubectl path: pods with `schedulerName: tessera` and KubeShare 2.0 labels become reservations.
+
+Labels (all values are strings, as Kubernetes requires):
+
+| label | meaning | default |
+| --- | --- | --- |
+| `sharedgpu/gpu_request` | guaranteed share of one GPU, 0 < r ≤ 1; above 1: whole GPUs (an integer) | required |
+| `sharedgpu/gpu_limit` | most it may use when the GPU is idle, request ≤ limit ≤ 1 | the request |
+| `sharedgpu/gpu_mem` | memory cap: bytes (KubeShare), or with Ki/Mi/Gi/Ti | request × the smallest card |
+| `sharedgpu/gpu_model` | a GPU model of the fleet | any |
+| `sharedgpu/priority` | 0 (opportunistic, preemptible) … 100 | 50 |
+| `sharedgpu/pod_group_name` | gang name | none |
+| `sharedgpu/group_headcount` | gang size | required with a group |
+| `sharedgpu/group_threshold` | fraction of the gang that must be placed together, 0 < t ≤ 1 | 1 |
+
+The namespace names the team (`Team.namespace`, else the team whose slug is the namespace). A pod
+whose labels are wrong gets a Warning Event saying what is wrong (`Backend.reject_external`) and
+stays pending; nothing is written for it. Unknown `sharedgpu/*` labels are refused too, so a typo
+never silently changes what runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from decimal import Decimal, InvalidOperation
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.db.models import Min, Q
+
+from portal.fleet.models import Gpu
+from portal.reservations import services
+from portal.reservations.models import Reservation, Source
+from portal.reservations.quota import QuotaExceeded
+from portal.reservations.rules import LABEL, ReservationSpec, RuleViolation
+from portal.tenancy.models import Team
+from scheduler.backends import Backend, BackendError, ExternalPod
+
+log = logging.getLogger(__name__)
+
+PREFIX = "sharedgpu/"
+KNOWN = frozenset({"gpu_request", "gpu_limit", "gpu_mem", "gpu_model", "priority", "pod_group_name",
+                   "group_headcount", "group_threshold"})
+SYSTEM_USER = "tessera-kubectl"
+_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_UNITS = {None: 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
+          "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
+MIB = 1024 * 1024
+
+
+def team_for_namespace(namespace: str) -> Team | None:
+    return (Team.objects.filter(namespace=namespace).first()
+            or Team.objects.filter(slug=namespace, namespace="").first())
+
+
+def _memory_mib(value: str) -> int:
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise ValueError(f"must be bytes or a quantity such as 8Gi, got {value!r}")
+    total = int(m.group(1)) * _UNITS[m.group(2)]
+    return -(-total // MIB)  # round up: a cap below what was asked would break the workload
+
+
+def spec_from_pod(pod: ExternalPod) -> ReservationSpec:
+    """Translate and validate; raises RuleViolation with per-label messages."""
+    labels = {k[len(PREFIX):]: v for k, v in pod.labels.items() if k.startswith(PREFIX)}
+    errors: dict[str, list[str]] = {}
+
+    def bad(name: str, message: str) -> None:
+        errors.setdefault(PREFIX + name, []).append(message)
+
+    for unknown in sorted(set(labels) - KNOWN):
+        bad(unknown, f"unknown label; Tessera reads {', '.join(PREFIX + k for k in sorted(KNOWN))}")
+    team = team_for_namespace(pod.namespace)
+    if team is None:
+        errors.setdefault("namespace", []).append(f"namespace {pod.namespace} belongs to no Tessera team")
+    request = count = None
+    if "gpu_request" not in labels:
+        bad("gpu_request", "required: the share of a GPU, e.g. \"0.5\"")
+    else:
+        try:
+            raw = Decimal(labels["gpu_request"])
+            if not raw.is_finite():
+                raise InvalidOperation
+        except InvalidOperation:
+            bad("gpu_request", f"must be a number, got {labels['gpu_request']!r}")
+        else:
+            if raw > 1:
+                if raw != raw.to_integral_value():
+                    bad("gpu_request", "above 1 it counts whole GPUs and must be an integer")
+                else:
+                    request, count = Decimal(1), int(raw)
+            else:
+                request, count = raw, 1
+    memory = None
+    if "gpu_mem" in labels:
+        try:
+            memory = _memory_mib(labels["gpu_mem"])
+        except ValueError as exc:
+            bad("gpu_mem", str(exc))
+    model = labels.get("gpu_model", "")
+    if memory is None and request is not None and "gpu_mem" not in labels:
+        cards = Gpu.objects.filter(Q(model=model) if model else Q())
+        smallest = cards.aggregate(m=Min("memory_mib"))["m"] or 0
+        memory = max(1, int(smallest * request))  # per GPU; whole GPUs take the card
+    if errors or team is None or request is None:
+        raise RuleViolation(errors)
+    spec = ReservationSpec(
+        team=team, image=pod.image or "unknown", gpu_request=request, gpu_memory_mib=memory or 0,
+        gpu_limit=labels.get("gpu_limit", Decimal(1) if count and count > 1 else None),
+        gpu_count=count or 1, gpu_model=model, priority=labels.get("priority", 50),
+        name=pod.name if LABEL.match(pod.name) else "",
+        group_name=labels.get("pod_group_name", ""), group_headcount=labels.get("group_headcount"),
+        group_threshold=labels.get("group_threshold"),
+    )
+    from portal.reservations import rules
+
+    try:
+        rules.check(spec)
+    except RuleViolation as exc:
+        # Speak in labels, which is what the kubectl user wrote.
+        names = {"gpu_memory_mib": "gpu_mem", "group_name": "pod_group_name", "gpu_count": "gpu_request"}
+        raise RuleViolation({(PREFIX + names.get(k, k)) if k not in ("image", "name", "command") else k: v
+                             for k, v in exc.errors.items()}) from exc
+    return spec
+
+
+def system_user():
+    user, created = get_user_model().objects.get_or_create(username=SYSTEM_USER, defaults={"is_active": False})
+    if created:
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    return user
+
+
+def ingest(backend: Backend) -> tuple[int, int]:
+    """Turn new pending kubectl pods into pending reservations. Returns (admitted, rejected)."""
+    try:
+        pods = backend.list_pending_external()
+    except BackendError as exc:
+        log.warning("cannot list pending kubectl pods: %s", exc)
+        return 0, 0
+    if not pods:
+        return 0, 0
+    known = set(Reservation.objects.filter(source=Source.KUBECTL, pod_uid__in=[p.uid for p in pods])
+                .values_list("pod_uid", flat=True))
+    admitted = rejected = 0
+    for pod in pods:
+        if pod.uid in known:
+            continue
+        try:
+            spec = spec_from_pod(pod)
+            with transaction.atomic():
+                r = services.submit(system_user(), spec)
+                Reservation.objects.filter(pk=r.pk).update(
+                    source=Source.KUBECTL, pod_namespace=pod.namespace, pod_name=pod.name, pod_uid=pod.uid)
+            admitted += 1
+        except (RuleViolation, QuotaExceeded) as exc:
+            rejected += 1
+            try:
+                backend.reject_external(pod.ref, f"tessera: {exc}"[:1000])
+            except BackendError as err:
+                log.warning("cannot record an Event on %s/%s: %s", pod.namespace, pod.name, err)
+        except IntegrityError:
+            continue  # another cycle admitted this pod at the same moment
+    return admitted, rejected

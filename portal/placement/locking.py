@@ -1,0 +1,138 @@
+"""One placement cycle at a time per cluster, however many workers run.
+
+With Redis (REDIS_URL): a lease key set with NX and an expiry holds a fencing token (INCR of a
+counter); the holder renews it between decisions and deletes it only if it still holds it. If a
+holder dies the lease expires and the next cycle takes over. Without Redis (quickstart: tasks run
+in-process) a process-wide lock stands in, and tokens come from the database.
+
+Whoever asks for a cycle first marks the cluster "dirty", then tries the lock; the holder runs
+cycles until nobody has marked it dirty since, and looks once more after releasing. So a request
+that arrives while a cycle runs is never lost, and a burst of requests costs one or two cycles.
+
+Fencing: each decision commits only if `fence(token)` accepts the token (database row, see
+models.Fence), so a holder whose lease expired can never commit after a newer one.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import F
+
+from .models import Fence
+
+LEASE_KEY = "tessera:placement:lease"
+COUNTER_KEY = "tessera:placement:fence"
+DIRTY_KEY = "tessera:placement:dirty"
+
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
+          "else return 0 end")
+
+
+class FencedOut(Exception):
+    """A newer lock holder has committed: this cycle must stop writing."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    token: int
+    value: str  # what the lease key holds: token and a random tag
+
+
+def fence(token: int) -> None:
+    """Inside a decision's transaction: accept `token` (raising the fence) or raise FencedOut.
+    The conditional UPDATE holds the fence row's lock until the transaction ends."""
+    if not Fence.objects.filter(pk=1, accepted__lte=token).update(accepted=token):
+        if not Fence.objects.filter(pk=1).exists():
+            Fence.objects.get_or_create(pk=1)
+            return fence(token)
+        raise FencedOut(f"fencing token {token} is older than the last committed one")
+
+
+def _db_token() -> int:
+    Fence.objects.get_or_create(pk=1)
+    Fence.objects.filter(pk=1).update(issued=F("issued") + 1)
+    return Fence.objects.values_list("issued", flat=True).get(pk=1)
+
+
+def _accepted() -> int:
+    return Fence.objects.values_list("accepted", flat=True).filter(pk=1).first() or 0
+
+
+class RedisLock:
+    def __init__(self, url: str, ttl_s: float = 30.0):
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self.ttl_ms = int(ttl_s * 1000)
+        self._release = self.client.register_script(_RELEASE)
+        self._renew = self.client.register_script(_RENEW)
+
+    def acquire(self) -> Lease | None:
+        token = int(self.client.incr(COUNTER_KEY))
+        value = f"{token}:{uuid.uuid4().hex}"
+        if not self.client.set(LEASE_KEY, value, nx=True, px=self.ttl_ms):
+            return None
+        floor = _accepted()
+        if token <= floor:  # the counter was lost (Redis restarted): move past the fence
+            token = int(self.client.incrby(COUNTER_KEY, floor - token + 1))
+            value = f"{token}:{uuid.uuid4().hex}"
+            self.client.set(LEASE_KEY, value, px=self.ttl_ms)
+        return Lease(token, value)
+
+    def renew(self, lease: Lease) -> bool:
+        return bool(self._renew(keys=[LEASE_KEY], args=[lease.value, self.ttl_ms]))
+
+    def release(self, lease: Lease) -> None:
+        self._release(keys=[LEASE_KEY], args=[lease.value])
+
+    def mark_dirty(self) -> None:
+        self.client.set(DIRTY_KEY, "1", ex=3600)
+
+    def take_dirty(self) -> bool:
+        return self.client.getdel(DIRTY_KEY) is not None
+
+
+class ProcessLock:
+    """Stand-in without Redis: one cycle at a time in this process; tokens from the database."""
+
+    _mutex = threading.Lock()
+    _dirty = threading.Event()
+
+    def acquire(self) -> Lease | None:
+        if not self._mutex.acquire(blocking=False):
+            return None
+        try:
+            token = _db_token()
+        except BaseException:
+            self._mutex.release()
+            raise
+        return Lease(token, str(token))
+
+    def renew(self, lease: Lease) -> bool:
+        return True
+
+    def release(self, lease: Lease) -> None:
+        self._mutex.release()
+
+    def mark_dirty(self) -> None:
+        self._dirty.set()
+
+    def take_dirty(self) -> bool:
+        was = self._dirty.is_set()
+        self._dirty.clear()
+        return was
+
+
+_locks: dict[str, RedisLock | ProcessLock] = {}
+
+
+def cluster_lock() -> RedisLock | ProcessLock:
+    url = getattr(settings, "TESSERA_LOCK_REDIS_URL", None) or settings.REDIS_URL
+    if url not in _locks:
+        _locks[url] = RedisLock(url) if url else ProcessLock()
+    return _locks[url]

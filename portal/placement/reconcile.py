@@ -1,0 +1,84 @@
+"""Compare the database with the cluster and make the cluster match (on start and periodically).
+
+- a pod without a live reservation (or of an older attempt) is deleted;
+- a placed reservation without its pod gets it (re)created: bind is idempotent, and a bind that a
+  killed worker never finished is redone here; a running one whose pod vanished fails with a reason;
+- a node the cluster reports NotReady is handled as lost (team policy: requeue or fail), and one
+  that is Ready again returns.
+
+The pods are listed before the database is read, so a pod created meanwhile is never mistaken
+for an orphan: its reservation was committed before its bind started.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from portal.fleet.models import Node, NodeStatus
+from portal.reservations.models import Reservation, Source
+from portal.reservations.states import HOLDS_GPU, State
+from scheduler.backends import Backend, NodeEvent, PodEvent
+
+from . import actions, lifecycle
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    deleted: list[str] = field(default_factory=list)
+    rebound: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    nodes_lost: list[str] = field(default_factory=list)
+
+
+def reconcile(backend: Backend) -> ReconcileReport:
+    report = ReconcileReport()
+    pods = backend.list_pods()
+    conditions = backend.list_nodes()
+    live = {r.pk: r for r in Reservation.objects.filter(state__in=HOLDS_GPU).select_related("team", "node")}
+    seen: set[int] = set()
+    for pod in pods:
+        try:
+            rid = int(pod.reservation_id or "")
+        except ValueError:
+            rid = -1
+        r = live.get(rid)
+        if r is not None and lifecycle.is_current_pod(r, pod):
+            seen.add(rid)
+            lifecycle.apply_pod(backend, PodEvent(pod))  # catch up on a phase a lost event carried
+            continue
+        if pod.external and r is None and Reservation.objects.filter(pk=rid, state=State.PENDING).exists():
+            continue  # bound kubectl pod of a reservation requeued meanwhile: handled by the cycle
+        if backend.unbind(pod.ref, actions.GRACE_S, "no live reservation for this pod"):
+            report.deleted.append(f"{pod.namespace}/{pod.name}")
+    for rid, r in live.items():
+        if rid in seen:
+            continue
+        if r.state == State.PLACED:
+            actions.bind(backend, rid)
+            report.rebound.append(rid)
+        elif r.source == Source.KUBECTL:
+            lifecycle.apply_pod(backend, PodEvent(_gone(r), deleted=True))
+            report.failed.append(rid)
+        else:
+            actions._fail(rid, f"its pod {r.pod_name} disappeared from the cluster")
+            report.failed.append(rid)
+    db_nodes = {n.name: n for n in Node.objects.all()}
+    for cond in conditions:
+        node = db_nodes.get(cond.name)
+        if node is None:
+            continue
+        if not cond.ready and node.status != NodeStatus.LOST:
+            report.nodes_lost.append(cond.name)
+        if not cond.ready or node.status == NodeStatus.LOST:
+            lifecycle.apply_events(backend, [NodeEvent(cond)])
+    return report
+
+
+def _gone(r: Reservation):
+    from scheduler.backends import Phase, PodStatus
+
+    return PodStatus(namespace=r.pod_namespace, name=r.pod_name, uid=r.pod_uid, node=None, phase=Phase.UNKNOWN,
+                     reservation_id=str(r.pk), external=True)

@@ -1,0 +1,105 @@
+"""Celery tasks of the placement app. All are short and idempotent (acks late: a task whose worker
+died is run again, which is harmless); none uses an ETA.
+
+- `placement.cycle`: single-flight placement cycle (see locking), rerun while requests arrive.
+- `placement.bind` / `placement.unbind`: act on the cluster; transient backend errors retry with
+  backoff, then reconcile picks up what is left.
+- `placement.sync`: apply the cluster's events (pod phases, deletions, node readiness).
+- `placement.lifecycle`: expiry, warnings and idle reclaim.
+- `placement.reconcile`: compare database and cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from scheduler.backends import TransientBackendError
+
+from . import actions, lifecycle
+from . import reconcile as reconciling
+from .backend import get_backend
+from .cycle import run_cycle
+from .locking import FencedOut, cluster_lock
+
+log = logging.getLogger(__name__)
+RETRY = {"autoretry_for": (TransientBackendError,), "retry_backoff": 1, "retry_backoff_max": 30,
+         "retry_jitter": True, "max_retries": 8}
+MAX_ROUNDS = 20  # cycles one holder runs back to back before it lets the next task take over
+
+
+def enqueue_bind(reservation_id: int) -> None:
+    bind.delay(reservation_id)
+
+
+def run_cycles(reason: str = "") -> int:
+    """Run cycles while someone asked for one. Returns how many ran (0: another holder runs)."""
+    lock = cluster_lock()
+    lock.mark_dirty()
+    ran = 0
+    while ran < MAX_ROUNDS:
+        lease = lock.acquire()
+        if lease is None:
+            return ran
+        try:
+            while lock.take_dirty() and ran < MAX_ROUNDS:
+                ran += 1
+                backend = get_backend()
+                report = run_cycle(lease, enqueue_bind, renew=lambda lease=lease: lock.renew(lease),
+                                   backend=backend)
+                if report.placed or report.conflicts:
+                    log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s", reason,
+                             len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
+                             report.seconds)
+        except FencedOut as exc:
+            log.warning("placement cycle fenced out: %s", exc)
+            lock.mark_dirty()
+        finally:
+            lock.release(lease)
+        # A request that came while we released must not be lost: look once more.
+        if not lock.take_dirty():
+            return ran
+        lock.mark_dirty()
+    cycle.delay(reason="continued")  # a long burst: hand over instead of holding a worker forever
+    return ran
+
+
+@shared_task(name="placement.cycle", acks_late=True)
+def cycle(reason: str = "") -> int:
+    return run_cycles(reason)
+
+
+@shared_task(name="placement.bind", acks_late=True, **RETRY)
+def bind(reservation_id: int) -> str | None:
+    status = actions.bind(get_backend(), int(reservation_id))
+    return status.name if status else None
+
+
+@shared_task(name="placement.unbind", acks_late=True, **RETRY)
+def unbind(namespace: str, name: str, reason: str) -> bool:
+    return actions.unbind(get_backend(), namespace, name, reason)
+
+
+@shared_task(name="placement.sync", acks_late=True, **RETRY)
+def sync(timeout_s: float = 0.0) -> int:
+    backend = get_backend()
+    return lifecycle.apply_events(backend, backend.poll(timeout_s))
+
+
+@shared_task(name="placement.lifecycle", acks_late=True)
+def lifecycle_checks() -> dict:
+    backend = get_backend()
+    expired, warned = lifecycle.expire_due(backend)
+    try:
+        flagged, reclaimed = lifecycle.check_idle(backend)
+    except ImportError:  # telemetry not installed: nothing measured, nothing idle
+        flagged = reclaimed = 0
+    return {"expired": expired, "warned": warned, "idle": flagged, "reclaimed": reclaimed}
+
+
+@shared_task(name="placement.reconcile", acks_late=True, **RETRY)
+def reconcile() -> dict:
+    report = reconciling.reconcile(get_backend())
+    return {"deleted": report.deleted, "rebound": report.rebound, "failed": report.failed,
+            "nodes_lost": report.nodes_lost}

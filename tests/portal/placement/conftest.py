@@ -1,0 +1,43 @@
+"""A simulated cluster (local backend in a temporary state file) and an in-process placement loop
+for the placement tests. The personas and the demo fleet come from tests/portal/conftest.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from portal.celery import app as celery_app
+from portal.placement import backend as backend_module
+from portal.placement import tasks
+from portal.placement.locking import ProcessLock
+
+
+@pytest.fixture
+def cluster(settings, tmp_path, fleet):
+    """The local backend the portal acts through; pods start at once, batch pods run 1 hour."""
+    settings.TESSERA_BACKEND = "local"
+    settings.TESSERA_LOCAL_STATE = str(tmp_path / "cluster.sqlite3")
+    settings.TESSERA_LOCAL_START_S = 0.0
+    settings.TESSERA_LOCAL_BATCH_S = 3600
+    settings.TESSERA_LOCK_REDIS_URL = ""
+    settings.REDIS_URL = ""
+    ProcessLock._dirty.clear()
+    eager = celery_app.conf.task_always_eager
+    celery_app.conf.task_always_eager = True  # binds run in-process, whatever REDIS_URL says
+    yield backend_module.get_backend()
+    celery_app.conf.task_always_eager = eager
+    backend_module._cache.clear()
+    backend_module._known_nodes.clear()
+
+
+@pytest.fixture
+def placement_loop(cluster, django_capture_on_commit_callbacks):
+    """Run what a worker would: a cycle (with its binds), then the cluster's events."""
+
+    def run(sync: bool = True) -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            tasks.run_cycles("test")
+        if sync:
+            with django_capture_on_commit_callbacks(execute=True):
+                tasks.sync()
+
+    return run

@@ -1,0 +1,118 @@
+"""Placement cycles on the simulated cluster: submit → placed → pod → running, with reasons,
+queue positions, preemption and gangs."""
+
+from __future__ import annotations
+
+from portal.placement.cycle import live_shares_ok
+from portal.reservations.models import Allocation, Reservation
+from portal.reservations.states import State
+from scheduler.backends import Phase, PodRef
+
+
+def _submit(client, body) -> int:
+    response = client.post("/api/v1/reservations/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def test_submitted_reservation_runs_with_its_share_on_the_gpu(client_for, reservation_body, cluster, placement_loop):
+    alice = client_for("alice")
+    rid = _submit(alice, reservation_body(gpu_request=0.25, gpu_limit=0.5, gpu_memory_mib=8192, gpu_model="T4"))
+    placement_loop()
+    body = alice.get(f"/api/v1/reservations/{rid}/").json()
+    assert body["state"] == "running", body
+    assert body["node"] == "t4-node-1"
+    [alloc] = body["allocations"]
+    pods = {p.name: p for p in cluster.list_pods()}
+    r = Reservation.objects.get(pk=rid)
+    assert r.pod_name == f"tessera-r{rid}-1" and pods[r.pod_name].phase == Phase.RUNNING
+    assert r.pod_uid == pods[r.pod_name].uid
+    env = cluster.pod_env(PodRef(r.pod_namespace, r.pod_name))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == alloc["gpu_uuid"]
+    assert env["TESSERA_GPU_REQUEST"] == "0.25" and env["TESSERA_GPU_LIMIT"] == "0.5"
+    assert env["TESSERA_GPU_MEMORY_LIMIT"] == "8192Mi" and env["TESSERA_SHARE_ID"] == str(rid)
+    assert [t.to_state for t in r.transitions.all()] == ["pending", "placed", "running"]
+
+
+def test_request_that_does_not_fit_waits_with_reason_and_queue_position(client_for, reservation_body, cluster,
+                                                                         placement_loop):
+    alice = client_for("alice")
+    # Two T4s of 15 GiB: 2 × 12 GiB fit, the third and fourth do not.
+    ids = [_submit(alice, reservation_body(gpu_request=0.3, gpu_memory_mib=12_000, gpu_model="T4"))
+           for _ in range(4)]
+    placement_loop()
+    states = {rid: alice.get(f"/api/v1/reservations/{rid}/").json() for rid in ids}
+    running = [rid for rid, b in states.items() if b["state"] == "running"]
+    waiting = [b for b in states.values() if b["state"] == "pending"]
+    assert len(running) == 2 and len(waiting) == 2
+    for b in waiting:
+        assert "memory" in b["state_reason"].lower(), b["state_reason"]
+    assert sorted(b["queue_position"] for b in waiting) == [1, 2]
+    assert live_shares_ok() == []
+
+
+def test_cancelled_running_reservation_frees_gpu_and_deletes_pod(client_for, reservation_body, cluster,
+                                                                 placement_loop):
+    whole_t4 = dict(gpu_request=1.0, gpu_memory_mib=15_000, gpu_model="T4")
+    alice = client_for("alice")
+    ids = [_submit(alice, reservation_body(**whole_t4)) for _ in range(2)]
+    ids.append(_submit(client_for("bob"), reservation_body(team="nlp", **whole_t4)))
+    placement_loop()
+    by_state = {s: [r for r in Reservation.objects.filter(pk__in=ids) if r.state == s]
+                for s in (State.RUNNING, State.PENDING)}
+    assert len(by_state[State.RUNNING]) == 2 and len(by_state[State.PENDING]) == 1  # two T4s
+    [waiting] = by_state[State.PENDING]
+    mine = next(r for r in by_state[State.RUNNING] if r.owner.username == "alice")
+    assert alice.post(f"/api/v1/reservations/{mine.pk}/cancel/", {}, format="json").status_code == 200
+    placement_loop()
+    assert mine.pod_name not in {p.name for p in cluster.list_pods()}
+    assert Reservation.objects.get(pk=waiting.pk).state == State.RUNNING
+    assert not Allocation.objects.filter(reservation_id=mine.pk, released_at__isnull=True).exists()
+    assert live_shares_ok() == []
+
+
+def test_high_priority_preempts_opportunistic_which_is_requeued(client_for, reservation_body, cluster,
+                                                                placement_loop):
+    alice, bob = client_for("alice"), client_for("bob")
+    victims = [_submit(alice, reservation_body(gpu_request=1.0, gpu_memory_mib=15_000, gpu_model="T4", priority=0,
+                                               requeue_on_preempt=True)) for _ in range(2)]
+    placement_loop()
+    victim_pods = {Reservation.objects.get(pk=v).pod_name for v in victims}
+    urgent = _submit(bob, reservation_body(team="nlp", gpu_request=0.5, gpu_memory_mib=8000, gpu_model="T4",
+                                           priority=90))
+    placement_loop()
+    placement_loop()
+    assert Reservation.objects.get(pk=urgent).state == State.RUNNING
+    evicted = [Reservation.objects.get(pk=v) for v in victims]
+    requeued = [r for r in evicted if r.state == State.PENDING]
+    assert len(requeued) == 1
+    transitions = [t.to_state for t in requeued[0].transitions.all()]
+    assert transitions[-2:] == ["preempted", "pending"]
+    assert f"preempted by reservation {urgent}" in requeued[0].transitions.get(to_state="preempted").reason
+    assert requeued[0].state_reason  # it says why it waits
+    assert len(victim_pods - {p.name for p in cluster.list_pods()}) == 1  # the victim's pod is gone
+    assert live_shares_ok() == []
+
+
+def test_batch_pod_that_completes_makes_reservation_succeed(settings, client_for, reservation_body, cluster,
+                                                            placement_loop):
+    settings.TESSERA_LOCAL_BATCH_S = 0.0
+    rid = _submit(client_for("alice"), reservation_body(gpu_request=0.5, gpu_memory_mib=4096))
+    placement_loop()
+    placement_loop()
+    r = Reservation.objects.get(pk=rid)
+    assert r.state == State.SUCCEEDED, r.state_reason
+    assert "completed" in r.state_reason
+    assert not Allocation.objects.filter(reservation=r, released_at__isnull=True).exists()
+
+
+def test_gang_is_placed_whole_or_not_at_all(client_for, reservation_body, cluster, placement_loop):
+    alice = client_for("alice")
+    # Three members of 10 GB each need three T4s; there are two.
+    gang = dict(gpu_model="T4", gpu_request=0.6, gpu_memory_mib=10_000, group_name="g1", group_headcount=3)
+    ids = [_submit(alice, reservation_body(**gang)) for _ in range(3)]
+    placement_loop()
+    states = {Reservation.objects.get(pk=i).state for i in ids}
+    assert states == {State.PENDING}, states  # only two T4s: none of the three may start
+    assert Allocation.objects.filter(released_at__isnull=True).count() == 0
+    assert all(Reservation.objects.get(pk=i).state_reason for i in ids)
