@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import urllib3
-from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from ..base import BackendError, ClusterEvent, NodeCondition, NodeEvent, PodEvent, PodStatus
 from .api import KubeApi
@@ -41,6 +41,8 @@ class ClusterWatch:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._rng = random.Random()
+        self._lock = threading.Lock()
+        self._open: set[Any] = set()  # watch responses being read
         self.relists = 0  # how many times a list was needed (start, 410, errors): telemetry and tests
 
     @property
@@ -67,6 +69,9 @@ class ClusterWatch:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        with self._lock:
+            for resp in self._open:
+                resp.shutdown()  # unblocks the thread reading the stream
         for t in self._threads:
             t.join(timeout_s)
 
@@ -92,20 +97,11 @@ class ClusterWatch:
             try:
                 if rv is None:
                     rv = self._relist(kind, list_fn, selector, on_relist)
-                stream = watch.Watch()
-                for event in stream.stream(list_fn, resource_version=rv, timeout_seconds=self._timeout_s,
-                                           allow_watch_bookmarks=True,
-                                           _request_timeout=(self._api.policy.connect_timeout_s,
-                                                             self._timeout_s + 10), **selector):
-                    obj = event["raw_object"]
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                    if event["type"] != "BOOKMARK":
-                        on_event(event["type"], obj)
-                    if self._stop.is_set():
-                        stream.stop()
-                        break
+                rv = self._follow(kind, list_fn, selector, rv, on_event)
                 failures = 0
             except ApiException as exc:
+                if self._stop.is_set():
+                    break
                 if exc.status == 410:
                     log.info("%s watch expired (410 Gone); relisting", kind)
                     rv = None
@@ -113,6 +109,8 @@ class ClusterWatch:
                 failures += 1
                 log.warning("%s watch failed: HTTP %s %s", kind, exc.status, exc.reason)
             except (urllib3.exceptions.HTTPError, OSError, BackendError, ValueError) as exc:
+                if self._stop.is_set():
+                    break  # stop() cut the stream
                 failures += 1
                 log.warning("%s watch failed: %s: %s", kind, type(exc).__name__, exc)
             if failures:
@@ -120,6 +118,36 @@ class ClusterWatch:
                 # relist so nothing in between is missed.
                 rv = None
                 self._stop.wait(self._rng.uniform(0, min(self._backoff_max_s, 0.1 * 2 ** min(failures, 10))))
+
+    def _follow(self, kind: str, list_fn: Callable[..., Any], selector: Mapping[str, str], rv: str,
+                on_event: Callable[[str, dict], None]) -> str:
+        """One watch request from `rv` until the server ends it; returns the position reached."""
+        resp = list_fn(watch=True, resource_version=rv, timeout_seconds=self._timeout_s,
+                       allow_watch_bookmarks=True, _preload_content=False,
+                       _request_timeout=(self._api.policy.connect_timeout_s, self._timeout_s + 10), **selector)
+        with self._lock:
+            self._open.add(resp)
+        try:
+            if self._stop.is_set():  # stopped while we connected: stop() did not see this response
+                return rv
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    break
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    # The Status the API server sends in-stream, e.g. 410 Gone for an expired position.
+                    raise ApiException(status=obj.get("code") or 500, reason=obj.get("message") or "watch error")
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if event.get("type") != "BOOKMARK":
+                    on_event(event["type"], obj)
+            return rv
+        finally:
+            with self._lock:
+                self._open.discard(resp)
+            resp.release_conn()
 
     def _relist(self, kind: str, list_fn: Callable[..., Any], selector: Mapping[str, str],
                 on_relist: Callable[[list[dict]], None]) -> str:

@@ -197,6 +197,13 @@ class FakeApiServer:
             obj = self.store.objects.pop(("Pod", namespace, name))
             self._record("Pod", "DELETED", obj)
 
+    def begin_deletion(self, namespace: str, name: str) -> None:
+        """`kubectl delete` of a pod whose containers are still stopping: deletionTimestamp set."""
+        with self.lock:
+            obj = copy.deepcopy(self.store.objects[("Pod", namespace, name)])
+            obj["metadata"]["deletionTimestamp"] = _now()
+            self._put("Pod", namespace, name, obj, "MODIFIED")
+
     def finish_deletion(self, namespace: str, name: str) -> None:
         self.remove_pod(namespace, name)
 
@@ -224,6 +231,10 @@ class FakeApiServer:
                times: int = 1, after: bool = False) -> None:
         with self.lock:
             self.faults.append(Fault(method.upper(), re.compile(path), status, delay_s, times, after))
+
+    def faults_left(self) -> int:
+        with self.lock:
+            return sum(f.times for f in self.faults)
 
     def calls(self, method: str, path: str) -> list[Request]:
         pattern = re.compile(path)
