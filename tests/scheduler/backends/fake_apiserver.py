@@ -521,6 +521,9 @@ class FakeApiServer:
                 raise ApiError(409, "Conflict", f"pod {name} is already assigned to node {bound!r}")
             obj = copy.deepcopy(obj)
             obj["spec"]["nodeName"] = body["target"]["name"]
+            # As the real API server does on a binding.
+            obj["status"].setdefault("conditions", []).append(
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
             self._put("Pod", ns, name, obj, "MODIFIED")
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 

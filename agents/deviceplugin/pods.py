@@ -1,0 +1,142 @@
+"""Which pod is the kubelet allocating for? The kubelet's Allocate names only device IDs, so the
+plugin asks the API server for the pods bound to its node that wait for Tessera's resource, and
+takes the one bound first (the kubelet admits pods one at a time, in about that order), as HAMi and
+Gemini do. Each container it answers for is counted on the pod (`ALLOCATED_ANNOTATION`, written
+with a resourceVersion precondition), so two Allocate calls never take the same container.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from .placement import PLACEMENT_ANNOTATION
+
+log = logging.getLogger(__name__)
+
+ALLOCATED_ANNOTATION = "tessera.io/allocated-containers"
+MAX_CLAIM_TRIES = 5
+
+
+class NoPodForAllocation(Exception):
+    """No pod on this node explains the Allocate call (or the API server cannot be asked)."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    namespace: str
+    name: str
+    uid: str
+    container: str
+    annotations: Mapping[str, str]
+
+
+class PodApi(Protocol):
+    def pods_on_node(self, node: str) -> list[dict]: ...
+
+    def annotate(self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]) -> bool:
+        """Patch annotations if the pod is still at `resource_version`; False when it moved on."""
+        ...
+
+
+class KubernetesPods:
+    """`PodApi` on the API server, with the node's service account (or an explicit host for tests)."""
+
+    def __init__(self, *, host: str | None = None, timeout_s: float = 5.0) -> None:
+        configuration = client.Configuration()
+        if host:
+            configuration.host = host
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+        configuration.retries = 2
+        self.core = client.CoreV1Api(client.ApiClient(configuration))
+        self.timeout_s = timeout_s
+
+    def pods_on_node(self, node: str) -> list[dict]:
+        resp = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node},status.phase=Pending", _preload_content=False,
+            _request_timeout=self.timeout_s)
+        try:
+            return list(json.loads(resp.data).get("items") or ())
+        finally:
+            resp.release_conn()
+
+    def annotate(self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]) -> bool:
+        body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+        try:
+            resp = self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False,
+                                                  _request_timeout=self.timeout_s)
+            resp.release_conn()
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+
+def _requesting(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int]]:
+    """(container name, how many devices it asked for) of each container asking for `resource`."""
+    out = []
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        limits = ((c.get("resources") or {}).get("limits") or {})
+        try:
+            count = int(str(limits.get(resource, "0")))
+        except ValueError:
+            count = 0
+        if count > 0:
+            out.append((c.get("name", ""), count))
+    return out
+
+
+def _bound_at(pod: Mapping[str, Any]) -> tuple[str, str]:
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "PodScheduled" and cond.get("lastTransitionTime"):
+            return str(cond["lastTransitionTime"]), str(pod["metadata"].get("creationTimestamp") or "")
+    return "", str(pod["metadata"].get("creationTimestamp") or "")
+
+
+class PodFinder:
+    def __init__(self, api: PodApi, node: str, resource: str) -> None:
+        self.api = api
+        self.node = node
+        self.resource = resource
+
+    def claim(self, device_count: int) -> Claim:
+        """Take the next unallocated container that asked for `device_count` of our resource."""
+        for _ in range(MAX_CLAIM_TRIES):
+            try:
+                pods = self.api.pods_on_node(self.node)
+            except Exception as exc:  # the API server's errors come in many types; all mean "cannot tell"
+                raise NoPodForAllocation(f"cannot list the pods of node {self.node}: {exc}") from exc
+            candidates = []
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                annotations = meta.get("annotations") or {}
+                if meta.get("deletionTimestamp") or PLACEMENT_ANNOTATION not in annotations:
+                    continue
+                wanted = _requesting(pod, self.resource)
+                try:
+                    done = int(annotations.get(ALLOCATED_ANNOTATION, "0"))
+                except ValueError:
+                    done = 0
+                if done < len(wanted) and wanted[done][1] == device_count:
+                    candidates.append((_bound_at(pod), pod, wanted[done][0], done))
+            if not candidates:
+                raise NoPodForAllocation(
+                    f"no pod bound to {self.node} waits for {device_count} {self.resource} "
+                    f"with a {PLACEMENT_ANNOTATION} annotation")
+            candidates.sort(key=lambda c: c[0])
+            _, pod, container, done = candidates[0]
+            meta = pod["metadata"]
+            if self.api.annotate(meta["namespace"], meta["name"], meta.get("resourceVersion", ""),
+                                 {ALLOCATED_ANNOTATION: str(done + 1)}):
+                return Claim(meta["namespace"], meta["name"], meta.get("uid", ""), container,
+                             dict(meta.get("annotations") or {}))
+            log.info("pod %s/%s changed while claiming; looking again", meta["namespace"], meta["name"])
+        raise NoPodForAllocation(f"pods on {self.node} kept changing; gave up after {MAX_CLAIM_TRIES} tries")

@@ -1,0 +1,160 @@
+"""The device plugin as the kubelet sees it: it registers, advertises GPU share slots and their
+health, and answers Allocate with the env and mounts of the placement that the Kubernetes backend
+wrote on the pod."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import grpc
+import pytest
+
+from agents.deviceplugin import api_pb2
+from agents.deviceplugin.devices import gpu_of
+from agents.deviceplugin.pods import ALLOCATED_ANNOTATION
+from scheduler.backends import GpuShare, PodRef
+from scheduler.backends.base import PLACEMENT_ANNOTATION, external_binding
+from scheduler.backends.kubernetes import KubernetesBackend
+
+from .conftest import GPUS, NODE
+
+
+def kubectl_pod(apiserver, name, *, shares=1, containers=1, namespace="team-vision"):
+    """A pod as a kubectl user writes it: KubeShare labels, our scheduler, one share slot."""
+    apiserver.create_pod({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"sharedgpu/gpu_request": "0.5"}},
+        "spec": {"schedulerName": "tessera", "containers": [
+            {"name": f"c{i}", "image": "jupyter/base", "resources": {"limits": {"tessera.io/gpu-share": str(shares)}}}
+            for i in range(containers)]}})
+
+
+def place(apiserver, name, reservation, gpu=0, request=0.25, limit=0.5, memory_mib=8192, priority=60,
+          namespace="team-vision"):
+    """What the portal does for a kubectl pod: the backend labels it with the placement and binds it."""
+    backend = KubernetesBackend(host=apiserver.url)
+    try:
+        labels, annotations = external_binding(reservation, "vision", (GpuShare(
+            uuid=GPUS[gpu].uuid, index=gpu, request=request, limit=limit, memory_mib=memory_mib),), priority)
+        backend.bind_external(PodRef(namespace, name), NODE, labels, annotations)
+    finally:
+        backend.close()
+
+
+def allocate(kubelet, plugin, *device_ids):
+    stub = kubelet.plugin(plugin.cfg.endpoint)
+    request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(
+        devices_ids=list(device_ids))])
+    (answer,) = stub.Allocate(request, timeout=10).container_responses
+    return answer
+
+
+def test_the_plugin_registers_and_advertises_share_slots_of_each_gpu(plugin, kubelet):
+    (reg,) = kubelet.registrations
+    assert (reg.version, reg.resource_name, reg.endpoint) == ("v1beta1", "tessera.io/gpu-share", plugin.cfg.endpoint)
+    kubelet.wait_for(lambda: kubelet.devices)
+    assert len(kubelet.devices) == 2 * 4
+    assert {gpu_of(d) for d in kubelet.devices} == {g.uuid for g in GPUS}
+    assert set(kubelet.devices.values()) == {"Healthy"}
+    options = kubelet.plugin(plugin.cfg.endpoint).GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+    assert not options.pre_start_required and not options.get_preferred_allocation_available
+
+
+def test_a_gpu_that_turns_unhealthy_is_advertised_so_and_back(plugin, kubelet):
+    kubelet.wait_for(lambda: kubelet.devices)
+    plugin.service.set_unhealthy(frozenset({GPUS[1].uuid}))
+    kubelet.wait_for(lambda: "Unhealthy" in kubelet.devices.values())
+    assert {d for d, h in kubelet.devices.items() if h == "Unhealthy"} == {
+        d for d in kubelet.devices if gpu_of(d) == GPUS[1].uuid}
+    plugin.service.set_unhealthy(frozenset())
+    kubelet.wait_for(lambda: set(kubelet.devices.values()) == {"Healthy"})
+
+
+def test_allocate_gives_the_container_its_gpu_share_preload_and_broker(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "notebook")
+    place(apiserver, "notebook", "77", gpu=1, request=0.25, limit=0.5, memory_mib=8192, priority=60)
+    answer = allocate(kubelet, plugin, f"{GPUS[0].uuid}::3")  # the kubelet's pick of slot does not matter
+    assert dict(answer.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": GPUS[1].uuid,
+        "LD_PRELOAD": "/opt/tessera/lib/libtessera_preload.so",
+        "TESSERA_GPU_REQUEST": "0.25",
+        "TESSERA_GPU_LIMIT": "0.5",
+        "TESSERA_GPU_MEMORY_LIMIT": "8192Mi",
+        "TESSERA_PRIORITY": "high",
+        "TESSERA_SHARE_ID": "77",
+        "TESSERA_BROKER_SOCKET": "/run/tessera/broker.sock",
+    }
+    mounts = {(m.host_path, m.container_path, m.read_only) for m in answer.mounts}
+    assert mounts == {("/opt/tessera/lib", "/opt/tessera/lib", True), ("/run/tessera", "/run/tessera", False)}
+    assert apiserver.pod("team-vision", "notebook")["metadata"]["annotations"][ALLOCATED_ANNOTATION] == "1"
+
+
+def test_two_placed_pods_each_get_their_own_placement_and_a_third_call_finds_none(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "first")
+    kubectl_pod(apiserver, "second")
+    place(apiserver, "first", "1", gpu=0)
+    place(apiserver, "second", "2", gpu=1)
+    got = {allocate(kubelet, plugin, "x").envs["TESSERA_SHARE_ID"] for _ in range(2)}
+    assert got == {"1", "2"}
+    with pytest.raises(grpc.RpcError) as refused:
+        allocate(kubelet, plugin, "x")
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no pod bound to gpu-node-1" in refused.value.details()
+
+
+def test_each_container_of_a_pod_is_allocated_once(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "pair", containers=2)
+    place(apiserver, "pair", "5")
+    assert allocate(kubelet, plugin, "x").envs["TESSERA_SHARE_ID"] == "5"
+    assert allocate(kubelet, plugin, "x").envs["TESSERA_SHARE_ID"] == "5"
+    assert apiserver.pod("team-vision", "pair")["metadata"]["annotations"][ALLOCATED_ANNOTATION] == "2"
+    with pytest.raises(grpc.RpcError):
+        allocate(kubelet, plugin, "x")
+
+
+def test_only_a_pod_asking_for_as_many_slots_as_the_kubelet_allocates_matches(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "two-slots", shares=2)
+    place(apiserver, "two-slots", "9")
+    with pytest.raises(grpc.RpcError):
+        allocate(kubelet, plugin, "a")
+    assert allocate(kubelet, plugin, "a", "b").envs["TESSERA_SHARE_ID"] == "9"
+
+
+def test_a_pod_placed_on_another_nodes_gpu_is_refused_by_name(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "lost")
+    backend = KubernetesBackend(host=apiserver.url)
+    labels, annotations = external_binding("8", "vision", (GpuShare("GPU-ffffffff-0000-4000-8000-000000000009",
+                                                                    0, 0.5, 0.5, 1024),), 10)
+    backend.bind_external(PodRef("team-vision", "lost"), NODE, labels, annotations)
+    backend.close()
+    with pytest.raises(grpc.RpcError) as refused:
+        allocate(kubelet, plugin, "x")
+    assert "GPU-ffffffff-0000-4000-8000-000000000009" in refused.value.details()
+    assert "which node gpu-node-1 does not have" in refused.value.details()
+
+
+def test_a_broken_placement_annotation_is_refused_naming_the_field(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "broken")
+    backend = KubernetesBackend(host=apiserver.url)
+    broken = {"reservation": "3", "gpus": [GPUS[0].uuid], "request": 0.9, "limit": 0.4, "memory_mib": 10,
+              "priority": "low"}
+    backend.bind_external(PodRef("team-vision", "broken"), NODE, {}, {PLACEMENT_ANNOTATION: json.dumps(broken)})
+    backend.close()
+    with pytest.raises(grpc.RpcError) as refused:
+        allocate(kubelet, plugin, "x")
+    assert "limit 0.4 is below request 0.9" in refused.value.details()
+
+
+def test_the_api_server_being_away_fails_the_allocation_with_the_reason(plugin, kubelet, apiserver):
+    apiserver.inject("GET", r"^/api/v1/pods$", status=500, times=20)
+    with pytest.raises(grpc.RpcError) as refused:
+        allocate(kubelet, plugin, "x")
+    assert "cannot list the pods of node gpu-node-1" in refused.value.details()
+
+
+def test_after_a_kubelet_restart_the_plugin_serves_and_registers_again(plugin, kubelet):
+    kubelet.wait_for(lambda: kubelet.updates >= 1)
+    os.unlink(plugin.socket_path)  # what the kubelet does to the directory when it starts
+    kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
+    kubelet.wait_for(lambda: kubelet.updates >= 2)  # it dialled the new socket and got the devices
