@@ -3,6 +3,7 @@ submit, cancel, transition, place, release."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -68,29 +69,10 @@ def submit(user, spec: rules.ReservationSpec) -> Reservation:
                 else:
                     problem += "; priority-0 (opportunistic, preemptible) requests may run beyond the quota"
                 raise QuotaExceeded(problem, team, usage)
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "team"}
         reservation = Reservation.objects.create(
-            owner=user,
-            team=team,
-            name=spec.name,
-            kind=spec.kind,
-            image=spec.image,
-            command=spec.command,
-            gpu_request=spec.gpu_request,
-            gpu_limit=spec.gpu_limit,
-            gpu_memory_mib=spec.gpu_memory_mib,
-            gpu_count=spec.gpu_count,
-            gpu_model=spec.gpu_model,
-            priority=spec.priority,
-            opportunistic=opportunistic,
-            requeue_on_preempt=spec.requeue_on_preempt,
-            affinity=spec.affinity,
-            anti_affinity=spec.anti_affinity,
-            exclusion=spec.exclusion,
-            group_name=spec.group_name,
-            group_headcount=spec.group_headcount,
-            group_threshold=spec.group_threshold,
-            max_duration_s=spec.max_duration_s,
-            state_reason="waiting for the next placement cycle",
+            owner=user, team=team, opportunistic=opportunistic,
+            state_reason="waiting for the next placement cycle", **fields,
         )
         why = "submitted" + (" as opportunistic (over quota)" if opportunistic else "")
         _record(reservation, "", State.PENDING, user, why)
