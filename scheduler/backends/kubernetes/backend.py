@@ -50,6 +50,8 @@ class KubernetesBackend:
     - `retry`: a `RetryPolicy` or a dict of its fields (attempts, base_s, max_s, timeouts)
     - `watch_timeout_s`: server-side length of one watch request (then it is renewed)
     - `runtime_class`: the pods' RuntimeClass (default "nvidia"; None to leave it out)
+    - `namespace`: where the portal puts reservation pods (each `PodSpec` carries its own; kept for
+      reference). Lists and watches are cluster-wide: kubectl pods live in the teams' namespaces.
     """
 
     name = "kubernetes"
@@ -57,13 +59,15 @@ class KubernetesBackend:
     def __init__(self, *, host: str | None = None, token: str | None = None, verify_ssl: bool = True,
                  kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None,
                  retry: RetryPolicy | Mapping[str, Any] | None = None, watch_timeout_s: int = 60,
-                 runtime_class: str | None = "nvidia", api_client: client.ApiClient | None = None) -> None:
+                 runtime_class: str | None = "nvidia", namespace: str = "tessera",
+                 api_client: client.ApiClient | None = None) -> None:
         policy = retry if isinstance(retry, RetryPolicy) else RetryPolicy(**dict(retry or {}))
         api_client = api_client or make_api_client(host=host, token=token, kubeconfig=kubeconfig,
                                                    context=context, in_cluster=in_cluster,
                                                    verify_ssl=verify_ssl)
         self.api = KubeApi(api_client, policy)
         self.runtime_class = runtime_class
+        self.namespace = namespace
         self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
                                   backoff_max_s=policy.max_s)
 
