@@ -80,10 +80,18 @@ def make_api_client(*, host: str | None = None, token: str | None = None, kubeco
         if token:
             configuration.api_key = {"authorization": f"Bearer {token}"}
         configuration.verify_ssl = verify_ssl
-    elif in_cluster or (in_cluster is None and os.environ.get("KUBERNETES_SERVICE_HOST")):
-        config.load_incluster_config(client_configuration=configuration)
     else:
-        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+        try:
+            if in_cluster or (in_cluster is None and os.environ.get("KUBERNETES_SERVICE_HOST")):
+                config.load_incluster_config(client_configuration=configuration)
+            else:
+                # KUBECONFIG read now, not when the client library was imported.
+                config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG") or None,
+                                        context=context, client_configuration=configuration)
+        except config.ConfigException as exc:
+            raise PermanentBackendError(
+                f"no usable Kubernetes configuration ({exc}): run in a pod with a service account, "
+                "or set KUBECONFIG") from exc
     configuration.retries = False
     return client.ApiClient(configuration)
 

@@ -174,3 +174,12 @@ def test_list_pods_reports_ours_and_bound_kubectl_pods_across_pages(nodes, backe
 def test_list_nodes_reports_readiness(nodes, backend):
     nodes.set_node_ready("gpu-node-2", False)
     assert {(n.name, n.ready) for n in backend.list_nodes()} == {("gpu-node-1", True), ("gpu-node-2", False)}
+
+
+def test_the_portal_builds_it_by_name_and_a_missing_cluster_config_is_a_clear_error(tmp_path, monkeypatch):
+    from scheduler.backends import create
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(PermanentBackendError, match="set KUBECONFIG"):
+        create("kubernetes", namespace="tessera")
