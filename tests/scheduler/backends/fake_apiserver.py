@@ -92,6 +92,23 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
+    """RFC 6902 "add" operations (what mutating webhooks send us), applied as the API server does."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        if op.get("op") != "add":
+            raise ApiError(500, "InternalError", f"the fake applies only 'add' patches, not {op}")
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target: Any = doc
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if isinstance(target, list):
+            target.insert(len(target) if last == "-" else int(last), op["value"])
+        else:
+            target[last] = op["value"]
+    return doc
+
+
 def _selector_matches(selector: str, values: dict[str, str], *, fields: bool) -> bool:
     for term in filter(None, (t.strip() for t in selector.split(","))):
         if "!=" in term:
@@ -139,6 +156,8 @@ class FakeApiServer:
         self.hold_deletions = False  # True: deleted pods stay terminating until `finish_deletion`
         self.stopping = False
         self.open_watches = 0
+        # Mutating admission: each is called with a pod being created and answers JSON Patch operations.
+        self.pod_mutators: list[Any] = []
         self._server = _Server(("127.0.0.1", 0), self._handler_class())
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
@@ -271,6 +290,9 @@ class FakeApiServer:
                 raise ApiError(422, "Invalid", f"metadata.labels: Invalid value: {value!r} for {key}")
         if ("Pod", ns, name) in self.store.objects:
             raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
+        for mutate in self.pod_mutators:
+            body = apply_json_patch(body, mutate(body))
+            meta = body["metadata"]
         meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
         body.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
         body["status"] = {"phase": "Pending"}

@@ -1,4 +1,5 @@
-"""The kubectl path end to end on the cluster side: a user's pod with KubeShare labels is picked up
+"""The kubectl path end to end on the cluster side: a user's pod with KubeShare labels (given its
+share-slot resource by the mutating webhook) is picked up
 by the portal's placement cycle through the kubernetes backend, placed, annotated and bound on the
 (fake) API server; the device plugin on its node then hands the container exactly that GPU and share;
 the pod's phases come back through the watch as the reservation's states. A pod with a wrong label
@@ -20,6 +21,7 @@ from agents.gpus.simulated import SimulatedSource
 from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
 from scheduler.backends.base import PLACEMENT_ANNOTATION, RESERVATION_LABEL
+from scheduler.backends.kubernetes.webhook import share_patch
 
 pytestmark = pytest.mark.django_db
 
@@ -72,11 +74,11 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
 
 
 def kubectl_pod(name, **labels):
+    """A KubeShare 2.0 manifest as users already have them: labels and the scheduler name, nothing else."""
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "team-vision", "labels": labels},
             "spec": {"schedulerName": "tessera", "containers": [
-                {"name": "nb", "image": "jupyter/base-notebook:2025-01",
-                 "resources": {"limits": {"tessera.io/gpu-share": "1"}}}]}}
+                {"name": "nb", "image": "jupyter/base-notebook:2025-01"}]}}
 
 
 def sync_until(predicate, timeout_s=15.0):
@@ -93,6 +95,7 @@ def sync_until(predicate, timeout_s=15.0):
 def test_a_kubectl_pod_is_placed_bound_allocated_and_followed(portal_on_kubernetes, apiserver):
     from portal.reservations.models import Reservation, Source
 
+    apiserver.pod_mutators.append(share_patch)  # the webhook of deploy/portal/webhook.yaml
     apiserver.create_pod(kubectl_pod("notebook", **{"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0",
                                                      "sharedgpu/gpu_mem": "4Gi", "sharedgpu/gpu_model": "T4"}))
     portal_on_kubernetes()
