@@ -5,16 +5,21 @@ server-side timeout, again and again. A 410 Gone (the watch fell out of the API 
 means a relist; on relist the current state of anything that changed since we last knew is reported,
 and pods that vanished meanwhile are reported deleted. Errors back off and retry; nothing here raises
 into the caller.
+
+Undrained events are coalesced: per pod (namespace, name, uid) and per node only the latest is kept.
+Each worker process that polls runs its own watch, and one that polls rarely then reports the current
+state of what changed, never a stale history (a node that was NotReady for a moment and is Ready again
+comes out Ready, not as a NotReady replayed late). Memory stays bounded by the number of objects.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import urllib3
@@ -27,7 +32,6 @@ from .manifests import node_condition, pod_status
 
 log = logging.getLogger(__name__)
 
-MAX_QUEUED = 100_000
 
 
 class ClusterWatch:
@@ -37,7 +41,8 @@ class ClusterWatch:
         self._pod_selector = pod_selector
         self._timeout_s = timeout_s
         self._backoff_max_s = backoff_max_s
-        self._events: queue.Queue[ClusterEvent] = queue.Queue(MAX_QUEUED)
+        self._pending: OrderedDict[Hashable, ClusterEvent] = OrderedDict()
+        self._arrived = threading.Condition()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._rng = random.Random()
@@ -76,16 +81,14 @@ class ClusterWatch:
             t.join(timeout_s)
 
     def drain(self, timeout_s: float) -> list[ClusterEvent]:
-        """What happened since the last call, waiting at most `timeout_s` for the first event."""
-        try:
-            out = [self._events.get(timeout=max(0.0, timeout_s))]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                out.append(self._events.get_nowait())
-            except queue.Empty:
-                return out
+        """What changed since the last call (latest event per object, oldest change first), waiting at
+        most `timeout_s` for something to happen."""
+        with self._arrived:
+            if not self._pending and timeout_s > 0:
+                self._arrived.wait_for(lambda: bool(self._pending), timeout=timeout_s)
+            out = list(self._pending.values())
+            self._pending.clear()
+        return out
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -170,10 +173,14 @@ class ClusterWatch:
     # -- turning objects into events ----------------------------------------------------------------
 
     def _emit(self, event: ClusterEvent) -> None:
-        try:
-            self._events.put_nowait(event)
-        except queue.Full:
-            log.warning("event queue full: dropping %s (reconcile will catch up)", event)
+        if isinstance(event, PodEvent):
+            key: Hashable = ("pod", event.pod.namespace, event.pod.name, event.pod.uid)
+        else:
+            key = ("node", event.node.name)
+        with self._arrived:
+            self._pending.pop(key, None)  # the newer event replaces it, at the end of the line
+            self._pending[key] = event
+            self._arrived.notify_all()
 
     def _on_pod(self, seen: dict[tuple[str, str], PodStatus], typ: str, obj: dict) -> None:
         status = pod_status(obj)

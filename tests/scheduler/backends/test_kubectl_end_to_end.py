@@ -1,9 +1,8 @@
-"""The kubectl path end to end on the cluster side: a user's pod with KubeShare labels (given its
-share-slot resource by the mutating webhook) is picked up
-by the portal's placement cycle through the kubernetes backend, placed, annotated and bound on the
-(fake) API server; the device plugin on its node then hands the container exactly that GPU and share;
-the pod's phases come back through the watch as the reservation's states. A pod with a wrong label
-gets a Warning Event and stays pending."""
+"""The kubectl path end to end on the cluster side: an unchanged KubeShare pod (given its share-slot
+resource by the mutating webhook) is picked up by the portal's placement cycle through the kubernetes
+backend, placed, annotated and bound on the (fake) API server; the device plugin on its node then
+hands the container exactly that GPU and share; the pod's phases come back through the watch as the
+reservation's states. A pod with a wrong label gets a Warning Event and stays pending."""
 
 from __future__ import annotations
 

@@ -102,3 +102,24 @@ def test_unbind_then_deletion_is_reported(nodes, backend, pod_spec):
     events = collect(backend, lambda ev: any(e.deleted for e in pod_events(ev, "tessera-r42-1")))
     deleting = [e.pod.deleting for e in pod_events(events, "tessera-r42-1")]
     assert deleting[-1] is True
+
+
+def test_a_late_poll_reports_the_current_state_not_a_replay_of_history(nodes, backend, pod_spec):
+    backend.bind(pod_spec())
+    collect(backend, lambda ev: pod_events(ev, "tessera-r42-1")
+            and {e.node.name for e in ev if isinstance(e, NodeEvent)} == {"gpu-node-1", "gpu-node-2"})
+    # Nobody polls while a node flaps and the pod runs to completion (another worker was busy).
+    nodes.set_node_ready("gpu-node-2", False)
+    nodes.set_node_ready("gpu-node-2", True)
+    nodes.set_pod_phase("tessera", "tessera-r42-1", "Running")
+    nodes.set_pod_phase("tessera", "tessera-r42-1", "Succeeded")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # until the watch thread has seen all four changes
+        pending = list(backend.watch._pending.values())
+        if any(isinstance(e, PodEvent) and e.pod.phase == Phase.SUCCEEDED for e in pending) and any(
+                isinstance(e, NodeEvent) and e.node.ready for e in pending):
+            break
+        time.sleep(0.05)
+    events = backend.poll(0)
+    assert [(e.node.name, e.node.ready) for e in events if isinstance(e, NodeEvent)] == [("gpu-node-2", True)]
+    assert [e.pod.phase for e in pod_events(events, "tessera-r42-1")] == [Phase.SUCCEEDED]
