@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -22,6 +24,7 @@ log = logging.getLogger(__name__)
 
 ALLOCATED_ANNOTATION = "tessera.io/allocated-containers"
 MAX_CLAIM_TRIES = 5
+LIST_ATTEMPTS = 3
 
 
 class NoPodForAllocation(Exception):
@@ -54,14 +57,25 @@ class KubernetesPods:
             configuration.host = host
         else:
             config.load_incluster_config(client_configuration=configuration)
-        configuration.retries = 2
+        configuration.retries = False  # retried here, where we know what is worth it
         self.core = client.CoreV1Api(client.ApiClient(configuration))
         self.timeout_s = timeout_s
 
     def pods_on_node(self, node: str) -> list[dict]:
-        resp = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node},status.phase=Pending", _preload_content=False,
-            _request_timeout=self.timeout_s)
+        # A failed Allocate fails the pod's admission for good: ride out a short API server hiccup.
+        for attempt in range(LIST_ATTEMPTS):
+            try:
+                resp = self.core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={node},status.phase=Pending", _preload_content=False,
+                    _request_timeout=self.timeout_s)
+                break
+            except ApiException as exc:
+                if exc.status not in (429, 500, 502, 503, 504) or attempt + 1 == LIST_ATTEMPTS:
+                    raise
+            except urllib3.exceptions.HTTPError:
+                if attempt + 1 == LIST_ATTEMPTS:
+                    raise
+            time.sleep(0.2 * 2 ** attempt)
         try:
             return list(json.loads(resp.data).get("items") or ())
         finally:

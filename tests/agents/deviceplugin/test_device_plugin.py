@@ -158,3 +158,11 @@ def test_after_a_kubelet_restart_the_plugin_serves_and_registers_again(plugin, k
     os.unlink(plugin.socket_path)  # what the kubelet does to the directory when it starts
     kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
     kubelet.wait_for(lambda: kubelet.updates >= 2)  # it dialled the new socket and got the devices
+
+
+def test_a_short_api_server_hiccup_does_not_fail_the_allocation(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "notebook")
+    place(apiserver, "notebook", "77")
+    apiserver.inject("GET", r"^/api/v1/pods$", status=503, times=2)
+    assert allocate(kubelet, plugin, "x").envs["TESSERA_SHARE_ID"] == "77"
+    assert apiserver.faults_left() == 0
