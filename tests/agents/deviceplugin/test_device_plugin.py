@@ -166,3 +166,35 @@ def test_a_short_api_server_hiccup_does_not_fail_the_allocation(plugin, kubelet,
     apiserver.inject("GET", r"^/api/v1/pods$", status=503, times=2)
     assert allocate(kubelet, plugin, "x").envs["TESSERA_SHARE_ID"] == "77"
     assert apiserver.faults_left() == 0
+
+
+def test_a_gpu_that_nvml_stops_reporting_turns_unhealthy_until_it_is_back(plugin, kubelet):
+    import threading
+
+    from agents.deviceplugin.__main__ import watch_health
+    from agents.gpus.base import GpuReading, Reading
+
+    class FlakySource:  # stands in for NVML: the second GPU drops out, then returns
+        kind = "nvml"
+        visible = [g.uuid for g in GPUS]
+
+        def devices(self):
+            return list(GPUS)
+
+        def read(self):
+            return Reading(gpus=[GpuReading(u, 0, 0, 0, None, None) for u in self.visible])
+
+    source = FlakySource()
+    stop = threading.Event()
+    thread = threading.Thread(target=watch_health, args=(source, plugin.service, 0.05, stop), daemon=True)
+    thread.start()
+    try:
+        kubelet.wait_for(lambda: kubelet.devices)
+        source.visible = [GPUS[0].uuid]
+        kubelet.wait_for(lambda: {d for d, h in kubelet.devices.items() if h == "Unhealthy"} == {
+            d for d in kubelet.devices if gpu_of(d) == GPUS[1].uuid})
+        source.visible = [g.uuid for g in GPUS]
+        kubelet.wait_for(lambda: set(kubelet.devices.values()) == {"Healthy"})
+    finally:
+        stop.set()
+        thread.join(5)
