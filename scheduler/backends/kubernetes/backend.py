@@ -76,7 +76,7 @@ class KubernetesBackend:
     def bind(self, spec: PodSpec) -> PodStatus:
         manifest = pod_manifest(spec, runtime_class=self.runtime_class)
         try:
-            self.api.call(f"node {spec.node}", self.api.core.read_node, spec.node, _preload_content=False)
+            self._raw(f"read node {spec.node}", self.api.core.read_node, spec.node)
         except NotFound as exc:
             raise PermanentBackendError(f"node {spec.node!r} does not exist in the cluster") from exc
         try:
@@ -149,8 +149,9 @@ class KubernetesBackend:
         try:
             # The placement goes on first: the device plugin reads it as soon as the kubelet sees the pod.
             self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name, pod.namespace, patch)
-            self.api.call("bind pod", self.api.core.create_namespaced_pod_binding, pod.name, pod.namespace,
-                          binding_manifest(pod.namespace, pod.name, node), _preload_content=False)
+            # Read as raw JSON: the client's model for Binding cannot parse the Status the server answers.
+            self._raw("bind pod", self.api.core.create_namespaced_pod_binding, pod.name, pod.namespace,
+                      binding_manifest(pod.namespace, pod.name, node))
         except NotFound as exc:
             raise PodConflict(f"pod {pod.namespace}/{pod.name} is gone") from exc
         except Conflict:
@@ -167,8 +168,7 @@ class KubernetesBackend:
         event = event_manifest(namespace=pod.namespace, pod_name=pod.name, pod_uid=uid,
                                reason="FailedScheduling", message=reason)
         try:
-            self.api.call("record event", self.api.core.create_namespaced_event, pod.namespace, event,
-                          _preload_content=False)
+            self._raw("record event", self.api.core.create_namespaced_event, pod.namespace, event)
         except Conflict:
             pass  # the same message is already recorded on this pod
         except NotFound:

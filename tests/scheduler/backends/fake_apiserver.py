@@ -156,6 +156,7 @@ class FakeApiServer:
         self.hold_deletions = False  # True: deleted pods stay terminating until `finish_deletion`
         self.stopping = False
         self.open_watches = 0
+        self.connections = 0  # TCP connections accepted: a client that leaks them opens many
         # Mutating admission: each is called with a pod being created and answers JSON Patch operations.
         self.pod_mutators: list[Any] = []
         self._server = _Server(("127.0.0.1", 0), self._handler_class())
@@ -316,6 +317,11 @@ class FakeApiServer:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with server.lock:
+                    server.connections += 1
 
             def do_GET(self) -> None:
                 self._serve("GET")

@@ -183,3 +183,12 @@ def test_the_portal_builds_it_by_name_and_a_missing_cluster_config_is_a_clear_er
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     with pytest.raises(PermanentBackendError, match="set KUBECONFIG"):
         create("kubernetes", namespace="tessera")
+
+
+def test_the_backend_reuses_its_connections(nodes, backend, pod_spec):
+    for i in range(15):
+        backend.bind(pod_spec(reservation_id=str(i)))
+        backend.bind(pod_spec(reservation_id=str(i)))  # adopt
+    backend.list_pods()
+    # Every answer is read and the connection handed back to the pool: a handful, not one per call.
+    assert nodes.connections <= 4
