@@ -12,6 +12,7 @@ import re
 import time
 
 from asgiref.sync import sync_to_async
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -27,7 +28,7 @@ from agents.protocol import (
 )
 from portal.fleet.services import node_for_token
 
-from . import conf, ingest, live, ticker
+from . import conf, dbthread, ingest, live, ticker
 from .services import placements_for_node
 from .writer import writer
 
@@ -79,13 +80,27 @@ def _node_group(node_id: int) -> str:
 class AgentConsumer(AsyncWebsocketConsumer):
     """One node agent. Protocol: agents/PROTOCOL.md."""
 
+    async def dispatch(self, message) -> None:
+        # Channels closes old database connections before every handler, a thread hop per
+        # message; this consumer touches the database only through dbthread and the writer,
+        # which manage their own connections.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
+
     async def connect(self) -> None:
         self.node = None
         self.info: ingest.StreamInfo | None = None
         self.hello: Hello | None = None
         self.broken = False  # a store failed: nothing more may be stored or acked here
         token = _bearer_token(self.scope)
-        node = await database_sync_to_async(node_for_token)(token) if token else None
+        try:
+            # Daphne drops a handshake the application has not answered in 5 s.
+            node = await dbthread.run(node_for_token, token, within=4.0) if token else None
+        except dbthread.Stale:
+            await self.close()  # refused for now; the agent retries with backoff
+            return
         if node is None:
             await self.close()  # before accept: the handshake is answered 403, nothing is read
             return
@@ -146,7 +161,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
                               CLOSE_POLICY)
             return
         try:
-            self.info = await database_sync_to_async(ingest.register_hello)(self.node, hello)
+            # The agent waits WELCOME_TIMEOUT_S (10 s) for the welcome.
+            self.info = await dbthread.run(ingest.register_hello, self.node, hello, within=8.0)
+        except dbthread.Stale:
+            await self._fatal("internal", "the portal is busy; try again later", CLOSE_INTERNAL)
+            return
         except Exception:
             log.exception("registering hello of %s failed", self.node.name)
             await self._fatal("internal", "the portal could not record the hello; try again later",
@@ -182,7 +201,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
                                    separators=(",", ":")))
 
     async def _send_placements(self) -> None:
-        body = await database_sync_to_async(placements_for_node)(self.node.pk)
+        try:
+            body = await dbthread.run(placements_for_node, self.node.pk)
+        except Exception:
+            # The agent keeps its previous placements; it gets the full list at its next hello.
+            log.exception("reading the placements of %s failed", self.node.name)
+            return
         await self.send(json.dumps(body, separators=(",", ":")))
 
     # Channel layer events

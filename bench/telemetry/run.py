@@ -1,0 +1,357 @@
+"""Telemetry benchmark: N simulated nodes × 8 GPUs at 1 Hz against ONE portal process (Daphne,
+channels-redis, PostgreSQL), with a browser watching live groups.
+
+Measures, per fleet size: GPU samples stored per second (offered: N × 8), agent→browser latency
+p50/p99 (the sample's ts_ms, taken by the agent, to its arrival at the browser on ws/live/ — one
+machine, one clock), and the CPU the portal process and the agent fleet use. The first size is the
+baseline each later size is compared with (ratios in the same run).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \\
+        .venv/bin/python bench/telemetry/run.py --nodes 50,200,500 --seconds 40
+
+It creates (and drops) its own database `tessera_bench_telemetry` on that server and uses Redis
+database 9. Results: bench/results/telemetry/results.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+BENCH_DB = "tessera_bench_telemetry"
+REDIS_URL = "redis://127.0.0.1:6379/9"
+RESULTS = ROOT / "bench" / "results" / "telemetry"
+
+
+_ADMIN_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+def _admin_url() -> str:
+    url = _ADMIN_URL
+    if not url.startswith("postgres"):
+        sys.exit("the benchmark needs PostgreSQL: set DATABASE_URL=postgres://...")
+    return url
+
+
+def _bench_url(admin: str) -> str:
+    return urlparse(admin)._replace(path="/" + BENCH_DB).geturl()
+
+
+def _recreate_database(admin: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+
+
+def _drop_database(admin: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _write_inventory(path: Path, nodes: int) -> list[str]:
+    names = [f"bench-node-{i:04d}" for i in range(nodes)]
+    lines = ["version: 1", "nodes:"]
+    for name in names:
+        lines += [f"  - name: {name}", "    gpus:", "      - model: A100-80GB", "        memory_mib: 81920",
+                  "        count: 8"]
+    path.write_text("\n".join(lines) + "\n")
+    return names
+
+
+def _setup(inventory: Path, tokens: Path, shares_per_node: int) -> dict:
+    """Fleet, one team and user, `shares_per_node` running reservations per node (so the agents
+    report shares and the team group has traffic); node tokens into the tokens file."""
+    from decimal import Decimal
+
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from portal.fleet import inventory as fleet_inventory
+    from portal.fleet.models import Gpu, Node
+    from portal.fleet.services import issue_node_token
+    from portal.reservations.models import Allocation, Reservation
+    from portal.reservations.states import State
+    from portal.tenancy.models import Membership, Role, Team
+
+    call_command("migrate", verbosity=0)
+    fleet_inventory.load(inventory)
+    team = Team.objects.create(slug="bench", name="Bench", quota_gpu_share=Decimal(10_000),
+                               quota_memory_mib=10**9, quota_max_gpus=10_000)
+    user = get_user_model().objects.create_user("watcher", password="x")
+    Membership.objects.create(user=user, team=team, role=Role.MEMBER)
+    token_lines = []
+    for node in Node.objects.all():
+        token_lines.append(f"{node.name}: {issue_node_token(node)}")
+        for gpu in Gpu.objects.filter(node=node, index__lt=shares_per_node):
+            r = Reservation.objects.create(owner=user, team=team, image="bench", gpu_request=Decimal("0.5"),
+                                           gpu_limit=Decimal("0.5"), gpu_memory_mib=1024, state=State.RUNNING,
+                                           node=node)
+            Allocation.objects.create(reservation=r, gpu=gpu, compute_share=Decimal("0.5"),
+                                      compute_limit=Decimal("0.5"), memory_mib=1024)
+    tokens.write_text("\n".join(token_lines) + "\n")
+    from django.contrib.sessions.backends.db import SessionStore
+
+    session = SessionStore()
+    session["_auth_user_id"] = str(user.pk)
+    session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+    session["_auth_user_hash"] = user.get_session_auth_hash()
+    session.create()
+    gpus = list(Gpu.objects.order_by("node__name", "index").values_list("pk", flat=True))
+    return {"session": session.session_key, "team": team.pk, "gpus": gpus}
+
+
+async def _browser(url: str, session: str, groups: list[str], stop: asyncio.Event, latencies: list[float],
+                   gaps: list[int]) -> None:
+    from websockets.asyncio.client import connect
+
+    headers = {"Cookie": f"sessionid={session}", "Origin": url.replace("ws://", "http://")}
+    async with connect(f"{url}/ws/live/", additional_headers=headers, max_size=None) as ws:
+        await ws.send(json.dumps({"subscribe": groups}))
+        last: dict[str, int] = {}
+        while not stop.is_set():
+            try:
+                raw = await asyncio.wait_for(ws.recv(), 0.5)
+            except TimeoutError:
+                continue
+            now_ms = time.time() * 1000
+            message = json.loads(raw)
+            if "seq" not in message:
+                continue
+            group = message["group"]
+            if group in last and message["seq"] != last[group] + 1:
+                gaps.append(message["seq"] - last[group] - 1)
+            last[group] = message["seq"]
+            if message["type"] == "gpu":
+                latencies.append(now_ms - message["data"]["ts_ms"])
+
+
+def _stored_rows() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM telemetry_gpusample")
+        return cursor.fetchone()[0]
+
+
+def _lag() -> tuple[int, float | None]:
+    """(streams that stored anything, 90th percentile of now - newest stored sample, s)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*), percentile_cont(0.9) WITHIN GROUP (ORDER BY "
+                       "extract(epoch FROM now() - last_sample_at)) FROM telemetry_agentstream "
+                       "WHERE last_sample_at IS NOT NULL")
+        count, lag = cursor.fetchone()
+        return count, (None if lag is None else float(lag))
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _measure(nodes: int, seconds: float, warmup: float, shares: int, watch_gpus: int) -> dict:
+    import django
+    from django.apps import apps
+    from django.db import connection
+
+    admin = _admin_url()
+    if apps.ready:
+        connection.close()
+    _recreate_database(admin)
+    os.environ["DATABASE_URL"] = _bench_url(admin)
+    if not apps.ready:
+        django.setup()
+    tmp = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
+    inventory, tokens = tmp / "inventory.yaml", tmp / "tokens.yaml"
+    _write_inventory(inventory, nodes)
+    setup = _setup(inventory, tokens, shares)
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": _bench_url(admin), "REDIS_URL": REDIS_URL, "TESSERA_TELEMETRY_TICKER": "0",
+           "CELERY_TASK_ALWAYS_EAGER": "1", "LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    portal = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                               "portal.asgi:application"], cwd=ROOT, env=env,
+                              stdout=(tmp / "daphne.log").open("wb"), stderr=subprocess.STDOUT)
+    fleet = None
+    try:
+        for _ in range(300):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        fleet = subprocess.Popen([sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{port}",
+                                  "--simulate", str(inventory), "--tokens", str(tokens), "--interval", "1"],
+                                 cwd=ROOT, env={**os.environ}, stdout=(tmp / "fleet.log").open("wb"),
+                                 stderr=subprocess.STDOUT)
+        stride = max(1, len(setup["gpus"]) // watch_gpus)
+        groups = [f"gpu:{g}" for g in setup["gpus"][::stride][:watch_gpus]] + [f"team:{setup['team']}"]
+        result = asyncio.run(_drive(port, setup["session"], groups, portal.pid, fleet.pid, seconds, warmup,
+                                    nodes))
+        result.update({"nodes": nodes, "gpus": nodes * 8, "offered_samples_per_s": nodes * 8.0,
+                       "watched_groups": len(groups), "logs": str(tmp)})
+        return result
+    finally:
+        for proc in (fleet, portal):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (fleet, portal):
+            if proc is not None:
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+async def _drive(port: int, session: str, groups: list[str], portal_pid: int, fleet_pid: int, seconds: float,
+                 warmup: float, nodes: int) -> dict:
+    latencies: list[float] = []
+    gaps: list[int] = []
+    stop = asyncio.Event()
+    browser = asyncio.create_task(_browser(f"ws://127.0.0.1:{port}", session, groups, stop, latencies, gaps))
+    # Steady state first: every agent connected and its replay drained (after a start every
+    # agent has a backlog, like after a portal restart); how long that took is reported too.
+    started = time.monotonic()
+    await asyncio.sleep(min(warmup, 10))
+    while time.monotonic() - started < warmup:
+        count, lag = await asyncio.to_thread(_lag)
+        if count >= nodes and lag is not None and lag < 3.0:
+            break
+        await asyncio.sleep(2)
+    settle_s = time.monotonic() - started
+    latencies.clear()
+    gaps.clear()
+    rows0, t0 = await asyncio.to_thread(_stored_rows), time.monotonic()
+    cpu0 = (_cpu_seconds(portal_pid), _cpu_seconds(fleet_pid))
+    await asyncio.sleep(seconds)
+    rows1, t1 = await asyncio.to_thread(_stored_rows), time.monotonic()
+    _, lag_end = await asyncio.to_thread(_lag)
+    cpu1 = (_cpu_seconds(portal_pid), _cpu_seconds(fleet_pid))
+    stop.set()
+    await asyncio.wait_for(browser, 5)
+    elapsed = t1 - t0
+    return {
+        "stored_samples_per_s": round((rows1 - rows0) / elapsed, 1),
+        "latency_ms_p50": _round(_percentile(latencies, 0.50)),
+        "latency_ms_p99": _round(_percentile(latencies, 0.99)),
+        "latency_samples": len(latencies),
+        "live_messages_missed": sum(gaps),
+        "portal_cpu_cores": round((cpu1[0] - cpu0[0]) / elapsed, 2),
+        "fleet_cpu_cores": round((cpu1[1] - cpu0[1]) / elapsed, 2),
+        "measured_s": round(elapsed, 1),
+        "settle_s": round(settle_s, 1),
+        "lag_p90_s_at_end": _round(lag_end),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _maintenance_cost() -> dict:
+    """One rollup round over what the last (largest) run stored."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.telemetry.rollups import roll_up
+
+    started = time.monotonic()
+    rows = roll_up(timezone.now() + timedelta(minutes=2))
+    return {"rollup_rows": rows, "rollup_s": round(time.monotonic() - started, 2)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="50,200,500", help="fleet sizes, comma-separated; the first is the baseline")
+    parser.add_argument("--seconds", type=float, default=40.0, help="measured seconds per size")
+    parser.add_argument("--warmup", type=float, default=120.0,
+                        help="at most this many seconds to reach steady state (all connected, replays drained)")
+    parser.add_argument("--shares", type=int, default=2, help="running shares per node (reported by the agents)")
+    parser.add_argument("--watch-gpus", type=int, default=16, help="GPU groups the browser watches")
+    parser.add_argument("--keep-db", action="store_true", help="leave the benchmark database behind")
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    sizes = [int(n) for n in args.nodes.split(",")]
+    runs = []
+    for n in sizes:
+        print(f"--- {n} nodes x 8 GPUs at 1 Hz ...", file=sys.stderr, flush=True)
+        result = _measure(n, args.seconds, args.warmup, args.shares, args.watch_gpus)
+        print(json.dumps(result), file=sys.stderr, flush=True)
+        runs.append(result)
+    maintenance = _maintenance_cost()
+    if not args.keep_db:
+        from django.db import connection
+
+        connection.close()
+        _drop_database(_admin_url())
+    base = runs[0]
+    for r in runs:
+        r["stored_ratio_to_offered"] = round(r["stored_samples_per_s"] / r["offered_samples_per_s"], 3)
+        r["throughput_vs_baseline"] = round(r["stored_samples_per_s"] / base["stored_samples_per_s"], 2)
+        if r["latency_ms_p99"] and base["latency_ms_p99"]:
+            r["p99_vs_baseline"] = round(r["latency_ms_p99"] / base["latency_ms_p99"], 2)
+    command = "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/telemetry/run.py " + \
+        " ".join(sys.argv[1:])
+    report = {"command": command, "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+              "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "runs": runs,
+              "rollup_after_last_run": maintenance}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        "# Telemetry ingest and live fan-out", "",
+        f"Command: `{command}`  ", f"Machine: {report['machine']}  ", f"Date (UTC): {report['date_utc']}", "",
+        "One Daphne process (portal), channels-redis, PostgreSQL, one `agents.fleet` process with N simulated "
+        "nodes × 8 GPUs at 1 Hz, one browser on ws/live/ watching GPU groups and the team group. "
+        "Latency: the agent's sample timestamp to its arrival at the browser.", "",
+        "| nodes | offered samples/s | stored samples/s | stored/offered | p50 ms | p99 ms | live msgs missed "
+        "| portal CPU (cores) | fleet CPU (cores) | throughput vs baseline | p99 vs baseline |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in runs:
+        lines.append(f"| {r['nodes']} | {r['offered_samples_per_s']:.0f} | {r['stored_samples_per_s']:.0f} | "
+                     f"{r['stored_ratio_to_offered']} | {r['latency_ms_p50']} | {r['latency_ms_p99']} | "
+                     f"{r['live_messages_missed']} | {r['portal_cpu_cores']} | {r['fleet_cpu_cores']} | "
+                     f"{r['throughput_vs_baseline']} | {r.get('p99_vs_baseline', '-')} |")
+    lines += ["", f"Rollup of everything stored in the last run: {maintenance['rollup_rows']} minute rows in "
+              f"{maintenance['rollup_s']} s.", ""]
+    (RESULTS / "results.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

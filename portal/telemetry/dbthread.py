@@ -1,0 +1,43 @@
+"""Database calls of the agent consumers, on a small pool of threads that keep their connections.
+
+Channels' database_sync_to_async runs every call on one shared thread and closes the connection
+around each call when CONN_MAX_AGE is 0: with hundreds of agents (re)connecting at once, the
+handshakes then queue behind fresh PostgreSQL logins and time out, and the retries make it worse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from django.db import connection
+
+T = TypeVar("T")
+
+_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="telemetry-db")
+
+
+class Stale(Exception):
+    """The call waited in the queue past its deadline: its caller has given up by now."""
+
+
+def _call(deadline: float | None, fn: Callable[..., T], *args) -> T:
+    # During a reconnect storm the queue can hold work for agents that already timed out and
+    # will retry; doing it anyway would make every later handshake late too.
+    if deadline is not None and time.monotonic() > deadline:
+        raise Stale(f"{getattr(fn, '__name__', fn)} waited too long to start")
+    try:
+        return fn(*args)
+    except Exception:
+        # The next call opens a fresh connection (the database may have restarted).
+        connection.close()
+        raise
+
+
+async def run(fn: Callable[..., T], *args, within: float | None = None) -> T:
+    """Run fn(*args) on the pool; with `within`, give up (Stale) if it cannot start in that many s."""
+    deadline = None if within is None else time.monotonic() + within
+    return await asyncio.get_running_loop().run_in_executor(_executor, _call, deadline, fn, *args)
