@@ -6,10 +6,10 @@ log = logging.getLogger(__name__)
 
 
 def _enqueue_cycle(sender, reason: str = "", **kwargs) -> None:
-    from .tasks import cycle
+    from .tasks import request_cycle
 
     try:
-        cycle.delay(reason=reason)
+        request_cycle(reason)
     except Exception:  # the broker is away: the periodic cycle will place it
         log.exception("could not enqueue a placement cycle (%s)", reason)
 

@@ -109,7 +109,8 @@ def run_cycle(lease: Lease, on_bind: Callable[[int], None], renew: Callable[[], 
         try:
             requests.append(snapshot.to_request(r))
         except ValueError as exc:
-            services.note_pending_reason(r.pk, f"cannot be placed as asked: {exc}")
+            if not r.state_reason.startswith("cannot be placed as asked"):
+                services.note_pending_reason(r.pk, f"cannot be placed as asked: {exc}")
     snap = snapshot.build()
     result = core.schedule(snap, requests, _policy())
     gpu_ids = dict(Gpu.objects.values_list("uuid", "pk"))
@@ -149,7 +150,8 @@ def run_cycle(lease: Lease, on_bind: Callable[[int], None], renew: Callable[[], 
         report.placed.extend(int(p.request_id) for p in placements)
 
     for rid, why in waiting.items():
-        services.note_pending_reason(int(rid), why)
+        if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles
+            services.note_pending_reason(int(rid), why)
     report.unschedulable = len(result.unschedulable)
     update_queue(pending)
     report.seconds = time.perf_counter() - started

@@ -5,9 +5,11 @@ counter); the holder renews it between decisions and deletes it only if it still
 holder dies the lease expires and the next cycle takes over. Without Redis (quickstart: tasks run
 in-process) a process-wide lock stands in, and tokens come from the database.
 
-Whoever asks for a cycle first marks the cluster "dirty", then tries the lock; the holder runs
-cycles until nobody has marked it dirty since, and looks once more after releasing. So a request
-that arrives while a cycle runs is never lost, and a burst of requests costs one or two cycles.
+Whoever asks for a cycle first marks the cluster "dirty", then enqueues a cycle task unless one is
+already queued and not yet started (`claim_queued`); the task clears that mark when it starts and
+tries the lock; the holder runs cycles until nobody has marked it dirty since, and looks once more
+after releasing. So a request that arrives while a cycle runs is never lost, and a burst of 500
+submissions costs a handful of tasks and cycles, not 500.
 
 Fencing: each decision commits only if `fence(token)` accepts the token (database row, see
 models.Fence), so a holder whose lease expired can never commit after a newer one.
@@ -27,6 +29,8 @@ from .models import Fence
 LEASE_KEY = "tessera:placement:lease"
 COUNTER_KEY = "tessera:placement:fence"
 DIRTY_KEY = "tessera:placement:dirty"
+QUEUED_KEY = "tessera:placement:queued"
+QUEUED_TTL_S = 30  # a queued cycle task lost with its broker is forgotten after this (beat covers it)
 
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
@@ -96,6 +100,12 @@ class RedisLock:
     def take_dirty(self) -> bool:
         return self.client.getdel(DIRTY_KEY) is not None
 
+    def claim_queued(self) -> bool:
+        return bool(self.client.set(QUEUED_KEY, "1", nx=True, ex=QUEUED_TTL_S))
+
+    def clear_queued(self) -> None:
+        self.client.delete(QUEUED_KEY)
+
 
 class ProcessLock:
     """Stand-in without Redis: one cycle at a time in this process; tokens from the database."""
@@ -126,6 +136,12 @@ class ProcessLock:
         was = self._dirty.is_set()
         self._dirty.clear()
         return was
+
+    def claim_queued(self) -> bool:
+        return True  # in-process: the request runs the cycle itself
+
+    def clear_queued(self) -> None:
+        pass
 
 
 _locks: dict[str, RedisLock | ProcessLock] = {}

@@ -65,8 +65,20 @@ def run_cycles(reason: str = "") -> int:
     return ran
 
 
+def request_cycle(reason: str) -> bool:
+    """Ask for a cycle (after a commit). Returns whether a task was sent (one already queued
+    and not yet started will see this change, so none is needed)."""
+    lock = cluster_lock()
+    lock.mark_dirty()
+    if not lock.claim_queued():
+        return False
+    cycle.delay(reason=reason)
+    return True
+
+
 @shared_task(name="placement.cycle", acks_late=True)
 def cycle(reason: str = "") -> int:
+    cluster_lock().clear_queued()
     return run_cycles(reason)
 
 

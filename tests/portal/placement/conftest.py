@@ -22,9 +22,10 @@ def cluster(settings, tmp_path, fleet):
     settings.REDIS_URL = ""
     ProcessLock._dirty.clear()
     eager = celery_app.conf.task_always_eager
-    celery_app.conf.task_always_eager = True  # binds run in-process, whatever REDIS_URL says
+    # Binds run in-process, whatever REDIS_URL says (the app reads CELERY_* from the settings).
+    celery_app.conf.update(CELERY_TASK_ALWAYS_EAGER=True)
     yield backend_module.get_backend()
-    celery_app.conf.task_always_eager = eager
+    celery_app.conf.update(CELERY_TASK_ALWAYS_EAGER=eager)
     backend_module._cache.clear()
     backend_module._known_nodes.clear()
 
