@@ -26,6 +26,7 @@ app.conf.update(
         "placement-sync": {"task": "placement.sync", "schedule": 2.0},
         "placement-lifecycle": {"task": "placement.lifecycle", "schedule": 20.0},
         "placement-reconcile": {"task": "placement.reconcile", "schedule": 30.0},
+        "telemetry-maintain": {"task": "telemetry.maintain", "schedule": 30.0},
     },
 )
-app.autodiscover_tasks(["portal.placement"])
+app.autodiscover_tasks(["portal.placement", "portal.telemetry"])

@@ -1,0 +1,70 @@
+"""Who may watch which live group, and the state a browser re-fetches after a gap."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from portal.telemetry import ingest, live
+
+from .conftest import hello_for, samples_for
+
+pytestmark = pytest.mark.django_db
+
+
+def test_group_names_are_strict():
+    assert live.parse_group("team:12") == live.Group("team", 12)
+    for bad in ("team:0", "team:-1", "team:01", "Team:1", "team:1 ", "gpu:", "node:1", 7, None, "team:1:2"):
+        assert live.parse_group(bad) is None
+
+
+def test_members_see_their_team_and_its_reservations_only(people, teams, placed, node):
+    vision, nlp = teams["vision"], teams["nlp"]
+    gpu = live.Group("gpu", node.gpus.first().pk)
+    cases = {
+        "alice": {("team", vision.pk), ("reservation", placed["vision"].pk)},
+        "dave": {("team", vision.pk), ("reservation", placed["vision"].pk)},  # managers read
+        "bob": {("team", nlp.pk), ("reservation", placed["nlp"].pk)},
+        "admin": {("team", vision.pk), ("team", nlp.pk), ("reservation", placed["vision"].pk),
+                  ("reservation", placed["nlp"].pk)},
+    }
+    every = [live.Group(k, i) for k, i in set().union(*cases.values())]
+    for name, allowed in cases.items():
+        user = people[name]
+        assert {(g.kind, g.id) for g in every if live.may_see(user, g)} == allowed, name
+        assert live.may_see(user, gpu)
+    assert not live.may_see(people["alice"], live.Group("gpu", 999_999))
+    assert not live.may_see(people["admin"], live.Group("reservation", 999_999))
+
+
+def test_gpu_messages_never_carry_shares():
+    latest = {"node": 1, "ts_ms": 1_800_000_000_000,
+              "gpus": [{"gpu": 5, "sm_util_pct": 50, "mem_util_pct": 1, "mem_used_mib": 1, "power_w": None,
+                        "temp_c": None}],
+              "shares": [{"reservation": 9, "team": 3, "gpu": 5, "used_frac": 0.5, "mem_used_mib": None},
+                         {"reservation": 10, "team": 4, "gpu": 5, "used_frac": 0.1, "mem_used_mib": None}]}
+    messages = live.messages_for(latest)
+    assert set(messages) == {"gpu:5", "team:3", "team:4", "reservation:9", "reservation:10"}
+    assert "shares" not in messages["gpu:5"]["data"]
+    assert [s["reservation"] for s in messages["team:3"]["data"]["shares"]] == [9]
+
+
+def test_live_state_answers_only_visible_groups(people, teams, placed, node):
+    hello = hello_for(node)
+    info = ingest.register_hello(node, hello)
+    ingest.store_batches([ingest.Submission(info, samples_for(
+        node, hello.stream, range(1, 2), shares=[(placed["vision"].pk, 0, 0.3), (placed["nlp"].pk, 1, 0.6)]))])
+    client = Client()
+    assert client.get("/telemetry/live/state/?groups=gpu:1").status_code == 401
+    client.force_login(people["alice"])
+    gpu0 = node.gpus.get(index=0)
+    response = client.get(f"/telemetry/live/state/?groups=team:{teams['vision'].pk},team:{teams['nlp'].pk},"
+                          f"gpu:{gpu0.pk},bogus")
+    assert response.status_code == 200
+    body = response.json()
+    assert set(body["refused"]) == {f"team:{teams['nlp'].pk}", "bogus"}
+    team = body["groups"][f"team:{teams['vision'].pk}"]
+    assert team["seq"] == 0 and [s["reservation"] for s in team["data"]["shares"]] == [placed["vision"].pk]
+    assert body["groups"][f"gpu:{gpu0.pk}"]["data"]["sm_util_pct"] == 40
+    for bad in ("", "?groups=", "?groups=gpu:1&x=1", "?groups=" + ",".join(f"gpu:{i}" for i in range(1, 300))):
+        assert client.get("/telemetry/live/state/" + bad).status_code == 400, bad
