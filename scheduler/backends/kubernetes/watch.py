@@ -33,7 +33,6 @@ from .manifests import node_condition, pod_status
 log = logging.getLogger(__name__)
 
 
-
 class ClusterWatch:
     def __init__(self, api: KubeApi, *, pod_selector: str, timeout_s: int = 60,
                  backoff_max_s: float = 5.0) -> None:
@@ -116,6 +115,13 @@ class ClusterWatch:
                     break  # stop() cut the stream
                 failures += 1
                 log.warning("%s watch failed: %s: %s", kind, type(exc).__name__, exc)
+            except Exception:
+                # Anything else (an answer of a shape we did not expect) must not end the thread: the
+                # watch would be silently dead. Log it loudly and start over from a list.
+                if self._stop.is_set():
+                    break
+                failures += 1
+                log.exception("%s watch: unexpected error", kind)
             if failures:
                 # After a failure the stream position may be stale or the server may have restarted:
                 # relist so nothing in between is missed.

@@ -157,6 +157,7 @@ class FakeApiServer:
         self.hold_deletions = False  # True: deleted pods stay terminating until `finish_deletion`
         self.stopping = False
         self.open_watches = 0
+        self.garbage: dict[str, int] = {}  # kind -> how many malformed watch events to send
         self.connections = 0  # TCP connections accepted: a client that leaks them opens many
         # Mutating admission: each is called with a pod being created and answers JSON Patch operations.
         self.pod_mutators: list[Any] = []
@@ -413,6 +414,11 @@ class FakeApiServer:
                         else:
                             pending = []
                     while True:
+                        with server.lock:
+                            garbled = server.garbage.get(kind, 0)
+                            server.garbage[kind] = max(0, garbled - 1)
+                        if garbled:
+                            self._chunk(b'{"type": "MODIFIED", "object": 42}\n')
                         for _, typ, obj in pending:
                             if server._visible(kind, obj, labels, fields):
                                 line = json.dumps({"type": typ, "object": obj}).encode() + b"\n"

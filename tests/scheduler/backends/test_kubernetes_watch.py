@@ -123,3 +123,16 @@ def test_a_late_poll_reports_the_current_state_not_a_replay_of_history(nodes, ba
     events = backend.poll(0)
     assert [(e.node.name, e.node.ready) for e in events if isinstance(e, NodeEvent)] == [("gpu-node-2", True)]
     assert [e.pod.phase for e in pod_events(events, "tessera-r42-1")] == [Phase.SUCCEEDED]
+
+
+def test_a_malformed_watch_event_does_not_kill_the_watch(nodes, backend, pod_spec):
+    backend.bind(pod_spec())
+    collect(backend, lambda ev: pod_events(ev, "tessera-r42-1"))
+    nodes.garbage["Pod"] = 1
+    nodes.compact()  # the running watch ends; a later one starts with the malformed event
+    deadline = time.monotonic() + 15
+    while nodes.garbage["Pod"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert nodes.garbage["Pod"] == 0, "the malformed event was never sent"
+    nodes.set_pod_phase("tessera", "tessera-r42-1", "Running")
+    collect(backend, lambda ev: Phase.RUNNING in phases(ev, "tessera-r42-1"))
