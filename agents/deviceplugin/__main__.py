@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import grpc
+from kubernetes.config import ConfigException
 
 from agents.gpus.base import GpuSource
 
@@ -93,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = PluginConfig(node=args.node, gpus=source.devices(), plugin_dir=str(args.plugin_dir),
                        resource_name=args.resource_name, slots_per_gpu=args.slots_per_gpu,
                        paths=NodePaths(preload_dir=args.preload_dir, broker_dir=args.broker_dir))
-    pods = KubernetesPods(host=args.api_server)
+    try:
+        pods = KubernetesPods(host=args.api_server)
+    except ConfigException as exc:
+        parser.error(f"cannot reach the API server ({exc}): run in a pod with a service account, "
+                     "or pass --api-server")
     service = DevicePluginService(cfg, PodFinder(pods, args.node, args.resource_name))
     runner = PluginRunner(service)
     stop = threading.Event()

@@ -58,3 +58,12 @@ def test_the_command_line_refuses_a_node_that_the_inventory_lacks(plugin_dir):
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--simulate" in proc.stderr and "nowhere" in proc.stderr
     assert time.monotonic() - started < 60
+
+
+def test_the_command_line_outside_a_cluster_without_api_server_says_so(plugin_dir):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "agents.deviceplugin", "--node", "t4-node-1", "--simulate",
+         str(REPO / "deploy" / "inventory" / "demo.yaml"), "--plugin-dir", str(plugin_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "pass --api-server" in proc.stderr
