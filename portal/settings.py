@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "portal.fleet",
     "portal.reservations",
     "portal.placement",
+    "portal.reports",
     "portal.telemetry",
     "portal.api",
     "portal.web",

@@ -9,6 +9,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("", include("portal.telemetry.urls")),
+    path("", include("portal.reports.urls")),
     path("", include("portal.web.urls")),
 ]
 

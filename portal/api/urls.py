@@ -1,6 +1,8 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from portal.reports.api import UtilizationReportView
+
 from . import views
 
 router = DefaultRouter()
@@ -15,5 +17,6 @@ router.register("tokens", views.TokenViewSet, basename="token")
 urlpatterns = [
     path("auth/token/", views.ObtainTokenView.as_view(), name="obtain-token"),
     path("capacity/", views.CapacityView.as_view(), name="capacity"),
+    path("reports/utilization/", UtilizationReportView.as_view(), name="utilization-report"),
     *router.urls,
 ]
