@@ -35,6 +35,10 @@ from .locking import Lease, fence
 log = logging.getLogger(__name__)
 ACTOR = "system:scheduler"
 MILLI = Decimal("0.001")
+# A batch of decisions commits when it has this many, or has been open this long (bind tasks are
+# sent at commit, so a long batch would delay the first pods).
+BATCH_DECISIONS = 32
+BATCH_SECONDS = 0.1
 
 
 @dataclass
@@ -61,18 +65,18 @@ def _shares(p: core.Placement, gpu_ids: dict[str, int]) -> list[services.Share]:
     return [services.Share(gpu_id=gpu_ids[u], compute_share=share, memory_mib=p.memory_mib) for u in p.gpu_uuids]
 
 
-def _after_place(reservation_id: int, on_bind: Callable[[int], None]) -> None:
-    """Inside the decision's transaction: count the attempt, name the pod, set the end time."""
-    r = Reservation.objects.select_related("team").get(pk=reservation_id)
+def _after_place(r: Reservation, on_bind: Callable[[int], None]) -> None:
+    """Inside the decision's transaction (`place` has just locked and re-checked the row, so the
+    row read at the start of the cycle is current): count the attempt, name the pod, set the end."""
     attempt = r.attempt + 1
     fields = {"attempt": attempt, "queue_position": None, "estimated_start": None, "idle_since": None,
               "expiry_warned_at": None}
     if r.source == Source.PORTAL:
         fields.update(pod_namespace=namespace(), pod_name=pod_name(r.pk, attempt), pod_uid="")
-    if r.kind == Kind.INTERACTIVE and r.expires_at is None and r.team.interactive_max_s:
+    if r.kind == Kind.INTERACTIVE and r.max_duration_s is None and r.team.interactive_max_s:
         fields["expires_at"] = timezone.now() + timedelta(seconds=r.team.interactive_max_s)
     Reservation.objects.filter(pk=r.pk).update(**fields)
-    transaction.on_commit(lambda: on_bind(reservation_id))
+    transaction.on_commit(lambda: on_bind(r.pk))
 
 
 def _evict(victim_id: int, by: Reservation, report: CycleReport) -> None:
@@ -129,25 +133,36 @@ def run_cycle(lease: Lease, on_bind: Callable[[int], None], renew: Callable[[], 
     units.extend((members, ()) for members in groups.values())
 
     waiting: dict[str, str] = {u.request_id: _reason_text(u.reasons) for u in result.unschedulable}
-    for placements, victims in units:
+    done = 0
+    while done < len(units):
         if not renew():
             log.warning("placement cycle stops: it lost the placement lease")
             break
-        try:
-            with transaction.atomic():
-                fence(lease.token)
-                for victim in victims:
-                    _evict(int(victim), rows[placements[0].request_id], report)
-                for p in placements:
-                    services.place(int(p.request_id), node_ids[p.node], _shares(p, gpu_ids), ACTOR,
-                                   f"placed on {p.node} ({', '.join(p.gpu_uuids)})")
-                    _after_place(int(p.request_id), on_bind)
-        except (services.CapacityConflict, IllegalTransition, KeyError) as exc:
-            report.conflicts += 1
-            for p in placements:
-                waiting[p.request_id] = f"placement lost a race and is retried: {exc}"[:500]
-            continue
-        report.placed.extend(int(p.request_id) for p in placements)
+        # Decisions commit in small batches (one COMMIT, one fence check for many), each decision in
+        # its own savepoint: one that no longer fits rolls back alone.
+        batch_started = time.perf_counter()
+        with transaction.atomic():
+            fence(lease.token)
+            batch = 0
+            while done < len(units) and batch < BATCH_DECISIONS and (
+                    batch == 0 or time.perf_counter() - batch_started < BATCH_SECONDS):
+                placements, victims = units[done]
+                done += 1
+                batch += 1
+                try:
+                    with transaction.atomic():
+                        for victim in victims:
+                            _evict(int(victim), rows[placements[0].request_id], report)
+                        for p in placements:
+                            services.place(int(p.request_id), node_ids[p.node], _shares(p, gpu_ids), ACTOR,
+                                           f"placed on {p.node} ({', '.join(p.gpu_uuids)})")
+                            _after_place(rows[p.request_id], on_bind)
+                except (services.CapacityConflict, IllegalTransition, KeyError) as exc:
+                    report.conflicts += 1
+                    for p in placements:
+                        waiting[p.request_id] = f"placement lost a race and is retried: {exc}"[:500]
+                    continue
+                report.placed.extend(int(p.request_id) for p in placements)
 
     for rid, why in waiting.items():
         if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles

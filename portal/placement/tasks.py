@@ -48,10 +48,9 @@ def run_cycles(reason: str = "") -> int:
                 backend = get_backend()
                 report = run_cycle(lease, enqueue_bind, renew=lambda lease=lease: lock.renew(lease),
                                    backend=backend)
-                if report.placed or report.conflicts:
-                    log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s", reason,
-                             len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
-                             report.seconds)
+                log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s", reason,
+                         len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
+                         report.seconds)
         except FencedOut as exc:
             log.warning("placement cycle fenced out: %s", exc)
             lock.mark_dirty()
