@@ -157,6 +157,8 @@ class FakeApiServer:
         self.hold_deletions = False  # True: deleted pods stay terminating until `finish_deletion`
         self.stopping = False
         self.open_watches = 0
+        self.watch_epoch = 0  # bumped by end_watches(): every open watch stream ends
+        self.watches_paused = False  # True: open watches deliver nothing until unpaused
         self.garbage: dict[str, int] = {}  # kind -> how many malformed watch events to send
         self.connections = 0  # TCP connections accepted: a client that leaks them opens many
         # Mutating admission: each is called with a pod being created and answers JSON Patch operations.
@@ -247,6 +249,18 @@ class FakeApiServer:
         with self.lock:
             self.store.history.clear()
             self.store.first_rv = next(self._rv)
+            self.lock.notify_all()
+
+    def end_watches(self) -> None:
+        """End every open watch stream, as an API server does at its timeout or on restart."""
+        with self.lock:
+            self.watch_epoch += 1
+            self.lock.notify_all()
+
+    def pause_watches(self, paused: bool) -> None:
+        """While paused, open watches deliver nothing (so a test can make history expire under them)."""
+        with self.lock:
+            self.watches_paused = paused
             self.lock.notify_all()
 
     def inject(self, method: str, path: str, *, status: int | None = 500, delay_s: float = 0.0,
@@ -400,6 +414,7 @@ class FakeApiServer:
                 rv = int(query.get("resourceVersion") or 0)
                 with server.lock:
                     server.open_watches += 1
+                    epoch = server.watch_epoch
                 try:
                     with server.lock:
                         if rv and rv < server.store.first_rv - 1:
@@ -429,10 +444,11 @@ class FakeApiServer:
                                 if server.stopping or time.monotonic() >= deadline:
                                     self._chunk(b"")
                                     return
-                                if rv < server.store.first_rv - 1:
-                                    break  # compacted under us: the client will relist on its next try
-                                pending = [(r, t, o) for r, k, t, o in server.store.history
-                                           if r > rv and k == kind and (not ns or o["metadata"].get("namespace") == ns)]
+                                if rv < server.store.first_rv - 1 or server.watch_epoch != epoch:
+                                    break  # compacted under us, or ended: the client will watch again
+                                if not server.watches_paused:
+                                    pending = [(r, t, o) for r, k, t, o in server.store.history if r > rv
+                                               and k == kind and (not ns or o["metadata"].get("namespace") == ns)]
                                 if not pending:
                                     server.lock.wait(min(0.2, max(0.0, deadline - time.monotonic())))
                             if not pending:

@@ -72,11 +72,12 @@ def test_an_expired_watch_relists_and_reports_what_changed_meanwhile(nodes, back
     backend.bind(pod_spec(reservation_id="2"))
     collect(backend, lambda ev: pod_events(ev, "tessera-r1-1") and pod_events(ev, "tessera-r2-1"))
     relists = backend.watch.relists
-    # While the watch is expired (history compacted), one pod runs and the other disappears.
-    nodes.compact()
+    # While the watch hears nothing, one pod runs, the other disappears, and history is compacted.
+    nodes.pause_watches(True)
     nodes.set_pod_phase("tessera", "tessera-r1-1", "Running")
     nodes.remove_pod("tessera", "tessera-r2-1")
     nodes.compact()
+    nodes.pause_watches(False)
     collect(backend, lambda ev: Phase.RUNNING in phases(ev, "tessera-r1-1")
                      and any(e.deleted for e in pod_events(ev, "tessera-r2-1")))
     assert backend.watch.relists > relists
@@ -87,8 +88,7 @@ def test_the_watch_rides_out_api_server_errors(nodes, backend, pod_spec):
     collect(backend, lambda ev: pod_events(ev, "tessera-r42-1"))
     nodes.inject("GET", r"^/api/v1/pods\?watch$", status=500, times=1)
     nodes.inject("GET", r"^/api/v1/pods$", status=503, times=2)
-    # Force the running watch to end so the next one meets the faults.
-    nodes.compact()
+    nodes.end_watches()  # the running watch ends; the next one meets the faults
     nodes.set_pod_phase("tessera", "tessera-r42-1", "Succeeded")
     events = collect(backend, lambda ev: Phase.SUCCEEDED in phases(ev, "tessera-r42-1"))
     assert nodes.faults_left() == 0  # every fault was met on the way
@@ -129,7 +129,7 @@ def test_a_malformed_watch_event_does_not_kill_the_watch(nodes, backend, pod_spe
     backend.bind(pod_spec())
     collect(backend, lambda ev: pod_events(ev, "tessera-r42-1"))
     nodes.garbage["Pod"] = 1
-    nodes.compact()  # the running watch ends; a later one starts with the malformed event
+    nodes.end_watches()  # the next watch starts with the malformed event
     deadline = time.monotonic() + 15
     while nodes.garbage["Pod"] and time.monotonic() < deadline:
         time.sleep(0.05)
