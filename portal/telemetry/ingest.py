@@ -23,8 +23,10 @@ from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations.models import Reservation
 
 from . import conf
-from .models import AgentStream, GpuSample, LateMinute, RollupState, ShareSample
+from .models import AgentStream, GpuSample, LateMinute, ShareSample
 
+# A minute is rolled up this long after it ends (portal.telemetry.rollups uses the same value).
+ROLLUP_SETTLE = timedelta(seconds=15)
 # Writing last_seen once per batch would be one UPDATE per node per second for nothing.
 LAST_SEEN_EVERY_S = 5.0
 
@@ -58,8 +60,6 @@ class Stored:
 @dataclass
 class _Cache:
     last_seen_written: dict[int, float] = field(default_factory=dict)
-    watermark: datetime | None = None
-    watermark_read_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -147,21 +147,17 @@ def _reservation_teams(submissions: list[Submission]) -> dict[int, int]:
     return dict(Reservation.objects.filter(pk__in=ids).values_list("pk", "team_id"))
 
 
-def _rollup_watermark() -> datetime | None:
-    with _cache.lock:
-        if time.monotonic() - _cache.watermark_read_at < 10:
-            return _cache.watermark
-    state = RollupState.objects.first()
-    with _cache.lock:
-        _cache.watermark = state.rolled_up_to if state else None
-        _cache.watermark_read_at = time.monotonic()
-        return _cache.watermark
+def rollup_horizon(now: datetime) -> datetime:
+    """Minutes before this may already be rolled up (the rollup leaves the last SETTLE alone).
+    Samples of such minutes are marked late, whatever the rollup has done so far: reading its
+    progress instead would race with a rollup running at the same moment."""
+    return (now - ROLLUP_SETTLE).replace(second=0, microsecond=0)
 
 
 def store_batches(submissions: list[Submission]) -> list[Stored]:
     """Store the samples of many connections in one transaction; one Stored per submission."""
     teams = _reservation_teams(submissions)
-    watermark = _rollup_watermark()
+    horizon = rollup_horizon(timezone.now())
     results: list[Stored] = []
     gpu_rows: list[tuple] = []
     share_rows: list[tuple] = []
@@ -181,7 +177,7 @@ def store_batches(submissions: list[Submission]) -> list[Stored]:
             gpu_ids = sub.info.gpu_ids
             for sample in fresh:
                 ts = _ts(sample)
-                if watermark is not None and ts < watermark:
+                if ts < horizon:
                     late.add(ts.replace(second=0, microsecond=0))
                 for g in sample.gpus:
                     gpu_id = gpu_ids.get(g.uuid)

@@ -1,9 +1,10 @@
 """Live fan-out to browsers: group names, who may join which group, which groups anyone watches,
 and per-group sequence numbers.
 
-Groups: `gpu:<id>` (the GPU's own numbers: any signed-in user, as the GPU list in the API),
-`team:<id>` (the shares of a team's reservations: its members and staff) and `reservation:<id>`
-(the same as its team). GPU messages carry no share, so nobody learns another team's work.
+Groups: `gpu:<id>` (the GPU's own numbers: staff only, since a card's load includes other teams'
+work; the same rule as the utilization reports), `team:<id>` (the shares of a team's reservations:
+its members, in any role, and staff) and `reservation:<id>` (as its team). GPU messages carry no
+share; team and reservation messages carry only that team's shares.
 
 Every message of a group has the next number of that group's sequence. channels-redis drops
 messages for a full channel, so a browser that sees a gap asks `/telemetry/live/state/` for
@@ -61,7 +62,7 @@ def may_see(user, group: Group) -> bool:
     if not user.is_authenticated or not user.is_active:
         return False
     if group.kind == "gpu":
-        return Gpu.objects.filter(pk=group.id).exists()
+        return user.is_staff and Gpu.objects.filter(pk=group.id).exists()
     if user.is_staff:
         if group.kind == "team":
             return True

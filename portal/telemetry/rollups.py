@@ -18,13 +18,14 @@ from django.utils import timezone
 from portal.fleet import services as fleet_services
 
 from . import conf
+from .ingest import ROLLUP_SETTLE
 from .models import GpuMinute, GpuSample, LateMinute, RollupState, ShareMinute, ShareSample
 
 log = logging.getLogger(__name__)
 
 # A minute is rolled up this long after it ends: batches still in flight (the agent sends each
 # sample as it is taken, the writer commits within a fraction of a second) land first.
-SETTLE = timedelta(seconds=15)
+SETTLE = ROLLUP_SETTLE
 # One run rolls up at most this much, so a portal back after a long stop catches up in steps.
 MAX_SPAN = timedelta(hours=2)
 

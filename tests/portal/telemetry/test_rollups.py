@@ -58,7 +58,6 @@ def test_samples_replayed_after_their_minute_was_rolled_up_are_counted(node):
     roll_up()
     assert GpuMinute.objects.get(gpu__index=0, minute=minute).samples == 10
     # An agent's buffered samples of that minute arrive after a portal outage.
-    ingest._cache.watermark_read_at = 0  # the writer re-reads the rollup watermark every 10 s
     ingest.store_batches([ingest.Submission(info, samples_for(node, hello.stream, range(11, 21),
                                                               ts_ms=_ms(minute + timedelta(seconds=20))))])
     roll_up()
@@ -98,7 +97,9 @@ def test_recent_utilization_spans_rollups_and_raw_rows(node, placed, settings):
                                                               ts_ms=_ms(_minute_ago(20)), shares=[(r, 0, 0.1)]))])
     roll_up()
     ShareSample.objects.all().delete()  # as if raw retention had passed: only the minutes are left
-    ingest.store_batches([ingest.Submission(info, samples_for(node, hello.stream, range(21, 41),
+    # The last 10 s: newer than anything a rollup may have covered.
+    ingest.store_batches([ingest.Submission(info, samples_for(node, hello.stream, range(21, 41), step_ms=500,
+                                                              ts_ms=_ms(timezone.now()) - 10_000,
                                                               shares=[(r, 0, 0.5)]))])
     use = recent_utilization([r], timezone.now() - timedelta(hours=1))
     assert use[r] == pytest.approx(0.3)  # 20 samples at 0.1 (from a minute rollup) and 20 at 0.5
