@@ -24,7 +24,7 @@ OUT = Path(__file__).resolve().parent / "results" / "scheduler"
 
 
 def write(rows: list[dict], policies: list[str], ns: argparse.Namespace, started: float) -> None:
-    command = "python bench/sched_all_traces.py " + " ".join(sys.argv[1:])
+    command = "; ".join([*ns.earlier_commands, "python bench/sched_all_traces.py " + " ".join(sys.argv[1:])])
     base, ours = policies[0], policies[-1]
     lines = [
         f"# {ours} vs {base} on every shipped trace",
@@ -63,11 +63,17 @@ def main() -> int:
     parser.add_argument("--traces", default="all")
     parser.add_argument("--policies", default="fgd,tessera")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--merge", action="store_true", help="keep earlier rows of traces not rerun")
     ns = parser.parse_args()
     traces = shipped_traces() if ns.traces == "all" else ns.traces.split(",")
     policies = ns.policies.split(",")
     ref = published()
     rows = []
+    ns.earlier_commands = []
+    if ns.merge and (OUT / "sched_all_traces.json").is_file():
+        earlier = json.loads((OUT / "sched_all_traces.json").read_text())
+        rows = [r for r in earlier["rows"] if r["trace"] not in traces]
+        ns.earlier_commands = [earlier["command"]]
     started = time.time()
     for trace in traces:
         row: dict[str, object] = {"trace": trace}
@@ -77,6 +83,7 @@ def main() -> int:
         paper = ref.get((trace, "fgd"))
         row["paper_fgd"] = {str(p): mean_at(paper, p) if paper else None for p in (100, 130)}
         rows.append(row)
+        rows.sort(key=lambda r: r["trace"])
         print(json.dumps(row), flush=True)
         write(rows, policies, ns, started)  # partial results survive an interrupted run
     write(rows, policies, ns, started)

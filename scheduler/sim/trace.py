@@ -17,7 +17,7 @@ DEFAULT_TRACE_DIR = Path(
         "TESSERA_TRACE_DIR", Path(__file__).resolve().parents[3] / "shared/traces/alibaba-gpu-v2023"
     )
 )
-POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # gpu_spec is optional
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
 

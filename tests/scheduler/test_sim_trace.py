@@ -52,3 +52,11 @@ def test_trace_names_resolve_to_shipped_files(tmp_path):
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "openb_pod_list_tiny.csv").write_text(HEADER)
     assert resolve_trace("tiny", trace_dir=tmp_path).name == "openb_pod_list_tiny.csv"
+
+
+def test_gpu_spec_column_is_optional(tmp_path):
+    # The multigpu traces ship without it.
+    path = tmp_path / "pods.csv"
+    path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,4000,8192,2,1000\n")
+    [pod] = load_pods(path).rows
+    assert pod.num_gpu == 2 and pod.gpu_spec == ""
