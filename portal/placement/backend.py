@@ -8,6 +8,7 @@ TESSERA_BACKEND=kubernetes: `scheduler.backends.kubernetes`, pods in TESSERA_NAM
 from __future__ import annotations
 
 import os
+import time
 
 from django.conf import settings
 
@@ -16,6 +17,8 @@ from scheduler.backends import Backend, create
 
 _cache: dict[tuple, Backend] = {}
 _known_nodes: dict[tuple, frozenset[str]] = {}
+_nodes_checked: dict[tuple, float] = {}
+NODES_EVERY_S = 5.0  # how often the simulated cluster looks for new nodes in the database
 
 
 def namespace() -> str:
@@ -41,10 +44,12 @@ def get_backend() -> Backend:
         if backend is None:
             backend = _cache[key] = create("local", state_path=local_state_path(), start_delay_s=start)
         # Nodes come and go with the inventory; the simulated cluster follows the database.
-        nodes = frozenset(Node.objects.values_list("name", flat=True))
-        if _known_nodes.get(key) != nodes:
-            backend.add_nodes(sorted(nodes - _known_nodes.get(key, frozenset())))
-            _known_nodes[key] = nodes
+        if key not in _known_nodes or time.monotonic() - _nodes_checked.get(key, 0.0) > NODES_EVERY_S:
+            nodes = frozenset(Node.objects.values_list("name", flat=True))
+            if _known_nodes.get(key) != nodes:
+                backend.add_nodes(sorted(nodes - _known_nodes.get(key, frozenset())))
+                _known_nodes[key] = nodes
+            _nodes_checked[key] = time.monotonic()
         return backend
     key = (os.getpid(), name, namespace())
     if key not in _cache:

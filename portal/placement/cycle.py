@@ -28,7 +28,7 @@ from portal.reservations.states import HOLDS_GPU, IllegalTransition, State
 from scheduler import core
 from scheduler.backends import Backend, pod_name
 
-from . import snapshot
+from . import memo, snapshot
 from .backend import namespace
 from .locking import Lease, fence
 
@@ -65,7 +65,7 @@ def _shares(p: core.Placement, gpu_ids: dict[str, int]) -> list[services.Share]:
     return [services.Share(gpu_id=gpu_ids[u], compute_share=share, memory_mib=p.memory_mib) for u in p.gpu_uuids]
 
 
-def _after_place(r: Reservation, on_bind: Callable[[int], None]) -> None:
+def _after_place(r: Reservation) -> None:
     """Inside the decision's transaction (`place` has just locked and re-checked the row, so the
     row read at the start of the cycle is current): count the attempt, name the pod, set the end."""
     attempt = r.attempt + 1
@@ -76,7 +76,6 @@ def _after_place(r: Reservation, on_bind: Callable[[int], None]) -> None:
     if r.kind == Kind.INTERACTIVE and r.max_duration_s is None and r.team.interactive_max_s:
         fields["expires_at"] = timezone.now() + timedelta(seconds=r.team.interactive_max_s)
     Reservation.objects.filter(pk=r.pk).update(**fields)
-    transaction.on_commit(lambda: on_bind(r.pk))
 
 
 def _evict(victim_id: int, by: Reservation, report: CycleReport) -> None:
@@ -91,10 +90,10 @@ def _evict(victim_id: int, by: Reservation, report: CycleReport) -> None:
     report.preempted.append(v.pk)
 
 
-def run_cycle(lease: Lease, on_bind: Callable[[int], None], renew: Callable[[], bool] = lambda: True,
+def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callable[[], bool] = lambda: True,
               backend: Backend | None = None) -> CycleReport:
-    """Place what can be placed now. `on_bind(reservation_id)` is called after each commit (the
-    tasks module passes a function that enqueues the bind task)."""
+    """Place what can be placed now. `on_bind(reservation_ids)` is called after each batch commits
+    with the reservations it placed (the tasks module passes a function that sends a bind task)."""
     started = time.perf_counter()
     report = CycleReport()
     if backend is not None:
@@ -108,8 +107,12 @@ def run_cycle(lease: Lease, on_bind: Callable[[int], None], renew: Callable[[], 
         report.seconds = time.perf_counter() - started
         return report
     rows = {str(r.pk): r for r in pending}
+    epoch, skip, looked_at = memo.load()
+    # A gang with a new (or newly evaluated) member is looked at whole again.
+    fresh_groups = {r.group_name for r in pending if r.group_name and str(r.pk) not in skip}
+    considered = [r for r in pending if str(r.pk) not in skip or r.group_name in fresh_groups]
     requests = []
-    for r in pending:
+    for r in considered:
         try:
             requests.append(snapshot.to_request(r))
         except ValueError as exc:
@@ -143,7 +146,8 @@ def run_cycle(lease: Lease, on_bind: Callable[[int], None], renew: Callable[[], 
         batch_started = time.perf_counter()
         with transaction.atomic():
             fence(lease.token)
-            batch = 0
+            batch, placed = 0, []
+            transaction.on_commit(lambda placed=placed: placed and on_bind(placed))
             while done < len(units) and batch < BATCH_DECISIONS and (
                     batch == 0 or time.perf_counter() - batch_started < BATCH_SECONDS):
                 placements, victims = units[done]
@@ -156,18 +160,22 @@ def run_cycle(lease: Lease, on_bind: Callable[[int], None], renew: Callable[[], 
                         for p in placements:
                             services.place(int(p.request_id), node_ids[p.node], _shares(p, gpu_ids), ACTOR,
                                            f"placed on {p.node} ({', '.join(p.gpu_uuids)})")
-                            _after_place(rows[p.request_id], on_bind)
+                            _after_place(rows[p.request_id])
                 except (services.CapacityConflict, IllegalTransition, KeyError) as exc:
                     report.conflicts += 1
                     for p in placements:
                         waiting[p.request_id] = f"placement lost a race and is retried: {exc}"[:500]
                     continue
+                placed.extend(int(p.request_id) for p in placements)
                 report.placed.extend(int(p.request_id) for p in placements)
 
     for rid, why in waiting.items():
         if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles
             services.note_pending_reason(int(rid), why)
-    report.unschedulable = len(result.unschedulable)
+    unschedulable = {u.request_id for u in result.unschedulable}
+    skipped = set(rows) - {str(r.pk) for r in considered}
+    memo.save(epoch, unschedulable | skipped, looked_at if skip else time.time())
+    report.unschedulable = len(unschedulable | skipped)
     update_queue(pending)
     report.seconds = time.perf_counter() - started
     return report
@@ -189,6 +197,9 @@ def update_queue(pending: list[Reservation]) -> None:
             r.queue_position, r.estimated_start = position, estimate
             changed.append(r)
     Reservation.objects.bulk_update(changed, ["queue_position", "estimated_start"], batch_size=500)
+    # Left the queue another way (cancelled, failed): no position any more.
+    Reservation.objects.filter(queue_position__isnull=False).exclude(state=State.PENDING).update(
+        queue_position=None, estimated_start=None)
 
 
 def live_shares_ok() -> list[str]:

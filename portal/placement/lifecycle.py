@@ -19,7 +19,7 @@ from portal.reservations.models import Reservation, Source
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler.backends import Backend, ClusterEvent, NodeCondition, NodeEvent, Phase, PodEvent, PodStatus
 
-from . import actions
+from . import actions, memo
 from .actions import _move
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ def apply_node(backend: Backend, cond: NodeCondition) -> None:
                                           status_reason=node.status_reason).update(
                 status=NodeStatus.READY, status_reason="")
             if updated:
+                memo.bump_on_commit()
                 request_cycle(f"node {node.name} ready again")
 
 

@@ -29,8 +29,8 @@ RETRY = {"autoretry_for": (TransientBackendError,), "retry_backoff": 1, "retry_b
 MAX_ROUNDS = 20  # cycles one holder runs back to back before it lets the next task take over
 
 
-def enqueue_bind(reservation_id: int) -> None:
-    bind.delay(reservation_id)
+def enqueue_binds(reservation_ids: list[int]) -> None:
+    bind_many.delay(reservation_ids)
 
 
 def run_cycles(reason: str = "") -> int:
@@ -46,7 +46,7 @@ def run_cycles(reason: str = "") -> int:
             while lock.take_dirty() and ran < MAX_ROUNDS:
                 ran += 1
                 backend = get_backend()
-                report = run_cycle(lease, enqueue_bind, renew=lambda lease=lease: lock.renew(lease),
+                report = run_cycle(lease, enqueue_binds, renew=lambda lease=lease: lock.renew(lease),
                                    backend=backend)
                 log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s", reason,
                          len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
@@ -85,6 +85,21 @@ def cycle(reason: str = "") -> int:
 def bind(reservation_id: int) -> str | None:
     status = actions.bind(get_backend(), int(reservation_id))
     return status.name if status else None
+
+
+@shared_task(name="placement.bind_many", bind=True, acks_late=True, max_retries=8)
+def bind_many(self, reservation_ids: list[int]) -> int:
+    """Bind what one batch of decisions placed; retry (with backoff) only those that met a
+    transient error. Returns how many pods exist now."""
+    backend, failed, bound = get_backend(), [], 0
+    for rid in reservation_ids:
+        try:
+            bound += actions.bind(backend, int(rid)) is not None
+        except TransientBackendError:
+            failed.append(int(rid))
+    if failed:
+        raise self.retry(args=[failed], countdown=min(30, 2 ** self.request.retries))
+    return bound
 
 
 @shared_task(name="placement.unbind", acks_late=True, **RETRY)

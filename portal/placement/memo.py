@@ -1,0 +1,59 @@
+"""Remember which pending reservations the last full look could not place, and skip them while
+nothing has freed capacity since (kube-scheduler's "unschedulable queue", simplified).
+
+Placing more only takes capacity away, so a request that did not fit still does not fit until
+something frees capacity or changes the fleet: a reservation stops holding GPUs, a node or GPU
+changes, a team's quota changes. Those bump a capacity epoch (after commit); a memo from an older
+epoch, or older than MAX_AGE_S (a safety net for changes made behind the ORM's back), is ignored.
+Only with Redis: without it each process would see only its own bumps, so every cycle looks at
+everything.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.db import transaction
+
+from .locking import RedisLock, cluster_lock
+
+EPOCH_KEY = "tessera:placement:capacity-epoch"
+MEMO_KEY = "tessera:placement:unschedulable"
+MAX_AGE_S = 30.0
+
+
+def _client():
+    lock = cluster_lock()
+    return lock.client if isinstance(lock, RedisLock) else None
+
+
+def bump() -> None:
+    """Capacity may have been freed: the next cycle looks at every pending reservation again."""
+    client = _client()
+    if client is not None:
+        client.incr(EPOCH_KEY)
+
+
+def bump_on_commit() -> None:
+    transaction.on_commit(bump)
+
+
+def load() -> tuple[int | None, set[str], float]:
+    """(epoch now, reservation ids safe to skip, when the memo's full look was taken)."""
+    client = _client()
+    if client is None:
+        return None, set(), time.time()
+    epoch = int(client.get(EPOCH_KEY) or 0)
+    raw = client.get(MEMO_KEY)
+    if raw:
+        memo = json.loads(raw)
+        if memo["epoch"] == epoch and time.time() - memo["at"] < MAX_AGE_S:
+            return epoch, set(memo["ids"]), memo["at"]
+    return epoch, set(), time.time()
+
+
+def save(epoch: int | None, ids: set[str], at: float) -> None:
+    client = _client()
+    if client is not None and epoch is not None:
+        client.set(MEMO_KEY, json.dumps({"epoch": epoch, "at": at, "ids": sorted(ids)}), ex=int(MAX_AGE_S * 2))

@@ -1,0 +1,58 @@
+"""Cycles skip reservations that could not be placed while nothing has freed capacity since, and
+look at them again as soon as something does."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from portal.placement import cycle as cycle_module
+from portal.placement import memo
+from portal.reservations.models import Reservation
+from portal.reservations.states import State
+
+REDIS_URL = "redis://127.0.0.1:6379/6"  # shared with test_locking (same flush discipline)
+
+
+@pytest.fixture
+def redis_memo(settings, cluster):
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    client.flushdb()
+    settings.TESSERA_LOCK_REDIS_URL = REDIS_URL
+    yield
+    client.flushdb()
+
+
+def test_unplaceable_request_is_skipped_until_capacity_is_freed(client_for, reservation_body, redis_memo,
+                                                               placement_loop, monkeypatch,
+                                                               django_capture_on_commit_callbacks):
+    looked_at: list[set[str]] = []
+    real = cycle_module.core.schedule
+
+    def recording(snapshot, pending, policy):
+        looked_at.append({r.id for r in pending})
+        return real(snapshot, pending, policy)
+
+    monkeypatch.setattr(cycle_module.core, "schedule", recording)
+    whole_t4 = dict(gpu_request=1.0, gpu_memory_mib=15_000, gpu_model="T4")
+    alice = client_for("alice")
+    first, second = (alice.post("/api/v1/reservations/", reservation_body(**whole_t4), format="json").json()["id"]
+                     for _ in range(2))
+    placement_loop()
+    late = client_for("bob").post("/api/v1/reservations/", reservation_body(team="nlp", **whole_t4),
+                                  format="json").json()["id"]
+    placement_loop()
+    assert Reservation.objects.get(pk=late).state == State.PENDING
+    assert str(late) in memo.load()[1]
+    looked_at.clear()
+    placement_loop()
+    assert all(str(late) not in ids for ids in looked_at)  # nothing changed: not looked at again
+    with django_capture_on_commit_callbacks(execute=True):
+        alice.post(f"/api/v1/reservations/{first}/cancel/", {}, format="json")
+    placement_loop()
+    assert Reservation.objects.get(pk=late).state == State.RUNNING
+    assert Reservation.objects.get(pk=second).state == State.RUNNING
