@@ -254,6 +254,10 @@ def scenario_steady(n_workers: int, team, user, logdir: Path, waiting: int, rate
     return result
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpus", type=int, default=1000)
@@ -265,6 +269,8 @@ def main() -> None:
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
+    # Stopped from outside: unwind (the scenarios stop their workers and the database is dropped).
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.gpus < 16 or args.gpus % 8:
         parser.error("--gpus must be a multiple of 8, at least 16")
 

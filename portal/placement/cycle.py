@@ -13,6 +13,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -154,7 +155,8 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
                 done += 1
                 batch += 1
                 try:
-                    with transaction.atomic():
+                    # `place` has its own savepoint; several steps need one around them all.
+                    with transaction.atomic() if victims or len(placements) > 1 else nullcontext():
                         for victim in victims:
                             _evict(int(victim), rows[placements[0].request_id], report)
                         for p in placements:
