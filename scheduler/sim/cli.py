@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -147,6 +148,10 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         if ns.json:
             print(json.dumps(s), flush=True)
     table = markdown_table(rows, label, ns.seeds)
+    table += (
+        f"\n\nDecision speed here is per pod inside the replays, {ns.jobs} replay(s) at a time on this machine"
+        f" (load average {os.getloadavg()[0]:.1f} at the end); bench/sched_speed.py measures it alone."
+    )
     if not ns.json:
         print(table)
     out = Path(ns.out)
