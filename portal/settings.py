@@ -102,9 +102,11 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     (BASE_DIR / "var").mkdir(exist_ok=True)
-    # WAL lets the in-process worker and the web server read while one writes.
-    DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = "PRAGMA journal_mode=WAL;"
-    DATABASES["default"]["OPTIONS"]["timeout"] = 20
+    # WAL lets readers go on while one process writes; IMMEDIATE transactions take the write lock
+    # up front and wait for it (timeout) instead of failing with "database is locked" on upgrade.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", "timeout": 30,
+         "transaction_mode": "IMMEDIATE"})
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -201,6 +203,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # Django and the dev server bring their own handlers; without this every line prints twice.
+    "loggers": {
+        name: {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": False}
+        for name in ("django", "django.channels.server")
+    },
 }
 
 if PRODUCTION:

@@ -13,8 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import F, FloatField, Q, Sum
-from django.db.models.functions import Cast
+from django.db.models import F, FloatField, Q, Sum, Value
+from django.db.models.functions import Cast, Least
 
 from portal.reservations.models import Allocation
 from portal.telemetry.models import GpuMinute, ShareMinute
@@ -64,8 +64,10 @@ def utilization(user, group_by: str, since: datetime, until: datetime) -> list[R
         if held > 0:
             rows[key].allocated_gpu_hours += float(share) * held / 3600.0
 
-    # Each minute contributes its mean used fraction for one minute.
-    per_minute = Cast(F("used_sum"), FloatField()) / Cast(F("samples"), FloatField())
+    # Each minute contributes its mean used fraction for the part of the minute that has samples
+    # (agents sample once a second), so a share placed at :50 counts ten seconds, not sixty.
+    coverage = Least(Cast(F("samples"), FloatField()), Value(60.0)) / Value(60.0)
+    per_minute = Cast(F("used_sum"), FloatField()) / Cast(F("samples"), FloatField()) * coverage
     for row in (minutes.filter(samples__gt=0).values(MINUTE_KEY[group_by])
                 .annotate(used=Sum(per_minute))):
         rows[row[MINUTE_KEY[group_by]]].used_gpu_hours += (row["used"] or 0.0) / 60.0

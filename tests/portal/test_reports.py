@@ -104,3 +104,15 @@ def test_report_page_renders_rows(history, people):
     assert page.status_code == 200
     assert b'data-key="vision"' in page.content and b'data-key="nlp"' not in page.content
     assert re.search(rb'class="pct">2[45]\.\d %', page.content)
+
+
+def test_partly_sampled_minute_counts_only_its_seconds(client_for, history, teams):
+    from portal.reservations.models import Reservation
+
+    vision_r = Reservation.objects.get(team=teams["vision"])
+    gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
+    ShareMinute.objects.filter(reservation=vision_r).delete()
+    ShareMinute.objects.create(reservation=vision_r, gpu=gpu, team_id=teams["vision"].pk,
+                               minute=history - timedelta(minutes=1), samples=10, used_sum=5.0, used_max=0.5)
+    report = rows(client_for("admin"), history, group_by="team")
+    assert report["vision"]["used_gpu_hours"] == pytest.approx(0.5 * 10 / 3600, abs=1e-4)
