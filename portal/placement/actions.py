@@ -52,8 +52,9 @@ def pod_spec(r: Reservation, gpus: tuple[GpuShare, ...]) -> PodSpec:
     )
 
 
-def bind(backend: Backend, reservation_id: int) -> PodStatus | None:
-    """Create the pod of a placed reservation. None when there is nothing (more) to do."""
+def bind(backend: Backend, reservation_id: int, announce: bool = True) -> PodStatus | None:
+    """Create the pod of a placed reservation. None when there is nothing (more) to do.
+    `announce=False`: the caller tells the node's agent about the new pod itself (once per node)."""
     r = Reservation.objects.select_related("team", "node").filter(pk=reservation_id).first()
     if r is None or r.state != State.PLACED or r.node is None:
         return None  # cancelled, preempted or already running meanwhile: reconcile handles its pod
@@ -71,20 +72,24 @@ def bind(backend: Backend, reservation_id: int) -> PodStatus | None:
         _fail(r.pk, f"the cluster refused the pod: {exc}")
         return None
     if status is not None:
-        record_pod(r.pk, status)
+        record_pod(r.pk, status, announce)
     return status
 
 
-def record_pod(reservation_id: int, status: PodStatus) -> None:
-    """Remember the pod's uid (the agents attribute processes by it) and move on with its phase."""
+def record_pod(reservation_id: int, status: PodStatus, announce: bool = True) -> int | None:
+    """Remember the pod's uid (the agents attribute processes by it) and move on with its phase.
+    Returns the node whose placements changed (its agent must hear of the uid), else None."""
     changed = Reservation.objects.filter(pk=reservation_id, pod_name=status.name).exclude(
         pod_uid=status.uid).update(pod_uid=status.uid)
+    node_id = None
     if changed:
         node_id = Reservation.objects.values_list("node_id", flat=True).get(pk=reservation_id)
-        with transaction.atomic():
-            announce_allocations(node_id)
+        if announce:
+            with transaction.atomic():
+                announce_allocations(node_id)
     if status.phase == Phase.RUNNING:
         _move(reservation_id, State.PLACED, State.RUNNING, f"pod {status.name} running on {status.node}")
+    return node_id
 
 
 def _move(reservation_id: int, expected: str, target: str, reason: str, actor: str = ACTOR) -> bool:

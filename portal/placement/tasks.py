@@ -14,14 +14,17 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.db import transaction
 
+from portal.reservations.events import announce_allocations
+from portal.reservations.models import Reservation
 from scheduler.backends import TransientBackendError
 
 from . import actions, lifecycle
 from . import reconcile as reconciling
 from .backend import get_backend
 from .cycle import run_cycle
-from .locking import FencedOut, cluster_lock
+from .locking import FencedOut, ProcessLock, cluster_lock
 
 log = logging.getLogger(__name__)
 RETRY = {"autoretry_for": (TransientBackendError,), "retry_backoff": 1, "retry_backoff_max": 30,
@@ -34,8 +37,13 @@ def enqueue_binds(reservation_ids: list[int]) -> None:
 
 
 def run_cycles(reason: str = "") -> int:
-    """Run cycles while someone asked for one. Returns how many ran (0: another holder runs)."""
+    """Run a cycle if someone asked for one. Returns how many ran (0: another holder runs).
+
+    With Redis, a holder runs one cycle and, if more was asked meanwhile, queues the next one
+    behind the bind tasks it just sent (so one worker alone still binds between cycles). In
+    process (no Redis) it loops, at most MAX_ROUNDS times."""
     lock = cluster_lock()
+    in_process = isinstance(lock, ProcessLock)
     lock.mark_dirty()
     ran = 0
     while ran < MAX_ROUNDS:
@@ -43,11 +51,10 @@ def run_cycles(reason: str = "") -> int:
         if lease is None:
             return ran
         try:
-            while lock.take_dirty() and ran < MAX_ROUNDS:
+            if lock.take_dirty():
                 ran += 1
-                backend = get_backend()
                 report = run_cycle(lease, enqueue_binds, renew=lambda lease=lease: lock.renew(lease),
-                                   backend=backend)
+                                   backend=get_backend())
                 log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s", reason,
                          len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
                          report.seconds)
@@ -56,11 +63,14 @@ def run_cycles(reason: str = "") -> int:
             lock.mark_dirty()
         finally:
             lock.release(lease)
-        # A request that came while we released must not be lost: look once more.
+        # A request that came while we held the lock must not be lost.
         if not lock.take_dirty():
             return ran
         lock.mark_dirty()
-    cycle.delay(reason="continued")  # a long burst: hand over instead of holding a worker forever
+        if not in_process:
+            break
+    if lock.claim_queued():
+        cycle.delay(reason="continued")
     return ran
 
 
@@ -92,11 +102,19 @@ def bind_many(self, reservation_ids: list[int]) -> int:
     """Bind what one batch of decisions placed; retry (with backoff) only those that met a
     transient error. Returns how many pods exist now."""
     backend, failed, bound = get_backend(), [], 0
+    nodes: set[int] = set()
     for rid in reservation_ids:
         try:
-            bound += actions.bind(backend, int(rid)) is not None
+            status = actions.bind(backend, int(rid), announce=False)
         except TransientBackendError:
             failed.append(int(rid))
+            continue
+        if status is not None:
+            bound += 1
+            nodes.add(Reservation.objects.values_list("node_id", flat=True).get(pk=rid))
+    for node_id in nodes:  # each agent hears once about the pods of this batch
+        with transaction.atomic():
+            announce_allocations(node_id)
     if failed:
         raise self.retry(args=[failed], countdown=min(30, 2 ** self.request.retries))
     return bound

@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS pods (
   external INTEGER NOT NULL, labels TEXT NOT NULL, annotations TEXT NOT NULL, env TEXT NOT NULL,
   image TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL, created_at REAL NOT NULL,
   start_at REAL, end_at REAL, PRIMARY KEY (namespace, name));
+CREATE INDEX IF NOT EXISTS pods_by_phase ON pods (phase);
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cursors (consumer TEXT PRIMARY KEY, seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS k8s_events (namespace TEXT, name TEXT, reason TEXT, message TEXT, at REAL);
@@ -72,6 +73,8 @@ class LocalBackend:
             self._db = sqlite3.connect(str(state_path), timeout=30, check_same_thread=False,
                                        isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
+            # A simulation: losing the last write on power loss is fine, an fsync per pod is not.
+            self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self.add_nodes(nodes)
 
