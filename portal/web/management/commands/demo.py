@@ -36,16 +36,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-agents", action="store_true", help="do not start simulated node agents")
+        parser.add_argument("--no-redis", action="store_true",
+                            help="run tasks in-process even if a local Redis answers")
 
-    def handle(self, port: int, no_agents: bool, **options):
+    def handle(self, port: int, no_agents: bool, no_redis: bool, **options):
         root = Path(settings.BASE_DIR)
         var = root / "var"
         var.mkdir(exist_ok=True)
         env = dict(os.environ)
         redis_url = settings.REDIS_URL or (LOCAL_REDIS if redis_answers(LOCAL_REDIS) else "")
+        if no_redis:
+            redis_url = ""
+            env.pop("REDIS_URL", None)
         if redis_url:
-            env["REDIS_URL"] = redis_url
             # This process's settings were read before; the children get the Redis-backed ones.
+            env["REDIS_URL"] = redis_url
         call_command("migrate", verbosity=0)
         call_command("seed_demo", inventory=settings.TESSERA_INVENTORY)
         tokens = var / "agent-tokens.yaml"
@@ -59,10 +64,12 @@ class Command(BaseCommand):
             children.append(subprocess.Popen(list(args), env=env, cwd=root))
 
         start(python, manage, "runserver", f"127.0.0.1:{port}", "--noreload")
-        if redis_url and (root / "portal" / "celery.py").exists():
+        if redis_url:
             start(python, "-m", "celery", "-A", "portal", "worker", "--loglevel", "WARNING", "--concurrency", "2")
             start(python, "-m", "celery", "-A", "portal", "beat", "--loglevel", "WARNING",
                   "--schedule", str(var / "celerybeat-schedule"))
+        else:
+            start(python, manage, "placement_loop")  # stands in for beat; tasks run in-process
         if not no_agents:
             time.sleep(2)  # let the portal open its port; agents would retry anyway
             start(python, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{port}",
