@@ -106,6 +106,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.node = node
         self.bucket = TokenBucket(*conf.agent_rate())
+        self.max_skew = conf.max_future_skew()
         ticker.ensure_started()
         await self.accept()
 
@@ -186,7 +187,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                                           f"samples: stream: {message.stream} is not this connection's stream",
                                           ref_seq=message.samples[0].seq))
             return
-        problem = ingest.too_far_ahead(message)
+        problem = ingest.too_far_ahead(message, skew=self.max_skew)
         if problem:
             await self.send(error_message("invalid_message", problem, ref_seq=message.samples[0].seq))
             return
@@ -213,6 +214,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def placements_changed(self, event) -> None:
         if self.hello is not None and not self.broken:
             await self._send_placements()
+
+    async def agent_token_changed(self, event) -> None:
+        self.broken = True
+        await self._fatal("node_mismatch", "this node's token was revoked or replaced", CLOSE_POLICY)
 
     async def agent_superseded(self, event) -> None:
         if event.get("by") != self.channel_name:

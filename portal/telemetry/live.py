@@ -74,22 +74,18 @@ def may_see(user, group: Group) -> bool:
     return team_id is not None and team_id in teams
 
 
-def messages_for(latest: dict) -> dict[str, dict]:
-    """group name → message data for one node's newest reading (see ingest._latest_reading)."""
+def messages_for(latest_readings: list[dict]) -> dict[str, dict]:
+    """group name → message data for the newest readings of one commit (see
+    ingest._latest_reading): one message per group, however many nodes reported in it."""
     out: dict[str, dict] = {}
-    for reading in latest["gpus"]:
-        out[f"gpu:{reading['gpu']}"] = {"type": "gpu", "data": {**reading, "ts_ms": latest["ts_ms"]}}
-    by_team: dict[int, list] = {}
-    by_reservation: dict[int, list] = {}
-    for share in latest["shares"]:
-        by_team.setdefault(share["team"], []).append(share)
-        by_reservation.setdefault(share["reservation"], []).append(share)
-    for team, shares in by_team.items():
-        out[f"team:{team}"] = {"type": "shares", "data": {"node": latest["node"], "ts_ms": latest["ts_ms"],
-                                                          "shares": shares}}
-    for reservation, shares in by_reservation.items():
-        out[f"reservation:{reservation}"] = {"type": "shares", "data": {
-            "node": latest["node"], "ts_ms": latest["ts_ms"], "shares": shares}}
+    for latest in latest_readings:
+        for reading in latest["gpus"]:
+            out[f"gpu:{reading['gpu']}"] = {"type": "gpu", "data": {**reading, "ts_ms": latest["ts_ms"]}}
+        for share in latest["shares"]:
+            for name in (f"team:{share['team']}", f"reservation:{share['reservation']}"):
+                message = out.setdefault(name, {"type": "shares", "data": {"ts_ms": 0, "shares": []}})
+                message["data"]["shares"].append(share)
+                message["data"]["ts_ms"] = max(message["data"]["ts_ms"], latest["ts_ms"])
     return out
 
 
@@ -206,11 +202,7 @@ class Publisher:
             self._read_at = time.monotonic()
         if not self._watched:
             return 0
-        outgoing: dict[str, dict] = {}
-        for latest in latest_readings:
-            for name, message in messages_for(latest).items():
-                if name in self._watched:
-                    outgoing[name] = message  # a newer reading of the same group wins
+        outgoing = {name: m for name, m in messages_for(latest_readings).items() if name in self._watched}
         if not outgoing:
             return 0
         names = list(outgoing)

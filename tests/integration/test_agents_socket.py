@@ -59,7 +59,11 @@ def test_missing_wrong_and_revoked_tokens_are_refused_at_the_handshake(portal, w
     with _agent_socket(portal, token) as ws:  # the good one is let in
         ws.send(_hello(world, str(uuid.uuid4())))
         assert _until(ws, "welcome")["acked_seq"] == 0
-    revoke_node_token(node)
+        _until(ws, "placements")
+        revoke_node_token(node)  # while connected: the connection goes too
+        with pytest.raises(ConnectionClosed) as closed:
+            _until(ws, "never")
+        assert closed.value.rcvd.code == 4008
     with pytest.raises(InvalidStatus):
         _agent_socket(portal, token)
 

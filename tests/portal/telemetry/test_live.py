@@ -38,16 +38,21 @@ def test_members_see_their_team_and_its_reservations_only(people, teams, placed,
     assert not live.may_see(people["admin"], live.Group("reservation", 999_999))
 
 
-def test_gpu_messages_never_carry_shares():
-    latest = {"node": 1, "ts_ms": 1_800_000_000_000,
-              "gpus": [{"gpu": 5, "sm_util_pct": 50, "mem_util_pct": 1, "mem_used_mib": 1, "power_w": None,
-                        "temp_c": None}],
-              "shares": [{"reservation": 9, "team": 3, "gpu": 5, "used_frac": 0.5, "mem_used_mib": None},
-                         {"reservation": 10, "team": 4, "gpu": 5, "used_frac": 0.1, "mem_used_mib": None}]}
-    messages = live.messages_for(latest)
-    assert set(messages) == {"gpu:5", "team:3", "team:4", "reservation:9", "reservation:10"}
+def test_one_message_per_group_per_commit_and_gpu_messages_never_carry_shares():
+    def reading(node, gpu, shares):
+        return {"node": node, "ts_ms": 1_800_000_000_000 + node,
+                "gpus": [{"gpu": gpu, "sm_util_pct": 50, "mem_util_pct": 1, "mem_used_mib": 1, "power_w": None,
+                          "temp_c": None}],
+                "shares": [{"reservation": r, "team": t, "gpu": gpu, "used_frac": 0.5, "mem_used_mib": None}
+                           for r, t in shares]}
+
+    messages = live.messages_for([reading(1, 5, [(9, 3), (10, 4)]), reading(2, 6, [(11, 3)])])
+    assert set(messages) == {"gpu:5", "gpu:6", "team:3", "team:4", "reservation:9", "reservation:10",
+                             "reservation:11"}
     assert "shares" not in messages["gpu:5"]["data"]
-    assert [s["reservation"] for s in messages["team:3"]["data"]["shares"]] == [9]
+    # Team 3 has work on both nodes: both readings are in its one message, nothing of team 4.
+    assert [s["reservation"] for s in messages["team:3"]["data"]["shares"]] == [9, 11]
+    assert messages["team:3"]["data"]["ts_ms"] == 1_800_000_000_002
 
 
 def test_live_state_answers_only_visible_groups(people, teams, placed, node):
