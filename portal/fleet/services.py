@@ -86,10 +86,15 @@ def record_seen(node_ids: list[int], at) -> None:
 
 def mark_lost_nodes(silent_for) -> list[str]:
     """Mark lost every ready or draining node whose agent has been silent for `silent_for`
-    (a timedelta). Nodes that never reported are left alone: with no agent deployed there is
-    nothing to miss. Returns the names marked lost; each change requests a placement cycle."""
+    (a timedelta), while other agents are heard. Nodes that never reported are left alone: with
+    no agent deployed there is nothing to miss. Returns the names marked lost; each change
+    requests a placement cycle."""
     cutoff = timezone.now() - silent_for
     names = []
+    if not Node.objects.filter(last_seen__gte=cutoff).exists():
+        # Not one agent heard: the portal's own ingestion was down (a restart, a long outage),
+        # not every node at once. Marking them all lost would make orchestration act on nothing.
+        return names
     silent = Node.objects.filter(last_seen__lt=cutoff).exclude(status=NodeStatus.LOST).values_list("pk", "name")
     for pk, name in silent:
         reason = f"{LOST_REASON_PREFIX} {int(silent_for.total_seconds())} s"

@@ -80,12 +80,22 @@ def test_hello_flags_gpus_the_agent_no_longer_has(node):
 def test_silent_node_is_lost_and_comes_back_when_its_agent_reports(node):
     ingest.register_hello(node, hello_for(node))
     Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(minutes=5))
-    never_seen = Node.objects.exclude(pk=node.pk).first()
+    heard, never_seen = Node.objects.exclude(pk=node.pk)[:2]
+    Node.objects.filter(pk=heard.pk).update(last_seen=timezone.now())
     assert fleet_services.mark_lost_nodes(timedelta(seconds=90)) == [node.name]
     node.refresh_from_db()
     never_seen.refresh_from_db()
     assert node.status == NodeStatus.LOST and never_seen.status == NodeStatus.READY
     ingest.register_hello(node, hello_for(node))
+    node.refresh_from_db()
+    assert node.status == NodeStatus.READY
+
+
+def test_no_node_is_lost_when_no_agent_at_all_is_heard(node):
+    # Every agent silent at once is the portal's outage, not the fleet's.
+    ingest.register_hello(node, hello_for(node))
+    Node.objects.update(last_seen=timezone.now() - timedelta(minutes=5))
+    assert fleet_services.mark_lost_nodes(timedelta(seconds=90)) == []
     node.refresh_from_db()
     assert node.status == NodeStatus.READY
 
