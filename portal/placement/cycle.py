@@ -15,8 +15,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -40,6 +41,15 @@ MILLI = Decimal("0.001")
 # sent at commit, so a long batch would delay the first pods).
 BATCH_DECISIONS = 32
 BATCH_SECONDS = 0.1
+
+
+class Queued(NamedTuple):
+    pk: int
+    priority: int
+    created_at: datetime
+    position: int | None
+    estimated_start: datetime | None
+    group: str
 
 
 @dataclass
@@ -103,15 +113,19 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
 
         release_ended_pods(backend)  # their GPUs are free in the database: free them on the cluster too
         ingest(backend)
-    pending = list(Reservation.objects.filter(state=State.PENDING).select_related("team").order_by("created_at", "id"))
-    if not pending:
+    # The whole queue, briefly; full rows only for what this cycle looks at.
+    queue = [Queued(*row) for row in Reservation.objects.filter(state=State.PENDING).order_by("created_at", "id")
+             .values_list("pk", "priority", "created_at", "queue_position", "estimated_start", "group_name")]
+    if not queue:
         report.seconds = time.perf_counter() - started
         return report
-    rows = {str(r.pk): r for r in pending}
     epoch, skip, looked_at = memo.load()
     # A gang with a new (or newly evaluated) member is looked at whole again.
-    fresh_groups = {r.group_name for r in pending if r.group_name and str(r.pk) not in skip}
-    considered = [r for r in pending if str(r.pk) not in skip or r.group_name in fresh_groups]
+    fresh_groups = {q.group for q in queue if q.group and str(q.pk) not in skip}
+    wanted = [q.pk for q in queue if str(q.pk) not in skip or q.group in fresh_groups]
+    considered = list(Reservation.objects.filter(pk__in=wanted, state=State.PENDING).select_related("team")
+                      .order_by("created_at", "id"))
+    rows = {str(r.pk): r for r in considered}
     requests = []
     for r in considered:
         try:
@@ -119,10 +133,11 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
         except ValueError as exc:
             if not r.state_reason.startswith("cannot be placed as asked"):
                 services.note_pending_reason(r.pk, f"cannot be placed as asked: {exc}")
-    snap = snapshot.build()
-    result = core.schedule(snap, requests, _policy())
-    gpu_ids = dict(Gpu.objects.values_list("uuid", "pk"))
-    node_ids = dict(Node.objects.values_list("name", "pk"))
+    # No requests: everything waiting was looked at already and nothing has freed capacity since.
+    result = core.schedule(snapshot.build(), requests, _policy()) if requests else core.CycleResult(_policy())
+    deciding = bool(result.placements or result.preemptions)
+    gpu_ids = dict(Gpu.objects.values_list("uuid", "pk")) if deciding else {}
+    node_ids = dict(Node.objects.values_list("name", "pk")) if deciding else {}
 
     # Decisions: preemptions, then placements, gang members together.
     units: list[tuple[list[core.Placement], tuple[str, ...]]] = []
@@ -175,29 +190,27 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
         if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles
             services.note_pending_reason(int(rid), why)
     unschedulable = {u.request_id for u in result.unschedulable}
-    skipped = set(rows) - {str(r.pk) for r in considered}
+    skipped = {str(q.pk) for q in queue} - set(rows)
     memo.save(epoch, unschedulable | skipped, looked_at if skip else time.time())
     report.unschedulable = len(unschedulable | skipped)
-    update_queue(pending)
+    update_queue(queue)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def update_queue(pending: list[Reservation]) -> None:
+def update_queue(queue: list[Queued]) -> None:
     """Queue position (priority, then age) and a rough estimated start for what still waits: the
     k-th waiting reservation may start when the k-th known end time among running ones comes."""
-    still = {pk for pk in Reservation.objects.filter(pk__in=[r.pk for r in pending], state=State.PENDING)
-             .values_list("pk", flat=True)}
-    order = sorted((r for r in pending if r.pk in still), key=lambda r: (-r.priority, r.created_at, r.pk))
-    ends = sorted(t for t in Reservation.objects.filter(state__in=HOLDS_GPU, expires_at__isnull=False)
+    still = set(Reservation.objects.filter(state=State.PENDING).values_list("pk", flat=True))
+    order = sorted((q for q in queue if q.pk in still), key=lambda q: (-q.priority, q.created_at, q.pk))
+    ends = sorted(Reservation.objects.filter(state__in=HOLDS_GPU, expires_at__isnull=False)
                   .values_list("expires_at", flat=True))
     now = timezone.now()
     changed = []
-    for position, r in enumerate(order, start=1):
+    for position, q in enumerate(order, start=1):
         estimate = max(ends[position - 1], now) if position <= len(ends) else None
-        if r.queue_position != position or r.estimated_start != estimate:
-            r.queue_position, r.estimated_start = position, estimate
-            changed.append(r)
+        if q.position != position or q.estimated_start != estimate:
+            changed.append(Reservation(pk=q.pk, queue_position=position, estimated_start=estimate))
     Reservation.objects.bulk_update(changed, ["queue_position", "estimated_start"], batch_size=500)
     # Left the queue another way (cancelled, failed): no position any more.
     Reservation.objects.filter(queue_position__isnull=False).exclude(state=State.PENDING).update(

@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from django.db.models import Prefetch
-
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.quota import usage_of
@@ -40,32 +38,38 @@ def to_request(r: Reservation) -> core.Request:
 
 
 def build() -> core.Snapshot:
-    """Nodes → GPUs → the live shares on them, and each team's quota use (for fair share)."""
-    live = Allocation.objects.filter(released_at__isnull=True).select_related("reservation__team")
+    """Nodes → GPUs → the live shares on them, and each team's quota use (for fair share).
+    Read as plain values, not model instances: a cycle reads the whole fleet every time."""
     shares: dict[int, list[core.Share]] = defaultdict(list)
-    for a in live:
-        r = a.reservation
-        shares[a.gpu_id].append(core.Share(
-            reservation_id=str(r.pk), request=float(a.compute_share), memory_mib=a.memory_mib,
-            priority=r.priority, team=r.team.slug, affinity=_labels(r.affinity),
-            anti_affinity=_labels(r.anti_affinity), exclusion=_labels(r.exclusion), group=r.group_name or None,
+    live = Allocation.objects.filter(released_at__isnull=True).values_list(
+        "gpu_id", "reservation_id", "compute_share", "memory_mib", "reservation__priority", "reservation__team__slug",
+        "reservation__affinity", "reservation__anti_affinity", "reservation__exclusion", "reservation__group_name")
+    for gpu_id, rid, share, memory, priority, team, affinity, anti, exclusion, group in live:
+        shares[gpu_id].append(core.Share(
+            reservation_id=str(rid), request=float(share), memory_mib=memory, priority=priority, team=team,
+            affinity=_labels(affinity), anti_affinity=_labels(anti), exclusion=_labels(exclusion),
+            group=group or None,
         ))
+    gpus_of: dict[int, list[tuple]] = defaultdict(list)
+    for row in Gpu.objects.filter(healthy=True).order_by("node_id", "index").values_list(
+            "pk", "node_id", "uuid", "index", "model", "memory_mib", "nvlink_peers", "numa_node"):
+        gpus_of[row[1]].append(row)
     nodes = []
-    for node in Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.filter(healthy=True))):
-        gpus = list(node.gpus.all())
-        by_uuid = {g.uuid: g.index for g in gpus}
+    for node_id, name, labels, status in Node.objects.order_by("name").values_list("pk", "name", "labels", "status"):
+        gpus = gpus_of.get(node_id, [])
+        by_uuid = {g[2]: g[3] for g in gpus}
         nodes.append(core.Node(
-            name=node.name,
-            labels=dict(node.labels),
-            status=core.NodeStatus(node.status),
+            name=name,
+            labels=dict(labels),
+            status=core.NodeStatus(status),
             cpu_milli_free=None,
             memory_mib_free=None,
             gpus=tuple(
-                core.Gpu(uuid=g.uuid, index=g.index, model=g.model, memory_mib=g.memory_mib,
+                core.Gpu(uuid=uuid, index=index, model=model, memory_mib=memory,
                          nvlink_peers=frozenset(by_uuid[p] if isinstance(p, str) else p
-                                                for p in g.nvlink_peers if not isinstance(p, str) or p in by_uuid),
-                         numa_node=g.numa_node or 0, shares=tuple(shares.get(g.pk, ())))
-                for g in gpus
+                                                for p in peers if not isinstance(p, str) or p in by_uuid),
+                         numa_node=numa or 0, shares=tuple(shares.get(pk, ())))
+                for pk, _node, uuid, index, model, memory, peers, numa in gpus
             ),
         ))
     teams = {t.slug: core.TeamUsage(float(t.quota_gpu_share), float(usage_of(t).gpu_share))
