@@ -3,6 +3,7 @@ placements an agent must enforce, and the newest readings for the live views and
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -11,6 +12,7 @@ from django.db import connection
 from django.db.models import Count, Max, Sum
 from django.utils import timezone
 
+from agents.protocol import POD_UID_PATTERN
 from portal.reservations.models import Allocation
 
 from .models import GpuSample, RollupState, ShareMinute, ShareSample
@@ -18,6 +20,7 @@ from .models import GpuSample, RollupState, ShareMinute, ShareSample
 # Newest readings older than this are not "current" (the agent is away): /metrics and the live
 # state leave such GPUs out rather than show stale numbers as live.
 CURRENT_WITHIN = timedelta(seconds=30)
+_POD_UID = re.compile(POD_UID_PATTERN)
 
 
 def recent_utilization(reservation_ids: Iterable[int], since: datetime) -> dict[int, float]:
@@ -59,12 +62,15 @@ def recent_utilization(reservation_ids: Iterable[int], since: datetime) -> dict[
 def placements_for_node(node_id: int) -> dict:
     """The `placements` message body for a node's agent: every live share on its GPUs."""
     rows = (Allocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True)
-            .select_related("gpu").order_by("reservation_id", "gpu__index"))
+            .select_related("gpu").order_by("reservation_id", "gpu__index")
+            .values_list("reservation_id", "gpu__uuid", "compute_share", "compute_limit", "memory_mib",
+                         "reservation__pod_uid"))
     placements = [
-        {"reservation": str(a.reservation_id), "gpu_uuid": a.gpu.uuid, "request": float(a.compute_share),
-         "limit": float(max(a.compute_limit, a.compute_share)), "memory_mib": a.memory_mib or None,
-         "pod_uid": None}
-        for a in rows
+        {"reservation": str(reservation), "gpu_uuid": gpu_uuid, "request": float(share),
+         "limit": float(max(limit, share)), "memory_mib": memory or None,
+         # The pod lets the agent attribute processes; only a Kubernetes UID is worth sending.
+         "pod_uid": pod_uid if pod_uid and _POD_UID.fullmatch(pod_uid) else None}
+        for reservation, gpu_uuid, share, limit, memory, pod_uid in rows
     ]
     # Milliseconds keep the revision increasing across portal restarts and processes.
     return {"v": 1, "type": "placements", "revision": time.time_ns() // 1_000_000, "placements": placements}

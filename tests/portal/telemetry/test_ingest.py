@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from agents.protocol import PORTAL_MESSAGES, parse
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.reservations.models import Reservation
 from portal.telemetry import ingest
 from portal.telemetry.models import GpuSample, ShareSample
-from portal.telemetry.services import recent_utilization
+from portal.telemetry.services import placements_for_node, recent_utilization
 
 from .conftest import hello_for, samples_for
 
@@ -105,3 +108,16 @@ def test_a_drained_node_stays_drained_when_its_agent_reports(node):
     ingest.register_hello(node, hello_for(node))
     node.refresh_from_db()
     assert node.status == NodeStatus.DRAINING
+
+
+def test_placements_for_the_agent_are_the_live_shares_of_its_node(node, placed):
+    Reservation.objects.filter(pk=placed["vision"].pk).update(pod_uid="0f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
+    Reservation.objects.filter(pk=placed["nlp"].pk).update(pod_uid="not-a-kubernetes-uid")
+    # What the agent's own validation accepts.
+    message = parse(json.dumps(placements_for_node(node.pk)), PORTAL_MESSAGES)
+    got = {(p.reservation, p.gpu_uuid, p.request, p.pod_uid) for p in message.placements}
+    gpus = {g.index: g.uuid for g in node.gpus.all()}
+    assert got == {(str(placed["vision"].pk), gpus[0], 0.5, "0f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b"),
+                   (str(placed["nlp"].pk), gpus[1], 0.25, None)}
+    other = Node.objects.exclude(pk=node.pk).first()
+    assert placements_for_node(other.pk)["placements"] == []
