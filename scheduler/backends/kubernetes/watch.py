@@ -14,6 +14,7 @@ comes out Ready, not as a NotReady replayed late). Memory stays bounded by the n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -75,7 +76,9 @@ class ClusterWatch:
         self._stop.set()
         with self._lock:
             for resp in self._open:
-                resp.shutdown()  # unblocks the thread reading the stream
+                # Unblocks the thread reading the stream; it may be closing it at this very moment.
+                with contextlib.suppress(ValueError, OSError):
+                    resp.shutdown()
         for t in self._threads:
             t.join(timeout_s)
 

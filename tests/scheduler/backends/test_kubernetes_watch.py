@@ -19,6 +19,14 @@ def collect(backend, until, timeout_s=15.0):
     raise AssertionError(f"timed out; events so far: {seen}")
 
 
+def watches_open(server, count=2, timeout_s=15.0):
+    """Wait until the backend's pod and node watches are being served (not between requests)."""
+    deadline = time.monotonic() + timeout_s
+    while server.open_watches < count:
+        assert time.monotonic() < deadline, "the watches never opened"
+        time.sleep(0.02)
+
+
 def pod_events(events, name):
     return [e for e in events if isinstance(e, PodEvent) and e.pod.name == name]
 
@@ -73,6 +81,7 @@ def test_an_expired_watch_relists_and_reports_what_changed_meanwhile(nodes, back
     collect(backend, lambda ev: pod_events(ev, "tessera-r1-1") and pod_events(ev, "tessera-r2-1"))
     relists = backend.watch.relists
     # While the watch hears nothing, one pod runs, the other disappears, and history is compacted.
+    watches_open(nodes)
     nodes.pause_watches(True)
     nodes.set_pod_phase("tessera", "tessera-r1-1", "Running")
     nodes.remove_pod("tessera", "tessera-r2-1")
@@ -86,6 +95,7 @@ def test_an_expired_watch_relists_and_reports_what_changed_meanwhile(nodes, back
 def test_the_watch_rides_out_api_server_errors(nodes, backend, pod_spec):
     backend.bind(pod_spec())
     collect(backend, lambda ev: pod_events(ev, "tessera-r42-1"))
+    watches_open(nodes)
     nodes.inject("GET", r"^/api/v1/pods\?watch$", status=500, times=1)
     nodes.inject("GET", r"^/api/v1/pods$", status=503, times=2)
     nodes.end_watches()  # the running watch ends; the next one meets the faults
@@ -128,6 +138,7 @@ def test_a_late_poll_reports_the_current_state_not_a_replay_of_history(nodes, ba
 def test_a_malformed_watch_event_does_not_kill_the_watch(nodes, backend, pod_spec):
     backend.bind(pod_spec())
     collect(backend, lambda ev: pod_events(ev, "tessera-r42-1"))
+    watches_open(nodes)
     nodes.garbage["Pod"] = 1
     nodes.end_watches()  # the next watch starts with the malformed event
     deadline = time.monotonic() + 15
