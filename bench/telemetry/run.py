@@ -331,8 +331,9 @@ def main() -> int:
         r["throughput_vs_baseline"] = round(r["stored_samples_per_s"] / base["stored_samples_per_s"], 2)
         if r["latency_ms_p99"] and base["latency_ms_p99"]:
             r["p99_vs_baseline"] = round(r["latency_ms_p99"] / base["latency_ms_p99"], 2)
-    command = "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/telemetry/run.py " + \
-        " ".join(sys.argv[1:])
+    niceness = os.nice(0)
+    command = (f"DATABASE_URL={_ADMIN_URL} " + (f"nice -n {niceness} " if niceness else "")
+               + ".venv/bin/python bench/telemetry/run.py " + " ".join(sys.argv[1:]))
     report = {"command": command, "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
               "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "runs": runs,
               "rollup_after_last_run": maintenance}
@@ -343,7 +344,11 @@ def main() -> int:
         f"Command: `{command}`  ", f"Machine: {report['machine']}  ", f"Date (UTC): {report['date_utc']}", "",
         "One Daphne process (portal), channels-redis, PostgreSQL, one `agents.fleet` process with N simulated "
         "nodes × 8 GPUs at 1 Hz, one browser on ws/live/ watching GPU groups and the team group. "
-        "Latency: the agent's sample timestamp to its arrival at the browser.", "",
+        "Latency: the agent's sample timestamp to its arrival at the browser. Every process of the run "
+        "(portal, agents, browser) shares the machine with whatever else runs there: the load average "
+        "column says how busy it was, and `portal CPU (cores)` how much the portal got. "
+        "`settle s`: time until every agent was connected and its post-start replay drained "
+        "(capped by --warmup; a run that hit the cap was measured while still catching up).", "",
         "| nodes | offered samples/s | stored samples/s | stored/offered | p50 ms | p99 ms | live msgs missed "
         "| portal CPU (cores) | portal CPU ms / 1000 samples | fleet CPU (cores) | settle s | load avg "
         "| throughput vs baseline | p99 vs baseline |",

@@ -85,3 +85,11 @@ def writer() -> BatchWriter:
     if w is None or w._task.done() or w._task.get_loop() is not loop:
         w = _writers[id(loop)] = BatchWriter()
     return w
+
+
+def close_connections() -> None:
+    """Close the database connections of every writer thread (tests, shutdown)."""
+    from .dbthread import close_connections as close_pool
+
+    for w in list(_writers.values()):
+        close_pool(w._executor)
