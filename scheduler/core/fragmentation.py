@@ -209,6 +209,25 @@ class FgdScorer:
         return _sigmoid_score(self.deltas(req, nodes))
 
     def score(self, state: ClusterState, req: Request, ok: np.ndarray, room: np.ndarray):
+        entry = self._scores(req)
+        one_gpu = req.gpu_count == 1 and not req.whole
+        if not one_gpu:
+            return entry.best.copy(), entry.slot
+        if only_compute_per_gpu(state, req):
+            return entry.best.copy(), entry.slot
+        return pick_slot(entry.values, ok)
+
+    def warm(self, typical: Sequence[TypicalPod]) -> None:
+        """Fill the score tables of the typical shapes now, so that their first decisions are not slow."""
+        for t in typical:
+            if t.count > 0:
+                self._scores(Request("warm", gpu_request=t.milli / MILLI, gpu_count=t.count, cpu_milli=t.cpu_milli))
+            else:
+                self._scores(Request("warm", gpu_count=0, cpu_milli=t.cpu_milli))
+
+    def _scores(self, req: Request) -> _ShapeScores:
+        """This request shape's scores for every node, recomputed where a node changed since."""
+        state = self.state
         self.frag.refresh()
         key = (req.milli if req.gpu_count else 0, req.gpu_count, pod_cpu(req))
         one_gpu = req.gpu_count == 1 and not req.whole
@@ -229,11 +248,7 @@ class FgdScorer:
             else:
                 entry.best[stale] = values
             entry.seen[stale] = state.version[stale]
-        if not one_gpu:
-            return entry.best.copy(), entry.slot
-        if only_compute_per_gpu(state, req):
-            return entry.best.copy(), entry.slot
-        return pick_slot(entry.values, ok)
+        return entry
 
     def _values_deduplicated(self, req: Request, nodes: np.ndarray) -> np.ndarray:
         """node_values, computed once per distinct node state (many nodes look alike, e.g. empty)."""

@@ -91,6 +91,7 @@ def summary(results: Sequence[RunResult]) -> dict[str, object]:
         "failed_pods": round(float(np.mean([r.failed for r in results])), 1),
         "decisions_per_s": round(len(timings) / total, 1) if total else None,
         "p99_decision_ms": round(float(np.percentile(timings, 99) * 1000), 3) if timings else None,
+        "warm_s": round(float(np.mean([r.warm_s for r in results])), 3),
     }
 
 
