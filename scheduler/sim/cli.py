@@ -82,6 +82,7 @@ def summary(results: Sequence[RunResult]) -> dict[str, object]:
 
     timings = [t for r in results for t in r.decision_s]
     total = sum(timings)
+    cpu = sum(r.decision_cpu_s for r in results)
     return {
         "policy": results[0].policy,
         "trace": results[0].trace,
@@ -92,6 +93,7 @@ def summary(results: Sequence[RunResult]) -> dict[str, object]:
         "decisions_per_s": round(len(timings) / total, 1) if total else None,
         "p99_decision_ms": round(float(np.percentile(timings, 99) * 1000), 3) if timings else None,
         "warm_s": round(float(np.mean([r.warm_s for r in results])), 3),
+        "decisions_per_cpu_s": round(len(timings) / cpu, 1) if cpu else None,
     }
 
 
