@@ -60,10 +60,18 @@ class Stored:
 @dataclass
 class _Cache:
     last_seen_written: dict[int, float] = field(default_factory=dict)
+    teams: dict[int, tuple[int | None, float]] = field(default_factory=dict)  # reservation → (team, until)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _cache = _Cache()
+
+
+def forget_cache() -> None:
+    """Drop what this process remembers about reservations and nodes (tests; after a failed commit)."""
+    with _cache.lock:
+        _cache.teams.clear()
+        _cache.last_seen_written.clear()
 
 
 def register_hello(node: Node, hello: Hello) -> StreamInfo:
@@ -144,7 +152,21 @@ def _reservation_teams(submissions: list[Submission]) -> dict[int, int]:
                     ids.add(int(reservation))
     if not ids:
         return {}
-    return dict(Reservation.objects.filter(pk__in=ids).values_list("pk", "team_id"))
+    # A reservation never changes team, so known ones are remembered; unknown ids (deleted, or
+    # not yet committed when the agent heard of them) are asked again after a while.
+    now = time.monotonic()
+    with _cache.lock:
+        known = {i: _cache.teams[i] for i in ids if i in _cache.teams and _cache.teams[i][1] > now}
+    missing = ids - set(known)
+    if missing:
+        found = dict(Reservation.objects.filter(pk__in=missing).values_list("pk", "team_id"))
+        with _cache.lock:
+            if len(_cache.teams) > 100_000:
+                _cache.teams.clear()
+            for i in missing:
+                entry = (found.get(i), now + (3600.0 if i in found else 30.0))
+                _cache.teams[i] = known[i] = entry
+    return {i: team for i, (team, _) in known.items() if team is not None}
 
 
 def rollup_horizon(now: datetime) -> datetime:

@@ -9,10 +9,10 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from django.db import connection
+from django.db import IntegrityError, connection
 
 from . import conf
-from .ingest import Stored, Submission, store_batches
+from .ingest import Stored, Submission, forget_cache, store_batches
 from .live import Publisher
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,15 @@ MAX_SUBMISSIONS_PER_COMMIT = 1000
 
 def _store_in_thread(submissions: list[Submission]) -> list[Stored]:
     try:
-        return store_batches(submissions)
+        try:
+            return store_batches(submissions)
+        except IntegrityError:
+            # Most likely a reservation deleted after this process remembered it: forget and
+            # try once more (unknown reservations are skipped), rather than fail every agent of
+            # this commit again and again as they replay the same samples.
+            log.warning("storing samples hit an integrity error; retrying without cached reservations")
+            forget_cache()
+            return store_batches(submissions)
     except Exception:
         # A broken connection (database restarted) must not poison the next commits.
         connection.close()

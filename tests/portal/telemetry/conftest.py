@@ -12,6 +12,15 @@ from agents.protocol import Hello, Samples
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
+from portal.telemetry import ingest
+
+
+@pytest.fixture(autouse=True)
+def _fresh_ingest_cache():
+    # Reservation ids can be reused between tests (rolled-back transactions).
+    ingest.forget_cache()
+    yield
+    ingest.forget_cache()
 
 
 @pytest.fixture

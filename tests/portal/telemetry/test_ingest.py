@@ -121,3 +121,18 @@ def test_placements_for_the_agent_are_the_live_shares_of_its_node(node, placed):
                    (str(placed["nlp"].pk), gpus[1], 0.25, None)}
     other = Node.objects.exclude(pk=node.pk).first()
     assert placements_for_node(other.pk)["placements"] == []
+
+
+@pytest.mark.django_db(transaction=True)  # foreign keys are checked at commit
+def test_a_reservation_deleted_after_it_was_seen_does_not_block_storage(node, placed):
+    from portal.telemetry.writer import _store_in_thread
+
+    hello = hello_for(node)
+    info = ingest.register_hello(node, hello)
+    r = placed["vision"].pk
+    _store_in_thread([ingest.Submission(info, samples_for(node, hello.stream, range(1, 2), shares=[(r, 0, 0.3)]))])
+    Reservation.objects.filter(pk=r).delete()  # the process still remembers it
+    stored = _store_in_thread([ingest.Submission(info, samples_for(node, hello.stream, range(2, 3),
+                                                                   shares=[(r, 0, 0.3)]))])
+    assert stored[0].ack_seq == 2
+    assert GpuSample.objects.filter(seq=2).count() == 8 and not ShareSample.objects.exists()
