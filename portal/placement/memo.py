@@ -20,7 +20,7 @@ from .locking import RedisLock, cluster_lock
 
 EPOCH_KEY = "tessera:placement:capacity-epoch"
 MEMO_KEY = "tessera:placement:unschedulable"
-MAX_AGE_S = 30.0
+MAX_AGE_S = 300.0  # a full look at a long queue costs seconds: not more often than this
 
 
 def _client():
