@@ -192,3 +192,9 @@ def test_the_backend_reuses_its_connections(nodes, backend, pod_spec):
     backend.list_pods()
     # Every answer is read and the connection handed back to the pool: a handful, not one per call.
     assert nodes.connections <= 4
+
+
+def test_it_speaks_the_whole_backend_contract(backend):
+    from scheduler.backends import Backend
+
+    assert isinstance(backend, Backend) and backend.name == "kubernetes"
