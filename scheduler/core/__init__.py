@@ -14,7 +14,8 @@ Data in (frozen dataclasses, `scheduler.core.model`):
 - `Request(id, team, gpu_request, gpu_limit, gpu_memory_mib, gpu_count, gpu_model, priority,
   affinity, anti_affinity, exclusion, group=PodGroup(name, headcount, threshold), created_at,
   cpu_milli, memory_mib)`; gpu_model: None, "A100", {"V100M16", "V100M32"} or "V100M16|V100M32";
-  gpu_count >= 2 needs gpu_request 1.0; invalid values raise ValueError with the field named.
+  gpu_count >= 2 needs gpu_request 1.0 (whole GPUs); gpu_count 0 is a CPU-only pod (traces);
+  invalid values raise ValueError with the field named.
 
 Entry points:
 - `schedule(snapshot, pending, policy="tessera", *, preemption=True, typical=None, seed=0,
@@ -24,7 +25,18 @@ Entry points:
   - `Unschedulable(request_id, reasons: tuple[Reason(code, message, count)])`
 - `feasible_gpus(snapshot, request, policy="tessera") -> (list[GpuCandidate], list[Reason])`:
   candidates best first (node, gpu_uuid, gpu_index, model, free_share, free_memory_mib, score).
-- `POLICIES`: random, best-fit, packing, spread, dot-product, fgd, tessera.
+- `POLICIES`: random, best-fit, packing, spread, dot-product, fgd, tessera (the default: FGD's
+  fragmentation gradient plus CPU stranding; see `tessera.py` and bench/results/scheduler/).
+- Lower level, as the trace replay uses it: `ClusterState` (numpy working copy of a snapshot),
+  `make_scorer(policy, state, typical)`, `choose(state, request, scorer) -> Choice | None`,
+  `state.reserve(request, node, slots)`.
+
+Semantics: shares are fractions of a GPU, summed by request (the limit above it is not reserved);
+whole-GPU requests take fully free GPUs of one node (NVLink-linked first, then one NUMA node);
+exclusion labels never mix on a GPU; anti-affinity keeps equal labels on different GPUs; affinity
+joins the GPU that holds the label; a pod group places at least ceil(threshold x headcount)
+members in one cycle or none, close together (node, then rack/zone label); a guarantee request
+(priority > 0) that fits nowhere may preempt the fewest strictly-lower-priority shares.
 
 Reason codes (`ReasonCode`, stable strings): invalid, quota, node_not_ready, node_cpu, node_memory,
 model, exclusion, affinity, anti_affinity, memory, compute, whole_gpu, no_fit, gang_incomplete.
