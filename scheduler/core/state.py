@@ -170,9 +170,6 @@ class ClusterState:
             self._model_masks[models] = mask
         return mask
 
-    def shares_on(self, i: int, j: int) -> list[Placed]:
-        return [p for p in self.placed.values() if p.node == i and j in p.gpus]
-
     # ---- changes ------------------------------------------------------------------------------
     def reserve(self, request: Request, node: int, gpus: tuple[int, ...]) -> Placed:
         """Take a request's share on `gpus` of `node`. The caller has checked that it fits."""
