@@ -24,6 +24,7 @@ import os
 import platform
 import random
 import re
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -108,13 +109,15 @@ def stop_workers(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-CYCLE_LINE = re.compile(r"cycle \((?P<why>[^)]*)\): placed (?P<placed>\d+).* in (?P<s>[0-9.]+) s")
+CYCLE_LINE = re.compile(r"cycle \((?P<why>[^)]*)\): placed (?P<placed>\d+).* in (?P<s>[0-9.]+) s "
+                        r"\(looked at (?P<looked>\d+)\)")
 
 
 def cycle_stats(logs: list[Path]) -> dict:
     rounds = [m for log in logs for m in CYCLE_LINE.finditer(log.read_text())]
     seconds = [float(m["s"]) for m in rounds]
     return {"cycles": len(rounds), "cycle_seconds_total": round(sum(seconds), 3),
+            "full_looks": sum(1 for m in rounds if int(m["looked"]) > 100),
             "cycle_p50_s": round(statistics.median(seconds), 4) if seconds else None,
             "cycle_max_s": round(max(seconds), 4) if seconds else None}
 
@@ -230,7 +233,8 @@ def scenario_steady(n_workers: int, team, user, logdir: Path, waiting: int, rate
         wait_bound(blockers, timeout=120)
         queue = bulk_pending(team, user, waiting, "H100-80GB", random.Random(3), priority=10)
         deadline = time.monotonic() + 120
-        while Reservation.objects.filter(pk__in=queue, state_reason="waiting for the next placement cycle").exists():
+        # Until the queue's first full look has ended (positions are written last in a cycle).
+        while Reservation.objects.filter(pk__in=queue, queue_position__isnull=True).exists():
             if time.monotonic() > deadline:
                 raise SystemExit("the waiting queue never got its reasons")
             time.sleep(0.5)
@@ -254,6 +258,13 @@ def scenario_steady(n_workers: int, team, user, logdir: Path, waiting: int, rate
     return result
 
 
+def keep_logs(scenario_dir: Path, into: Path | None) -> None:
+    if into is not None:
+        into.mkdir(parents=True, exist_ok=True)
+        for log in scenario_dir.glob("*.log"):
+            shutil.copy(log, into / f"{scenario_dir.name}-{log.name}")
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -266,9 +277,14 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="arrivals per second in the steady run")
     parser.add_argument("--seconds", type=float, default=30.0, help="length of the steady run")
     parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated; the first is the baseline")
+    parser.add_argument("--scenarios", default="burst,steady", help="which to run, comma-separated")
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--logs", type=Path, help="copy the workers' logs here")
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
+    scenarios = set(args.scenarios.split(","))
+    if not scenarios <= {"burst", "steady"}:
+        parser.error("--scenarios: burst, steady")
     # Stopped from outside: unwind (the scenarios stop their workers and the database is dropped).
     signal.signal(signal.SIGTERM, _interrupt)
     if args.gpus < 16 or args.gpus % 8:
@@ -298,14 +314,18 @@ def main() -> None:
         results = {"burst": {}, "steady": {}}
         try:
             for n in workers:
-                d = Path(tmp) / f"burst-{n}"
-                d.mkdir()
-                results["burst"][n] = scenario_burst(n, team, user, d, args.burst)
-                print(f"burst  {n} worker(s): {results['burst'][n]}", flush=True)
-                d = Path(tmp) / f"steady-{n}"
-                d.mkdir()
-                results["steady"][n] = scenario_steady(n, team, user, d, args.waiting, args.rate, args.seconds)
-                print(f"steady {n} worker(s): {results['steady'][n]}", flush=True)
+                if "burst" in scenarios:
+                    d = Path(tmp) / f"burst-{n}"
+                    d.mkdir()
+                    results["burst"][n] = scenario_burst(n, team, user, d, args.burst)
+                    print(f"burst  {n} worker(s): {results['burst'][n]}", flush=True)
+                    keep_logs(d, args.logs)
+                if "steady" in scenarios:
+                    d = Path(tmp) / f"steady-{n}"
+                    d.mkdir()
+                    results["steady"][n] = scenario_steady(n, team, user, d, args.waiting, args.rate, args.seconds)
+                    print(f"steady {n} worker(s): {results['steady'][n]}", flush=True)
+                    keep_logs(d, args.logs)
         finally:
             from django.db import connections
 
@@ -322,6 +342,7 @@ def write(results: dict, args, workers: list[int]) -> None:
     command = " ".join(["DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres", ".venv/bin/python",
                         "bench/orchestration/bound_latency.py", *sys.argv[1:]])
     meta = {"command": command, "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
             "gpus": args.gpus, "burst": args.burst, "waiting": args.waiting, "rate": args.rate,
             "seconds": args.seconds}
@@ -330,25 +351,28 @@ def write(results: dict, args, workers: list[int]) -> None:
     lines = [
         "# Orchestration: submission → bound, cycles/s", "",
         f"`{command}`", "", f"{meta['when']} · {meta['machine']} · {args.gpus} simulated GPUs · "
-        "local backend · PostgreSQL · Redis broker · one Celery worker process per worker (concurrency 1)", "",
-        f"## Burst: {args.burst} reservations pending at once", "",
-        "| workers | bound | p50 s | p99 s | max s | wall s | cycles | cycles/s | placements/s | p99 vs "
-        f"{base} worker |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "local backend · PostgreSQL · Redis broker · one Celery worker process per worker (concurrency 1) · "
+        f"load average at the end {meta['load_average_at_end']} (the machine is shared)", "",
     ]
+    if results["burst"]:
+        lines += [f"## Burst: {args.burst} reservations pending at once", "",
+                  "| workers | bound | p50 s | p99 s | max s | wall s | cycles | cycles/s | placements/s | p99 vs "
+                  f"{base} worker |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for n, r in results["burst"].items():
         ratio = r["p99_s"] / results["burst"][base]["p99_s"] if r["p99_s"] else float("nan")
         lines.append(f"| {n} | {r['bound']}/{r['submitted']} | {r['p50_s']} | {r['p99_s']} | {r['max_s']} | "
                      f"{r['wall_s']} | {r['cycles']} | {r['cycles_per_s']} | {r['placements_per_s']} | "
                      f"{ratio:.2f} |")
-    lines += ["", f"## Steady: {args.waiting} waiting that cannot be placed, {args.rate:g} arrivals/s for "
-              f"{args.seconds:g} s", "",
-              "| workers | bound | p50 s | p99 s | max s | cycles | cycles/s | cycle p50 s | cycle max s | p99 vs "
-              f"{base} worker |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    if results["steady"]:
+        lines += ["", f"## Steady: {args.waiting} waiting that cannot be placed, {args.rate:g} arrivals/s for "
+                  f"{args.seconds:g} s", "",
+                  "| workers | bound | p50 s | p99 s | max s | cycles | cycles/s | cycle p50 s | cycle max s | "
+                  f"full looks | p99 vs {base} worker |", "|" + " --- |" * 11]
     for n, r in results["steady"].items():
         ratio = r["p99_s"] / results["steady"][base]["p99_s"] if r["p99_s"] else float("nan")
         lines.append(f"| {n} | {r['bound']}/{r['submitted']} | {r['p50_s']} | {r['p99_s']} | {r['max_s']} | "
                      f"{r['cycles']} | {r['cycles_per_s']} | {r['cycle_p50_s']} | {r['cycle_max_s']} | "
-                     f"{ratio:.2f} |")
+                     f"{r['full_looks']} | {ratio:.2f} |")
     lines += ["", "Target: p99 < 1 s. Bound = the pod exists on the (simulated) cluster; the simulated API "
               "answers in microseconds, so a real API server adds its own latency to each bind.", ""]
     (RESULTS / "results.md").write_text("\n".join(lines))

@@ -58,6 +58,7 @@ class CycleReport:
     preempted: list[int] = field(default_factory=list)
     unschedulable: int = 0
     conflicts: int = 0
+    looked_at: int = 0  # waiting reservations given to the engine (the rest were known not to fit)
     seconds: float = 0.0
 
 
@@ -126,6 +127,7 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
     considered = list(Reservation.objects.filter(pk__in=wanted, state=State.PENDING).select_related("team")
                       .order_by("created_at", "id"))
     rows = {str(r.pk): r for r in considered}
+    report.looked_at = len(rows)
     requests = []
     for r in considered:
         try:

@@ -55,9 +55,9 @@ def run_cycles(reason: str = "") -> int:
                 ran += 1
                 report = run_cycle(lease, enqueue_binds, renew=lambda lease=lease: lock.renew(lease),
                                    backend=get_backend())
-                log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s", reason,
-                         len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
-                         report.seconds)
+                log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s (looked at %d)",
+                         reason, len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
+                         report.seconds, report.looked_at)
         except FencedOut as exc:
             log.warning("placement cycle fenced out: %s", exc)
             lock.mark_dirty()
