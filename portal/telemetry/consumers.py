@@ -246,6 +246,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.user = self.scope.get("user")
         self.groups_joined: dict[str, live.Group] = {}
         self.bucket = TokenBucket(5.0, 20)
+        self.flooded = False
         if self.user is None or not self.user.is_authenticated:
             await self.close()  # refused at the handshake (403)
             return
@@ -263,7 +264,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.send(json.dumps(body, separators=(",", ":")))
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
+        if self.flooded:
+            return
         if not self.bucket.take():
+            self.flooded = True
             await self._answer(type="error", message="too many messages")
             await self.close(4429)
             return

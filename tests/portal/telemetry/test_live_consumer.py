@@ -69,3 +69,15 @@ async def test_a_removed_member_stops_receiving(people, teams, monkeypatch):
                            {"type": "live.message", "group": group, "text": json.dumps({"group": group, "seq": 2})})
     assert await communicator.receive_nothing(timeout=0.5)
     await communicator.disconnect()
+
+
+async def test_a_flooding_browser_is_closed(people):
+    communicator = await _open(people["alice"])
+    assert (await communicator.connect())[0]
+    for _ in range(60):
+        await communicator.send_json_to({"unsubscribe": []})
+    while True:
+        output = await communicator.receive_output(timeout=5)
+        if output["type"] == "websocket.close":
+            break
+    assert output["code"] == 4429
