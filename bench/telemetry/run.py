@@ -315,6 +315,9 @@ def main() -> int:
         print(json.dumps(result), file=sys.stderr, flush=True)
         runs.append(result)
     maintenance = _maintenance_cost()
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()  # leave the bench's Redis database empty
     if not args.keep_db:
         from django.db import connection
 
