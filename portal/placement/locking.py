@@ -147,6 +147,14 @@ class ProcessLock:
 _locks: dict[str, RedisLock | ProcessLock] = {}
 
 
+def forget_locks() -> None:
+    """Close and drop the cached locks (tests that switch Redis databases)."""
+    for lock in _locks.values():
+        if isinstance(lock, RedisLock):
+            lock.client.close()
+    _locks.clear()
+
+
 def cluster_lock() -> RedisLock | ProcessLock:
     url = getattr(settings, "TESSERA_LOCK_REDIS_URL", None) or settings.REDIS_URL
     if url not in _locks:

@@ -8,7 +8,7 @@ import pytest
 from portal.celery import app as celery_app
 from portal.placement import backend as backend_module
 from portal.placement import tasks
-from portal.placement.locking import ProcessLock
+from portal.placement.locking import ProcessLock, forget_locks
 
 
 @pytest.fixture
@@ -28,6 +28,7 @@ def cluster(settings, tmp_path, fleet):
     celery_app.conf.update(CELERY_TASK_ALWAYS_EAGER=eager)
     backend_module._cache.clear()
     backend_module._known_nodes.clear()
+    forget_locks()
 
 
 @pytest.fixture

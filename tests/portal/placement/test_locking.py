@@ -25,8 +25,17 @@ def redis_lock(db):
     except redis.RedisError:
         pytest.skip("no Redis on 127.0.0.1:6379")
     client.flushdb()
-    yield lambda ttl_s=30.0: RedisLock(REDIS_URL, ttl_s=ttl_s)
+    made: list[RedisLock] = []
+
+    def make(ttl_s: float = 30.0) -> RedisLock:
+        made.append(RedisLock(REDIS_URL, ttl_s=ttl_s))
+        return made[-1]
+
+    yield make
+    for lock in made:
+        lock.client.close()
     client.flushdb()
+    client.close()
 
 
 def test_one_holder_at_a_time_and_only_the_holder_releases(redis_lock):

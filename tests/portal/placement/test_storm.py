@@ -24,6 +24,7 @@ from django.db import connection
 from portal.celery import app as celery_app
 from portal.placement import backend as backend_module
 from portal.placement.cycle import live_shares_ok
+from portal.placement.locking import forget_locks
 from portal.placement.tasks import cycle, sync
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
@@ -105,6 +106,7 @@ def workers(settings, tmp_path, fleet):
         celery_app._after_fork()
         backend_module._cache.clear()
         backend_module._known_nodes.clear()
+        forget_locks()
         client.flushdb()
 
 
