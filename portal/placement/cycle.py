@@ -28,7 +28,7 @@ from portal.reservations import services
 from portal.reservations.models import Allocation, Kind, Reservation, Source
 from portal.reservations.states import HOLDS_GPU, IllegalTransition, State
 from scheduler import core
-from scheduler.backends import Backend, pod_name
+from scheduler.backends import Backend, BackendError, pod_name
 
 from . import memo, snapshot
 from .backend import namespace
@@ -90,7 +90,7 @@ def _after_place(r: Reservation) -> None:
     Reservation.objects.filter(pk=r.pk).update(**fields)
 
 
-def _evict(victim_id: int, by: Reservation, report: CycleReport) -> None:
+def _evict(victim_id: int, by: Reservation, report: CycleReport, backend: Backend | None) -> None:
     v = Reservation.objects.select_for_update().get(pk=victim_id)
     if v.state not in HOLDS_GPU:
         return
@@ -99,7 +99,20 @@ def _evict(victim_id: int, by: Reservation, report: CycleReport) -> None:
     # A kubectl pod is deleted by the preemption, so only portal reservations can come back.
     if v.requeue_on_preempt and v.source == Source.PORTAL:
         services.transition(v.pk, State.PENDING, ACTOR, f"requeued after being {why}")
+    if backend is not None and v.pod_name:
+        # After commit and before the preemptor's bind is sent (that callback is registered after
+        # this one), so the two pods do not share the GPU; what fails here the next cycle retries.
+        transaction.on_commit(lambda: _delete_quietly(backend, v.pod_namespace, v.pod_name, why))
     report.preempted.append(v.pk)
+
+
+def _delete_quietly(backend: Backend, namespace: str, name: str, why: str) -> None:
+    from .actions import unbind
+
+    try:
+        unbind(backend, namespace, name, why)
+    except BackendError as exc:
+        log.warning("could not delete the preempted pod %s/%s yet: %s", namespace, name, exc)
 
 
 def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callable[[], bool] = lambda: True,
@@ -165,7 +178,6 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
         with transaction.atomic():
             fence(lease.token)
             batch, placed = 0, []
-            transaction.on_commit(lambda placed=placed: placed and on_bind(placed))
             while done < len(units) and batch < BATCH_DECISIONS and (
                     batch == 0 or time.perf_counter() - batch_started < BATCH_SECONDS):
                 placements, victims = units[done]
@@ -175,7 +187,7 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
                     # `place` has its own savepoint; several steps need one around them all.
                     with transaction.atomic() if victims or len(placements) > 1 else nullcontext():
                         for victim in victims:
-                            _evict(int(victim), rows[placements[0].request_id], report)
+                            _evict(int(victim), rows[placements[0].request_id], report, backend)
                         for p in placements:
                             services.place(int(p.request_id), node_ids[p.node], _shares(p, gpu_ids), ACTOR,
                                            f"placed on {p.node} ({', '.join(p.gpu_uuids)})")
@@ -187,6 +199,8 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
                     continue
                 placed.extend(int(p.request_id) for p in placements)
                 report.placed.extend(int(p.request_id) for p in placements)
+            if placed:  # registered last: runs after the victims' pods are deleted
+                transaction.on_commit(lambda placed=placed: on_bind(placed))
 
     for rid, why in waiting.items():
         if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles

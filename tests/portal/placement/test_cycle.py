@@ -3,6 +3,8 @@ queue positions, preemption and gangs."""
 
 from __future__ import annotations
 
+import json
+
 from portal.placement.cycle import live_shares_ok
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
@@ -81,6 +83,16 @@ def test_high_priority_preempts_opportunistic_which_is_requeued(client_for, rese
     urgent = _submit(bob, reservation_body(team="nlp", gpu_request=0.5, gpu_memory_mib=8000, gpu_model="T4",
                                            priority=90))
     placement_loop()
+    # The victim's pod was deleted before the preemptor's pod was created: they never share the GPU.
+    pods = {p.name for p in cluster.list_pods()}
+    [gone] = victim_pods - pods
+    urgent_pod = Reservation.objects.get(pk=urgent).pod_name
+    assert urgent_pod in pods
+    history = [json.loads(body)["pod"] | {"deleted": json.loads(body)["deleted"]}
+               for (body,) in cluster._db.execute("SELECT body FROM events ORDER BY seq") if '"pod"' in body]
+    deleted_at = next(i for i, e in enumerate(history) if e["name"] == gone and e["deleted"])
+    created_at = next(i for i, e in enumerate(history) if e["name"] == urgent_pod)
+    assert deleted_at < created_at
     placement_loop()
     assert Reservation.objects.get(pk=urgent).state == State.RUNNING
     evicted = [Reservation.objects.get(pk=v) for v in victims]
