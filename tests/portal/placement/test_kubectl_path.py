@@ -88,3 +88,17 @@ def test_same_pod_seen_twice_makes_one_reservation(cluster, placement_loop, team
     assert Reservation.objects.filter(pod_uid=pod.uid).count() == 1
     placement_loop()
     assert [p.reservation_id for p in cluster.list_pods()] == [str(Reservation.objects.get(pod_uid=pod.uid).pk)]
+
+
+def test_kubectl_pod_gone_while_nobody_watched_is_cancelled_by_reconcile(cluster, placement_loop, teams):
+    from portal.placement.reconcile import reconcile
+
+    pod = cluster.create_external("vision", "vanishes", _labels(gpu_request="0.25", gpu_mem="1Gi"))
+    placement_loop()
+    r = Reservation.objects.get(pod_uid=pod.uid)
+    assert r.state == State.RUNNING
+    cluster.delete_external(pod.ref)
+    cluster.poll(0)  # the deletion event is lost
+    assert reconcile(cluster).failed == [r.pk]
+    r.refresh_from_db()
+    assert r.state == State.CANCELLED and "deleted" in r.state_reason
