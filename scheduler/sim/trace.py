@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -100,56 +101,55 @@ def _open(path: Path, columns: tuple[str, ...]) -> tuple[csv.DictReader, object]
     return reader, handle
 
 
-def load_pods(path: Path) -> Loaded[TracePod]:
-    reader, handle = _open(path, POD_COLUMNS)
-    out: Loaded[TracePod] = Loaded([])
+def _load(path: Path, columns: tuple[str, ...] | list[str], parse: Callable[[dict, int], T]) -> Loaded[T]:
+    """Parse every row; a bad row is reported with file and line and skipped, never fatal."""
+    reader, handle = _open(path, columns)
+    out: Loaded[T] = Loaded([])
     with handle:  # type: ignore[attr-defined]
         for row in reader:
-            line = reader.line_num
             try:
                 if None in row.values() or None in row:
                     raise ValueError("wrong number of fields")
-                pod = TracePod(
-                    name=(row["name"] or f"line-{line}").strip(),
-                    cpu_milli=_int(row, "cpu_milli"),
-                    memory_mib=_int(row, "memory_mib"),
-                    num_gpu=_int(row, "num_gpu"),
-                    gpu_milli=_int(row, "gpu_milli") if row.get("gpu_milli", "").strip() else 0,
-                    gpu_spec=(row.get("gpu_spec") or "").strip(),
-                )
-                if pod.num_gpu > 0 and not 0 < pod.gpu_milli <= 1000:
-                    raise ValueError(f"gpu_milli must be in 1..1000 for a GPU pod, got {pod.gpu_milli}")
-                if pod.num_gpu > 1 and pod.gpu_milli != 1000:
-                    raise ValueError("a pod with several GPUs must take whole GPUs (gpu_milli 1000)")
+                out.rows.append(parse(row, reader.line_num))
             except ValueError as exc:
-                out.problems.append(f"{path}:{line}: {exc}")
-                continue
-            out.rows.append(pod)
+                out.problems.append(f"{path}:{reader.line_num}: {exc}")
     return out
+
+
+def _pod(row: dict, line: int) -> TracePod:
+    pod = TracePod(
+        name=(row["name"] or f"line-{line}").strip(),
+        cpu_milli=_int(row, "cpu_milli"),
+        memory_mib=_int(row, "memory_mib"),
+        num_gpu=_int(row, "num_gpu"),
+        gpu_milli=_int(row, "gpu_milli") if row.get("gpu_milli", "").strip() else 0,
+        gpu_spec=(row.get("gpu_spec") or "").strip(),
+    )
+    if pod.num_gpu > 0 and not 0 < pod.gpu_milli <= 1000:
+        raise ValueError(f"gpu_milli must be in 1..1000 for a GPU pod, got {pod.gpu_milli}")
+    if pod.num_gpu > 1 and pod.gpu_milli != 1000:
+        raise ValueError("a pod with several GPUs must take whole GPUs (gpu_milli 1000)")
+    return pod
+
+
+def _node(row: dict, line: int) -> TraceNode:
+    node = TraceNode(
+        name=(row["sn"] or "").strip(),
+        cpu_milli=_int(row, "cpu_milli"),
+        memory_mib=_int(row, "memory_mib"),
+        gpus=_int(row, "gpu"),
+        model=(row.get("model") or "").strip(),
+    )
+    if not node.name:
+        raise ValueError("column sn is empty")
+    if node.gpus > 0 and not node.model:
+        raise ValueError("a GPU node needs a model")
+    return node
+
+
+def load_pods(path: Path) -> Loaded[TracePod]:
+    return _load(path, POD_COLUMNS, _pod)
 
 
 def load_nodes(path: Path) -> Loaded[TraceNode]:
-    reader, handle = _open(path, NODE_COLUMNS)
-    out: Loaded[TraceNode] = Loaded([])
-    with handle:  # type: ignore[attr-defined]
-        for row in reader:
-            line = reader.line_num
-            try:
-                if None in row.values() or None in row:
-                    raise ValueError("wrong number of fields")
-                node = TraceNode(
-                    name=(row["sn"] or "").strip(),
-                    cpu_milli=_int(row, "cpu_milli"),
-                    memory_mib=_int(row, "memory_mib"),
-                    gpus=_int(row, "gpu"),
-                    model=(row.get("model") or "").strip(),
-                )
-                if not node.name:
-                    raise ValueError("column sn is empty")
-                if node.gpus > 0 and not node.model:
-                    raise ValueError("a GPU node needs a model")
-            except ValueError as exc:
-                out.problems.append(f"{path}:{line}: {exc}")
-                continue
-            out.rows.append(node)
-    return out
+    return _load(path, NODE_COLUMNS, _node)
