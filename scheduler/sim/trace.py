@@ -13,11 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-DEFAULT_TRACE_DIR = Path(
-    os.environ.get(
-        "TESSERA_TRACE_DIR", Path(__file__).resolve().parents[3] / "shared/traces/alibaba-gpu-v2023"
-    )
-)
+def _find_trace_dir() -> Path:
+    """TESSERA_TRACE_DIR, else the nearest `shared/traces/alibaba-gpu-v2023` above this checkout
+    (the trace lives beside the repository, not in it)."""
+    if os.environ.get("TESSERA_TRACE_DIR"):
+        return Path(os.environ["TESSERA_TRACE_DIR"])
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "shared" / "traces" / "alibaba-gpu-v2023"
+        if candidate.is_dir():
+            return candidate
+    return here.parents[3] / "shared" / "traces" / "alibaba-gpu-v2023"
+
+
+DEFAULT_TRACE_DIR = _find_trace_dir()
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # gpu_spec is optional
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
