@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
+
 def _find_trace_dir() -> Path:
     """TESSERA_TRACE_DIR, else the nearest `shared/traces/alibaba-gpu-v2023` above this checkout
     (the trace lives beside the repository, not in it)."""
