@@ -1,6 +1,8 @@
 """Signals other apps listen to. The placement app connects `cycle_requested` to enqueue a
 placement cycle; it is sent only after the transaction that changed things has committed."""
 
+import threading
+
 from django.db import transaction
 from django.dispatch import Signal
 
@@ -14,6 +16,27 @@ def request_cycle(reason: str) -> None:
     transaction.on_commit(lambda: cycle_requested.send(sender=None, reason=reason))
 
 
+_pending = threading.local()
+
+
 def announce_allocations(node_id: int | None) -> None:
-    if node_id is not None:
-        transaction.on_commit(lambda: allocations_changed.send(sender=None, node_id=node_id))
+    """Tell the node's agent after commit. A commit that changes many shares on one node sends
+    one push for that node, not one per share: the first callback to run flushes every node
+    noted so far, the rest find nothing left (a push carries the node's full list, so an extra
+    one after a rolled-back savepoint is harmless)."""
+    if node_id is None:
+        return
+    nodes = getattr(_pending, "nodes", None)
+    if nodes is None:
+        nodes = _pending.nodes = set()
+    nodes.add(node_id)
+    transaction.on_commit(_flush_allocations)
+
+
+def _flush_allocations() -> None:
+    nodes = getattr(_pending, "nodes", None)
+    if not nodes:
+        return
+    _pending.nodes = set()
+    for node_id in sorted(nodes):
+        allocations_changed.send(sender=None, node_id=node_id)
