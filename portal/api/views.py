@@ -44,12 +44,8 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
     filterset_class = ReservationFilter
 
     def get_queryset(self):
-        user = self.request.user
-        qs = Reservation.objects.select_related("team", "owner", "node").prefetch_related(
-            Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node")))
-        if not user.is_staff:
-            qs = qs.filter(team__in=roles.visible_teams(user))
-        return qs
+        return Reservation.objects.visible_to(self.request.user).select_related("team", "owner", "node") \
+            .prefetch_related(Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node")))
 
     def perform_create(self, serializer):
         data = dict(serializer.validated_data)

@@ -10,6 +10,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from portal.fleet.models import Gpu
+from portal.tenancy import roles
 from portal.tenancy.models import Team
 
 from .states import State
@@ -23,6 +24,14 @@ class Kind(models.TextChoices):
 class Source(models.TextChoices):
     PORTAL = "portal", "Portal or API"
     KUBECTL = "kubectl", "kubectl pod"
+
+
+class ReservationQuerySet(models.QuerySet):
+    def visible_to(self, user) -> ReservationQuerySet:
+        """The reservations of the teams `user` may see (all, for staff): pages, API and reports agree."""
+        if user.is_staff:
+            return self
+        return self.filter(team__in=roles.visible_teams(user))
 
 
 class Reservation(models.Model):
@@ -77,6 +86,8 @@ class Reservation(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ReservationQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

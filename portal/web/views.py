@@ -15,16 +15,13 @@ from portal.reservations import rules, services
 from portal.reservations.models import Reservation
 from portal.reservations.quota import QuotaExceeded
 from portal.reservations.states import IllegalTransition
-from portal.tenancy import roles
 
 from .forms import ReservationForm
 
 
 @login_required
 def reservations(request):
-    qs = Reservation.objects.select_related("team", "owner", "node")
-    if not request.user.is_staff:
-        qs = qs.filter(team__in=roles.visible_teams(request.user))
+    qs = Reservation.objects.visible_to(request.user).select_related("team", "owner", "node")
     page = Paginator(qs, 25).get_page(request.GET.get("page"))
     return render(request, "web/reservations.html", {"page": page})
 
@@ -51,10 +48,7 @@ def new_reservation(request):
 @login_required
 @require_POST
 def cancel_reservation(request, pk: int):
-    qs = Reservation.objects.all()
-    if not request.user.is_staff:
-        qs = qs.filter(team__in=roles.visible_teams(request.user))
-    reservation = qs.filter(pk=pk).first()
+    reservation = Reservation.objects.visible_to(request.user).filter(pk=pk).first()
     if reservation is None:
         raise Http404("no such reservation")
     try:
