@@ -9,9 +9,12 @@ permanent ones fail the reservation with the backend's message.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from django.db import transaction
 
+from portal.bulk import update_rows
 from portal.reservations import services
 from portal.reservations.events import announce_allocations
 from portal.reservations.models import Allocation, Kind, Reservation, Source
@@ -74,6 +77,75 @@ def bind(backend: Backend, reservation_id: int, announce: bool = True) -> PodSta
     if status is not None:
         record_pod(r.pk, status, announce)
     return status
+
+
+@dataclass
+class BindReport:
+    bound: int = 0
+    transient: list[int] = field(default_factory=list)  # met a transient error: retry these
+    nodes: set[int] = field(default_factory=set)  # whose agents must hear of new pod uids
+
+
+def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
+    """`bind` for many reservations with a constant number of queries: the rows and their shares
+    are read at once, the pods go to `backend.bind_many` together (the kubectl ones, already
+    existing, are bound one by one), and the pod uids are written in one statement. The caller
+    announces `report.nodes` to their agents."""
+    report = BindReport()
+    rows = {r.pk: r for r in Reservation.objects.select_related("team", "node")
+            .filter(pk__in=list(reservation_ids), state=State.PLACED, node__isnull=False)}
+    shares: dict[int, list[GpuShare]] = {}
+    for rid, uuid, index, share, limit, memory in (
+            Allocation.objects.filter(reservation_id__in=rows, released_at__isnull=True)
+            .order_by("reservation_id", "gpu__index")
+            .values_list("reservation_id", "gpu__uuid", "gpu__index", "compute_share", "compute_limit", "memory_mib")):
+        shares.setdefault(rid, []).append(GpuShare(uuid=uuid, index=index, request=float(share),
+                                                   limit=float(max(limit, share)), memory_mib=memory))
+    work = [(rows[pk], tuple(shares[pk])) for pk in sorted(rows) if pk in shares]
+    ours = [(r, gpus) for r, gpus in work if r.source != Source.KUBECTL]
+    outcomes: list[tuple[Reservation, PodStatus | BackendError | None]] = list(zip(
+        [r for r, _ in ours], backend.bind_many([pod_spec(r, gpus) for r, gpus in ours]) if ours else [],
+        strict=True))
+    for r, gpus in work:
+        if r.source == Source.KUBECTL:
+            labels, annotations = external_binding(str(r.pk), r.team.slug, gpus, r.priority)
+            try:
+                backend.bind_external(PodRef(r.pod_namespace, r.pod_name), r.node.name, labels, annotations)
+                outcomes.append((r, None))
+            except BackendError as exc:
+                outcomes.append((r, exc))
+
+    created: list[tuple[Reservation, PodStatus]] = []
+    for r, outcome in outcomes:
+        if isinstance(outcome, PermanentBackendError):
+            _fail(r.pk, f"the cluster refused the pod: {outcome}")
+        elif isinstance(outcome, BackendError):
+            report.transient.append(r.pk)
+        else:
+            report.bound += 1
+            if outcome is not None:
+                created.append((r, outcome))
+    if created:
+        report.nodes |= _record_pods(created)
+    return report
+
+
+def _record_pods(created: list[tuple[Reservation, PodStatus]]) -> set[int]:
+    """Store the pods' uids where the reservation still names that pod (it may have been
+    requeued meanwhile), then move the ones already running. Returns the nodes touched."""
+    with transaction.atomic():
+        current = dict(Reservation.objects.select_for_update().filter(pk__in=[r.pk for r, _ in created])
+                       .order_by("pk").values_list("pk", "pod_name"))
+        changed = []
+        for r, status in created:
+            if current.get(r.pk) == status.name and r.pod_uid != status.uid:
+                r.pod_uid = status.uid
+                changed.append(r)
+        update_rows(changed, ["pod_uid"])
+    for r, status in created:
+        if status.phase == Phase.RUNNING:
+            _move(r.pk, State.PLACED, State.RUNNING, f"pod {status.name} running on {status.node}")
+    return {r.node_id for r in changed}
 
 
 def record_pod(reservation_id: int, status: PodStatus, announce: bool = True) -> int | None:

@@ -17,7 +17,6 @@ from celery import shared_task
 from django.db import transaction
 
 from portal.reservations.events import announce_allocations
-from portal.reservations.models import Reservation
 from scheduler.backends import TransientBackendError
 
 from . import actions, lifecycle
@@ -101,23 +100,13 @@ def bind(reservation_id: int) -> str | None:
 def bind_many(self, reservation_ids: list[int]) -> int:
     """Bind what one batch of decisions placed; retry (with backoff) only those that met a
     transient error. Returns how many pods exist now."""
-    backend, failed, bound = get_backend(), [], 0
-    nodes: set[int] = set()
-    for rid in reservation_ids:
-        try:
-            status = actions.bind(backend, int(rid), announce=False)
-        except TransientBackendError:
-            failed.append(int(rid))
-            continue
-        if status is not None:
-            bound += 1
-            nodes.add(Reservation.objects.values_list("node_id", flat=True).get(pk=rid))
-    for node_id in nodes:  # each agent hears once about the pods of this batch
-        with transaction.atomic():
+    report = actions.bind_batch(get_backend(), [int(rid) for rid in reservation_ids])
+    with transaction.atomic():  # each agent hears once about the pods of this batch
+        for node_id in sorted(report.nodes):
             announce_allocations(node_id)
-    if failed:
-        raise self.retry(args=[failed], countdown=min(30, 2 ** self.request.retries))
-    return bound
+    if report.transient:
+        raise self.retry(args=[report.transient], countdown=min(30, 2 ** self.request.retries))
+    return report.bound
 
 
 @shared_task(name="placement.unbind", acks_late=True, **RETRY)

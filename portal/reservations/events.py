@@ -7,9 +7,9 @@ from django.db import transaction
 from django.dispatch import Signal
 
 cycle_requested = Signal()  # kwargs: reason (str)
-# What is allocated on a node changed (placed, released); telemetry pushes the node's placements
-# to its agent. Sent after commit.
-allocations_changed = Signal()  # kwargs: node_id (int)
+# What is allocated on some nodes changed (placed, released); telemetry pushes each node's
+# placements to its agent. Sent after commit, once per commit with every node it touched.
+allocations_changed = Signal()  # kwargs: node_ids (sorted list of int)
 
 
 def request_cycle(reason: str) -> None:
@@ -38,5 +38,4 @@ def _flush_allocations() -> None:
     if not nodes:
         return
     _pending.nodes = set()
-    for node_id in sorted(nodes):
-        allocations_changed.send(sender=None, node_id=node_id)
+    allocations_changed.send(sender=None, node_ids=sorted(nodes))

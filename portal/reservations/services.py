@@ -4,7 +4,7 @@ submit, cancel, transition, place, release."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from portal.bulk import insert_rows, update_rows
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.tenancy.models import Team
 
@@ -20,7 +21,7 @@ from . import rules
 from .events import announce_allocations, request_cycle
 from .models import Allocation, Reservation, StateTransition
 from .quota import QuotaExceeded, over_quota, usage_of
-from .states import HOLDS_GPU, TERMINAL, State, check_transition
+from .states import HOLDS_GPU, TERMINAL, IllegalTransition, State, check_transition
 
 
 class CapacityConflict(Exception):
@@ -140,48 +141,135 @@ class Share:
     memory_mib: int
 
 
+@dataclass(frozen=True)
+class Decision:
+    """Place reservation `reservation_id` on node `node_id` with these GPU shares."""
+
+    reservation_id: int
+    node_id: int
+    shares: tuple[Share, ...]
+    reason: str = "placed"
+
+
+# Called on each reservation about to be placed (its new node, times and state already set);
+# returns the names of any further fields it set, written in the same statement.
+Prepare = Callable[[Reservation], Iterable[str]]
+
+
 def place(reservation_id: int, node_id: int, shares: Iterable[Share], actor="system:scheduler",
           reason: str = "placed") -> Reservation:
-    """Commit one placement decision: lock the GPU rows, re-check their free capacity, create the
-    allocations and move the reservation to `placed`. Raises CapacityConflict when the decision no
+    """Commit one placement decision. Raises CapacityConflict (or IllegalTransition) when it no
     longer fits, leaving nothing written."""
-    shares = sorted(shares, key=lambda s: s.gpu_id)
+    placed, refused = place_many([[Decision(reservation_id, node_id, tuple(shares), reason)]], actor)
+    if refused:
+        raise refused[reservation_id]
+    return placed[0]
+
+
+def place_many(units: Sequence[Sequence[Decision]], actor="system:scheduler",
+               prepare: Prepare | None = None) -> tuple[list[Reservation], dict[int, Exception]]:
+    """Commit many placement decisions in one transaction with a constant number of queries:
+    lock the reservations and then the GPU rows (both in id order, so concurrent callers cannot
+    deadlock), re-check every GPU's free capacity against the live allocations, and write the
+    allocations, the reservations and their audit rows in bulk.
+
+    A unit (one reservation, or the members of a gang) is placed whole or not at all; one that
+    no longer fits is left untouched and reported as {reservation id: CapacityConflict or
+    IllegalTransition} for each of its members. Returns (placed reservations, refused)."""
+    decisions = [d for unit in units for d in unit]
+    if not decisions:
+        return [], {}
+    refused: dict[int, Exception] = {}
     with transaction.atomic():
-        reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
+        reservations = {r.pk: r for r in Reservation.objects.select_for_update(of=("self",)).select_related("team")
+                        .filter(pk__in={d.reservation_id for d in decisions}).order_by("pk")}
+        nodes = {n.pk: n for n in Node.objects.filter(pk__in={d.node_id for d in decisions}).only("name", "status")}
+        gpu_ids = sorted({s.gpu_id for d in decisions for s in d.shares})
+        gpus = {g.pk: g for g in Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk")
+                .only("node_id", "uuid", "memory_mib")}
+        taken = {gpu_id: [share, memory] for gpu_id, share, memory in
+                 Allocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True).values("gpu_id")
+                 .annotate(share=Sum("compute_share"), memory=Sum("memory_mib"))
+                 .values_list("gpu_id", "share", "memory")}
+        accepted: list[Decision] = []
+        claimed: set[int] = set()
+        for unit in units:
+            try:
+                adds = _check_unit(unit, reservations, nodes, gpus, taken, claimed)
+            except (CapacityConflict, IllegalTransition, Reservation.DoesNotExist) as exc:
+                refused.update((d.reservation_id, exc) for d in unit)
+                continue
+            for gpu_id, (share, memory) in adds.items():
+                used = taken.setdefault(gpu_id, [Decimal(0), 0])
+                used[0] += share
+                used[1] += memory
+            claimed.update(d.reservation_id for d in unit)
+            accepted.extend(unit)
+        if accepted:
+            _write_placements(accepted, reservations, actor, prepare)
+    return [reservations[d.reservation_id] for d in accepted], refused
+
+
+def _check_unit(unit: Sequence[Decision], reservations: dict[int, Reservation], nodes: dict[int, Node],
+                gpus: dict[int, Gpu], taken: dict[int, list], claimed: set[int]) -> dict[int, tuple[Decimal, int]]:
+    """What the unit adds to each GPU, if all of it still fits; raises otherwise."""
+    adds: dict[int, tuple[Decimal, int]] = {}
+    for d in unit:
+        reservation = reservations.get(d.reservation_id)
+        if reservation is None:
+            raise Reservation.DoesNotExist(f"reservation {d.reservation_id} does not exist")
+        if d.reservation_id in claimed:  # placed by an earlier unit of this commit
+            raise IllegalTransition(State.PLACED, State.PLACED)
         check_transition(reservation.state, State.PLACED)
-        node = Node.objects.get(pk=node_id)
-        if node.status != NodeStatus.READY:
-            raise CapacityConflict(f"node {node.name} is {node.status}")
-        # Locked in id order so that concurrent cycles cannot deadlock on each other.
-        locked = Gpu.objects.select_for_update().filter(pk__in=[s.gpu_id for s in shares]).order_by("pk")
-        gpus = {g.pk: g for g in locked}
-        used = {
-            row["gpu_id"]: row
-            for row in Allocation.objects.filter(gpu_id__in=gpus, released_at__isnull=True)
-            .values("gpu_id").annotate(share=Sum("compute_share"), memory=Sum("memory_mib"))
-        }
-        for s in shares:
+        node = nodes.get(d.node_id)
+        if node is None or node.status != NodeStatus.READY:
+            raise CapacityConflict(f"node {node.name if node else d.node_id} is "
+                                   f"{node.status if node else 'gone'}")
+        if not d.shares:
+            raise CapacityConflict(f"reservation {d.reservation_id}: a placement needs at least one GPU")
+        for s in d.shares:
             gpu = gpus.get(s.gpu_id)
             if gpu is None or gpu.node_id != node.pk:
                 raise CapacityConflict(f"GPU {s.gpu_id} is not on node {node.name}")
-            taken = used.get(s.gpu_id, {"share": Decimal(0), "memory": 0})
-            if taken["share"] + s.compute_share > 1 or taken["memory"] + s.memory_mib > gpu.memory_mib:
+            share, memory = adds.get(s.gpu_id, (Decimal(0), 0))
+            share, memory = share + s.compute_share, memory + s.memory_mib
+            used_share, used_memory = taken.get(s.gpu_id, (Decimal(0), 0))
+            if used_share + share > 1 or used_memory + memory > gpu.memory_mib:
                 raise CapacityConflict(f"GPU {gpu.uuid} no longer has room for this share")
-        Allocation.objects.bulk_create(
-            Allocation(reservation=reservation, gpu_id=s.gpu_id, compute_share=s.compute_share,
-                       compute_limit=reservation.gpu_limit if reservation.gpu_count == 1 else s.compute_share,
-                       memory_mib=s.memory_mib)
-            for s in shares
-        )
-        now = timezone.now()
-        reservation.node = node
-        reservation.placed_at = now
-        if reservation.max_duration_s:
-            reservation.expires_at = now + timedelta(seconds=reservation.max_duration_s)
-        reservation.save(update_fields=["node", "placed_at", "expires_at"])
-        _apply(reservation, State.PLACED, actor, reason)
-        announce_allocations(node.pk)
-    return reservation
+            adds[s.gpu_id] = (share, memory)
+    return adds
+
+
+def _write_placements(accepted: list[Decision], reservations: dict[int, Reservation], actor,
+                      prepare: Prepare | None) -> None:
+    now = timezone.now()
+    rows = [reservations[d.reservation_id] for d in accepted]
+    before = {r.state for r in rows}  # check_transition let only `pending` through
+    for d, r in zip(accepted, rows, strict=True):
+        r.node_id = d.node_id
+        r.placed_at = r.updated_at = now
+        r.expires_at = now + timedelta(seconds=r.max_duration_s) if r.max_duration_s else None
+        r.state, r.state_reason = State.PLACED, d.reason[:500]
+    fields = {"node", "state_reason", "expires_at"}
+    if prepare is not None:
+        for r in rows:
+            fields.update(prepare(r))
+    # Written as plain rows, not through bulk_create/bulk_update: see portal.bulk for the cost.
+    insert_rows(Allocation, ["reservation", "gpu", "compute_share", "compute_limit", "memory_mib"], [
+        (r.pk, s.gpu_id, s.compute_share, r.gpu_limit if r.gpu_count == 1 else s.compute_share, s.memory_mib)
+        for d, r in zip(accepted, rows, strict=True) for s in sorted(d.shares, key=lambda s: s.gpu_id)
+    ], same={"created_at": now, "released_at": None})
+    # Fields prepare() set to one value for every row travel once.
+    varying = sorted(f for f in fields if len({getattr(r, Reservation._meta.get_field(f).attname) for r in rows}) > 1)
+    same = {f: getattr(rows[0], Reservation._meta.get_field(f).attname) for f in fields - set(varying)}
+    update_rows(rows, varying, same | {"state": State.PLACED, "placed_at": now, "updated_at": now})
+    (from_state,) = before
+    insert_rows(StateTransition, ["reservation", "reason"], [(r.pk, r.state_reason) for r in rows], same={
+        "from_state": from_state, "to_state": State.PLACED,
+        "actor": None if actor is None or isinstance(actor, str) else actor.pk,
+        "actor_label": _actor_label(actor), "at": now})
+    for node_id in sorted({d.node_id for d in accepted}):
+        announce_allocations(node_id)
 
 
 def note_pending_reason(reservation_id: int, reason: str) -> None:

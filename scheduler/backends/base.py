@@ -57,7 +57,7 @@ Everything a backend raises derives from `BackendError`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -209,6 +209,10 @@ class Backend(Protocol):
     name: str
 
     def bind(self, spec: PodSpec) -> PodStatus: ...
+
+    # `bind` for many pods, each outcome in order: its status, or the BackendError it met (one
+    # failing pod does not stop the others).
+    def bind_many(self, specs: Sequence[PodSpec]) -> list[PodStatus | BackendError]: ...
 
     def unbind(self, ref: PodRef, grace_s: int, reason: str) -> bool: ...
 

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+BIND_CONCURRENCY = 8  # pod creations in flight at once (KubernetesBackend.bind_concurrency)
 
 
 class NotFound(BackendError):
@@ -94,6 +95,7 @@ def make_api_client(*, host: str | None = None, token: str | None = None, kubeco
                 f"no usable Kubernetes configuration ({exc}): run in a pod with a service account, "
                 "or set KUBECONFIG") from exc
     configuration.retries = False
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, BIND_CONCURRENCY)
     return client.ApiClient(configuration)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
@@ -14,6 +15,7 @@ from ..base import (
     REASON_ANNOTATION,
     RESERVATION_LABEL,
     SCHEDULER_NAME,
+    BackendError,
     ClusterEvent,
     ExternalPod,
     NodeCondition,
@@ -24,7 +26,7 @@ from ..base import (
     PodStatus,
     TransientBackendError,
 )
-from .api import Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
+from .api import BIND_CONCURRENCY, Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
 from .manifests import (
     binding_manifest,
     check_labels,
@@ -55,6 +57,10 @@ class KubernetesBackend:
     """
 
     name = "kubernetes"
+    # Pods created at once by a batch of binds: each bind waits on the API server (two round
+    # trips), so a batch of hundreds would otherwise take seconds. The client's connection pool is
+    # at least this big (see make_api_client).
+    bind_concurrency = BIND_CONCURRENCY
 
     def __init__(self, *, host: str | None = None, token: str | None = None, verify_ssl: bool = True,
                  kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None,
@@ -87,6 +93,19 @@ class KubernetesBackend:
         except Conflict:
             # A pod of this name exists: ours from an earlier try whose answer was lost, or another's.
             return self._adopt(spec)
+
+    def bind_many(self, specs: Sequence[PodSpec]) -> list[PodStatus | BackendError]:
+        def one(spec: PodSpec) -> PodStatus | BackendError:
+            try:
+                return self.bind(spec)
+            except BackendError as exc:
+                return exc
+
+        workers = min(self.bind_concurrency, len(specs))
+        if workers <= 1:
+            return [one(spec) for spec in specs]
+        with ThreadPoolExecutor(workers, thread_name_prefix="bind") as pool:
+            return list(pool.map(one, specs))
 
     def _adopt(self, spec: PodSpec) -> PodStatus:
         try:

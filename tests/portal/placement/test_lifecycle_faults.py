@@ -166,6 +166,15 @@ class FlakyBackend:
             raise TransientBackendError("500 Internal Server Error")
         return self.inner.bind(spec)
 
+    def bind_many(self, specs):
+        out = []
+        for spec in specs:
+            try:
+                out.append(self.bind(spec))
+            except TransientBackendError as exc:
+                out.append(exc)
+        return out
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 

@@ -1,0 +1,197 @@
+"""`services.place_many`: many decisions in one commit, each unit whole or not at all, and the
+set-based writers of `portal.bulk` it uses (PostgreSQL here; SQLite in a subprocess below)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from portal.bulk import insert_rows, update_rows
+from portal.fleet.models import Gpu, NodeStatus
+from portal.reservations import rules, services
+from portal.reservations.models import Allocation, Reservation, StateTransition
+from portal.reservations.states import IllegalTransition, State
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pending(people, teams, share="0.5", memory=1000, count=1) -> Reservation:
+    return services.submit(people["alice"], rules.ReservationSpec(
+        team=teams["vision"], image="busybox:1.36", gpu_request=Decimal(share), gpu_memory_mib=memory,
+        gpu_count=count))
+
+
+def _gpu(node: str, index: int) -> Gpu:
+    return Gpu.objects.select_related("node").get(node__name=node, index=index)
+
+
+def _decision(r: Reservation, *gpus: Gpu, share: str = "0.5", memory: int = 1000) -> services.Decision:
+    return services.Decision(r.pk, gpus[0].node_id, tuple(services.Share(g.pk, Decimal(share), memory) for g in gpus),
+                             f"placed on {gpus[0].node.name}")
+
+
+def test_places_many_and_writes_everything(fleet, people, teams):
+    rs = [_pending(people, teams) for _ in range(4)]
+    g0, g1 = _gpu("t4-node-1", 0), _gpu("t4-node-1", 1)
+    placed, refused = services.place_many(
+        [[_decision(rs[0], g0)], [_decision(rs[1], g0)], [_decision(rs[2], g1)], [_decision(rs[3], g1)]], "tester")
+    assert refused == {} and [r.pk for r in placed] == [r.pk for r in rs]
+    for r in rs:
+        r.refresh_from_db()
+        assert r.state == State.PLACED and r.node_id == g0.node_id and r.placed_at is not None
+        assert r.state_reason == "placed on t4-node-1"
+        last = StateTransition.objects.filter(reservation=r).latest("id")
+        assert (last.from_state, last.to_state, last.actor_label) == (State.PENDING, State.PLACED, "tester")
+    live = Allocation.objects.filter(released_at__isnull=True)
+    assert sorted(live.values_list("gpu_id", "compute_share", "compute_limit", "memory_mib")) == [
+        (g0.pk, Decimal("0.500"), Decimal("0.500"), 1000)] * 2 + [(g1.pk, Decimal("0.500"), Decimal("0.500"), 1000)] * 2
+    assert live.filter(created_at__isnull=True).count() == 0
+
+
+def test_a_decision_that_no_longer_fits_is_refused_alone(fleet, people, teams):
+    a, b, c = (_pending(people, teams, share="0.5") for _ in range(3))
+    g0 = _gpu("t4-node-1", 0)
+    placed, refused = services.place_many([[_decision(a, g0)], [_decision(b, g0)], [_decision(c, g0)]])
+    assert [r.pk for r in placed] == [a.pk, b.pk]
+    assert isinstance(refused[c.pk], services.CapacityConflict) and "no longer has room" in str(refused[c.pk])
+    c.refresh_from_db()
+    assert c.state == State.PENDING and c.node_id is None
+    assert not Allocation.objects.filter(reservation=c).exists()
+    assert Allocation.objects.filter(gpu=g0, released_at__isnull=True).count() == 2
+
+
+def test_memory_counts_too(fleet, people, teams):
+    g0 = _gpu("t4-node-1", 0)
+    a, b = _pending(people, teams, share="0.25", memory=g0.memory_mib - 100), _pending(people, teams, share="0.25")
+    placed, refused = services.place_many([[_decision(a, g0, share="0.25", memory=g0.memory_mib - 100)],
+                                           [_decision(b, g0, share="0.25", memory=200)]])
+    assert [r.pk for r in placed] == [a.pk] and set(refused) == {b.pk}
+
+
+def test_a_gang_is_placed_whole_or_not_at_all(fleet, people, teams):
+    g0, g1 = _gpu("t4-node-1", 0), _gpu("t4-node-1", 1)
+    filler = _pending(people, teams, share="0.75")
+    services.place(filler.pk, g1.node_id, [services.Share(g1.pk, Decimal("0.75"), 1000)])
+    x, y = _pending(people, teams), _pending(people, teams)
+    placed, refused = services.place_many([[_decision(x, g0), _decision(y, g1)]])
+    assert placed == [] and set(refused) == {x.pk, y.pk}
+    assert not Allocation.objects.filter(reservation__in=[x, y]).exists()
+    assert set(Reservation.objects.filter(pk__in=[x.pk, y.pk]).values_list("state", flat=True)) == {State.PENDING}
+
+
+def test_not_pending_not_ready_and_wrong_node_are_refused(fleet, people, teams):
+    g0 = _gpu("t4-node-1", 0)
+    other = Gpu.objects.exclude(node=g0.node).first()
+    cancelled, drained, misplaced, fine = (_pending(people, teams) for _ in range(4))
+    services.cancel(cancelled.pk, people["alice"])
+    drained_gpu = Gpu.objects.exclude(node__in=[g0.node, other.node]).first()
+    drained_gpu.node.status = NodeStatus.DRAINING
+    drained_gpu.node.save()
+    wrong = services.Decision(misplaced.pk, g0.node_id, (services.Share(other.pk, Decimal("0.5"), 100),))
+    placed, refused = services.place_many(
+        [[_decision(cancelled, g0)], [_decision(drained, drained_gpu)], [wrong], [_decision(fine, g0)]])
+    assert [r.pk for r in placed] == [fine.pk]
+    assert isinstance(refused[cancelled.pk], IllegalTransition)
+    assert "draining" in str(refused[drained.pk])
+    assert f"GPU {other.pk} is not on node" in str(refused[misplaced.pk])
+
+
+def test_the_same_reservation_twice_in_one_commit_is_placed_once(fleet, people, teams):
+    r = _pending(people, teams, share="0.25")
+    g0, g1 = _gpu("t4-node-1", 0), _gpu("t4-node-1", 1)
+    placed, refused = services.place_many([[_decision(r, g0, share="0.25")], [_decision(r, g1, share="0.25")]])
+    assert [p.pk for p in placed] == [r.pk] and isinstance(refused[r.pk], IllegalTransition)
+    assert Allocation.objects.filter(reservation=r).count() == 1
+
+
+def test_prepare_writes_its_fields_in_the_same_statement(fleet, people, teams):
+    rs = [_pending(people, teams, share="0.25") for _ in range(3)]
+    g0 = _gpu("t4-node-1", 0)
+
+    def prepare(r):
+        r.attempt += 1
+        r.pod_name = f"pod-{r.pk}"
+        r.pod_namespace = "same-for-all"
+        return ["attempt", "pod_name", "pod_namespace"]
+
+    services.place_many([[_decision(r, g0, share="0.25")] for r in rs], prepare=prepare)
+    rows = Reservation.objects.filter(pk__in=[r.pk for r in rs]).order_by("pk")
+    assert [(r.attempt, r.pod_name, r.pod_namespace) for r in rows] == [
+        (1, f"pod-{r.pk}", "same-for-all") for r in rs]
+
+
+def test_place_raises_what_place_many_refused(fleet, people, teams):
+    g0 = _gpu("t4-node-1", 0)
+    big = _pending(people, teams, share="1.0")
+    services.place(big.pk, g0.node_id, [services.Share(g0.pk, Decimal("1.0"), 100)])
+    with pytest.raises(services.CapacityConflict):
+        services.place(_pending(people, teams).pk, g0.node_id, [services.Share(g0.pk, Decimal("0.5"), 100)])
+    with pytest.raises(Reservation.DoesNotExist):
+        services.place(10**9, g0.node_id, [services.Share(g0.pk, Decimal("0.5"), 100)])
+
+
+def test_update_and_insert_rows_round_trip_values(fleet, people, teams):
+    rs = [_pending(people, teams) for _ in range(3)]
+    rs[0].state_reason, rs[1].state_reason, rs[2].state_reason = "a", "b ' quote", "c ☃"
+    rs[0].queue_position, rs[1].queue_position, rs[2].queue_position = 3, None, 1
+    from django.utils import timezone
+    now = timezone.now()
+    assert update_rows(rs, ["state_reason", "queue_position"], {"estimated_start": now, "pod_name": ""}) == 3
+    got = {r.pk: r for r in Reservation.objects.filter(pk__in=[r.pk for r in rs])}
+    assert [(got[r.pk].state_reason, got[r.pk].queue_position, got[r.pk].estimated_start) for r in rs] == [
+        ("a", 3, now), ("b ' quote", None, now), ("c ☃", 1, now)]
+    assert update_rows([], ["state_reason"]) == 0
+    g0 = _gpu("t4-node-1", 0)
+    assert insert_rows(Allocation, ["reservation", "gpu", "compute_share", "compute_limit", "memory_mib"],
+                       [(rs[0].pk, g0.pk, Decimal("0.125"), Decimal("0.5"), 7)],
+                       same={"created_at": now, "released_at": None}) == 1
+    assert Allocation.objects.get(reservation=rs[0]).compute_share == Decimal("0.125")
+
+
+def test_the_same_on_sqlite(tmp_path):
+    """The quickstart runs on SQLite: the same writes through its VALUES form."""
+    script = textwrap.dedent("""
+        import django, os
+        django.setup()
+        from django.core.management import call_command
+        call_command("migrate", verbosity=0)
+        from decimal import Decimal
+        from django.contrib.auth import get_user_model
+        from portal.fleet import inventory
+        from portal.fleet.models import Gpu
+        from portal.reservations import services
+        from portal.reservations.models import Allocation, Reservation, StateTransition
+        from portal.tenancy.models import Membership, Team
+        inventory.load(os.environ["INVENTORY"])
+        team = Team.objects.create(slug="t", name="T", quota_gpu_share=Decimal(10), quota_memory_mib=10**7,
+                                   quota_max_gpus=10)
+        user = get_user_model().objects.create_user("u")
+        Membership.objects.create(user=user, team=team)
+        g = Gpu.objects.order_by("pk").first()
+        # Written directly: submit() would ask for a placement cycle, which runs in process here.
+        rs = [Reservation.objects.create(owner=user, team=team, image="busybox:1.36", gpu_request=Decimal("0.5"),
+                                         gpu_limit=Decimal("0.5"), gpu_memory_mib=100) for _ in range(3)]
+        units = [[services.Decision(r.pk, g.node_id, (services.Share(g.pk, Decimal("0.5"), 100),), f"on {r.pk}")]
+                 for r in rs]
+        placed, refused = services.place_many(units, "sqlite-test")
+        print(len(placed), sorted(refused) == [rs[2].pk])
+        print(Allocation.objects.filter(gpu=g, released_at__isnull=True).count(),
+              StateTransition.objects.filter(to_state="placed").count(),
+              sorted(Reservation.objects.filter(pk__in=[p.pk for p in placed]).values_list("state_reason", flat=True)))
+    """)
+    env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+               DJANGO_SETTINGS_MODULE="portal.settings", INVENTORY=str(ROOT / "deploy" / "inventory" / "demo.yaml"),
+               PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    placed_line, counts_line = out.stdout.strip().splitlines()[-2:]
+    assert placed_line == "2 True"
+    assert counts_line.startswith("2 2 ")
+    assert "'on " in counts_line
