@@ -182,10 +182,12 @@ def only_compute_per_gpu(state: ClusterState, req: Request) -> bool:
 
 def feasible(state: ClusterState, req: Request) -> np.ndarray:
     """GPU slots that can take one GPU's worth of the request (nodes x slots)."""
-    if req.gpu_count > 0 and not state.has_labels and not req.exclusion and req.gpu_memory_mib <= 0:
-        # Fast path, same answer as the filters below: node rules, model, compute.
+    if req.gpu_count > 0 and not state.has_labels and not req.exclusion:
+        # Fast path, same answer as the filters below: node rules, model, GPU memory, compute.
         node_ok = state.ready & (state.cpu_free >= req.cpu_milli) & (state.node_mem_free >= req.memory_mib)
         ok = state.free >= (MILLI if req.whole else req.milli)  # padded slots hold 0: never fit
+        if req.gpu_memory_mib > 0:
+            ok &= state.mem_free >= req.gpu_memory_mib
         if req.gpu_model is not None:
             ok &= state.model_mask(req.gpu_model)
         ok &= node_ok[:, None]

@@ -118,12 +118,15 @@ def test_cached_scores_follow_every_change():
         state.reserve(req, i, (j,))
 
 
-@settings(max_examples=40, deadline=None)
-@given(nodes=nodes_st, milli=st.sampled_from([100, 500, 1000]), cpu=st.sampled_from([0, 5000]))
-def test_fast_feasibility_equals_the_filter_chain(nodes, milli, cpu):
+@settings(max_examples=60, deadline=None)
+@given(nodes=nodes_st, milli=st.sampled_from([100, 500, 1000]), cpu=st.sampled_from([0, 5000]),
+       memory=st.sampled_from([0, 1000, 8000, 16000]), used=st.lists(st.sampled_from([0, 4000, 12000]), min_size=24,
+                                                                    max_size=24))
+def test_fast_feasibility_equals_the_filter_chain(nodes, milli, cpu, memory, used):
     state = random_state([n[0] for n in nodes], [n[1] for n in nodes], [n[2] for n in nodes])
+    state.mem_free -= np.array(used[: state.mem_free.size]).reshape(state.mem_free.shape)  # some GPU memory taken
     for model in (None, "A"):
-        req = Request("r", gpu_request=milli / 1000, gpu_model=model, cpu_milli=cpu)
+        req = Request("r", gpu_request=milli / 1000, gpu_model=model, cpu_milli=cpu, gpu_memory_mib=memory)
         assert np.array_equal(feasible(state, req), feasible_by_filters(state, req))
 
 
