@@ -27,19 +27,20 @@ BATCH = 500
 
 
 def update_rows(objs: Sequence[Model], fields: Sequence[str], same: Mapping[str, Any] | None = None,
-                batch_size: int = BATCH) -> int:
+                match: Sequence[str] = (), batch_size: int = BATCH) -> int:
     """Write `fields` of each object to its row (by primary key), and `same` (field → value) to
-    all of them. Returns the rows changed."""
+    all of them; with `match`, only rows whose columns still hold the object's values of those
+    fields (a compare-and-set). Returns the rows changed."""
     same = dict(same or {})
     if not objs or not (fields or same):
         return 0
     model = type(objs[0])
     meta = model._meta
     pk = meta.pk
-    columns = [pk, *(meta.get_field(name) for name in fields)]
+    columns = [pk, *(meta.get_field(name) for name in fields), *(meta.get_field(name) for name in match)]
     constants = [(meta.get_field(name), value) for name, value in same.items()]
     rows = [[obj.pk, *(getattr(obj, f.attname) for f in columns[1:])] for obj in objs]
-    return _write(model, "update", columns, rows, constants, batch_size)
+    return _write(model, "update", columns, rows, constants, batch_size, matched=len(match))
 
 
 def insert_rows(model: type[Model], fields: Sequence[str], rows: Sequence[Sequence[Any]],
@@ -55,7 +56,8 @@ def insert_rows(model: type[Model], fields: Sequence[str], rows: Sequence[Sequen
 
 
 def _write(model: type[Model], verb: str, columns: list, rows: Sequence[Sequence[Any]], constants: list,
-           batch_size: int) -> int:
+           batch_size: int, matched: int = 0) -> int:
+    """`matched`: how many of the last columns are compared in the WHERE clause, not written."""
     connection = connections[router.db_for_write(model)]
     if connection.vendor not in ("postgresql", "sqlite"):
         raise NotImplementedError(f"portal.bulk: {connection.vendor} is not supported")
@@ -82,9 +84,12 @@ def _write(model: type[Model], verb: str, columns: list, rows: Sequence[Sequence
                 source, source_params = "v", [value for vals in values for value in vals]
             if verb == "update":
                 key = qn(columns[0].column)
-                sets = [f"{qn(f.column)} = v.{names[i]}" for i, f in enumerate(columns) if i]
+                written = len(columns) - matched
+                sets = [f"{qn(f.column)} = v.{names[i]}" for i, f in enumerate(columns[:written]) if i]
                 sets += [f"{qn(f.column)} = {sql}" for (f, _), sql in zip(constants, const_sql, strict=True)]
-                sql = f"{prefix}UPDATE {table} SET {', '.join(sets)} FROM {source} WHERE {table}.{key} = v.{names[0]}"  # noqa: S608
+                where = [f"{table}.{key} = v.{names[0]}"]
+                where += [f"{table}.{qn(f.column)} = v.{names[written + i]}" for i, f in enumerate(columns[written:])]
+                sql = f"{prefix}UPDATE {table} SET {', '.join(sets)} FROM {source} WHERE {' AND '.join(where)}"  # noqa: S608
                 params = [*const_params, *source_params] if postgres else [*source_params, *const_params]
             else:
                 targets = [qn(f.column) for f in columns] + [qn(f.column) for f, _ in constants]

@@ -132,16 +132,14 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
 
 def _record_pods(created: list[tuple[Reservation, PodStatus]]) -> set[int]:
     """Store the pods' uids where the reservation still names that pod (it may have been
-    requeued meanwhile), then move the ones already running. Returns the nodes touched."""
-    with transaction.atomic():
-        current = dict(Reservation.objects.select_for_update().filter(pk__in=[r.pk for r, _ in created])
-                       .order_by("pk").values_list("pk", "pod_name"))
-        changed = []
-        for r, status in created:
-            if current.get(r.pk) == status.name and r.pod_uid != status.uid:
-                r.pod_uid = status.uid
-                changed.append(r)
-        update_rows(changed, ["pod_uid"])
+    requeued meanwhile: a compare-and-set on pod_name), then move the ones already running.
+    Returns the nodes whose agents must hear of the uids."""
+    changed = []
+    for r, status in created:
+        if r.pod_name == status.name and r.pod_uid != status.uid:
+            r.pod_uid = status.uid
+            changed.append(r)
+    update_rows(changed, ["pod_uid"], match=["pod_name"])
     for r, status in created:
         if status.phase == Phase.RUNNING:
             _move(r.pk, State.PLACED, State.RUNNING, f"pod {status.name} running on {status.node}")

@@ -68,7 +68,9 @@ def _accepted() -> int:
 
 
 class RedisLock:
-    def __init__(self, url: str, ttl_s: float = 30.0):
+    # Short, because a holder that dies stalls placement this long; safe, because the fence stops a
+    # holder whose lease lapsed (say, in a long engine run) from writing after its successor.
+    def __init__(self, url: str, ttl_s: float = 10.0):
         import redis
 
         self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)

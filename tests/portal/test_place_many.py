@@ -147,6 +147,13 @@ def test_update_and_insert_rows_round_trip_values(fleet, people, teams):
     assert [(got[r.pk].state_reason, got[r.pk].queue_position, got[r.pk].estimated_start) for r in rs] == [
         ("a", 3, now), ("b ' quote", None, now), ("c ☃", 1, now)]
     assert update_rows([], ["state_reason"]) == 0
+    # Compare-and-set: a row whose pod_name moved on (requeued meanwhile) keeps its uid.
+    Reservation.objects.filter(pk=rs[1].pk).update(pod_name="tessera-r-2")
+    for r in rs:
+        r.pod_uid = f"uid-{r.pk}"
+    assert update_rows(rs, ["pod_uid"], match=["pod_name"]) == 2
+    assert dict(Reservation.objects.filter(pk__in=[r.pk for r in rs]).values_list("pk", "pod_uid")) == {
+        rs[0].pk: f"uid-{rs[0].pk}", rs[1].pk: "", rs[2].pk: f"uid-{rs[2].pk}"}
     g0 = _gpu("t4-node-1", 0)
     assert insert_rows(Allocation, ["reservation", "gpu", "compute_share", "compute_limit", "memory_mib"],
                        [(rs[0].pk, g0.pk, Decimal("0.125"), Decimal("0.5"), 7)],
