@@ -128,3 +128,33 @@ def test_gang_is_placed_whole_or_not_at_all(client_for, reservation_body, cluste
     assert states == {State.PENDING}, states  # only two T4s: none of the three may start
     assert Allocation.objects.filter(released_at__isnull=True).count() == 0
     assert all(Reservation.objects.get(pk=i).state_reason for i in ids)
+
+
+def test_a_burst_larger_than_one_commit_is_placed_in_batches_and_every_pod_made(
+        people, teams, cluster, django_capture_on_commit_callbacks, monkeypatch):
+    """250 reservations pending at once: committed in batches of BATCH_DECISIONS, each batch's
+    binds sent after its commit, every pod made once, no GPU over-committed."""
+    from decimal import Decimal
+
+    from portal.fleet.models import Gpu
+    from portal.placement import cycle, tasks
+
+    binds: list[list[int]] = []
+    real_enqueue = tasks.enqueue_binds
+    monkeypatch.setattr(tasks, "enqueue_binds", lambda ids: (binds.append(list(ids)), real_enqueue(ids)))
+    # Written directly, as if 250 users submitted at the same instant (quota aside).
+    ids = [Reservation.objects.create(owner=people["alice"], team=teams["vision"], image="busybox:1.36",
+                                      gpu_request=Decimal("0.05"), gpu_limit=Decimal("0.05"),
+                                      gpu_memory_mib=64).pk for _ in range(250)]
+    assert Gpu.objects.count() * 20 >= 250  # 0.05 each: every one fits
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.run_cycles("burst")
+    assert [len(b) for b in binds] == [cycle.BATCH_DECISIONS, cycle.BATCH_DECISIONS, 50]
+    assert sorted(rid for batch in binds for rid in batch) == ids
+    placed = Reservation.objects.filter(pk__in=ids)
+    assert set(placed.values_list("state", flat=True)) <= {State.PLACED, State.RUNNING}
+    pods = [p for p in cluster.list_pods() if p.reservation_id is not None]
+    assert sorted(int(p.reservation_id) for p in pods) == ids  # one pod each, none twice
+    assert dict(placed.values_list("pk", "pod_uid")) == {int(p.reservation_id): p.uid for p in pods}
+    assert live_shares_ok() == []
+    assert Allocation.objects.filter(reservation_id__in=ids, released_at__isnull=True).count() == 250
