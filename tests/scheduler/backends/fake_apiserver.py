@@ -161,6 +161,8 @@ class FakeApiServer:
         self.watches_paused = False  # True: open watches deliver nothing until unpaused
         self.garbage: dict[str, int] = {}  # kind -> how many malformed watch events to send
         self.connections = 0  # TCP connections accepted: a client that leaks them opens many
+        self.answer_delay_s = 0.0  # every plain (non-watch) answer takes this long, like a busy server
+        self.in_flight = self.max_in_flight = 0  # plain requests being answered at once, and the most seen
         # Mutating admission: each is called with a pod being created and answers JSON Patch operations.
         self.pod_mutators: list[Any] = []
         self._server = _Server(("127.0.0.1", 0), self._handler_class())
@@ -371,13 +373,20 @@ class FakeApiServer:
                 if fault and not fault.after:
                     self._fault(fault)
                     return
+                if method == "GET" and _is_watch(query):
+                    self._watch(parts.path, query)
+                    return
+                with server.lock:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
-                    if method == "GET" and _is_watch(query):
-                        self._watch(parts.path, query)
-                        return
+                    time.sleep(server.answer_delay_s)
                     code, answer = server._route(request)
                 except ApiError as exc:
                     code, answer = exc.code, exc.body
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
                 if fault:
                     self._fault(fault)
                     return

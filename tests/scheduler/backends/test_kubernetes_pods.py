@@ -198,3 +198,20 @@ def test_it_speaks_the_whole_backend_contract(backend):
     from scheduler.backends import Backend
 
     assert isinstance(backend, Backend) and backend.name == "kubernetes"
+
+
+def test_bind_many_creates_every_pod_once_side_by_side_and_reports_each_failure_in_place(nodes, backend, pod_spec):
+    specs = [pod_spec(reservation_id=str(i)) for i in range(24)]
+    specs[5] = pod_spec(reservation_id="5", node="gpu-node-9")  # no such node: permanent, alone
+    nodes.inject("POST", PODS, status=500, times=2)  # retried inside, as for one bind
+    nodes.answer_delay_s = 0.02
+    outcomes = backend.bind_many(specs)
+    assert 1 < nodes.max_in_flight <= backend.bind_concurrency
+    assert isinstance(outcomes[5], PermanentBackendError) and "gpu-node-9" in str(outcomes[5])
+    ok = [o for i, o in enumerate(outcomes) if i != 5]
+    assert [o.reservation_id for o in ok] == [str(i) for i in range(24) if i != 5]  # in the order given
+    assert sorted(p["metadata"]["name"] for p in nodes.pods()) == sorted(f"tessera-r{i}-1" for i in range(24) if i != 5)
+    # Run again (a retried task): every pod adopted, none made twice.
+    again = backend.bind_many(specs)
+    assert [o.uid for i, o in enumerate(again) if i != 5] == [o.uid for o in ok]
+    assert len(nodes.pods()) == 23
