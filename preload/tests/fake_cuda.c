@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fake_cuda_runtime.h"
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t idle_cv = PTHREAD_COND_INITIALIZER;
 static pthread_mutex_t device_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -108,7 +110,7 @@ CUresult cuModuleLoadData(CUmodule *m, const void *image) { (void)image; *m = (C
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) { (void)m; (void)name; *f = (CUfunction)&function; return CUDA_SUCCESS; }
 CUresult cuGetErrorString(CUresult e, const char **s) { *s = e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "fake error"; return CUDA_SUCCESS; }
 CUresult cuGetErrorName(CUresult e, const char **s) { *s = e == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_FAKE"; return CUDA_SUCCESS; }
-CUresult cuGetExportTable(const void **table, const CUuuid *id) { (void)table; (void)id; return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult cuGetExportTable(const void **table, const CUuuid *id) { return fake_export_table(table, id); }
 
 /* ---- memory ---- */
 static CUresult fake_alloc(CUdeviceptr *p, uint64_t bytes) {
@@ -279,6 +281,7 @@ CUresult fake_gpa_v1(const char *, void **, int, cuuint64_t) __asm__("cuGetProcA
 #define E(n) {#n, (void *)&n}
 static const struct { const char *name; void *fn; } table[] = {
     E(cuInit), E(cuDriverGetVersion), E(cuDeviceGet), E(cuDeviceGetCount), E(cuDeviceGetName),
+    E(cuCtxGetDevice), E(cuCtxGetApiVersion), E(cuModuleGetLoadingMode),
     E(cuDeviceGetUuid_v2), E(cuDeviceTotalMem_v2), E(cuDeviceGetAttribute),
     E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuCtxGetCurrent), E(cuCtxSetCurrent),
     E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2), E(cuCtxSynchronize), E(cuStreamSynchronize),
@@ -328,7 +331,11 @@ static void *lookup(const char *sym, int version, cuuint64_t flags) {
         snprintf(buf, sizeof buf, "%s_v2", sym);
         fn = find(buf);
     }
-    return fn ? fn : find(sym);
+    if (!fn) fn = find(sym);
+    /* Any other driver name resolves (the CUDA runtime insists), to an entry point that says
+     * "not supported"; names outside the driver's API are not found. */
+    if (!fn && !strncmp(sym, "cu", 2)) fn = (void *)&fake_unimplemented;
+    return fn;
 }
 
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags,

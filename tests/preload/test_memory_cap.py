@@ -43,13 +43,27 @@ def test_without_the_library_the_fake_driver_allocates_past_the_cap(bare: Env) -
     assert out["total"] == 16 * GiB
 
 
+CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation (and CUDA_ERROR_OUT_OF_MEMORY)
+
+
 @pytest.mark.parametrize("program", ["cudart_shared", "cudart_static"])
-def test_cuda_runtime_takes_our_entry_points(capped: Env, program: str) -> None:
-    # libcudart cannot create a context on a fake driver (it needs NVIDIA's private export tables),
-    # but it resolves every driver entry point up front through dlsym + cuGetProcAddress. Every
-    # allocation, memory query and launch entry point it resolved must be ours, by variant.
+def test_the_cap_holds_through_the_cuda_runtime(capped: Env, program: str) -> None:
+    # NVIDIA's libcudart from the toolkit, shared and static, on the fake driver (which answers the
+    # runtime's private export tables). The runtime resolves the driver through dlsym +
+    # cuGetProcAddress; the cap must hold for cudaMalloc and show in cudaMemGetInfo and the device's
+    # properties.
     result = capped.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi", TESSERA_LOG_LEVEL="debug").run(program, GiB)
     assert result.returncode == 0, result.stderr
+    out = parse_kv(result.stdout)
+    assert out["info"] == 0, result.stdout
+    assert (out["total"], out["free"], out["device_total"]) == (GiB, GiB, GiB)
+    assert out["first"] == 0  # 3/4 of the cap fits
+    assert out["second"] == CUDA_ERROR_MEMORY_ALLOCATION  # 3/4 + 1/2 does not
+    assert out["fake_delta"] == 0  # the driver never saw the refused call
+    assert (out["freed"], out["third"]) == (0, 0)  # cudaFree gave the bytes back
+    assert out["free_after"] == GiB // 2
+    # The cuMemAlloc the runtime hands out (cudaGetDriverEntryPointByVersion) is ours too.
+    assert (out["over_cap"], out["under_cap"]) == (CUDA_ERROR_MEMORY_ALLOCATION, 0)
     hooked = {
         line.split("cuGetProcAddress(")[1].split(")")[0]
         for line in result.stderr.splitlines()
@@ -65,6 +79,15 @@ def test_cuda_runtime_takes_our_entry_points(capped: Env, program: str) -> None:
     # the per-thread-default-stream variants too
     for name in ["cuMemAllocAsync", "cuLaunchKernel", "cuGraphLaunch", "cuLaunchKernelEx"]:
         assert any(h.startswith(name + ",") and h.endswith(", 2") for h in hooked), name
+
+
+@pytest.mark.parametrize("program", ["cudart_shared", "cudart_static"])
+def test_without_the_library_the_cuda_runtime_sees_the_whole_fake_card(bare: Env, program: str) -> None:
+    result = bare.with_(TESSERA_GPU_MEMORY_LIMIT="1Gi").run(program, GiB)
+    assert result.returncode == 0, result.stderr
+    out = parse_kv(result.stdout)
+    assert (out["total"], out["device_total"]) == (16 * GiB, 16 * GiB)
+    assert out["second"] == 0 and out["fake_delta"] == GiB // 2
 
 
 PY_CTYPES = textwrap.dedent(
