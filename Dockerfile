@@ -1,0 +1,41 @@
+# syntax=docker/dockerfile:1
+# The two images deploy/ runs (see deploy/README.md):
+#   docker build --target portal -t tessera/portal:0.1.0 .   (web, API, workers, beat, webhook)
+#   docker build --target agent  -t tessera/agent:0.1.0 .    (node agent, share broker, device plugin,
+#                                                              and the preload library to install)
+
+# The preload library is loaded into the users' own containers, so it is built against an old glibc
+# (2.31) to load in nearly any image; only the CUDA headers are needed, never the CUDA libraries.
+FROM nvidia/cuda:12.6.3-devel-ubuntu20.04 AS preload
+WORKDIR /src
+COPY preload/Makefile preload/
+COPY preload/src preload/src
+RUN make -C preload CUDA_HOME=/usr/local/cuda
+
+FROM python:3.11.7-slim-bookworm AS python
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+# Dependencies first (pinned in pyproject.toml), so a code change does not reinstall them.
+COPY pyproject.toml README.md ./
+COPY portal portal
+COPY scheduler scheduler
+COPY agents agents
+RUN pip install . && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin tessera
+
+FROM python AS portal
+COPY manage.py ./
+COPY templates templates
+COPY static static
+COPY deploy/inventory deploy/inventory
+# Static files are collected at build time (WhiteNoise serves them); the key is a throwaway.
+RUN SECRET_KEY=collectstatic-only TESSERA_PROFILE=production ALLOWED_HOSTS=localhost \
+    python manage.py collectstatic --noinput -v0
+USER 10001
+EXPOSE 8000
+CMD ["daphne", "--bind", "0.0.0.0", "--port", "8000", "--proxy-headers", "portal.asgi:application"]
+
+FROM python AS agent
+COPY --from=preload /src/preload/build/libtessera_preload.so /usr/lib/tessera/libtessera_preload.so
+# The agent reads NVML and /proc of the host and the broker serves a host socket: run as the
+# manifests say (deploy/agent/), not as a fixed user here.
+CMD ["tessera-agent", "--help"]
