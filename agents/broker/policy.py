@@ -10,6 +10,8 @@ window every share gets at least its request and at most its limit of GPU time:
 * the quantum adapts to the bursts each share really runs (min/max bounds), and while a
   high-priority share is on the GPU low-priority quanta are kept short, so a high-priority burst
   waits at most one short quantum;
+* every grant costs a hand-off during which the GPU idles, so a share near its limit waits for a whole
+  quantum while someone else can run rather than taking the GPU in slivers of its trickling budget;
 * a holder that does not report by the end of its quantum (plus a grace) loses the token.
 
 A new share's window is its age (at least ``start_window_s``), so its limit holds from its first
@@ -225,34 +227,43 @@ class GpuScheduler:
     def _high_present(self) -> bool:
         return any(s.high_priority and s.clients for s in self.shares.values())
 
+    def _quantum(self, share: Share, high_present: bool) -> float:
+        """The quantum this share would get now, its budget aside."""
+        if not share.high_priority and high_present:
+            return min(share.quota_s, self.settings.low_quota_s)
+        return share.quota_s
+
     def schedule(self, now: float) -> tuple[Grant | None, float | None]:
         """The next grant, if any, and when to look again."""
         if self.holder is not None:
             return None, self.holder.deadline
         settings = self.settings
+        high_present = self._high_present()
         best: Client | None = None
-        best_key: tuple[int, float, float] | None = None
+        best_key: tuple[int, bool, float, float] | None = None
         wake: float | None = None
         for client in self.clients.values():
             if client.waiting_since is None:
                 continue
             share = client.share
-            if share.budget(now, settings) < settings.min_quota_s:
+            budget = share.budget(now, settings)
+            if budget < settings.min_quota_s:
                 at = share.eligible_at(now, settings.min_quota_s, settings)
                 wake = at if wake is None else min(wake, at)
                 continue
             weff = share.effective_window(now, settings)
+            # A share whose budget holds only a sliver of its quantum waits for a whole one while another
+            # can run: each grant costs a hand-off of idle GPU. (Half the window's allowance counts as
+            # whole, or a small share would never have one.)
+            whole = min(self._quantum(share, high_present), share.limit * weff / 2)
             below_request = share.window_used(now, settings.window_s) / (share.request * weff)
-            key = (0 if share.high_priority else 1, below_request, client.waiting_since)
+            key = (0 if share.high_priority else 1, budget < whole, below_request, client.waiting_since)
             if best_key is None or key < best_key:
                 best, best_key = client, key
         if best is None:
             return None, wake
         share = best.share
-        quota = share.quota_s
-        if not share.high_priority and self._high_present():
-            quota = min(quota, settings.low_quota_s)
-        quota = max(settings.min_quota_s, min(quota, share.budget(now, settings)))
+        quota = max(settings.min_quota_s, min(self._quantum(share, high_present), share.budget(now, settings)))
         best.holding = True
         best.waiting_since = None
         best.granted_at = now

@@ -12,9 +12,11 @@ SETTINGS = BrokerSettings()
 class Sim:
     """Clients that always want the GPU (unless given a duty cycle) and use all of every quantum."""
 
-    def __init__(self, settings: BrokerSettings = SETTINGS) -> None:
+    def __init__(self, settings: BrokerSettings = SETTINGS, handoff_s: float = 0.0) -> None:
         self.sched = GpuScheduler("gpu0", settings)
+        self.handoff_s = handoff_s  # the GPU idles this long at every grant (report, decision, wake-up)
         self.now = 0.0
+        self.grants = 0
         self.busy: dict[str, float] = {}
         self.wants: dict[int, object] = {}
         self.max_wait: dict[str, float] = {}
@@ -42,7 +44,8 @@ class Sim:
             name = client.share.share_id
             self.max_wait[name] = max(self.max_wait.get(name, 0.0), self.now - since[grant.client_id])
             self.max_quota[name] = max(self.max_quota.get(name, 0.0), grant.quota_s)
-            self.now += grant.quota_s
+            self.grants += 1
+            self.now += self.handoff_s + grant.quota_s
             self.busy[client.share.share_id] += grant.quota_s
             if self.wants[grant.client_id](self.now):
                 self.sched.acquire(grant.client_id, grant.quota_s, False, self.now)
@@ -99,6 +102,38 @@ def test_three_tenants_converge() -> None:
     assert sim.fraction("a", 60) == pytest.approx(0.4, abs=0.01)
     assert sim.fraction("b", 60) == pytest.approx(0.3, abs=0.01)
     assert sim.fraction("c", 60) == pytest.approx(0.3, abs=0.01)
+
+
+def test_shares_at_their_limits_wait_for_whole_quanta_while_another_can_run() -> None:
+    # Every grant costs a hand-off of idle GPU. Shares held at their limit must not take the GPU in
+    # slivers of their trickling budget, or the hand-offs eat the time of the share that takes the rest.
+    sim = Sim(handoff_s=0.0005)
+    sim.add(1, "a", 0.2, 0.4)
+    sim.add(2, "b", 0.3, 0.3)
+    sim.add(3, "c", 0.1, 1.0)
+    sim.run(60)
+    assert sim.grants < 60 * 30  # ~20 quanta of 50 ms a second, not hundreds of slivers
+    assert sim.fraction("a", 60) == pytest.approx(0.4, abs=0.01)
+    assert sim.fraction("b", 60) == pytest.approx(0.3, abs=0.01)
+    assert 0.29 <= sim.fraction("c", 60) <= 0.31  # the rest, less at most a point of hand-offs
+
+
+def test_a_share_near_its_limit_still_gets_an_otherwise_idle_gpu() -> None:
+    # waiting for a whole quantum is only for when someone else can use the GPU meanwhile
+    sched = GpuScheduler("gpu0", SETTINGS)
+    sched.add_client(1, "a", 0.5, 0.5, False, 1, 0.0)
+    now, used = 0.0, 0.0
+    while True:
+        sched.acquire(1, used, False, now)
+        budget = sched.shares["a"].budget(now, SETTINGS)
+        grant, _ = sched.schedule(now)
+        assert grant is not None
+        if budget < sched.shares["a"].quota_s:
+            break
+        now += grant.quota_s
+        used = grant.quota_s
+    assert budget >= SETTINGS.min_quota_s
+    assert grant.quota_s == pytest.approx(budget)
 
 
 def test_processes_of_one_share_count_together() -> None:
