@@ -112,10 +112,13 @@ static void try_connect(void) {
 }
 
 static void local_charge(uint64_t used_ns) {
-    /* hold the process to its request: each busy stretch is followed by its share of idle time */
-    uint64_t now = now_ns();
-    if (local_next_ns < now) local_next_ns = now;
-    local_next_ns += (uint64_t)((double)used_ns * (1.0 - g_cfg.request) / g_cfg.request);
+    /* Hold the process to its request: a token that used `used` ns lets the next one start used / request
+     * after this one was due to start. Counting from the token's end instead would add each hand-off's
+     * own delays (oversleep, thread wake-ups) to the wait and leave the share short of its request. At
+     * most one quantum of lateness carries over, so a process back from idle gets no burst. */
+    uint64_t now = now_ns(), start = now > used_ns ? now - used_ns : 0;
+    if (local_next_ns + LOCAL_QUOTA_NS < start) local_next_ns = start;
+    local_next_ns += (uint64_t)((double)used_ns / g_cfg.request);
 }
 
 static uint64_t local_grant(void) {
