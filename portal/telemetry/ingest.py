@@ -186,9 +186,11 @@ def store_batches(submissions: list[Submission]) -> list[Stored]:
     late: set[datetime] = set()
     with transaction.atomic():
         stream_pks = sorted({s.info.stream_pk for s in submissions})
-        # Locked in id order: concurrent writers (two portal processes) never deadlock.
-        streams = {s.pk: s for s in AgentStream.objects.select_for_update().filter(pk__in=stream_pks)
-                   .order_by("pk")}
+        # Locked in id order: concurrent writers (two portal processes) never deadlock. Plain
+        # values, not model instances: hundreds of streams per commit.
+        streams = {pk: _StreamState(last_seq, dropped) for pk, last_seq, dropped in
+                   AgentStream.objects.select_for_update().filter(pk__in=stream_pks).order_by("pk")
+                   .values_list("pk", "last_seq", "dropped")}
         for sub in submissions:
             stream = streams[sub.info.stream_pk]
             fresh = [s for s in sub.message.samples if s.seq > stream.last_seq]
@@ -205,7 +207,7 @@ def store_batches(submissions: list[Submission]) -> list[Stored]:
                     gpu_id = gpu_ids.get(g.uuid)
                     if gpu_id is None:
                         continue  # not a GPU of this node's hello
-                    gpu_rows.append((gpu_id, stream.pk, sample.seq, ts, g.sm_util_pct, g.mem_util_pct,
+                    gpu_rows.append((gpu_id, sub.info.stream_pk, sample.seq, ts, g.sm_util_pct, g.mem_util_pct,
                                      g.mem_used_mib, g.power_w, g.temp_c))
                 for reservation, gpu_uuid, used, mem in _share_readings(sample):
                     gpu_id = gpu_ids.get(gpu_uuid)
@@ -215,11 +217,12 @@ def store_batches(submissions: list[Submission]) -> list[Stored]:
             stream.last_seq = fresh[-1].seq
             stream.dropped = max(stream.dropped, sub.message.dropped)
             stream.last_sample_at = _ts(fresh[-1])
+            stream.changed = True
             results.append(Stored(ack_seq=last, new_samples=len(fresh),
                                   latest=_latest_reading(sub.info, fresh[-1], teams)))
         _insert(GpuSample, _GPU_COLUMNS, gpu_rows)
         _insert(ShareSample, _SHARE_COLUMNS, share_rows)
-        _update_streams([streams[pk] for pk in stream_pks])
+        _update_streams({pk: stream for pk, stream in streams.items() if stream.changed})
         if late:
             LateMinute.objects.bulk_create([LateMinute(minute=m) for m in late], ignore_conflicts=True)
         _touch_nodes({s.info.node_id for s in submissions})
@@ -247,14 +250,35 @@ def _insert(model, columns: tuple[str, ...], rows: list[tuple]) -> None:
                                   batch_size=500)
 
 
-def _update_streams(streams: list[AgentStream]) -> None:
-    # bulk_update builds one CASE per column in Python, slower than the rows it writes;
-    # executemany is one prepared statement sent in a pipeline.
+@dataclass
+class _StreamState:
+    """A locked stream row while its batches are stored."""
+
+    last_seq: int
+    dropped: int
+    last_sample_at: datetime | None = None
+    changed: bool = False
+
+
+def _update_streams(streams: dict[int, _StreamState]) -> None:
+    if not streams:
+        return
+    # bulk_update builds one CASE per column in Python, slower than the rows it writes.
+    # PostgreSQL: one statement over arrays (one round trip, one plan for hundreds of rows);
+    # elsewhere executemany of one prepared statement.
     table = connection.ops.quote_name(AgentStream._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.executemany(
-            f"UPDATE {table} SET last_seq = %s, dropped = %s, last_sample_at = %s WHERE id = %s",  # noqa: S608 (our table name)
-            [(s.last_seq, s.dropped, s.last_sample_at, s.pk) for s in streams])
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"UPDATE {table} AS s SET last_seq = v.last_seq, dropped = v.dropped, "  # noqa: S608 (our table name)
+                "last_sample_at = v.last_sample_at FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
+                "%s::timestamptz[]) AS v(id, last_seq, dropped, last_sample_at) WHERE s.id = v.id",
+                [list(streams), [s.last_seq for s in streams.values()], [s.dropped for s in streams.values()],
+                 [s.last_sample_at for s in streams.values()]])
+        else:
+            cursor.executemany(
+                f"UPDATE {table} SET last_seq = %s, dropped = %s, last_sample_at = %s WHERE id = %s",  # noqa: S608 (our table name)
+                [(s.last_seq, s.dropped, s.last_sample_at, pk) for pk, s in streams.items()])
 
 
 def _touch_nodes(node_ids: set[int]) -> None:

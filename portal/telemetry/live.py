@@ -17,7 +17,9 @@ listens to would cost the portal more than storing it.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import threading
 import time
@@ -33,6 +35,8 @@ GROUP_PATTERN = re.compile(r"^(gpu|team|reservation):([1-9][0-9]{0,17})$")
 WATCH_TTL_S = 90  # a browser consumer renews its groups every 30 s
 WATCH_CACHE_S = 1.0  # publishers re-read the watched set at most this often
 _KEY = "tessera:live:"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,15 +78,20 @@ def may_see(user, group: Group) -> bool:
     return team_id is not None and team_id in teams
 
 
-def messages_for(latest_readings: list[dict]) -> dict[str, dict]:
+def messages_for(latest_readings: list[dict], watched: set[str] | None = None) -> dict[str, dict]:
     """group name → message data for the newest readings of one commit (see
-    ingest._latest_reading): one message per group, however many nodes reported in it."""
+    ingest._latest_reading): one message per group, however many nodes reported in it. With
+    `watched`, only those groups (the rest would be built to be thrown away)."""
     out: dict[str, dict] = {}
     for latest in latest_readings:
         for reading in latest["gpus"]:
-            out[f"gpu:{reading['gpu']}"] = {"type": "gpu", "data": {**reading, "ts_ms": latest["ts_ms"]}}
+            name = f"gpu:{reading['gpu']}"
+            if watched is None or name in watched:
+                out[name] = {"type": "gpu", "data": {**reading, "ts_ms": latest["ts_ms"]}}
         for share in latest["shares"]:
             for name in (f"team:{share['team']}", f"reservation:{share['reservation']}"):
+                if watched is not None and name not in watched:
+                    continue
                 message = out.setdefault(name, {"type": "shares", "data": {"ts_ms": 0, "shares": []}})
                 message["data"]["shares"].append(share)
                 message["data"]["ts_ms"] = max(message["data"]["ts_ms"], latest["ts_ms"])
@@ -202,14 +211,51 @@ class Publisher:
             self._read_at = time.monotonic()
         if not self._watched:
             return 0
-        outgoing = {name: m for name, m in messages_for(latest_readings).items() if name in self._watched}
+        outgoing = messages_for(latest_readings, self._watched)
         if not outgoing:
             return 0
         names = list(outgoing)
         seqs = await store().next_seqs(names)
         layer = get_channel_layer()
-        for name in names:
-            group = parse_group(name)
+
+        async def send(name: str) -> None:
             text = json.dumps({"group": name, "seq": seqs[name], **outgoing[name]}, separators=(",", ":"))
-            await layer.group_send(group.channel_group, {"type": "live.message", "group": name, "text": text})
+            await layer.group_send(parse_group(name).channel_group,
+                                   {"type": "live.message", "group": name, "text": text})
+
+        # A group_send is several Redis round trips; one after another they add up to tens of
+        # milliseconds per commit. Each group still gets its messages in order: the next
+        # publish starts when this one is done.
+        await asyncio.gather(*(send(name) for name in names))
         return len(names)
+
+
+class Fanout:
+    """Publishes the newest readings of each commit, after it, in its own task: the ingest writer
+    hands them over and goes on with the next commit instead of waiting on Redis. Readings that
+    arrive while a publish is under way go out together, the newest per node: a browser wants
+    the current value, and the sequence numbers stay consecutive whatever is merged."""
+
+    def __init__(self, publisher: Publisher | None = None) -> None:
+        self._publisher = publisher or Publisher()
+        self._pending: dict[int, dict] = {}
+        self._ready = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def put(self, latest_readings: list[dict]) -> None:
+        for reading in latest_readings:
+            self._pending.pop(reading["node"], None)  # re-inserted last: newest readings last
+            self._pending[reading["node"]] = reading
+        if latest_readings:
+            self._ready.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            readings, self._pending = list(self._pending.values()), {}
+            try:
+                await self._publisher.publish(readings)
+            except Exception:
+                # The live view is best effort (browsers re-fetch on a gap); storage is not.
+                log.exception("publishing live readings failed")

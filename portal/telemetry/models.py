@@ -35,9 +35,10 @@ class AgentStream(models.Model):
 
 
 class GpuSample(models.Model):
-    """One GPU at one sampling instant (raw, short retention)."""
+    """One GPU at one sampling instant (raw, short retention). Thousands of rows a second: no
+    index the (gpu, ts) one already covers (every index is work on every row)."""
 
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+", db_index=False)
     stream = models.ForeignKey(AgentStream, on_delete=models.CASCADE, related_name="+")
     seq = models.BigIntegerField()
     ts = models.DateTimeField()
@@ -55,9 +56,10 @@ class GpuSample(models.Model):
 
 
 class ShareSample(models.Model):
-    """What one placed share really used on one GPU at one sampling instant (raw)."""
+    """What one placed share really used on one GPU at one sampling instant (raw). The
+    (reservation, ts) index serves lookups by reservation."""
 
-    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="+")
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="+", db_index=False)
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
     ts = models.DateTimeField()
     used_frac = models.FloatField()

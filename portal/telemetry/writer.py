@@ -1,19 +1,23 @@
-"""The ingest writer: gathers sample batches from every agent connection of this process for a
-few tens of milliseconds, stores them in one transaction on its own database thread, then
-answers each connection and publishes the newest readings to the live groups."""
+"""The ingest writer: stores the sample batches of every agent connection of this process in
+group commits on its own database thread, answers each connection once its batch is committed, and
+hands the newest readings to the live fan-out.
+
+Group commit: a commit starts at most every TESSERA_TELEMETRY_WRITE_DELAY_S (50 ms) and takes
+everything that arrived meanwhile. After a quiet spell the first batch goes at once; when a commit
+took longer than that, what came in during it goes at once too (no fixed wait on top of a backlog).
+Publishing runs in its own task, so the next commit never waits on Redis (live.Fanout)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import IntegrityError, connection
 
 from . import conf
 from .ingest import Stored, Submission, forget_cache, store_batches
-from .live import Publisher
+from .live import Fanout
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,7 @@ class BatchWriter:
         self._queue: asyncio.Queue[tuple[Submission, asyncio.Future]] = asyncio.Queue()
         # One thread: one database connection that stays open, commits in arrival order.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-writer")
-        self._publisher = Publisher()
+        self._fanout = Fanout()
         self._task = asyncio.get_running_loop().create_task(self._run())
         self.stored_samples = 0
         self.commits = 0
@@ -55,13 +59,16 @@ class BatchWriter:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        last_start = float("-inf")
         while True:
             first = await self._queue.get()
-            await asyncio.sleep(conf.writer_delay_s())
+            wait = last_start + conf.writer_delay_s() - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
             items = [first]
             while not self._queue.empty() and len(items) < MAX_SUBMISSIONS_PER_COMMIT:
                 items.append(self._queue.get_nowait())
-            started = time.monotonic()
+            last_start = started = loop.time()
             try:
                 results = await loop.run_in_executor(self._executor, _store_in_thread, [s for s, _ in items])
             except Exception as exc:
@@ -75,12 +82,10 @@ class BatchWriter:
                 self.stored_samples += stored.new_samples
                 if not future.done():
                     future.set_result(stored)
-            log.debug("stored %d batches in %.1f ms", len(items), (time.monotonic() - started) * 1000)
-            try:
-                await self._publisher.publish([r.latest for r in results if r.latest is not None])
-            except Exception:
-                # The live view is best effort (browsers re-fetch on a gap); storage is not.
-                log.exception("publishing live readings failed")
+            log.debug("stored %d batches in %.1f ms", len(items), (loop.time() - started) * 1000)
+            # Only after the commit: a browser that re-fetches the state after a gap must find in
+            # the database everything numbered up to the sequence it is told (live.py).
+            self._fanout.put([r.latest for r in results if r.latest is not None])
 
 
 _writers: dict[int, BatchWriter] = {}
