@@ -136,10 +136,14 @@ void gate_wait_slow(void) {
         }
         thread_running = 1;
     }
-    demand = 1;
-    pthread_cond_signal(&thread_cv);
-    while (!(atomic_load_explicit(&g_gate, memory_order_acquire) & GATE_VALID))
+    /* Ask again after every wake-up without a token: a launcher that wakes late (descheduled on a busy
+     * machine, or in a signal handler) may find that the token it asked for came and went as idle, and
+     * its demand with it; waiting on without asking would wait for ever. */
+    while (!(atomic_load_explicit(&g_gate, memory_order_acquire) & GATE_VALID)) {
+        demand = 1;
+        pthread_cond_signal(&thread_cv);
         pthread_cond_wait(&launch_cv, &gate_mu);
+    }
     pthread_mutex_unlock(&gate_mu);
     atomic_fetch_or_explicit(&g_gate, GATE_SEEN, memory_order_relaxed);
 }

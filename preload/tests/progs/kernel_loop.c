@@ -1,12 +1,16 @@
 /* Launches fake kernels and reports the device time it got, as one JSON line.
  *   kernel_loop --seconds S --kernel-us K [--path P] [--burst N --pause-ms M] [--start-at EPOCH] [--threads T]
+ *               [--stall-ms D]
  * path: launch launch_ptsz ex ex_ptsz coop coop_ptsz graph graph_ptsz. With --burst, work comes in
- * bursts of N kernels separated by M ms of idle time; "bursts" counts the finished ones. */
+ * bursts of N kernels separated by M ms of idle time; "bursts" counts the finished ones. With --stall-ms,
+ * every 4 D ms each launching thread is held up for D ms (a signal handler that sleeps), as a thread of
+ * a busy machine is when the scheduler runs others: it may wake late to a token it waited for. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <cuda.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,13 +27,19 @@ uint64_t fakeBusyNs(void);
 uint64_t fakeKernels(void);
 CUgraphExec fakeGraphCreate(uint64_t us);
 
-static double seconds = 5, pause_ms = 0, start_at = 0;
+static double seconds = 5, pause_ms = 0, start_at = 0, stall_ms = 0;
 static unsigned long long kernel_us = 1000, burst = 0;
 static const char *path = "launch";
 static int threads = 1;
 static volatile int stop;
 static unsigned long long bursts_done;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void stall(int sig) {
+    (void)sig;
+    struct timespec ts = {(time_t)(stall_ms / 1000), (long)(stall_ms * 1e6) % 1000000000L};
+    nanosleep(&ts, NULL);
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -95,6 +105,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--pause-ms")) pause_ms = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--start-at")) start_at = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--stall-ms")) stall_ms = atof(argv[i + 1]);
         else {
             fprintf(stderr, "kernel_loop: unknown option %s\n", argv[i]);
             return 2;
@@ -107,8 +118,22 @@ int main(int argc, char **argv) {
     double t0 = now_s();
     pthread_t tids[64];
     if (threads < 1 || threads > 64) return 2;
+    if (stall_ms > 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = stall;
+        sa.sa_flags = SA_RESTART;
+        sigaction(SIGUSR1, &sa, NULL);
+    }
     for (int i = 0; i < threads; i++) pthread_create(&tids[i], NULL, worker, NULL);
-    usleep((useconds_t)(seconds * 1e6));
+    if (stall_ms > 0) {
+        while (now_s() - t0 < seconds) {
+            usleep((useconds_t)(stall_ms * 4000));
+            for (int i = 0; i < threads; i++) pthread_kill(tids[i], SIGUSR1);
+        }
+    } else {
+        usleep((useconds_t)(seconds * 1e6));
+    }
     /* measure at the deadline: work still running after it is not counted */
     uint64_t busy = fakeBusyNs() - busy0, kernels = fakeKernels() - k0;
     double wall = now_s() - t0;
