@@ -14,3 +14,10 @@ from portal.telemetry.routing import websocket_urlpatterns  # noqa: E402
 # Each route brings its own authentication: agents a node token, browsers the session (with the
 # Origin check), so the two cannot be confused.
 application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": URLRouter(websocket_urlpatterns)})
+
+import gc  # noqa: E402
+
+# What is loaded by now (Django, the apps, their libraries) lives as long as the process: leave
+# it out of the cyclic collector's full passes, which come every few seconds under ingest load
+# and would otherwise walk all of it each time, pausing every connection of the process.
+gc.freeze()

@@ -41,5 +41,11 @@ def writer_delay_s() -> float:
     return float(_get("TESSERA_TELEMETRY_WRITE_DELAY_S", 0.05))
 
 
+def live_publish_every_s() -> float:
+    """Live fan-out publishes at most this often per portal process (readings in between are
+    merged, the newest per node)."""
+    return float(_get("TESSERA_TELEMETRY_LIVE_EVERY_S", 0.1))
+
+
 def metrics_token() -> str:
     return str(_get("TESSERA_METRICS_TOKEN", ""))
