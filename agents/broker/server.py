@@ -105,10 +105,14 @@ class Broker:
     def define_share(self, gpu: str, share_id: str, request: float, limit: float,
                      high_priority: bool) -> None:
         """The node agent's word on a share's terms (from its reservation); processes cannot change them."""
-        self._gpu(gpu).scheduler.define_share(share_id, request, limit, high_priority, time.monotonic())
-        self._gpu(gpu).dispatch()
+        self.gpu(gpu).scheduler.define_share(share_id, request, limit, high_priority, time.monotonic())
+        self.gpu(gpu).dispatch()
 
-    def _gpu(self, name: str) -> _Gpu:
+    def new_client_id(self) -> int:
+        return next(self._ids)
+
+    def gpu(self, name: str) -> _Gpu:
+        """The GPU of that name, created on first use."""
         gpu = self.gpus.get(name)
         if gpu is None:
             gpu = self.gpus[name] = _Gpu(name, self.settings)
@@ -168,12 +172,12 @@ class _Connection(asyncio.Protocol):
         if isinstance(message, Hello):
             if self.client_id is not None:
                 raise ProtocolError("HELLO was already sent on this connection")
-            gpu = broker._gpu(message.gpu)
+            gpu = broker.gpu(message.gpu)
             if gpu.scheduler.terms_conflict(message.share, message.request, message.limit,
                                             message.high_priority):
                 log.warning("share %s: pid %d announced other terms than the share has; "
                             "the share's terms stay", message.share, message.pid)
-            self.client_id, self.gpu = next(broker._ids), gpu
+            self.client_id, self.gpu = broker.new_client_id(), gpu
             gpu.scheduler.add_client(self.client_id, message.share, message.request, message.limit,
                                      message.high_priority, message.pid, time.monotonic())
             gpu.writers[self.client_id] = transport
