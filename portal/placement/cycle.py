@@ -25,6 +25,7 @@ from django.utils import timezone
 from portal.bulk import update_rows
 from portal.fleet.models import Gpu, Node
 from portal.reservations import services
+from portal.reservations.events import announcements_held
 from portal.reservations.models import Allocation, Kind, Reservation, Source
 from portal.reservations.states import HOLDS_GPU, IllegalTransition, State
 from scheduler import core
@@ -173,53 +174,55 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
     units.extend((members, ()) for members in groups.values())
 
     waiting: dict[str, str] = {u.request_id: _reason_text(u.reasons) for u in result.unschedulable}
-    done = 0
-    while done < len(units):
-        if not renew():
-            log.warning("placement cycle stops: it lost the placement lease")
-            break
-        # Decisions commit in batches: one fence check, a few set-based queries and one COMMIT for
-        # many. A unit with victims evicts them first in its own savepoint; the plain ones (after
-        # it in `units`) commit together through `place_many`, which refuses only what no longer fits.
-        with transaction.atomic():
-            fence(lease.token)
-            plain: list[list[services.Decision]] = []
-            placed: list[int] = []
-            for placements, victims in units[done:done + BATCH_DECISIONS]:
-                done += 1
-                try:
-                    decisions = [_decision(p, node_ids, gpu_ids) for p in placements]
-                except KeyError as exc:  # the node or GPU left the database since the snapshot
-                    report.conflicts += 1
-                    for p in placements:
-                        waiting[p.request_id] = f"placement lost a race and is retried: {exc} is gone"[:500]
-                    continue
-                if not victims:
-                    plain.append(decisions)
-                    continue
-                try:
-                    with transaction.atomic():
-                        for victim in victims:
-                            _evict(int(victim), rows[placements[0].request_id], report, backend)
-                        _, refused = services.place_many([decisions], ACTOR, _after_place)
-                        if refused:
-                            raise next(iter(refused.values()))
-                except (services.CapacityConflict, IllegalTransition, Reservation.DoesNotExist) as exc:
-                    report.conflicts += 1
-                    for p in placements:
-                        waiting[p.request_id] = f"placement lost a race and is retried: {exc}"[:500]
-                    continue
-                placed.extend(d.reservation_id for d in decisions)
-            if plain:
-                ok, refused = services.place_many(plain, ACTOR, _after_place)
-                placed.extend(r.pk for r in ok)
-                report.conflicts += len({id(unit) for unit in plain
-                                         if any(d.reservation_id in refused for d in unit)})
-                for rid, exc in refused.items():
-                    waiting[str(rid)] = f"placement lost a race and is retried: {exc}"[:500]
-            report.placed.extend(placed)
-            if placed:  # registered last: runs after the victims' pods are deleted
-                transaction.on_commit(lambda placed=placed: on_bind(placed))
+    # Agents hear of this cycle's placements once per node, when its batches are done.
+    with announcements_held():
+        done = 0
+        while done < len(units):
+            if not renew():
+                log.warning("placement cycle stops: it lost the placement lease")
+                break
+            # Decisions commit in batches: one fence check, a few set-based queries and one COMMIT for
+            # many. A unit with victims evicts them first in its own savepoint; the plain ones (after
+            # it in `units`) commit together through `place_many`, which refuses only what no longer fits.
+            with transaction.atomic():
+                fence(lease.token)
+                plain: list[list[services.Decision]] = []
+                placed: list[int] = []
+                for placements, victims in units[done:done + BATCH_DECISIONS]:
+                    done += 1
+                    try:
+                        decisions = [_decision(p, node_ids, gpu_ids) for p in placements]
+                    except KeyError as exc:  # the node or GPU left the database since the snapshot
+                        report.conflicts += 1
+                        for p in placements:
+                            waiting[p.request_id] = f"placement lost a race and is retried: {exc} is gone"[:500]
+                        continue
+                    if not victims:
+                        plain.append(decisions)
+                        continue
+                    try:
+                        with transaction.atomic():
+                            for victim in victims:
+                                _evict(int(victim), rows[placements[0].request_id], report, backend)
+                            _, refused = services.place_many([decisions], ACTOR, _after_place)
+                            if refused:
+                                raise next(iter(refused.values()))
+                    except (services.CapacityConflict, IllegalTransition, Reservation.DoesNotExist) as exc:
+                        report.conflicts += 1
+                        for p in placements:
+                            waiting[p.request_id] = f"placement lost a race and is retried: {exc}"[:500]
+                        continue
+                    placed.extend(d.reservation_id for d in decisions)
+                if plain:
+                    ok, refused = services.place_many(plain, ACTOR, _after_place)
+                    placed.extend(r.pk for r in ok)
+                    report.conflicts += len({id(unit) for unit in plain
+                                             if any(d.reservation_id in refused for d in unit)})
+                    for rid, exc in refused.items():
+                        waiting[str(rid)] = f"placement lost a race and is retried: {exc}"[:500]
+                report.placed.extend(placed)
+                if placed:  # registered last: runs after the victims' pods are deleted
+                    transaction.on_commit(lambda placed=placed: on_bind(placed))
 
     for rid, why in waiting.items():
         if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles

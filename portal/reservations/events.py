@@ -2,6 +2,7 @@
 placement cycle; it is sent only after the transaction that changed things has committed."""
 
 import threading
+from contextlib import contextmanager
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -26,11 +27,33 @@ def announce_allocations(node_id: int | None) -> None:
     one after a rolled-back savepoint is harmless)."""
     if node_id is None:
         return
+    held = getattr(_pending, "held", None)
+    if held is not None:  # inside announcements_held(): one push per node when it ends
+        held.add(node_id)
+        return
     nodes = getattr(_pending, "nodes", None)
     if nodes is None:
         nodes = _pending.nodes = set()
     nodes.add(node_id)
     transaction.on_commit(_flush_allocations)
+
+
+@contextmanager
+def announcements_held():
+    """Hold the pushes of many commits (a placement cycle's batches) and send one per node at the
+    end, even if a commit inside failed (a push carries the node's full list: an extra one is
+    harmless). Agents hear up to the length of the block later; the cycle saves a channel-layer
+    round per node per batch."""
+    if getattr(_pending, "held", None) is not None:  # nested: the outer block sends
+        yield
+        return
+    _pending.held = set()
+    try:
+        yield
+    finally:
+        held, _pending.held = _pending.held, None
+        if held:
+            allocations_changed.send(sender=None, node_ids=sorted(held))
 
 
 def _flush_allocations() -> None:

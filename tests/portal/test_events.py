@@ -48,3 +48,28 @@ def test_outside_a_transaction_it_is_sent_at_once(heard):
     announce_allocations(None)
     announce_allocations(5)
     assert heard == [5]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_held_announcements_go_out_once_when_the_block_ends(heard):
+    with events.announcements_held():
+        for batch in ((1, 2), (2, 3)):
+            with transaction.atomic():
+                for node in batch:
+                    announce_allocations(node)
+            assert heard == []  # committed, but held
+        with events.announcements_held():  # nested: the outer block sends
+            announce_allocations(4)
+        assert heard == []
+    assert heard == [1, 2, 3, 4]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_held_announcements_are_sent_even_when_the_block_fails(heard):
+    with pytest.raises(RuntimeError), events.announcements_held():
+        with transaction.atomic():
+            announce_allocations(5)
+        raise RuntimeError("cycle fenced out")
+    assert heard == [5]
+    announce_allocations(6)  # and holding is over
+    assert heard == [5, 6]
