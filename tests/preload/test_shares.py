@@ -52,9 +52,23 @@ JOBS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def results(built, tmp_path_factory) -> dict[tuple[str, str], dict]:
-    root = tmp_path_factory.mktemp("shares")
+# A measurement during which the hypervisor took more than this share of the CPU time (steal, in
+# /proc/stat) says more about the host than about the library: every token hand-off waits for a
+# process to be scheduled. It is repeated, at most MEASUREMENTS times in all, and the least
+# disturbed one is judged.
+STEAL_LIMIT = 0.05
+MEASUREMENTS = 3
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies of the whole machine so far."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal, sum(fields[:8])
+
+
+def _measure(root) -> dict[tuple[str, str], dict]:
     broker = BrokerProcess(root / "broker.sock", root / "broker.log").start()
     start_at = time.time() + 2.0
     procs = []
@@ -86,6 +100,23 @@ def results(built, tmp_path_factory) -> dict[tuple[str, str], dict]:
             if proc.poll() is None:
                 proc.kill()
         broker.stop()
+
+
+@pytest.fixture(scope="module")
+def results(built, tmp_path_factory) -> dict[tuple[str, str], dict]:
+    best = None
+    for attempt in range(1, MEASUREMENTS + 1):
+        steal_before, total_before = _cpu_times()
+        out = _measure(tmp_path_factory.mktemp(f"shares-{attempt}"))
+        steal_after, total_after = _cpu_times()
+        steal = (steal_after - steal_before) / max(1, total_after - total_before)
+        out[("host", "steal")] = {"fraction": steal, "measurement": attempt}
+        if best is None or steal < best[("host", "steal")]["fraction"]:
+            best = out
+        if steal <= STEAL_LIMIT:
+            break
+        print(f"the host took {steal:.0%} of the CPU time during measurement {attempt}")
+    return best  # the one the host disturbed least
 
 
 def fraction(results, gpu: str, name: str) -> float:
