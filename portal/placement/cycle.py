@@ -41,6 +41,9 @@ MILLI = Decimal("0.001")
 # Decisions per commit. Bind tasks are sent at each commit, so a smaller batch lets a second
 # worker start on the pods sooner; a larger one costs fewer round trips.
 BATCH_DECISIONS = 100
+REQUEST_FIELDS = ("team__slug", "gpu_request", "gpu_limit", "gpu_memory_mib", "gpu_count", "gpu_model", "priority",
+                  "affinity", "anti_affinity", "exclusion", "group_name", "group_headcount", "group_threshold",
+                  "created_at", "state_reason")
 
 
 class Queued(NamedTuple):
@@ -144,8 +147,9 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
     # A gang with a new (or newly evaluated) member is looked at whole again.
     fresh_groups = {q.group for q in queue if q.group and str(q.pk) not in skip}
     wanted = [q.pk for q in queue if str(q.pk) not in skip or q.group in fresh_groups]
+    # Only what the engine's requests and the waiting reasons need (a cycle may read thousands).
     considered = list(Reservation.objects.filter(pk__in=wanted, state=State.PENDING).select_related("team")
-                      .order_by("created_at", "id"))
+                      .only(*REQUEST_FIELDS).order_by("created_at", "id"))
     rows = {str(r.pk): r for r in considered}
     report.looked_at = len(rows)
     requests = []

@@ -151,6 +151,9 @@ class Decision:
     reason: str = "placed"
 
 
+PLACING_FIELDS = ("state", "gpu_limit", "gpu_count", "max_duration_s", "kind", "source", "attempt",
+                  "team__interactive_max_s")
+
 # Called on each reservation about to be placed (its new node, times and state already set);
 # returns the names of any further fields it set, written in the same statement.
 Prepare = Callable[[Reservation], Iterable[str]]
@@ -181,8 +184,9 @@ def place_many(units: Sequence[Sequence[Decision]], actor="system:scheduler",
         return [], {}
     refused: dict[int, Exception] = {}
     with transaction.atomic():
+        # Only the fields placing reads (a batch locks hundreds); others load on access.
         reservations = {r.pk: r for r in Reservation.objects.select_for_update(of=("self",)).select_related("team")
-                        .filter(pk__in={d.reservation_id for d in decisions}).order_by("pk")}
+                        .only(*PLACING_FIELDS).filter(pk__in={d.reservation_id for d in decisions}).order_by("pk")}
         nodes = {n.pk: n for n in Node.objects.filter(pk__in={d.node_id for d in decisions}).only("name", "status")}
         gpu_ids = sorted({s.gpu_id for d in decisions for s in d.shares})
         gpus = {g.pk: g for g in Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk")
