@@ -124,25 +124,54 @@ def fraction(results, gpu: str, name: str) -> float:
     return r["busy_s"] / r["wall_s"]
 
 
-@pytest.mark.parametrize(("gpu", "expected"), [("mix-30-70", (0.3, 0.7)), ("mix-10-90", (0.1, 0.9))])
-def test_two_shares_get_their_fractions(results, gpu: str, expected: tuple[float, float]) -> None:
+# If even the least disturbed measurement lost more than this to the hypervisor, token hand-offs took
+# milliseconds and the fake GPUs sat idle between holders for reasons outside the library: the
+# absolute fractions cannot be judged. What steal cannot explain still is: how the busy time was
+# split, that no share passed its limit, priority, the broker's accounting.
+UNMEASURABLE_STEAL = 0.10
+
+
+def host_disturbed(results) -> float | None:
+    steal = results[("host", "steal")]["fraction"]
+    return steal if steal > UNMEASURABLE_STEAL else None
+
+
+def skip_if_disturbed(results) -> None:
+    if steal := host_disturbed(results):
+        pytest.skip(f"the host took {steal:.0%} of the CPU time in the least disturbed of {MEASUREMENTS} "
+                    "measurements: absolute device-time fractions cannot be judged on this machine now")
+
+
+@pytest.mark.parametrize(("gpu", "expected", "limits"),
+                         [("mix-30-70", (0.3, 0.7), (1.0, 1.0)), ("mix-10-90", (0.1, 0.9), (0.1, 0.9))])
+def test_two_shares_get_their_fractions(results, gpu: str, expected: tuple[float, float],
+                                        limits: tuple[float, float]) -> None:
     got = (fraction(results, gpu, "a"), fraction(results, gpu, "b"))
+    assert got[0] <= limits[0] + TOLERANCE and got[1] <= limits[1] + TOLERANCE, got
+    # the busy time is split as the requests say, however much the host left idle
+    assert got[0] / sum(got) == pytest.approx(expected[0] / sum(expected), abs=TOLERANCE), got
+    skip_if_disturbed(results)
     assert got[0] == pytest.approx(expected[0], abs=TOLERANCE), got
     assert got[1] == pytest.approx(expected[1], abs=TOLERANCE), got
 
 
 def test_a_lone_share_bursts_to_the_whole_device(results) -> None:
+    skip_if_disturbed(results)
     assert fraction(results, "lone", "a") >= 0.95
 
 
 def test_a_share_never_passes_its_limit_even_alone(results) -> None:
     got = fraction(results, "capped", "a")
-    assert 0.45 <= got <= 0.53, got
+    assert got <= 0.53, got
+    skip_if_disturbed(results)
+    assert got >= 0.45, got
 
 
 def test_three_tenants_converge(results) -> None:
     got = [fraction(results, "three", n) for n in "abc"]
     # a bursts to its limit 0.4, b is held to 0.3, c (request 0.1, limit 1) takes what is left
+    assert got[0] <= 0.4 + TOLERANCE and got[1] <= 0.3 + TOLERANCE, got
+    skip_if_disturbed(results)
     assert got[0] == pytest.approx(0.4, abs=TOLERANCE), got
     assert got[1] == pytest.approx(0.3, abs=TOLERANCE), got
     assert got[2] == pytest.approx(0.3, abs=TOLERANCE), got
@@ -158,8 +187,10 @@ def test_high_priority_keeps_its_throughput_beside_low_priority(results) -> None
 
 def test_without_a_broker_the_request_share_is_enforced_locally(results) -> None:
     r = results[("local", "a")]
-    assert fraction(results, "local", "a") == pytest.approx(0.3, abs=TOLERANCE)
     assert r["stderr"].count("unreachable") == 1  # logged once, not per token
+    assert fraction(results, "local", "a") <= 0.3 + TOLERANCE
+    skip_if_disturbed(results)
+    assert fraction(results, "local", "a") == pytest.approx(0.3, abs=TOLERANCE)
 
 
 def test_the_broker_reports_gpu_time_per_share(results) -> None:
