@@ -265,6 +265,14 @@ def keep_logs(scenario_dir: Path, into: Path | None) -> None:
             shutil.copy(log, into / f"{scenario_dir.name}-{log.name}")
 
 
+def cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies so far: the share of CPU time the hypervisor took during the run says
+    how far the timings can be trusted on a shared host."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -290,6 +298,7 @@ def main() -> None:
     if args.gpus < 16 or args.gpus % 8:
         parser.error("--gpus must be a multiple of 8, at least 16")
 
+    steal_at_start = cpu_times()
     recreate_database()
     os.environ.update(env())
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env(), check=True)
@@ -334,15 +343,17 @@ def main() -> None:
                 drop_database()
             for suffix in ("", "-wal", "-shm"):
                 Path(str(STATE) + suffix).unlink(missing_ok=True)
-    write(results, args, workers)
+    steal, total = (b - a for a, b in zip(steal_at_start, cpu_times(), strict=True))
+    write(results, args, workers, steal / max(1, total))
 
 
-def write(results: dict, args, workers: list[int]) -> None:
+def write(results: dict, args, workers: list[int], steal: float) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     command = " ".join(["DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres", ".venv/bin/python",
                         "bench/orchestration/bound_latency.py", *sys.argv[1:]])
     meta = {"command": command, "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "cpu_steal": round(steal, 3),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
             "gpus": args.gpus, "burst": args.burst, "waiting": args.waiting, "rate": args.rate,
             "seconds": args.seconds}
@@ -352,7 +363,8 @@ def write(results: dict, args, workers: list[int]) -> None:
         "# Orchestration: submission → bound, cycles/s", "",
         f"`{command}`", "", f"{meta['when']} · {meta['machine']} · {args.gpus} simulated GPUs · "
         "local backend · PostgreSQL · Redis broker · one Celery worker process per worker (concurrency 1) · "
-        f"load average at the end {meta['load_average_at_end']} (the machine is shared)", "",
+        f"load average at the end {meta['load_average_at_end']} · CPU time taken by the hypervisor during the run "
+        f"(steal) {steal:.0%} (the machine is shared)", "",
     ]
     if results["burst"]:
         lines += [f"## Burst: {args.burst} reservations pending at once", "",
