@@ -39,12 +39,16 @@ ACTOR = "system:placement"
 GRACE_S = 30
 
 
-def gpu_shares(r: Reservation) -> tuple[GpuShare, ...]:
-    allocations = (Allocation.objects.filter(reservation=r, released_at__isnull=True)
-                   .select_related("gpu").order_by("gpu__index"))
-    return tuple(GpuShare(uuid=a.gpu.uuid, index=a.gpu.index, request=float(a.compute_share),
-                          limit=float(max(a.compute_limit, a.compute_share)), memory_mib=a.memory_mib)
-                 for a in allocations)
+def shares_of(reservation_ids: Iterable[int]) -> dict[int, tuple[GpuShare, ...]]:
+    """reservation id → its live GPU shares in GPU index order, read in one query."""
+    out: dict[int, list[GpuShare]] = {}
+    for rid, uuid, index, share, limit, memory in (
+            Allocation.objects.filter(reservation_id__in=reservation_ids, released_at__isnull=True)
+            .order_by("reservation_id", "gpu__index")
+            .values_list("reservation_id", "gpu__uuid", "gpu__index", "compute_share", "compute_limit", "memory_mib")):
+        out.setdefault(rid, []).append(GpuShare(uuid=uuid, index=index, request=float(share),
+                                                limit=float(max(limit, share)), memory_mib=memory))
+    return {rid: tuple(gpus) for rid, gpus in out.items()}
 
 
 def pod_spec(r: Reservation, gpus: tuple[GpuShare, ...]) -> PodSpec:
@@ -55,34 +59,24 @@ def pod_spec(r: Reservation, gpus: tuple[GpuShare, ...]) -> PodSpec:
     )
 
 
-def bind(backend: Backend, reservation_id: int, announce: bool = True) -> PodStatus | None:
-    """Create the pod of a placed reservation. None when there is nothing (more) to do.
-    `announce=False`: the caller tells the node's agent about the new pod itself (once per node)."""
-    r = Reservation.objects.select_related("team", "node").filter(pk=reservation_id).first()
-    if r is None or r.state != State.PLACED or r.node is None:
-        return None  # cancelled, preempted or already running meanwhile: reconcile handles its pod
-    gpus = gpu_shares(r)
-    if not gpus:
-        return None
-    try:
-        if r.source == Source.KUBECTL:
-            labels, annotations = external_binding(str(r.pk), r.team.slug, gpus, r.priority)
-            backend.bind_external(PodRef(r.pod_namespace, r.pod_name), r.node.name, labels, annotations)
-            status = None
-        else:
-            status = backend.bind(pod_spec(r, gpus))
-    except PermanentBackendError as exc:
-        _fail(r.pk, f"the cluster refused the pod: {exc}")
-        return None
-    if status is not None:
-        record_pod(r.pk, status, announce)
-    return status
+def bind(backend: Backend, reservation_id: int) -> PodStatus | None:
+    """Create the pod of one placed reservation (`bind_batch` of one) and tell its node's agent.
+    Returns the pod, or None when there is nothing (more) to do or the pod is a kubectl one.
+    A transient backend error is raised, for the caller to retry."""
+    report = bind_batch(backend, [reservation_id])
+    if reservation_id in report.transient:
+        raise report.transient[reservation_id]
+    with transaction.atomic():
+        for node_id in sorted(report.nodes):
+            announce_allocations(node_id)
+    return report.pods.get(reservation_id)
 
 
 @dataclass
 class BindReport:
     bound: int = 0
-    transient: list[int] = field(default_factory=list)  # met a transient error: retry these
+    pods: dict[int, PodStatus] = field(default_factory=dict)  # reservation id → the pod made or adopted
+    transient: dict[int, BackendError] = field(default_factory=dict)  # met a transient error: retry these
     nodes: set[int] = field(default_factory=set)  # whose agents must hear of new pod uids
 
 
@@ -94,14 +88,8 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
     report = BindReport()
     rows = {r.pk: r for r in Reservation.objects.select_related("team", "node")
             .filter(pk__in=list(reservation_ids), state=State.PLACED, node__isnull=False)}
-    shares: dict[int, list[GpuShare]] = {}
-    for rid, uuid, index, share, limit, memory in (
-            Allocation.objects.filter(reservation_id__in=rows, released_at__isnull=True)
-            .order_by("reservation_id", "gpu__index")
-            .values_list("reservation_id", "gpu__uuid", "gpu__index", "compute_share", "compute_limit", "memory_mib")):
-        shares.setdefault(rid, []).append(GpuShare(uuid=uuid, index=index, request=float(share),
-                                                   limit=float(max(limit, share)), memory_mib=memory))
-    work = [(rows[pk], tuple(shares[pk])) for pk in sorted(rows) if pk in shares]
+    shares = shares_of(list(rows))
+    work = [(rows[pk], shares[pk]) for pk in sorted(rows) if pk in shares]
     ours = [(r, gpus) for r, gpus in work if r.source != Source.KUBECTL]
     outcomes: list[tuple[Reservation, PodStatus | BackendError | None]] = list(zip(
         [r for r, _ in ours], backend.bind_many([pod_spec(r, gpus) for r, gpus in ours]) if ours else [],
@@ -120,10 +108,11 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
         if isinstance(outcome, PermanentBackendError):
             _fail(r.pk, f"the cluster refused the pod: {outcome}")
         elif isinstance(outcome, BackendError):
-            report.transient.append(r.pk)
+            report.transient[r.pk] = outcome
         else:
             report.bound += 1
             if outcome is not None:
+                report.pods[r.pk] = outcome
                 created.append((r, outcome))
     if created:
         report.nodes |= _record_pods(created)
@@ -146,7 +135,7 @@ def _record_pods(created: list[tuple[Reservation, PodStatus]]) -> set[int]:
     return {r.node_id for r in changed}
 
 
-def record_pod(reservation_id: int, status: PodStatus, announce: bool = True) -> int | None:
+def record_pod(reservation_id: int, status: PodStatus) -> int | None:
     """Remember the pod's uid (the agents attribute processes by it) and move on with its phase.
     Returns the node whose placements changed (its agent must hear of the uid), else None."""
     changed = Reservation.objects.filter(pk=reservation_id, pod_name=status.name).exclude(
@@ -154,9 +143,8 @@ def record_pod(reservation_id: int, status: PodStatus, announce: bool = True) ->
     node_id = None
     if changed:
         node_id = Reservation.objects.values_list("node_id", flat=True).get(pk=reservation_id)
-        if announce:
-            with transaction.atomic():
-                announce_allocations(node_id)
+        with transaction.atomic():
+            announce_allocations(node_id)
     if status.phase == Phase.RUNNING:
         _move(reservation_id, State.PLACED, State.RUNNING, f"pod {status.name} running on {status.node}")
     return node_id

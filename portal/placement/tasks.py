@@ -105,7 +105,7 @@ def bind_many(self, reservation_ids: list[int]) -> int:
         for node_id in sorted(report.nodes):
             announce_allocations(node_id)
     if report.transient:
-        raise self.retry(args=[report.transient], countdown=min(30, 2 ** self.request.retries))
+        raise self.retry(args=[sorted(report.transient)], countdown=min(30, 2 ** self.request.retries))
     return report.bound
 
 
