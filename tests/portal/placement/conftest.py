@@ -4,6 +4,7 @@ for the placement tests. The personas and the demo fleet come from tests/portal/
 from __future__ import annotations
 
 import pytest
+import redis
 
 from portal.celery import app as celery_app
 from portal.placement import backend as backend_module
@@ -43,3 +44,21 @@ def placement_loop(cluster, django_capture_on_commit_callbacks):
                 tasks.sync()
 
     return run
+
+
+LOCK_REDIS_URL = "redis://127.0.0.1:6379/6"  # the lock and memo tests' own Redis database
+
+
+@pytest.fixture
+def lock_redis():
+    """A flushed Redis database for the placement lock and memo tests, flushed again after; its
+    URL. Skips without a Redis on the machine."""
+    client = redis.Redis.from_url(LOCK_REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    client.flushdb()
+    yield LOCK_REDIS_URL
+    client.flushdb()
+    client.close()

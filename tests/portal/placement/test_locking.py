@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import redis
 
 from portal.placement import tasks
 from portal.placement.locking import COUNTER_KEY, FencedOut, Lease, RedisLock, fence
@@ -14,28 +13,18 @@ from portal.placement.models import Fence
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
 
-REDIS_URL = "redis://127.0.0.1:6379/6"  # this module's own Redis database; flushed before and after
-
 
 @pytest.fixture
-def redis_lock(db):
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError:
-        pytest.skip("no Redis on 127.0.0.1:6379")
-    client.flushdb()
+def redis_lock(db, lock_redis):
     made: list[RedisLock] = []
 
     def make(ttl_s: float = 30.0) -> RedisLock:
-        made.append(RedisLock(REDIS_URL, ttl_s=ttl_s))
+        made.append(RedisLock(lock_redis, ttl_s=ttl_s))
         return made[-1]
 
     yield make
     for lock in made:
         lock.client.close()
-    client.flushdb()
-    client.close()
 
 
 def test_one_holder_at_a_time_and_only_the_holder_releases(redis_lock):

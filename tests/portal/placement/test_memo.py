@@ -4,27 +4,16 @@ look at them again as soon as something does."""
 from __future__ import annotations
 
 import pytest
-import redis
 
 from portal.placement import cycle as cycle_module
 from portal.placement import memo
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
 
-REDIS_URL = "redis://127.0.0.1:6379/6"  # shared with test_locking (same flush discipline)
-
 
 @pytest.fixture
-def redis_memo(settings, cluster):
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError:
-        pytest.skip("no Redis on 127.0.0.1:6379")
-    client.flushdb()
-    settings.TESSERA_LOCK_REDIS_URL = REDIS_URL
-    yield
-    client.flushdb()
+def redis_memo(settings, cluster, lock_redis):
+    settings.TESSERA_LOCK_REDIS_URL = lock_redis
 
 
 def test_unplaceable_request_is_skipped_until_capacity_is_freed(client_for, reservation_body, redis_memo,
