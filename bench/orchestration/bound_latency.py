@@ -34,35 +34,15 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-BENCH_DB = "tessera_bench_orchestration"
+from bench.scratch_db import ScratchDatabase  # noqa: E402
+
+DB = ScratchDatabase("tessera_bench_orchestration")
 REDIS_URL = "redis://127.0.0.1:6379/10"
 RESULTS = ROOT / "bench" / "results" / "orchestration"
-ADMIN_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 STATE = Path(tempfile.gettempdir()) / "tessera-bench-orchestration-cluster.sqlite3"
-
-
-def bench_url() -> str:
-    u = urlparse(ADMIN_URL)
-    return u._replace(path=f"/{BENCH_DB}").geturl()
-
-
-def recreate_database() -> None:
-    import psycopg
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
-
-
-def drop_database() -> None:
-    import psycopg
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
 
 
 def inventory(path: Path, gpus: int) -> None:
@@ -75,7 +55,7 @@ def inventory(path: Path, gpus: int) -> None:
 
 
 def env() -> dict[str, str]:
-    return dict(os.environ, DATABASE_URL=bench_url(), REDIS_URL=REDIS_URL, TESSERA_BACKEND="local",
+    return dict(os.environ, DATABASE_URL=DB.url, REDIS_URL=REDIS_URL, TESSERA_BACKEND="local",
                 TESSERA_LOCAL_STATE=str(STATE), TESSERA_LOCAL_START_S="0.5", TESSERA_LOCAL_BATCH_S="3600",
                 DJANGO_SETTINGS_MODULE="portal.settings", LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT))
 
@@ -299,7 +279,7 @@ def main() -> None:
         parser.error("--gpus must be a multiple of 8, at least 16")
 
     steal_at_start = cpu_times()
-    recreate_database()
+    DB.recreate()
     os.environ.update(env())
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env(), check=True)
     import django
@@ -340,7 +320,7 @@ def main() -> None:
 
             connections.close_all()
             if not args.keep_db:
-                drop_database()
+                DB.drop()
             for suffix in ("", "-wal", "-shm"):
                 Path(str(STATE) + suffix).unlink(missing_ok=True)
     steal, total = (b - a for a, b in zip(steal_at_start, cpu_times(), strict=True))

@@ -27,42 +27,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-BENCH_DB = "tessera_bench_telemetry"
+from bench.scratch_db import ScratchDatabase  # noqa: E402
+
+DB = ScratchDatabase("tessera_bench_telemetry")
 REDIS_URL = "redis://127.0.0.1:6379/9"
 RESULTS = ROOT / "bench" / "results" / "telemetry"
-
-
-_ADMIN_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-
-
-def _admin_url() -> str:
-    url = _ADMIN_URL
-    if not url.startswith("postgres"):
-        sys.exit("the benchmark needs PostgreSQL: set DATABASE_URL=postgres://...")
-    return url
-
-
-def _bench_url(admin: str) -> str:
-    return urlparse(admin)._replace(path="/" + BENCH_DB).geturl()
-
-
-def _recreate_database(admin: str) -> None:
-    import psycopg
-
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-
-
-def _drop_database(admin: str) -> None:
-    import psycopg
-
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
 
 
 def _free_port() -> int:
@@ -188,11 +160,10 @@ def _measure(nodes: int, seconds: float, warmup: float, shares: int, watch_gpus:
     from django.apps import apps
     from django.db import connection
 
-    admin = _admin_url()
     if apps.ready:
         connection.close()
-    _recreate_database(admin)
-    os.environ["DATABASE_URL"] = _bench_url(admin)
+    DB.recreate()
+    os.environ["DATABASE_URL"] = DB.url
     if not apps.ready:
         django.setup()
     tmp = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
@@ -203,7 +174,7 @@ def _measure(nodes: int, seconds: float, warmup: float, shares: int, watch_gpus:
 
     redis.Redis.from_url(REDIS_URL).flushdb()
     port = _free_port()
-    env = {**os.environ, "DATABASE_URL": _bench_url(admin), "REDIS_URL": REDIS_URL, "TESSERA_TELEMETRY_TICKER": "0",
+    env = {**os.environ, "DATABASE_URL": DB.url, "REDIS_URL": REDIS_URL, "TESSERA_TELEMETRY_TICKER": "0",
            "CELERY_TASK_ALWAYS_EAGER": "1", "LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "portal.settings"}
     portal = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                "portal.asgi:application"], cwd=ROOT, env=env,
@@ -329,7 +300,7 @@ def main() -> int:
         from django.db import connection
 
         connection.close()
-        _drop_database(_admin_url())
+        DB.drop()
     base = runs[0]
     for r in runs:
         r["stored_ratio_to_offered"] = round(r["stored_samples_per_s"] / r["offered_samples_per_s"], 3)
@@ -342,7 +313,7 @@ def main() -> int:
         if r["latency_ms_p99"] and base["latency_ms_p99"]:
             r["p99_vs_baseline"] = round(r["latency_ms_p99"] / base["latency_ms_p99"], 2)
     niceness = os.nice(0)
-    command = (f"DATABASE_URL={_ADMIN_URL} " + (f"nice -n {niceness} " if niceness else "")
+    command = (f"DATABASE_URL={DB.admin_url} " + (f"nice -n {niceness} " if niceness else "")
                + ".venv/bin/python bench/telemetry/run.py " + " ".join(sys.argv[1:]))
     report = {"command": command, "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
               "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "runs": runs,
