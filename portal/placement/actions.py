@@ -37,6 +37,10 @@ from .backend import simulated_batch_s
 log = logging.getLogger(__name__)
 ACTOR = "system:placement"
 GRACE_S = 30
+# What a bind reads of a reservation (the pod's spec, the kubectl branch, the pod uid's
+# compare-and-set): a batch reads hundreds of rows, and whole rows cost twice the time.
+BIND_FIELDS = ("attempt", "pod_namespace", "pod_name", "pod_uid", "image", "command", "priority", "kind", "source",
+               "team__slug", "node__name")
 
 
 def shares_of(reservation_ids: Iterable[int]) -> dict[int, tuple[GpuShare, ...]]:
@@ -86,7 +90,7 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
     existing, are bound one by one), and the pod uids are written in one statement. The caller
     announces `report.nodes` to their agents."""
     report = BindReport()
-    rows = {r.pk: r for r in Reservation.objects.select_related("team", "node")
+    rows = {r.pk: r for r in Reservation.objects.select_related("team", "node").only(*BIND_FIELDS)
             .filter(pk__in=list(reservation_ids), state=State.PLACED, node__isnull=False)}
     shares = shares_of(list(rows))
     work = [(rows[pk], shares[pk]) for pk in sorted(rows) if pk in shares]

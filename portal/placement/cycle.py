@@ -38,9 +38,11 @@ from .locking import Lease, fence
 log = logging.getLogger(__name__)
 ACTOR = "system:scheduler"
 MILLI = Decimal("0.001")
-# Decisions per commit. Bind tasks are sent at each commit, so a smaller batch lets a second
-# worker start on the pods sooner; a larger one costs fewer round trips.
-BATCH_DECISIONS = 100
+# Decisions per commit: the first batch, and the most. Bind tasks are sent at each commit, so a
+# small batch lets a second worker start on the pods sooner; a large one costs fewer round trips
+# and fewer bind tasks.
+FIRST_BATCH = 25
+BATCH_DECISIONS = 200
 REQUEST_FIELDS = ("team__slug", "gpu_request", "gpu_limit", "gpu_memory_mib", "gpu_count", "gpu_model", "priority",
                   "affinity", "anti_affinity", "exclusion", "group_name", "group_headcount", "group_threshold",
                   "created_at", "state_reason")
@@ -125,6 +127,86 @@ def _delete_quietly(backend: Backend, namespace: str, name: str, why: str) -> No
         log.warning("could not delete the preempted pod %s/%s yet: %s", namespace, name, exc)
 
 
+class _Batches:
+    """A cycle's decisions, committed in batches: one fence check, a few set-based queries and one
+    COMMIT for many. The first batch is small so that binding starts early; each next one is twice
+    as large (fewer round trips and bind tasks), up to BATCH_DECISIONS."""
+
+    def __init__(self, lease: Lease, renew: Callable[[], bool], on_bind: Callable[[list[int]], None],
+                 rows: dict[str, Reservation], report: CycleReport, backend: Backend | None) -> None:
+        self.lease, self.renew, self.on_bind, self.rows, self.report, self.backend = \
+            lease, renew, on_bind, rows, report, backend
+        self.units: list[tuple[list[core.Placement], tuple[str, ...]]] = []
+        self.size = FIRST_BATCH
+        self.waiting: dict[str, str] = {}
+        self.node_ids: dict[str, int] | None = None
+        self.gpu_ids: dict[str, int] = {}
+
+    def add(self, decision: tuple[core.Placement, ...] | core.Preemption) -> bool:
+        """Queue a decision (a placement or a gang's placements, or a preemption); commits when
+        the batch is full. False: the cycle lost its lease and must stop."""
+        if isinstance(decision, core.Preemption):
+            self.units.append(([decision.placement], decision.victims))
+        else:
+            self.units.append((list(decision), ()))
+        if len(self.units) < self.size:
+            return True
+        self.size = min(2 * self.size, BATCH_DECISIONS)
+        return self.commit()
+
+    def commit(self) -> bool:
+        units, self.units = self.units, []
+        if not units:
+            return True
+        if not self.renew():
+            log.warning("placement cycle stops: it lost the placement lease")
+            return False
+        if self.node_ids is None:  # the first decision: names → ids, once per cycle
+            self.node_ids = dict(Node.objects.values_list("name", "pk"))
+            self.gpu_ids = dict(Gpu.objects.values_list("uuid", "pk"))
+        report, waiting = self.report, self.waiting
+        # A unit with victims evicts them first in its own savepoint; the plain ones commit
+        # together through `place_many`, which refuses only what no longer fits.
+        with transaction.atomic():
+            fence(self.lease.token)
+            plain: list[list[services.Decision]] = []
+            placed: list[int] = []
+            for placements, victims in units:
+                try:
+                    decisions = [_decision(p, self.node_ids, self.gpu_ids) for p in placements]
+                except KeyError as exc:  # the node or GPU left the database since the snapshot
+                    report.conflicts += 1
+                    for p in placements:
+                        waiting[p.request_id] = f"placement lost a race and is retried: {exc} is gone"[:500]
+                    continue
+                if not victims:
+                    plain.append(decisions)
+                    continue
+                try:
+                    with transaction.atomic():
+                        for victim in victims:
+                            _evict(int(victim), self.rows[placements[0].request_id], report, self.backend)
+                        _, refused = services.place_many([decisions], ACTOR, _after_place)
+                        if refused:
+                            raise next(iter(refused.values()))
+                except (services.CapacityConflict, IllegalTransition, Reservation.DoesNotExist) as exc:
+                    report.conflicts += 1
+                    for p in placements:
+                        waiting[p.request_id] = f"placement lost a race and is retried: {exc}"[:500]
+                    continue
+                placed.extend(d.reservation_id for d in decisions)
+            if plain:
+                ok, refused = services.place_many(plain, ACTOR, _after_place)
+                placed.extend(r.pk for r in ok)
+                report.conflicts += len({id(unit) for unit in plain if any(d.reservation_id in refused for d in unit)})
+                for rid, exc in refused.items():
+                    waiting[str(rid)] = f"placement lost a race and is retried: {exc}"[:500]
+            report.placed.extend(placed)
+            if placed:  # registered last: runs after the victims' pods are deleted
+                transaction.on_commit(lambda placed=placed: self.on_bind(placed))
+        return True
+
+
 def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callable[[], bool] = lambda: True,
               backend: Backend | None = None) -> CycleReport:
     """Place what can be placed now. `on_bind(reservation_ids)` is called after each batch commits
@@ -160,78 +242,26 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
             if not r.state_reason.startswith("cannot be placed as asked"):
                 services.note_pending_reason(r.pk, f"cannot be placed as asked: {exc}")
     # No requests: everything waiting was looked at already and nothing has freed capacity since.
-    result = core.schedule(snapshot.build(), requests, _policy()) if requests else core.CycleResult(_policy())
-    deciding = bool(result.placements or result.preemptions)
-    gpu_ids = dict(Gpu.objects.values_list("uuid", "pk")) if deciding else {}
-    node_ids = dict(Node.objects.values_list("name", "pk")) if deciding else {}
-
-    # Decisions: preemptions, then placements, gang members together.
-    units: list[tuple[list[core.Placement], tuple[str, ...]]] = []
-    for pre in result.preemptions:
-        units.append(([pre.placement], pre.victims))
-    groups: dict[str, list[core.Placement]] = defaultdict(list)
-    for p in result.placements:
-        if p.group:
-            groups[p.group].append(p)
-        else:
-            units.append(([p], ()))
-    units.extend((members, ()) for members in groups.values())
-
-    waiting: dict[str, str] = {u.request_id: _reason_text(u.reasons) for u in result.unschedulable}
+    # Decisions are committed while the engine goes on deciding, so the first pods can be bound
+    # (by another worker) before the last decision is made.
+    decisions = core.decide(snapshot.build(), requests, _policy()) if requests else iter(())
+    batches = _Batches(lease, renew, on_bind, rows, report, backend)
+    waiting = batches.waiting  # request id → why it waits
+    unschedulable: set[str] = set()
     # Agents hear of this cycle's placements once per node, when its batches are done.
     with announcements_held():
-        done = 0
-        while done < len(units):
-            if not renew():
-                log.warning("placement cycle stops: it lost the placement lease")
+        for decision in decisions:
+            if isinstance(decision, core.Unschedulable):
+                unschedulable.add(decision.request_id)
+                waiting[decision.request_id] = _reason_text(decision.reasons)
+            elif not batches.add(decision):
                 break
-            # Decisions commit in batches: one fence check, a few set-based queries and one COMMIT for
-            # many. A unit with victims evicts them first in its own savepoint; the plain ones (after
-            # it in `units`) commit together through `place_many`, which refuses only what no longer fits.
-            with transaction.atomic():
-                fence(lease.token)
-                plain: list[list[services.Decision]] = []
-                placed: list[int] = []
-                for placements, victims in units[done:done + BATCH_DECISIONS]:
-                    done += 1
-                    try:
-                        decisions = [_decision(p, node_ids, gpu_ids) for p in placements]
-                    except KeyError as exc:  # the node or GPU left the database since the snapshot
-                        report.conflicts += 1
-                        for p in placements:
-                            waiting[p.request_id] = f"placement lost a race and is retried: {exc} is gone"[:500]
-                        continue
-                    if not victims:
-                        plain.append(decisions)
-                        continue
-                    try:
-                        with transaction.atomic():
-                            for victim in victims:
-                                _evict(int(victim), rows[placements[0].request_id], report, backend)
-                            _, refused = services.place_many([decisions], ACTOR, _after_place)
-                            if refused:
-                                raise next(iter(refused.values()))
-                    except (services.CapacityConflict, IllegalTransition, Reservation.DoesNotExist) as exc:
-                        report.conflicts += 1
-                        for p in placements:
-                            waiting[p.request_id] = f"placement lost a race and is retried: {exc}"[:500]
-                        continue
-                    placed.extend(d.reservation_id for d in decisions)
-                if plain:
-                    ok, refused = services.place_many(plain, ACTOR, _after_place)
-                    placed.extend(r.pk for r in ok)
-                    report.conflicts += len({id(unit) for unit in plain
-                                             if any(d.reservation_id in refused for d in unit)})
-                    for rid, exc in refused.items():
-                        waiting[str(rid)] = f"placement lost a race and is retried: {exc}"[:500]
-                report.placed.extend(placed)
-                if placed:  # registered last: runs after the victims' pods are deleted
-                    transaction.on_commit(lambda placed=placed: on_bind(placed))
+        else:
+            batches.commit()
 
     for rid, why in waiting.items():
         if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles
             services.note_pending_reason(int(rid), why)
-    unschedulable = {u.request_id for u in result.unschedulable}
     skipped = {str(q.pk) for q in queue} - set(rows)
     memo.save(epoch, unschedulable | skipped, looked_at if skip else time.time())
     report.unschedulable = len(unschedulable | skipped)

@@ -36,7 +36,8 @@ class ReservationQuerySet(models.QuerySet):
 
 class Reservation(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reservations")
-    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="reservations")
+    # Indexed by (team, state) below, which serves lookups by team alone as well.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="reservations", db_index=False)
     name = models.CharField(max_length=63, blank=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.BATCH)
     image = models.CharField(max_length=255)
@@ -63,7 +64,7 @@ class Reservation(models.Model):
     max_duration_s = models.PositiveIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 
-    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)
     node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
@@ -72,7 +73,7 @@ class Reservation(models.Model):
     # The pod that runs it: ours (name from the placement attempt) or the user's (kubectl path).
     pod_namespace = models.CharField(max_length=63, blank=True)
     pod_name = models.CharField(max_length=253, blank=True)
-    pod_uid = models.CharField(max_length=64, blank=True, db_index=True)
+    pod_uid = models.CharField(max_length=64, blank=True)  # looked up only for kubectl pods: see Meta
     attempt = models.PositiveIntegerField(default=0, help_text="How many times it has been placed")
     # "Why not yet" beyond state_reason: place in the queue and a rough start estimate (pending only).
     queue_position = models.PositiveIntegerField(null=True, blank=True)
@@ -91,7 +92,11 @@ class Reservation(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["team", "state"])]
+        # Every index is rewritten when a placement or a bind updates the row (those updates touch
+        # indexed columns), so only the ones queries use: no text-pattern twins of `state` and
+        # `pod_uid` (never searched with LIKE), no plain `pod_uid` (kubectl lookups use the
+        # constraint's partial index).
+        indexes = [models.Index(fields=["team", "state"]), models.Index(fields=["state"], name="reservation_state")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(gpu_request__gt=0) & models.Q(gpu_request__lte=models.F("gpu_limit"))

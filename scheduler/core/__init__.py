@@ -23,6 +23,9 @@ Entry points:
   - `Placement(request_id, node, gpu_uuids, gpu_indexes, share, memory_mib, score, group)`
   - `Preemption(request_id, victims: tuple[reservation_id], placement)`: evict, then bind
   - `Unschedulable(request_id, reasons: tuple[Reason(code, message, count)])`
+- `decide(...)` (same arguments): the same decisions one at a time, in queue order, as they are
+  made: a tuple of Placements (a request, or a pod group's members together), a Preemption or an
+  Unschedulable; a caller can commit the first ones while the rest are computed.
 - `feasible_gpus(snapshot, request, policy="tessera") -> (list[GpuCandidate], list[Reason])`:
   candidates best first (node, gpu_uuid, gpu_index, model, free_share, free_memory_mib, score).
 - `POLICIES`: random, best-fit, packing, spread, dot-product, fgd, tessera (the default: FGD's
@@ -42,7 +45,7 @@ Reason codes (`ReasonCode`, stable strings): invalid, quota, node_not_ready, nod
 model, exclusion, affinity, anti_affinity, memory, compute, whole_gpu, no_fit, gang_incomplete.
 """
 
-from .cycle import feasible_gpus, schedule
+from .cycle import Decision, decide, feasible_gpus, schedule
 from .engine import POLICIES, Choice, choose, make_scorer
 from .fragmentation import TypicalPod, typical_pods
 from .model import (
@@ -71,6 +74,7 @@ __all__ = [
     "Choice",
     "ClusterState",
     "CycleResult",
+    "Decision",
     "Gpu",
     "GpuCandidate",
     "Node",
@@ -87,6 +91,7 @@ __all__ = [
     "TypicalPod",
     "Unschedulable",
     "choose",
+    "decide",
     "feasible_gpus",
     "make_scorer",
     "schedule",

@@ -5,7 +5,7 @@ Reservations live in the cycle's ClusterState only; binding them is the caller's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -85,6 +85,36 @@ def schedule(
     aging_s: float = DEFAULT_AGING_S,
 ) -> CycleResult:
     """Decide for every pending request: a placement, a preemption, or reasons it waits."""
+    placements: list[Placement] = []
+    preemptions: list[Preemption] = []
+    refused: list[Unschedulable] = []
+    for decision in decide(snapshot, pending, policy, preemption=preemption, typical=typical, seed=seed,
+                           aging_s=aging_s):
+        if isinstance(decision, Preemption):
+            preemptions.append(decision)
+        elif isinstance(decision, Unschedulable):
+            refused.append(decision)
+        else:
+            placements.extend(decision)
+    return CycleResult(policy, tuple(placements), tuple(preemptions), tuple(refused))
+
+
+Decision = tuple[Placement, ...] | Preemption | Unschedulable
+
+
+def decide(
+    snapshot: Snapshot,
+    pending: Sequence[Request],
+    policy: str = "tessera",
+    *,
+    preemption: bool = True,
+    typical: Sequence[TypicalPod] | None = None,
+    seed: int = 0,
+    aging_s: float = DEFAULT_AGING_S,
+) -> Iterator[Decision]:
+    """`schedule`, one decision at a time in queue order, as soon as it is made: a tuple of
+    placements (one request, or the members of a pod group that go together), a Preemption, or an
+    Unschedulable. A caller can act on the first decisions while later ones are still computed."""
     ids = [r.id for r in pending]
     if len(set(ids)) != len(ids):
         raise ValueError("pending requests repeat an id")
@@ -92,15 +122,12 @@ def schedule(
     scorer = make_scorer(
         policy, state, typical if typical is not None else typical_pods(_workload(snapshot, pending)), seed
     )
-    placements: list[Placement] = []
-    preemptions: list[Preemption] = []
-    refused: list[Unschedulable] = []
     done_groups: set[str] = set()
     ordered = queue_order(pending, snapshot.teams, snapshot.now, aging_s)
     running = set(state.placed)
     for req in [r for r in ordered if r.id in running]:
         msg = f"request {req.id} already holds a share in the snapshot"
-        refused.append(Unschedulable(req.id, (Reason(ReasonCode.INVALID, msg),)))
+        yield Unschedulable(req.id, (Reason(ReasonCode.INVALID, msg),))
     ordered = [r for r in ordered if r.id not in running]
     for req in ordered:
         if req.group is not None:
@@ -109,13 +136,14 @@ def schedule(
             done_groups.add(req.group.name)
             members = [r for r in ordered if r.group is not None and r.group.name == req.group.name]
             gang_placed, gang_refused = _place_gang(state, scorer, members)
-            placements.extend(gang_placed)
-            refused.extend(gang_refused)
+            if gang_placed:
+                yield tuple(gang_placed)
+            yield from gang_refused
             continue
         choice = choose(state, req, scorer)
         if choice is not None:
             state.reserve(req, choice.node, choice.slots)
-            placements.append(_placement(state, req, choice))
+            yield (_placement(state, req, choice),)
             continue
         reasons = tuple(explain(state, req))
         if preemption:
@@ -123,10 +151,9 @@ def schedule(
             if found is not None:
                 choice, victims = found
                 state.reserve(req, choice.node, choice.slots)
-                preemptions.append(Preemption(req.id, victims, _placement(state, req, choice)))
+                yield Preemption(req.id, victims, _placement(state, req, choice))
                 continue
-        refused.append(Unschedulable(req.id, reasons))
-    return CycleResult(policy, tuple(placements), tuple(preemptions), tuple(refused))
+        yield Unschedulable(req.id, reasons)
 
 
 def _place_gang(

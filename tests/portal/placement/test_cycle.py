@@ -132,8 +132,9 @@ def test_gang_is_placed_whole_or_not_at_all(client_for, reservation_body, cluste
 
 def test_a_burst_larger_than_one_commit_is_placed_in_batches_and_every_pod_made(
         people, teams, cluster, django_capture_on_commit_callbacks, monkeypatch):
-    """250 reservations pending at once: committed in batches of BATCH_DECISIONS, each batch's
-    binds sent after its commit, every pod made once, no GPU over-committed."""
+    """250 reservations pending at once: committed in batches that start small and double up to
+    BATCH_DECISIONS, each batch's binds sent after its commit, every pod made once, no GPU
+    over-committed; the first batch commits before the engine has made its last decision."""
     from decimal import Decimal
 
     from portal.fleet.models import Gpu
@@ -142,6 +143,22 @@ def test_a_burst_larger_than_one_commit_is_placed_in_batches_and_every_pod_made(
     binds: list[list[int]] = []
     real_enqueue = tasks.enqueue_binds
     monkeypatch.setattr(tasks, "enqueue_binds", lambda ids: (binds.append(list(ids)), real_enqueue(ids)))
+    monkeypatch.setattr(cycle, "FIRST_BATCH", 25)
+    monkeypatch.setattr(cycle, "BATCH_DECISIONS", 100)
+    events: list[str] = []
+    real_decide, real_place_many = cycle.core.decide, cycle.services.place_many
+
+    def decide(*args, **kwargs):
+        for decision in real_decide(*args, **kwargs):
+            events.append("decided")
+            yield decision
+
+    def place_many(units, *args, **kwargs):
+        events.append(f"committing {len(units)}")
+        return real_place_many(units, *args, **kwargs)
+
+    monkeypatch.setattr(cycle.core, "decide", decide)
+    monkeypatch.setattr(cycle.services, "place_many", place_many)
     # Written directly, as if 250 users submitted at the same instant (quota aside).
     ids = [Reservation.objects.create(owner=people["alice"], team=teams["vision"], image="busybox:1.36",
                                       gpu_request=Decimal("0.05"), gpu_limit=Decimal("0.05"),
@@ -149,7 +166,10 @@ def test_a_burst_larger_than_one_commit_is_placed_in_batches_and_every_pod_made(
     assert Gpu.objects.count() * 20 >= 250  # 0.05 each: every one fits
     with django_capture_on_commit_callbacks(execute=True):
         tasks.run_cycles("burst")
-    assert [len(b) for b in binds] == [cycle.BATCH_DECISIONS, cycle.BATCH_DECISIONS, 50]
+    assert [len(b) for b in binds] == [25, 50, 100, 75]
+    assert [e for e in events if e != "decided"] == ["committing 25", "committing 50", "committing 100",
+                                                    "committing 75"]
+    assert events.index("committing 25") == 25  # right after the 25th decision, not after the 250th
     assert sorted(rid for batch in binds for rid in batch) == ids
     placed = Reservation.objects.filter(pk__in=ids)
     assert set(placed.values_list("state", flat=True)) <= {State.PLACED, State.RUNNING}
