@@ -59,7 +59,8 @@ def inventory(path: Path, gpus: int) -> None:
 def env() -> dict[str, str]:
     return dict(os.environ, DATABASE_URL=DB.url, REDIS_URL=REDIS_URL, TESSERA_BACKEND="local",
                 TESSERA_LOCAL_STATE=str(STATE), TESSERA_LOCAL_START_S="0.5", TESSERA_LOCAL_BATCH_S="3600",
-                DJANGO_SETTINGS_MODULE="portal.settings", LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT))
+                DJANGO_SETTINGS_MODULE="portal.settings", LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT),
+                DEBUG="0")  # as in production: no query log
 
 
 def start_workers(n: int, logdir: Path) -> tuple[list[subprocess.Popen], list[Path]]:

@@ -129,46 +129,63 @@ class LocalBackend:
     # -- the Backend protocol -------------------------------------------------------------------
 
     def bind(self, spec: PodSpec) -> PodStatus:
-        with self._tx() as db:
-            self._advance(db)
-            return self._bind_in(db, spec)
+        (outcome,) = self.bind_many([spec])
+        if isinstance(outcome, BackendError):
+            raise outcome
+        return outcome
 
     def bind_many(self, specs: Sequence[PodSpec]) -> list[PodStatus | BackendError]:
-        """All the pods in one write transaction (one fsync-free commit, not one per pod)."""
+        """All the pods in one write transaction (one fsync-free commit, not one per pod), with
+        the existing pods and the nodes read once and the new rows written together."""
         out: list[PodStatus | BackendError] = []
         with self._tx() as db:
             self._advance(db)
+            ready = dict(db.execute("SELECT name, ready FROM nodes"))
+            existing = self._rows(db, [spec.ref for spec in specs])
+            now = self.clock()
+            pods, events = [], []
             for spec in specs:
-                try:
-                    out.append(self._bind_in(db, spec))
-                except BackendError as exc:
-                    out.append(exc)
+                row = existing.get((spec.namespace, spec.name))
+                if row is not None:
+                    status = self._status(row)
+                    if status.reservation_id != spec.reservation_id:
+                        out.append(PodConflict(f"pod {spec.namespace}/{spec.name} exists for reservation "
+                                               f"{status.reservation_id}, not {spec.reservation_id}"))
+                    else:
+                        out.append(status)  # adopted: a retried bind never makes two
+                    continue
+                if spec.node not in ready:
+                    out.append(PermanentBackendError(f"node {spec.node} does not exist in the cluster"))
+                    continue
+                if not ready[spec.node]:
+                    out.append(PermanentBackendError(f"node {spec.node} is not ready"))
+                    continue
+                start = now + self.start_delay_s
+                end = start + spec.simulated_duration_s if spec.simulated_duration_s is not None else None
+                row = (spec.namespace, spec.name, str(uuid.uuid4()), spec.node, str(Phase.PENDING), 0,
+                       json.dumps(dict(spec.labels)), json.dumps(dict(spec.annotations)), "", "")
+                existing[(spec.namespace, spec.name)] = row  # the same pod twice in a batch: adopted
+                pods.append((*row, json.dumps(dict(spec.env)), spec.image, now, start, end))
+                status = self._status(row)
+                events.append((json.dumps({"pod": status.__dict__ | {"phase": str(row[4])}, "deleted": False}),))
+                out.append(status)
+            db.executemany(
+                "INSERT INTO pods (namespace, name, uid, node, phase, external, labels, annotations, reason, "
+                "message, env, image, created_at, start_at, end_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", pods)
+            db.executemany("INSERT INTO events (body) VALUES (?)", events)
         return out
 
-    def _bind_in(self, db: sqlite3.Connection, spec: PodSpec) -> PodStatus:
-        row = self._row(db, spec.ref)
-        if row is not None:
-            existing = self._status(row)
-            if existing.reservation_id != spec.reservation_id:
-                raise PodConflict(f"pod {spec.namespace}/{spec.name} exists for reservation "
-                                  f"{existing.reservation_id}, not {spec.reservation_id}")
-            return existing  # adopted: a retried bind never makes two
-        node = db.execute("SELECT ready FROM nodes WHERE name = ?", (spec.node,)).fetchone()
-        if node is None:
-            raise PermanentBackendError(f"node {spec.node} does not exist in the cluster")
-        if not node[0]:
-            raise PermanentBackendError(f"node {spec.node} is not ready")
-        now = self.clock()
-        start = now + self.start_delay_s
-        end = start + spec.simulated_duration_s if spec.simulated_duration_s is not None else None
-        row = (spec.namespace, spec.name, str(uuid.uuid4()), spec.node, str(Phase.PENDING), 0,
-               json.dumps(dict(spec.labels)), json.dumps(dict(spec.annotations)), "", "")
-        db.execute(
-            "INSERT INTO pods (namespace, name, uid, node, phase, external, labels, annotations, reason, "
-            "message, env, image, created_at, start_at, end_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (*row, json.dumps(dict(spec.env)), spec.image, now, start, end))
-        self._pod_event(db, row)
-        return self._status(row)
+    @staticmethod
+    def _rows(db: sqlite3.Connection, refs: Sequence[PodRef], chunk: int = 400) -> dict[tuple[str, str], tuple]:
+        """(namespace, name) → row of the pods among `refs` that exist."""
+        found = {}
+        for start in range(0, len(refs), chunk):
+            part = refs[start:start + chunk]
+            keys = ", ".join(["(?, ?)"] * len(part))
+            for row in db.execute(f"SELECT {POD_COLUMNS} FROM pods WHERE (namespace, name) IN (VALUES {keys})",  # noqa: S608
+                                  [v for ref in part for v in (ref.namespace, ref.name)]):
+                found[(row[0], row[1])] = row
+        return found
 
     def unbind(self, ref: PodRef, grace_s: int, reason: str) -> bool:
         # Graceful termination is not simulated: the pod is gone at once.

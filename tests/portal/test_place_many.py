@@ -11,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from django.db import IntegrityError, transaction
 
 from portal.bulk import insert_rows, update_rows
 from portal.fleet.models import Gpu, NodeStatus
@@ -159,6 +160,12 @@ def test_update_and_insert_rows_round_trip_values(fleet, people, teams):
                        [(rs[0].pk, g0.pk, Decimal("0.125"), Decimal("0.5"), 7)],
                        same={"created_at": now, "released_at": None}) == 1
     assert Allocation.objects.get(reservation=rs[0]).compute_share == Decimal("0.125")
+    # A constraint broken by a bulk write is Django's IntegrityError, and only its savepoint is lost.
+    with pytest.raises(IntegrityError), transaction.atomic():
+        insert_rows(Allocation, ["reservation", "gpu", "compute_share", "compute_limit", "memory_mib"],
+                    [(rs[0].pk, g0.pk, Decimal("0.125"), Decimal("0.5"), 7)],
+                    same={"created_at": now, "released_at": None})
+    assert Allocation.objects.filter(reservation=rs[0]).count() == 1
 
 
 def test_the_same_on_sqlite(tmp_path):

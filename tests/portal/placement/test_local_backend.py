@@ -38,6 +38,30 @@ def test_bind_twice_adopts_and_another_reservation_cannot_take_the_name():
     assert len(cluster.list_pods()) == 1
 
 
+def test_a_batch_of_binds_reports_each_outcome_in_place():
+    """bind_many: new pods made, an existing one adopted, a name clash, an unknown and a NotReady
+    node refused, the same pod twice in one batch made once; one event per new pod, in order."""
+    cluster = LocalBackend(nodes=["n1", "n2"])
+    earlier = cluster.bind(_spec(rid="1"))
+    cluster.poll(0)
+    cluster.set_node_ready("n2", False, "kubelet stopped")
+    cluster.poll(0)
+    clash = _spec(rid="9")
+    clash = type(clash)(**{**clash.__dict__, "name": earlier.name})
+    specs = [_spec(rid="2"), _spec(rid="1"), clash, _spec(rid="3", node="nowhere"), _spec(rid="4", node="n2"),
+             _spec(rid="5"), _spec(rid="5")]
+    out = cluster.bind_many(specs)
+    assert [type(o).__name__ for o in out] == ["PodStatus", "PodStatus", "PodConflict", "PermanentBackendError",
+                                              "PermanentBackendError", "PodStatus", "PodStatus"]
+    assert out[1].uid == earlier.uid  # adopted, not made again
+    assert "does not exist" in str(out[3]) and "not ready" in str(out[4])
+    assert out[5].uid == out[6].uid
+    assert sorted(p.reservation_id for p in cluster.list_pods()) == ["1", "2", "5"]
+    made = [e.pod.reservation_id for e in cluster.poll(0) if isinstance(e, PodEvent)]
+    assert made == ["2", "5"]
+    assert cluster.bind_many([]) == []
+
+
 def test_pods_start_then_batch_ones_finish_as_time_passes():
     clock = Clock()
     cluster = LocalBackend(nodes=["n1"], start_delay_s=2, clock=clock)
