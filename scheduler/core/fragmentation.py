@@ -196,6 +196,8 @@ class FgdScorer:
         self.state = state
         self.frag = Fragmentation(state, typical)
         self.cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # request shape → node state class → that node's values (see _values_deduplicated)
+        self.by_class: dict[tuple[int, int, int], dict[int, np.ndarray]] = {}
 
     def deltas(self, req: Request, nodes: np.ndarray) -> np.ndarray:
         """Fragmentation growth of placing `req` on `nodes` (per slot for one-GPU requests)."""
@@ -251,11 +253,29 @@ class FgdScorer:
         return entry
 
     def _values_deduplicated(self, req: Request, nodes: np.ndarray) -> np.ndarray:
-        """node_values, computed once per distinct node state (many nodes look alike, e.g. empty)."""
+        """node_values, computed once per distinct node state (many nodes look alike, e.g. empty)
+        and request shape. A node's values depend only on its state class, so they are kept per
+        class for the whole cycle: in a burst, nodes fill through the same states again and again,
+        and a decision usually rescores one node whose new state some other node had before."""
+        key = (req.milli if req.gpu_count else 0, req.gpu_count, pod_cpu(req))
+        known = self.by_class.setdefault(key, {})
+        classes = self.frag.node_class[nodes]
+        if nodes.size == 1:
+            c = int(classes[0])
+            row = known.get(c)
+            if row is None:
+                row = known[c] = self.node_values(req, nodes)[0]
+            return row[None]
         if nodes.size < DEDUP_ABOVE:
-            return self.node_values(req, nodes)
-        _, first, inverse = np.unique(self.frag.node_class[nodes], return_index=True, return_inverse=True)
-        return self.node_values(req, nodes[first])[inverse.reshape(-1)]
+            values = self.node_values(req, nodes)
+            for c, row in zip(classes.tolist(), values, strict=True):
+                known.setdefault(c, row)
+            return values
+        _, first, inverse = np.unique(classes, return_index=True, return_inverse=True)
+        values = self.node_values(req, nodes[first])
+        for c, row in zip(classes[first].tolist(), values, strict=True):
+            known.setdefault(c, row)
+        return values[inverse.reshape(-1)]
 
 
 # Below this many nodes to rescore, finding the distinct ones costs more than it saves.
