@@ -42,11 +42,10 @@ def _prepare_worker_process(**_) -> None:
 
     # A worker process runs one task at a time on one thread: keep its database connection
     # between tasks (a new PostgreSQL connection costs 5-8 ms, and a burst of placements is a
-    # dozen short tasks), checked before reuse so that a restarted server is reconnected to.
-    # DB_CONN_MAX_AGE, when set, wins.
+    # dozen short tasks); the settings check it before reuse. DB_CONN_MAX_AGE, when set, wins.
     if "DB_CONN_MAX_AGE" not in os.environ:
         for alias in connections:
-            connections[alias].settings_dict.update(CONN_MAX_AGE=WORKER_CONN_MAX_AGE_S, CONN_HEALTH_CHECKS=True)
+            connections[alias].settings_dict["CONN_MAX_AGE"] = WORKER_CONN_MAX_AGE_S
     # Django, the apps and their libraries live as long as the process: keep them out of the
     # cyclic collector's full passes, which otherwise walk all of them (~75 ms) in the middle of
     # a placement cycle that allocates a few thousand rows' worth of objects.
