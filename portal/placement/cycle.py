@@ -65,6 +65,11 @@ class CycleReport:
     conflicts: int = 0
     looked_at: int = 0  # waiting reservations given to the engine (the rest were known not to fit)
     seconds: float = 0.0
+    # Where the time went: reading the queue and the cluster, the engine, committing, the rest.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def phase_text(self) -> str:
+        return ", ".join(f"{name} {s:.3f}" for name, s in self.phases.items())
 
 
 def _policy() -> str:
@@ -248,16 +253,31 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
     batches = _Batches(lease, renew, on_bind, rows, report, backend)
     waiting = batches.waiting  # request id → why it waits
     unschedulable: set[str] = set()
+    clock = time.perf_counter()
+    report.phases["read"] = clock - started
+    engine = committing = 0.0
     # Agents hear of this cycle's placements once per node, when its batches are done.
     with announcements_held():
         for decision in decisions:
+            now = time.perf_counter()
+            engine, clock = engine + now - clock, now
             if isinstance(decision, core.Unschedulable):
                 unschedulable.add(decision.request_id)
                 waiting[decision.request_id] = _reason_text(decision.reasons)
-            elif not batches.add(decision):
+                continue
+            going_on = batches.add(decision)
+            now = time.perf_counter()
+            committing, clock = committing + now - clock, now
+            if not going_on:
                 break
         else:
+            engine += time.perf_counter() - clock
+            clock = time.perf_counter()
             batches.commit()
+            committing += time.perf_counter() - clock
+        clock = time.perf_counter()
+    report.phases |= {"engine": engine, "commit": committing, "announce": time.perf_counter() - clock}
+    clock = time.perf_counter()
 
     for rid, why in waiting.items():
         if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles
@@ -267,6 +287,7 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
     report.unschedulable = len(unschedulable | skipped)
     update_queue(queue)
     report.seconds = time.perf_counter() - started
+    report.phases["reasons and queue"] = time.perf_counter() - clock
     return report
 
 

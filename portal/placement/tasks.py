@@ -54,9 +54,9 @@ def run_cycles(reason: str = "") -> int:
                 ran += 1
                 report = run_cycle(lease, enqueue_binds, renew=lambda lease=lease: lock.renew(lease),
                                    backend=get_backend())
-                log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s (looked at %d)",
+                log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s (looked at %d; %s)",
                          reason, len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
-                         report.seconds, report.looked_at)
+                         report.seconds, report.looked_at, report.phase_text())
         except FencedOut as exc:
             log.warning("placement cycle fenced out: %s", exc)
             lock.mark_dirty()
