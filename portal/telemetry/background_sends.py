@@ -24,7 +24,10 @@ log = logging.getLogger(__name__)
 
 
 class BackgroundSender:
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = 10.0) -> None:
+        # A send that hangs (Redis unreachable but not refusing) is given up after this long, so
+        # that sends cannot pile up behind it while placements go on.
+        self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = 0
@@ -43,7 +46,9 @@ class BackgroundSender:
         """Run `make()` on the sender's loop; a failure is logged with `what`, never raised here."""
         async def run() -> None:
             try:
-                await make()
+                await asyncio.wait_for(make(), self.timeout_s)
+            except TimeoutError:
+                log.error("gave up sending %s after %g s", what, self.timeout_s)
             except Exception:
                 log.exception("could not send %s", what)
 

@@ -91,6 +91,18 @@ def test_a_failed_send_is_logged_and_the_next_one_still_goes(caplog):
     assert "redis went away" in caplog.text
 
 
+def test_a_send_that_hangs_is_given_up_and_logged(caplog):
+    local = BackgroundSender(timeout_s=0.2)
+
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    with caplog.at_level(logging.ERROR, logger="portal.telemetry.background_sends"):
+        local.submit(hangs, "placements to node 9")
+        assert local.flush(5)  # not stuck behind it
+    assert "gave up sending placements to node 9 after 0.2 s" in caplog.text
+
+
 def _child_sends(local: BackgroundSender, out) -> None:
     async def mark() -> None:
         out.put(threading.current_thread().name)
