@@ -215,3 +215,32 @@ def test_storm_of_submits_and_cancels_never_overcommits_or_loses_anything(worker
     texts = [log.read_text() for log in logs]
     assert all(re.search(r"placement\.cycle\[.*\] succeeded", t) for t in texts), [t[-500:] for t in texts]
     assert any(re.search(r"placement\.cycle\[.*\] succeeded in [0-9.e-]+s: 0$", t, re.M) for t in texts)
+
+
+def test_workers_keep_their_database_connections_and_survive_the_server_closing_them(workers, people):
+    """Worker processes keep one PostgreSQL connection across tasks (portal.celery). When the
+    server ends those connections (a restart, a failover), the next task notices before using
+    its connection and reconnects: the next submission is still placed and bound."""
+    team, user = _storm_team()
+    spec = rules.ReservationSpec(team=team, image="pytorch/pytorch:2.3.0", gpu_request=Decimal("0.1"),
+                                 gpu_memory_mib=512)
+
+    def bound(rid: int, timeout: float = 60) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if Reservation.objects.filter(pk=rid, state__in=HOLDS_GPU).exclude(pod_uid="").exists():
+                return True
+            time.sleep(0.2)
+        return False
+
+    assert bound(services.submit(user, spec).pk)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid()")
+        kept = [pid for (pid,) in cursor.fetchall()]
+        assert kept, "the workers closed their connections after their tasks"
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [kept])
+        assert all(ended for (ended,) in cursor.fetchall())
+    assert bound(services.submit(user, spec).pk)
+    texts = "".join(log.read_text() for log in workers[0])
+    assert "OperationalError" not in texts and "InterfaceError" not in texts, texts[-3000:]
