@@ -1,7 +1,9 @@
 """One placement cycle: snapshot the database, run the engine, commit each decision.
 
-Decisions commit in batches; each batch's transaction (1) passes the fence with this cycle's
-token and (2) goes through `reservations.services.place_many`, which locks the GPU rows and
+Decisions commit in batches while the engine is still deciding (`scheduler.core.decide` yields
+them one by one): 25 first, then twice as many each time up to 200, so that binding starts early
+and a large burst costs few round trips. Each batch's transaction (1) passes the fence with this
+cycle's token and (2) goes through `reservations.services.place_many`, which locks the GPU rows and
 re-checks their free capacity. So no GPU is over-committed whatever runs concurrently, and a stale
 cycle cannot write. A gang's members commit together: all of them or none. Pods are created after the
 commit, by `bind` tasks (idempotent), never inside the transaction.
