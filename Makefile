@@ -14,10 +14,13 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 
-# Test tools, Debian's Chromium for the browser tests, and the preload library.
+# Test tools, Debian's Chromium for the browser tests, an AArch64 cross compiler and user-mode
+# emulator (the preload library is also tested as built for Arm GPU nodes), and the library.
+APT_TEST := chromium gcc-aarch64-linux-gnu qemu-user
 setup-test: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
-	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+	@(command -v chromium && command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64) >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_TEST) >/dev/null)
 	$(MAKE) -C preload
 
 preload:

@@ -43,7 +43,9 @@ EARLY static void real_dlsym_init(void) {
     void *(*fn)(void *, const char *) = __atomic_load_n(&tessera_real_dlsym_ptr, __ATOMIC_ACQUIRE);
     if (fn) return;
     fn = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    /* before glibc 2.34 dlsym lived in libdl, at the architecture's first symbol version */
     if (!fn) fn = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (!fn) fn = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
     __atomic_store_n(&tessera_real_dlsym_ptr, fn, __ATOMIC_RELEASE);
 }
 
@@ -103,8 +105,44 @@ __asm__(".text\n"
         "  jmp *tessera_real_dlsym_ptr(%rip)\n"
         "  .cfi_endproc\n"
         ".size dlsym, .-dlsym\n");
+#elif defined(__aarch64__)
+/* The same on AArch64 (Grace Hopper and other Arm GPU nodes): the link register is restored
+ * before the tail branch, so the real dlsym sees the caller's return address. x16 is the
+ * intra-procedure-call scratch register, free to clobber at a branch. */
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, %function\n"
+        ".p2align 2\n"
+        "dlsym:\n"
+        "  .cfi_startproc\n"
+        "  stp x29, x30, [sp, #-32]!\n"
+        "  .cfi_def_cfa_offset 32\n"
+        "  .cfi_offset 29, -32\n"
+        "  .cfi_offset 30, -24\n"
+        "  mov x29, sp\n"
+        "  stp x0, x1, [sp, #16]\n"
+        "  bl tessera_dlsym_filter\n"
+        "  cbz x0, 1f\n"
+        "  ldp x29, x30, [sp], #32\n"
+        "  .cfi_remember_state\n"
+        "  .cfi_def_cfa_offset 0\n"
+        "  .cfi_restore 29\n"
+        "  .cfi_restore 30\n"
+        "  ret\n"
+        "  .cfi_restore_state\n"
+        "1:\n"
+        "  ldp x0, x1, [sp, #16]\n"
+        "  ldp x29, x30, [sp], #32\n"
+        "  .cfi_def_cfa_offset 0\n"
+        "  .cfi_restore 29\n"
+        "  .cfi_restore 30\n"
+        "  adrp x16, tessera_real_dlsym_ptr\n"
+        "  ldr x16, [x16, :lo12:tessera_real_dlsym_ptr]\n"
+        "  br x16\n"
+        "  .cfi_endproc\n"
+        ".size dlsym, .-dlsym\n");
 #else
-#error "the dlsym stub is written for x86-64 only"
+#error "the dlsym stub is written for x86-64 and AArch64 only"
 #endif
 
 /* ---- the real libraries ---- */
