@@ -18,6 +18,7 @@ number of rows, so psycopg parses it once. Values go through each field's `get_d
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -78,11 +79,7 @@ def _write(model: type[Model], verb: str, columns: list, rows: Sequence[Sequence
     const_params = [f.get_db_prep_save(value, connection=connection) for f, value in constants]
     const_sql = [f"%s::{f.db_type(connection)}" if postgres else "%s" for f, _ in constants]
     done = 0
-    with connection.cursor() as django_cursor:
-        # On PostgreSQL the arrays go as binary parameters of a server-side bound statement:
-        # Django's psycopg cursor binds client-side, quoting every element into the SQL text,
-        # which PostgreSQL then parses back (a third more time per statement here).
-        cursor = psycopg.Cursor(connection.connection) if postgres else django_cursor
+    with _cursor(connection) as cursor:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
             values = [[f.get_db_prep_save(v, connection=connection) for f, v in zip(columns, row, strict=True)]
@@ -111,11 +108,20 @@ def _write(model: type[Model], verb: str, columns: list, rows: Sequence[Sequence
                 sql = f"{prefix}INSERT INTO {table} ({', '.join(targets)}) SELECT {', '.join(picks)} FROM {source}"  # noqa: S608
                 params = [*const_params, *source_params] if postgres else [*source_params, *const_params]
             # Table and column names above are the model's own; every value is a parameter.
-            if postgres:
-                connection.validate_no_broken_transaction()
-                with connection.wrap_database_errors:  # IntegrityError & co. as Django raises them
-                    cursor.execute(sql, params)
-            else:
-                cursor.execute(sql, params)
+            cursor.execute(sql, params)
             done += cursor.rowcount
     return done
+
+
+@contextmanager
+def _cursor(connection):
+    """Django's cursor, except that on PostgreSQL the statement is bound server-side with binary
+    parameters: Django's psycopg cursor binds client-side, quoting every array element into the
+    SQL text, which PostgreSQL then parses back (a third more time per statement here). Django
+    still wraps it (execute wrappers, query log, its own exception classes)."""
+    with connection.cursor() as checked:  # health check, thread check, connection as for any query
+        if connection.vendor != "postgresql":
+            yield checked
+            return
+        with psycopg.Cursor(connection.connection) as raw:
+            yield connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)

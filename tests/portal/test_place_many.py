@@ -55,6 +55,28 @@ def test_places_many_and_writes_everything(fleet, people, teams):
     assert live.filter(created_at__isnull=True).count() == 0
 
 
+def test_the_number_of_queries_does_not_grow_with_the_batch(fleet, people, teams):
+    """One decision or thirty: the same statements (the bulk writes included, which go through
+    their own server-side bound cursor and must still be seen by Django's query log)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    gpus = list(Gpu.objects.select_related("node").order_by("pk"))
+    counts = {}
+    for n in (1, 30):
+        # Written directly: the team's quota (4 GPUs) is the API's business, not place_many's.
+        rs = [Reservation.objects.create(owner=people["alice"], team=teams["vision"], image="busybox:1.36",
+                                         gpu_request=Decimal("0.1"), gpu_limit=Decimal("0.1"), gpu_memory_mib=100)
+              for _ in range(n)]
+        units = [[_decision(r, gpus[i % len(gpus)], share="0.1", memory=100)] for i, r in enumerate(rs)]
+        with CaptureQueriesContext(connection) as queries:
+            placed, refused = services.place_many(units, "tester")
+        assert refused == {} and len(placed) == n
+        counts[n] = len(queries)
+        assert any("unnest" in q["sql"] for q in queries.captured_queries)  # the bulk writes are logged
+    assert counts[1] == counts[30]
+
+
 def test_a_decision_that_no_longer_fits_is_refused_alone(fleet, people, teams):
     a, b, c = (_pending(people, teams, share="0.5") for _ in range(3))
     g0 = _gpu("t4-node-1", 0)
