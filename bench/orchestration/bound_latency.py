@@ -93,16 +93,19 @@ def stop_workers(procs: list[subprocess.Popen]) -> None:
 
 
 CYCLE_LINE = re.compile(r"cycle \((?P<why>[^)]*)\): placed (?P<placed>\d+).* in (?P<s>[0-9.]+) s "
-                        r"\(looked at (?P<looked>\d+)[;)]")
+                        r"\(looked at (?P<looked>\d+)(?:; (?P<phases>[^)]*))?\)")
 
 
 def cycle_stats(logs: list[Path]) -> dict:
     rounds = [m for log in logs for m in CYCLE_LINE.finditer(log.read_text())]
     seconds = [float(m["s"]) for m in rounds]
+    longest = max(rounds, key=lambda m: float(m["s"]), default=None)
     return {"cycles": len(rounds), "cycle_seconds_total": round(sum(seconds), 3),
             "full_looks": sum(1 for m in rounds if int(m["looked"]) > 100),
             "cycle_p50_s": round(statistics.median(seconds), 4) if seconds else None,
-            "cycle_max_s": round(max(seconds), 4) if seconds else None}
+            "cycle_max_s": round(max(seconds), 4) if seconds else None,
+            # where the longest cycle spent its time, as the worker logged it
+            "longest_cycle_phases": longest["phases"] if longest is not None else None}
 
 
 def pod_times() -> dict[str, float]:
@@ -390,6 +393,9 @@ def write(results: dict, args, workers: list[int], steal: float) -> None:
                      f"{r['p99_s']} ({r.get('p99_from_created_s')}) | {', '.join(map(str, r['p99_runs_s']))} | "
                      f"{r['max_s']} | {r['wall_s']} | {r['cycles']} | {r['cycles_per_s']} | "
                      f"{r['placements_per_s']} | {ratio:.2f} |")
+    for n, r in results["burst"].items():
+        if r.get("longest_cycle_phases"):
+            lines.append(f"\n{n} worker(s), the cycle that placed them, seconds: {r['longest_cycle_phases']}.")
     if results["steady"]:
         lines += ["", f"## Steady: {args.waiting} waiting that cannot be placed, {args.rate:g} arrivals/s for "
                   f"{args.seconds:g} s", "",
