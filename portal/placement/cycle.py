@@ -45,9 +45,6 @@ MILLI = Decimal("0.001")
 # and fewer bind tasks.
 FIRST_BATCH = 25
 BATCH_DECISIONS = 200
-REQUEST_FIELDS = ("team__slug", "gpu_request", "gpu_limit", "gpu_memory_mib", "gpu_count", "gpu_model", "priority",
-                  "affinity", "anti_affinity", "exclusion", "group_name", "group_headcount", "group_threshold",
-                  "created_at", "state_reason")
 
 
 class Queued(NamedTuple):
@@ -109,7 +106,7 @@ def _decision(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, in
                              f"placed on {p.node} ({', '.join(p.gpu_uuids)})")
 
 
-def _evict(victim_id: int, by: Reservation, report: CycleReport, backend: Backend | None) -> None:
+def _evict(victim_id: int, by: snapshot.Pending, report: CycleReport, backend: Backend | None) -> None:
     v = Reservation.objects.select_for_update().get(pk=victim_id)
     if v.state not in HOLDS_GPU:
         return
@@ -140,7 +137,7 @@ class _Batches:
     as large (fewer round trips and bind tasks), up to BATCH_DECISIONS."""
 
     def __init__(self, lease: Lease, renew: Callable[[], bool], on_bind: Callable[[list[int]], None],
-                 rows: dict[str, Reservation], report: CycleReport, backend: Backend | None) -> None:
+                 rows: dict[str, snapshot.Pending], report: CycleReport, backend: Backend | None) -> None:
         self.lease, self.renew, self.on_bind, self.rows, self.report, self.backend = \
             lease, renew, on_bind, rows, report, backend
         self.units: list[tuple[list[core.Placement], tuple[str, ...]]] = []
@@ -237,8 +234,7 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
     fresh_groups = {q.group for q in queue if q.group and str(q.pk) not in skip}
     wanted = [q.pk for q in queue if str(q.pk) not in skip or q.group in fresh_groups]
     # Only what the engine's requests and the waiting reasons need (a cycle may read thousands).
-    considered = list(Reservation.objects.filter(pk__in=wanted, state=State.PENDING).select_related("team")
-                      .only(*REQUEST_FIELDS).order_by("created_at", "id"))
+    considered = snapshot.pending(wanted)
     rows = {str(r.pk): r for r in considered}
     report.looked_at = len(rows)
     requests = []

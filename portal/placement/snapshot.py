@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+from typing import NamedTuple
 
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.quota import usage_of
+from portal.reservations.states import State
 from portal.tenancy.models import Team
 from scheduler import core
 
@@ -16,13 +20,40 @@ def _labels(value: str) -> frozenset[str]:
     return frozenset([value]) if value else frozenset()
 
 
-def to_request(r: Reservation) -> core.Request:
+class Pending(NamedTuple):
+    """What a cycle reads of a waiting reservation (it may read thousands: plain tuples)."""
+
+    pk: int
+    team_slug: str
+    gpu_request: Decimal
+    gpu_limit: Decimal
+    gpu_memory_mib: int
+    gpu_count: int
+    gpu_model: str
+    priority: int
+    affinity: str
+    anti_affinity: str
+    exclusion: str
+    group_name: str
+    group_headcount: int | None
+    group_threshold: Decimal | None
+    created_at: datetime
+    state_reason: str
+
+
+def pending(ids: list[int]) -> list[Pending]:
+    """The reservations among `ids` that still wait, oldest first."""
+    return [Pending._make(row) for row in Reservation.objects.filter(pk__in=ids, state=State.PENDING)
+            .order_by("created_at", "id").values_list("pk", "team__slug", *Pending._fields[2:])]
+
+
+def to_request(r: Pending) -> core.Request:
     group = None
     if r.group_name:
         group = core.PodGroup(r.group_name, r.group_headcount or 1, float(r.group_threshold or 1))
     return core.Request(
         id=str(r.pk),
-        team=r.team.slug,
+        team=r.team_slug,
         gpu_request=float(r.gpu_request),
         gpu_limit=float(r.gpu_limit),
         gpu_memory_mib=r.gpu_memory_mib,
