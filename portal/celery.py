@@ -9,7 +9,7 @@ import gc
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -36,11 +36,12 @@ app.conf.update(
 app.autodiscover_tasks(["portal.placement", "portal.telemetry"])
 
 
-@worker_process_init.connect
+@worker_init.connect  # the worker's main process: before the prefork pool forks, or with -P solo/threads
+@worker_process_init.connect  # each prefork child
 def _prepare_worker_process(**_) -> None:
     from django.db import connections
 
-    # A worker process runs one task at a time on one thread: keep its database connection
+    # A worker thread runs one task at a time: keep its database connection
     # between tasks (a new PostgreSQL connection costs 5-8 ms, and a burst of placements is a
     # dozen short tasks); the settings check it before reuse. DB_CONN_MAX_AGE, when set, wins.
     if "DB_CONN_MAX_AGE" not in os.environ:

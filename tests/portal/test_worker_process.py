@@ -12,14 +12,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
-import gc, json
+import gc, json, os
 import django
 django.setup()
-from celery.signals import worker_process_init
+from celery import signals
 from django.db import close_old_connections, connection
 import portal.celery  # noqa: F401  (connects the worker signals)
 
-worker_process_init.send(sender=None)
+getattr(signals, os.environ["PROBE_SIGNAL"]).send(sender=None)
 
 def backend_pid():
     with connection.cursor() as cursor:
@@ -46,11 +46,12 @@ def _probe(**env) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_worker_process_keeps_its_database_connection_between_tasks():
-    assert _probe() == {"same_connection": True, "frozen": True, "health_checks": True}
+@pytest.mark.parametrize("signal", ["worker_process_init", "worker_init"])  # prefork child; solo/threads pool
+def test_a_worker_process_keeps_its_database_connection_between_tasks(signal):
+    assert _probe(PROBE_SIGNAL=signal) == {"same_connection": True, "frozen": True, "health_checks": True}
 
 
 def test_db_conn_max_age_set_by_the_operator_wins():
-    got = _probe(DB_CONN_MAX_AGE="0")
+    got = _probe(DB_CONN_MAX_AGE="0", PROBE_SIGNAL="worker_process_init")
     assert got["same_connection"] is False  # closed after the task, as asked
     assert got["frozen"] is True
