@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -80,11 +80,17 @@ class KubernetesBackend:
     # -- pods for portal reservations ----------------------------------------------------------------
 
     def bind(self, spec: PodSpec) -> PodStatus:
-        manifest = pod_manifest(spec, runtime_class=self.runtime_class)
+        self._check_node(spec.node)
+        return self._create(spec)
+
+    def _check_node(self, node: str) -> None:
         try:
-            self._raw(f"read node {spec.node}", self.api.core.read_node, spec.node)
+            self._raw(f"read node {node}", self.api.core.read_node, node)
         except NotFound as exc:
-            raise PermanentBackendError(f"node {spec.node!r} does not exist in the cluster") from exc
+            raise PermanentBackendError(f"node {node!r} does not exist in the cluster") from exc
+
+    def _create(self, spec: PodSpec) -> PodStatus:
+        manifest = pod_manifest(spec, runtime_class=self.runtime_class)
         try:
             created = self._raw("create pod", self.api.core.create_namespaced_pod, spec.namespace, manifest)
             return pod_status(created)
@@ -95,17 +101,27 @@ class KubernetesBackend:
             return self._adopt(spec)
 
     def bind_many(self, specs: Sequence[PodSpec]) -> list[PodStatus | BackendError]:
-        def one(spec: PodSpec) -> PodStatus | BackendError:
+        """`bind` for each spec, side by side (at most bind_concurrency calls in flight), with each
+        distinct node read once for the whole batch rather than once per pod: a batch of 200 pods
+        lands on a few dozen nodes, so this halves the round trips."""
+        def guarded(call: Callable[[], PodStatus | None]) -> PodStatus | BackendError | None:
             try:
-                return self.bind(spec)
+                return call()
             except BackendError as exc:
                 return exc
 
-        workers = min(self.bind_concurrency, len(specs))
-        if workers <= 1:
-            return [one(spec) for spec in specs]
-        with ThreadPoolExecutor(workers, thread_name_prefix="bind") as pool:
-            return list(pool.map(one, specs))
+        def run(calls: list[Callable[[], PodStatus | None]]) -> list[PodStatus | BackendError | None]:
+            workers = min(self.bind_concurrency, len(calls))
+            if workers <= 1:
+                return [guarded(call) for call in calls]
+            with ThreadPoolExecutor(workers, thread_name_prefix="bind") as pool:
+                return list(pool.map(guarded, calls))
+
+        nodes = sorted({spec.node for spec in specs})
+        node_errors = dict(zip(nodes, run([lambda n=n: self._check_node(n) for n in nodes]), strict=True))
+        fine = [i for i, spec in enumerate(specs) if node_errors[spec.node] is None]
+        created = dict(zip(fine, run([lambda s=specs[i]: self._create(s) for i in fine]), strict=True))
+        return [created[i] if i in created else node_errors[spec.node] for i, spec in enumerate(specs)]
 
     def _adopt(self, spec: PodSpec) -> PodStatus:
         try:

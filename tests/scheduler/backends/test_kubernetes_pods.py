@@ -215,3 +215,16 @@ def test_bind_many_creates_every_pod_once_side_by_side_and_reports_each_failure_
     again = backend.bind_many(specs)
     assert [o.uid for i, o in enumerate(again) if i != 5] == [o.uid for o in ok]
     assert len(nodes.pods()) == 23
+
+
+def test_bind_many_reads_each_node_once_per_batch(nodes, backend, pod_spec):
+    specs = [pod_spec(reservation_id=str(i), node=f"gpu-node-{1 + i % 2}") for i in range(20)]
+    before = len(nodes.calls("GET", r"^/api/v1/nodes/"))
+    outcomes = backend.bind_many(specs)
+    assert all(o.node in ("gpu-node-1", "gpu-node-2") for o in outcomes)
+    assert len(nodes.calls("GET", r"^/api/v1/nodes/")) - before == 2  # not 20
+    # A node that cannot be read for now fails its own pods as transient (retried), not the others.
+    nodes.inject("GET", r"^/api/v1/nodes/gpu-node-2$", status=503, times=20)
+    more = [pod_spec(reservation_id=str(i), node=f"gpu-node-{1 + i % 2}") for i in range(20, 24)]
+    outcomes = backend.bind_many(more)
+    assert [type(o).__name__ for o in outcomes] == ["PodStatus", "TransientBackendError"] * 2
