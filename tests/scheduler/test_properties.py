@@ -5,7 +5,20 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.core import POLICIES, Gpu, Node, NodeStatus, PodGroup, Request, Share, Snapshot, schedule
+from scheduler.core import (
+    POLICIES,
+    Gpu,
+    Node,
+    NodeStatus,
+    PodGroup,
+    Preemption,
+    Request,
+    Share,
+    Snapshot,
+    Unschedulable,
+    decide,
+    schedule,
+)
 from scheduler.core.model import to_milli
 
 LABELS = st.sampled_from(["x", "y"])
@@ -109,3 +122,25 @@ def test_decisions_never_break_the_rules(snap, pending, policy):
     if gang:
         placed = sum(1 for p in new if p.group == "gang")
         assert placed == 0 or placed >= gang[0].group.min_members, "gang placed partially"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snap=clusters(), pending=requests(), policy=st.sampled_from(["tessera", "best-fit"]))
+def test_decide_yields_the_decisions_of_schedule_one_at_a_time(snap, pending, policy):
+    """`decide` is `schedule` one decision at a time (the portal commits the first ones while the
+    rest are computed): the same placements, preemptions and refusals, each request decided once,
+    and a pod group's placed members together in one tuple."""
+    result = schedule(snap, pending, policy)
+    decisions = list(decide(snap, pending, policy))
+    placed = [p for d in decisions if isinstance(d, tuple) for p in d]
+    assert placed == list(result.placements)
+    assert [d for d in decisions if isinstance(d, Preemption)] == list(result.preemptions)
+    assert [d for d in decisions if isinstance(d, Unschedulable)] == list(result.unschedulable)
+    ids = [p.request_id for p in placed] + [d.request_id for d in decisions if not isinstance(d, tuple)]
+    assert sorted(ids) == sorted(r.id for r in pending)
+    for d in decisions:
+        if isinstance(d, tuple):
+            groups = {p.group for p in d}
+            assert len(d) == 1 or (len(groups) == 1 and None not in groups), d
+    gang = [p for p in placed if p.group == "gang"]
+    assert not gang or any(isinstance(d, tuple) and d == tuple(gang) for d in decisions)
