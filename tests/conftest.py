@@ -16,3 +16,30 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     if db["ENGINE"].endswith("postgresql"):
         test = db.setdefault("TEST", {})
         test["NAME"] = f"{test.get('NAME') or 'test_' + db['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture
+def redis_channel_layer(settings):
+    """`use(url)`: Channels goes through a real channels-redis layer on that Redis database,
+    flushed now and after the test; returns a client for it."""
+    import redis
+    from channels.layers import channel_layers
+
+    clients = []
+
+    def use(url: str):
+        client = redis.Redis.from_url(url, socket_connect_timeout=2)
+        try:
+            client.flushdb()
+        except redis.RedisError as exc:
+            pytest.fail(f"this test needs Redis at {url}: {exc}")
+        clients.append(client)
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                               "CONFIG": {"hosts": [url]}}}
+        channel_layers.backends.clear()
+        return client
+
+    yield use
+    channel_layers.backends.clear()
+    for client in clients:
+        client.flushdb()

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from django.conf import settings as django_settings
 from django.test import Client
 
@@ -80,19 +79,10 @@ class Portal:
 
 
 @pytest.fixture
-def redis_layer(settings):
+def redis_layer(settings, redis_channel_layer):
     """This test process talks to the same channel layer as the portal (placement pushes)."""
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    from channels.layers import channel_layers
-
     settings.REDIS_URL = REDIS_URL
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                           "CONFIG": {"hosts": [REDIS_URL]}}}
-    channel_layers.backends.clear()
-    yield client
-    channel_layers.backends.clear()
-    client.flushdb()
+    return redis_channel_layer(REDIS_URL)
 
 
 @pytest.fixture

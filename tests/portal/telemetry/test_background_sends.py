@@ -9,8 +9,7 @@ import threading
 import time
 
 import pytest
-import redis
-from channels.layers import channel_layers, get_channel_layer
+from channels.layers import get_channel_layer
 
 from portal.reservations.events import allocations_changed
 from portal.telemetry.background_sends import BackgroundSender, sender
@@ -19,19 +18,10 @@ REDIS_URL = "redis://127.0.0.1:6379/8"  # this module's own Redis database; flus
 
 
 @pytest.fixture
-def redis_layer(settings):
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.flushdb()
-    except redis.RedisError:
-        pytest.fail("these tests need Redis on 127.0.0.1:6379")
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                           "CONFIG": {"hosts": [REDIS_URL]}}}
-    channel_layers.backends.clear()
+def redis_layer(redis_channel_layer):
+    redis_channel_layer(REDIS_URL)
     yield get_channel_layer()
-    sender.flush(5)
-    channel_layers.backends.clear()
-    client.flushdb()
+    sender.flush(5)  # before the layer goes
 
 
 def _listen(layer, group: str, ready: threading.Event, got: list, timeout: float = 5.0) -> threading.Thread:
