@@ -145,6 +145,14 @@ class _Batches:
         self.waiting: dict[str, str] = {}
         self.node_ids: dict[str, int] | None = None
         self.gpu_ids: dict[str, int] = {}
+        self.seconds = 0.0  # spent committing
+
+    def commit(self) -> bool:
+        started = time.perf_counter()
+        try:
+            return self._commit()
+        finally:
+            self.seconds += time.perf_counter() - started
 
     def add(self, decision: tuple[core.Placement, ...] | core.Preemption) -> bool:
         """Queue a decision (a placement or a gang's placements, or a preemption); commits when
@@ -158,7 +166,7 @@ class _Batches:
         self.size = min(2 * self.size, BATCH_DECISIONS)
         return self.commit()
 
-    def commit(self) -> bool:
+    def _commit(self) -> bool:
         units, self.units = self.units, []
         if not units:
             return True
@@ -251,31 +259,22 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
     batches = _Batches(lease, renew, on_bind, rows, report, backend)
     waiting = batches.waiting  # request id → why it waits
     unschedulable: set[str] = set()
-    clock = time.perf_counter()
-    report.phases["read"] = clock - started
-    engine = committing = 0.0
+    deciding = time.perf_counter()
+    report.phases["read"] = deciding - started
     # Agents hear of this cycle's placements once per node, when its batches are done.
     with announcements_held():
         for decision in decisions:
-            now = time.perf_counter()
-            engine, clock = engine + now - clock, now
             if isinstance(decision, core.Unschedulable):
                 unschedulable.add(decision.request_id)
                 waiting[decision.request_id] = _reason_text(decision.reasons)
-                continue
-            going_on = batches.add(decision)
-            now = time.perf_counter()
-            committing, clock = committing + now - clock, now
-            if not going_on:
+            elif not batches.add(decision):
                 break
         else:
-            engine += time.perf_counter() - clock
-            clock = time.perf_counter()
             batches.commit()
-            committing += time.perf_counter() - clock
-        clock = time.perf_counter()
-    report.phases |= {"engine": engine, "commit": committing, "announce": time.perf_counter() - clock}
-    clock = time.perf_counter()
+        decided = time.perf_counter()
+    announced = time.perf_counter()
+    report.phases |= {"engine": decided - deciding - batches.seconds, "commit": batches.seconds,
+                      "announce": announced - decided}
 
     for rid, why in waiting.items():
         if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles
@@ -285,7 +284,7 @@ def run_cycle(lease: Lease, on_bind: Callable[[list[int]], None], renew: Callabl
     report.unschedulable = len(unschedulable | skipped)
     update_queue(queue)
     report.seconds = time.perf_counter() - started
-    report.phases["reasons and queue"] = time.perf_counter() - clock
+    report.phases["reasons and queue"] = time.perf_counter() - announced
     return report
 
 
