@@ -104,7 +104,11 @@ class LocalBackend:
                          message=message, external=bool(external))
 
     def _pod_event(self, db, row, deleted: bool = False) -> None:
-        self._emit(db, {"pod": self._status(row).__dict__ | {"phase": str(row[4])}, "deleted": deleted})
+        self._emit(db, self._pod_event_body(self._status(row), row, deleted))
+
+    @staticmethod
+    def _pod_event_body(status: PodStatus, row, deleted: bool = False) -> dict:
+        return {"pod": status.__dict__ | {"phase": str(row[4])}, "deleted": deleted}
 
     def _advance(self, db: sqlite3.Connection) -> None:
         """Move pods along in time: Pending → Running at start_at, Running → Succeeded at end_at."""
@@ -167,7 +171,7 @@ class LocalBackend:
                 existing[(spec.namespace, spec.name)] = row  # the same pod twice in a batch: adopted
                 pods.append((*row, json.dumps(dict(spec.env)), spec.image, now, start, end))
                 status = self._status(row)
-                events.append((json.dumps({"pod": status.__dict__ | {"phase": str(row[4])}, "deleted": False}),))
+                events.append((json.dumps(self._pod_event_body(status, row)),))
                 out.append(status)
             db.executemany(
                 "INSERT INTO pods (namespace, name, uid, node, phase, external, labels, annotations, reason, "
