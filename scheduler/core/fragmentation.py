@@ -196,8 +196,6 @@ class FgdScorer:
         self.state = state
         self.frag = Fragmentation(state, typical)
         self.cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
-        # request shape → node state class → that node's values (see _values_deduplicated)
-        self.by_class: dict[tuple[int, int, int], dict[int, np.ndarray]] = {}
 
     def deltas(self, req: Request, nodes: np.ndarray) -> np.ndarray:
         """Fragmentation growth of placing `req` on `nodes` (per slot for one-GPU requests)."""
@@ -240,7 +238,7 @@ class FgdScorer:
             self.cache[key] = entry
         stale = np.flatnonzero(entry.seen != state.version)
         if stale.size:
-            values = self._values_deduplicated(req, stale)
+            values = self._values_deduplicated(req, stale, entry.by_class)
             if one_gpu:
                 values = np.where(state.free[stale] >= req.milli, values, -np.inf)
                 entry.values[stale] = values
@@ -252,13 +250,12 @@ class FgdScorer:
             entry.seen[stale] = state.version[stale]
         return entry
 
-    def _values_deduplicated(self, req: Request, nodes: np.ndarray) -> np.ndarray:
-        """node_values, computed once per distinct node state (many nodes look alike, e.g. empty)
-        and request shape. A node's values depend only on its state class, so they are kept per
-        class for the whole cycle: in a burst, nodes fill through the same states again and again,
-        and a decision usually rescores one node whose new state some other node had before."""
-        key = (req.milli if req.gpu_count else 0, req.gpu_count, pod_cpu(req))
-        known = self.by_class.setdefault(key, {})
+    def _values_deduplicated(self, req: Request, nodes: np.ndarray, known: dict[int, np.ndarray]) -> np.ndarray:
+        """node_values, computed once per distinct node state (many nodes look alike, e.g. empty).
+        A node's values for a request shape depend only on its state class, so they are kept in
+        `known` (class → values, the shape's) for the whole cycle: in a burst, nodes fill through
+        the same states again and again, and a decision usually rescores one node whose new state
+        some other node had before."""
         classes = self.frag.node_class[nodes]
         if nodes.size == 1:
             c = int(classes[0])
@@ -267,15 +264,13 @@ class FgdScorer:
                 row = known[c] = self.node_values(req, nodes)[0]
             return row[None]
         if nodes.size < DEDUP_ABOVE:
-            values = self.node_values(req, nodes)
-            for c, row in zip(classes.tolist(), values, strict=True):
-                known.setdefault(c, row)
-            return values
-        _, first, inverse = np.unique(classes, return_index=True, return_inverse=True)
-        values = self.node_values(req, nodes[first])
-        for c, row in zip(classes[first].tolist(), values, strict=True):
+            computed, values, spread = classes, self.node_values(req, nodes), None
+        else:
+            _, first, spread = np.unique(classes, return_index=True, return_inverse=True)
+            computed, values = classes[first], self.node_values(req, nodes[first])
+        for c, row in zip(computed.tolist(), values, strict=True):
             known.setdefault(c, row)
-        return values[inverse.reshape(-1)]
+        return values if spread is None else values[spread.reshape(-1)]
 
 
 # Below this many nodes to rescore, finding the distinct ones costs more than it saves.
@@ -290,3 +285,4 @@ class _ShapeScores:
         self.values = np.full((n, width), -np.inf)
         self.best = np.full(n, -np.inf)
         self.slot = np.full(n, -1, dtype=np.int64)
+        self.by_class: dict[int, np.ndarray] = {}  # node state class → values (see _values_deduplicated)
