@@ -18,7 +18,9 @@ from django.test import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "deploy" / "inventory" / "demo.yaml"
-REDIS_DB = 7  # this suite's own Redis database; flushed before and after
+# This suite's own Redis database, flushed before and after; TESSERA_TEST_REDIS_DB moves it so that two
+# checkouts on one machine can run their browser and integration tests side by side.
+REDIS_DB = int(os.environ.get("TESSERA_TEST_REDIS_DB", "7"))
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
 
 
