@@ -4,7 +4,7 @@ from django.urls import path
 from . import views
 
 urlpatterns = [
-    path("", views.reservations, name="reservations"),
+    path("", views.reservations, name="home"),
     path("reservations/new/", views.new_reservation, name="new-reservation"),
     path("reservations/<int:pk>/cancel/", views.cancel_reservation, name="cancel-reservation"),
     path("login/", auth_views.LoginView.as_view(template_name="web/login.html"), name="login"),

@@ -41,7 +41,7 @@ def new_reservation(request):
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Reservation {reservation.pk} submitted.")
-            return redirect("reservations")
+            return redirect("home")
     return render(request, "web/new_reservation.html", {"form": form})
 
 
@@ -59,4 +59,4 @@ def cancel_reservation(request, pk: int):
         messages.error(request, f"Reservation {pk} cannot be cancelled: it is {exc.current}.")
     except PermissionDenied as exc:
         messages.error(request, str(exc.detail))
-    return redirect("reservations")
+    return redirect("home")

@@ -1,0 +1,103 @@
+"""The navigation bar: one registry of entries, each with who may see it.
+
+A page module adds itself with one line, e.g.
+
+    navigation.register("Fleet", "fleet", allowed=navigation.staff, order=60)
+
+`entries_for(request)` gives the entries the signed-in user may use, in order, with the current
+one marked. Who may see an entry is a hint for the menu only: every view still checks on the
+server (a hidden link is not a permission).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.urls import NoReverseMatch, reverse
+
+from portal.tenancy import roles
+from portal.tenancy.models import Role
+
+Rule = Callable[[object], bool]
+
+
+def signed_in(user) -> bool:
+    return user.is_authenticated
+
+
+def staff(user) -> bool:
+    return user.is_authenticated and user.is_staff
+
+
+def submitter(user) -> bool:
+    """May request GPU shares for some team (member or team admin), or staff."""
+    return staff(user) or any(r in roles.SUBMIT_ROLES for r in roles.team_roles(user).values())
+
+
+def team_admin(user) -> bool:
+    """Administers some team, or staff."""
+    return staff(user) or Role.ADMIN in roles.team_roles(user).values()
+
+
+def manager(user) -> bool:
+    """Reads a team's reports: its manager or admin, or staff."""
+    return staff(user) or bool({Role.ADMIN, Role.MANAGER} & set(roles.team_roles(user).values()))
+
+
+@dataclass(frozen=True)
+class Entry:
+    label: str
+    url_name: str  # a URL name, or an absolute path starting with "/"
+    allowed: Rule
+    order: int
+    # Paths under which this entry is the current one (default: its own URL and below it; "/" only itself).
+    section: str | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    label: str
+    url: str
+    current: bool
+
+
+_entries: dict[str, Entry] = {}
+
+
+def register(label: str, url_name: str, *, allowed: Rule = signed_in, order: int = 100,
+             section: str | None = None) -> None:
+    """Add (or replace, by label) an entry of the navigation bar."""
+    _entries[label] = Entry(label, url_name, allowed, order, section)
+
+
+def _url(entry: Entry) -> str | None:
+    if entry.url_name.startswith("/"):
+        return entry.url_name
+    try:
+        return reverse(entry.url_name)
+    except NoReverseMatch:  # the page's app is not installed here: no entry rather than a 500
+        return None
+
+
+def entries_for(request) -> list[Link]:
+    user = request.user
+    if not user.is_authenticated:
+        return []
+    links = []
+    for entry in sorted(_entries.values(), key=lambda e: (e.order, e.label)):
+        url = _url(entry)
+        if url is None or not entry.allowed(user):
+            continue
+        section = entry.section or url
+        current = request.path == url if section == "/" else request.path.startswith(section)
+        links.append(Link(entry.label, url, current))
+    return links
+
+
+# The data scientist's pages (this app). Other apps register theirs in their own modules.
+register("Home", "home", order=10, section="/")
+register("Request GPU", "new-reservation", allowed=submitter, order=20)
+register("Utilization", "reports", order=50)
+register("API", "/api/docs/", order=90)
+register("Django admin", "/admin/", allowed=staff, order=95)

@@ -1,0 +1,139 @@
+"""Template helpers of the foundation: the navigation, human units, state tones, team colours."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django import template
+from django.utils import timezone
+
+from .. import navigation
+
+register = template.Library()
+
+# Okabe & Ito's palette: told apart with every common colour-vision deficiency. Black is left
+# out (it vanishes in the dark theme); each colour also comes with the team's name, never alone.
+TEAM_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442")
+
+# A state's tone names its meaning for the badge colour; the word is always shown with it.
+STATE_TONES = {
+    "pending": "wait", "placed": "info", "running": "ok", "succeeded": "done", "failed": "bad",
+    "cancelled": "done", "preempted": "warn", "expired": "done",
+}
+
+
+@register.simple_tag(takes_context=True)
+def nav_links(context) -> list[navigation.Link]:
+    request = context.get("request")
+    return navigation.entries_for(request) if request is not None else []
+
+
+@register.filter
+def team_colour(team) -> str:
+    """A stable colour per team (by id): the same team has the same colour on every page."""
+    team_id = getattr(team, "pk", team)
+    try:
+        return TEAM_COLOURS[int(team_id) % len(TEAM_COLOURS)]
+    except (TypeError, ValueError):
+        return TEAM_COLOURS[0]
+
+
+@register.filter
+def team_class(team) -> str:
+    """The CSS class of the team's colour (.team-c0 …): classes, not inline styles, for the CSP."""
+    team_id = getattr(team, "pk", team)
+    try:
+        return f"team-c{int(team_id) % len(TEAM_COLOURS)}"
+    except (TypeError, ValueError):
+        return "team-c0"
+
+
+@register.filter
+def chart_rows(chart: dict) -> list[tuple[str, list[str]]]:
+    """The rows of a chart's number table: (local time, [value per series]), newest first."""
+    xs = chart.get("x", [])
+    series = chart.get("series", [])
+    span = (xs[-1] - xs[0]) if len(xs) > 1 else 0
+    fmt = "%Y-%m-%d %H:%M" if span > 86400 else "%H:%M:%S"
+    rows = []
+    for i in range(len(xs) - 1, -1, -1):
+        at = timezone.localtime(datetime.fromtimestamp(xs[i], tz=timezone.get_current_timezone())).strftime(fmt)
+        values = []
+        for s in series:
+            v = s["values"][i] if i < len(s["values"]) else None
+            values.append("" if v is None else f"{v:g}")
+        rows.append((at, values))
+    return rows
+
+
+@register.filter
+def state_tone(state: str) -> str:
+    return STATE_TONES.get(str(state), "info")
+
+
+@register.filter
+def gib(mib) -> str:
+    """MiB → "12 GiB" / "1.5 GiB" / "512 MiB"."""
+    if mib in (None, ""):
+        return ""
+    mib = int(mib)
+    if mib < 1024:
+        return f"{mib} MiB"
+    value = mib / 1024
+    return f"{value:.0f} GiB" if value == int(value) or value >= 100 else f"{value:.1f} GiB"
+
+
+@register.filter
+def share(value) -> str:
+    """A GPU fraction as people say it: 0.5 → "0.5", 0.250 → "0.25", 1 → "1"."""
+    if value in (None, ""):
+        return ""
+    text = f"{Decimal(value):.3f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+@register.filter
+def percent(value, digits: int = 0) -> str:
+    if value in (None, ""):
+        return ""
+    return f"{float(value) * 100:.{int(digits)}f} %"
+
+
+def human_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h" if hours else f"{days} d"
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min"
+    return f"{secs} s"
+
+
+@register.filter
+def duration(value) -> str:
+    """Seconds (or a timedelta) → "2 h 5 min"."""
+    if value in (None, ""):
+        return ""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    return human_duration(float(value))
+
+
+@register.filter
+def since(moment: datetime | None) -> str:
+    """How long ago: "5 min"."""
+    return human_duration((timezone.now() - moment).total_seconds()) if moment else ""
+
+
+@register.filter
+def until(moment: datetime | None) -> str:
+    """How long from now: "in 5 min" / "5 min ago"."""
+    if moment is None:
+        return ""
+    delta = (moment - timezone.now()).total_seconds()
+    return f"in {human_duration(delta)}" if delta >= 0 else f"{human_duration(-delta)} ago"

@@ -1,0 +1,236 @@
+// Tessera's shared browser code, loaded by every page (base.html): the live socket with its
+// connection banner, toasts, confirmations, and uPlot charts. Pages add one small file each
+// (static/js/<page>.js). No inline scripts or handlers anywhere: the strict CSP to come forbids them.
+(function () {
+  "use strict";
+  var Tessera = window.Tessera = {};
+
+  // ---- Toasts --------------------------------------------------------------------------------
+  Tessera.toast = function (text, tone) {
+    var box = document.getElementById("toasts");
+    if (!box) { return; }
+    var toast = document.createElement("div");
+    toast.className = "toast tone-" + (tone || "info");
+    var span = document.createElement("span");
+    span.textContent = text;
+    var close = document.createElement("button");
+    close.type = "button";
+    close.setAttribute("data-dismiss", "");
+    close.setAttribute("aria-label", "Dismiss");
+    close.textContent = "×";
+    toast.appendChild(span);
+    toast.appendChild(close);
+    box.appendChild(toast);
+    setTimeout(function () { toast.remove(); }, 8000);
+  };
+
+  document.addEventListener("click", function (event) {
+    var dismiss = event.target.closest("[data-dismiss]");
+    if (dismiss) { dismiss.closest(".toast").remove(); }
+  });
+
+  // A form with data-confirm="question" is sent only after the person says yes.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var question = form.getAttribute && form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+    }
+  }, true);
+
+  // htmx: a failed request says so instead of failing silently.
+  document.addEventListener("htmx:responseError", function (event) {
+    var status = event.detail.xhr ? event.detail.xhr.status : 0;
+    Tessera.toast(status === 404 ? "That is gone or not yours to see." :
+      "The server could not answer (" + status + "). Try again in a moment.", "bad");
+  });
+  document.addEventListener("htmx:sendError", function () {
+    Tessera.toast("The portal cannot be reached. Check your connection.", "bad");
+  });
+
+  // ---- Connection banner -------------------------------------------------------------------
+  var bannerTimer = null;
+  function banner(text, ok) {
+    var el = document.getElementById("connection");
+    if (!el) { return; }
+    clearTimeout(bannerTimer);
+    el.textContent = text;
+    el.classList.toggle("is-ok", !!ok);
+    el.hidden = false;
+    if (ok) { bannerTimer = setTimeout(function () { el.hidden = true; }, 3000); }
+  }
+
+  // ---- Live socket ---------------------------------------------------------------------------
+  // One WebSocket to /ws/live/ (the session cookie authenticates), subscriptions to groups
+  // ("gpu:<id>", "team:<id>", "reservation:<id>", "user:<id>") and per-group sequence numbers.
+  // A gap (the server may drop messages for a slow browser) or a reconnect re-fetches the
+  // group's current state from /telemetry/live/state/ and ignores anything older than it.
+  function Live(groups, onUpdate) {
+    this.groups = groups.slice();
+    this.onUpdate = onUpdate;  // onUpdate(group, type, data, fromState)
+    this.seq = {};
+    this.refetching = {};
+    this.backoff = 1000;
+    this.lost = false;
+    this.connect();
+  }
+
+  Live.prototype.connect = function () {
+    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    var socket = this.socket = new WebSocket(scheme + window.location.host + "/ws/live/");
+    var self = this;
+    socket.onopen = function () {
+      self.backoff = 1000;
+      socket.send(JSON.stringify({subscribe: self.groups}));
+      if (self.lost) { banner("Live updates are back.", true); }
+      self.lost = false;
+      document.documentElement.setAttribute("data-live", "open");
+    };
+    socket.onmessage = function (event) {
+      var message;
+      try { message = JSON.parse(event.data); } catch (e) { return; }
+      if (message.type === "subscribed") {
+        self.refetch(message.groups);  // whatever happened while we were away
+      } else if (message.type === "revoked") {
+        message.groups.forEach(function (g) { delete self.seq[g]; });
+      } else if (message.group !== undefined) {
+        self.apply(message);
+      }
+    };
+    socket.onclose = function () {
+      document.documentElement.setAttribute("data-live", "closed");
+      self.lost = true;
+      var wait = self.backoff * (0.5 + Math.random() / 2);
+      banner("Live updates lost: reconnecting in " + Math.max(1, Math.round(wait / 1000)) +
+        " s. What you see may be out of date.", false);
+      // Reconnect with backoff (portal restart, network); the state is re-fetched on subscribe.
+      setTimeout(function () { self.connect(); }, wait);
+      self.backoff = Math.min(self.backoff * 2, 30000);
+    };
+  };
+
+  Live.prototype.subscribe = function (groups) {
+    var self = this;
+    var fresh = groups.filter(function (g) { return self.groups.indexOf(g) < 0; });
+    if (!fresh.length) { return; }
+    this.groups = this.groups.concat(fresh);
+    if (this.socket && this.socket.readyState === 1) {
+      this.socket.send(JSON.stringify({subscribe: fresh}));
+    }
+  };
+
+  Live.prototype.apply = function (message) {
+    var last = this.seq[message.group];
+    if (last !== undefined && message.seq <= last) { return; }  // already in a fetched state
+    if (last !== undefined && message.seq !== last + 1) {
+      this.refetch([message.group]);
+      return;
+    }
+    this.seq[message.group] = message.seq;
+    this.onUpdate(message.group, message.type, message.data, false);
+  };
+
+  Live.prototype.refetch = function (groups) {
+    var self = this;
+    var wanted = groups.filter(function (g) { return !self.refetching[g]; });
+    if (!wanted.length) { return; }
+    wanted.forEach(function (g) { self.refetching[g] = true; });
+    fetch("/telemetry/live/state/?groups=" + encodeURIComponent(wanted.join(",")), {credentials: "same-origin"})
+      .then(function (response) { return response.ok ? response.json() : {groups: {}}; })
+      .then(function (body) {
+        Object.keys(body.groups).forEach(function (g) {
+          var state = body.groups[g];
+          self.seq[g] = state.seq;
+          self.onUpdate(g, state.type, state.data, true);
+        });
+      })
+      .catch(function () { /* the next reconnect or gap asks again */ })
+      .finally(function () { wanted.forEach(function (g) { delete self.refetching[g]; }); });
+  };
+
+  Tessera.Live = Live;
+  window.TesseraLive = Live;  // the name pages used before this file
+
+  // ---- Charts (uPlot) ----------------------------------------------------------------------
+  function cssVar(name, fallback) {
+    var v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+    return v || fallback;
+  }
+
+  function seriesOptions(s) {
+    return {label: s.label, stroke: cssVar("--series-" + s.key, "#0072B2"), width: s.key === "used" ? 2 : 1.5,
+            dash: s.dash ? [6, 4] : undefined, points: {show: false}};
+  }
+
+  // Draw the chart of a components/chart.html figure; returns {spec, push(x, values, keep)}.
+  Tessera.chart = function (figure, opts) {
+    opts = opts || {};
+    var id = figure.getAttribute("data-chart");
+    var spec = JSON.parse(document.getElementById(id).textContent);
+    var holder = figure.querySelector(".chart-plot");
+    var data = [spec.x.slice()].concat(spec.series.map(function (s) { return s.values.slice(); }));
+    var grid = {stroke: cssVar("--line", "#ddd"), width: 1};
+    var axis = {stroke: cssVar("--muted", "#666"), grid: grid, ticks: grid};
+    var height = opts.height || 200;
+    var plot = null;
+    if (window.uPlot) {
+      plot = new window.uPlot({
+        width: Math.max(240, holder.clientWidth || 600), height: height, legend: {show: false},
+        cursor: {drag: {x: false, y: false}},
+        scales: {y: {range: function (u, min, max) { return [0, Math.max(spec.ymax || 0, max || 0) * 1.05 || 1]; }}},
+        axes: [axis, Object.assign({}, axis, {size: 56, values: function (u, vals) {
+          return vals.map(function (v) { return v + (spec.unit ? " " + spec.unit : ""); });
+        }})],
+        series: [{}].concat(spec.series.map(seriesOptions))
+      }, data, holder);
+    }
+    figure.setAttribute("data-points", String(data[0].length));
+    var resizeTimer = null;
+    window.addEventListener("resize", function () {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(function () {
+        if (plot) { plot.setSize({width: Math.max(240, holder.clientWidth), height: height}); }
+      }, 150);
+    });
+    return {
+      spec: spec,
+      // Add a point at the right edge (x in unix seconds), keeping at most `keep` points.
+      push: function (x, values, keep) {
+        var n = data[0].length;
+        if (n && x <= data[0][n - 1]) { return false; }
+        data[0].push(x);
+        values.forEach(function (v, i) { data[i + 1].push(v); });
+        if (keep && data[0].length > keep) { data.forEach(function (col) { col.splice(0, col.length - keep); }); }
+        if (plot) { plot.setData(data); }
+        figure.setAttribute("data-points", String(data[0].length));
+        return true;
+      }
+    };
+  };
+
+  // A sparkline: a tiny uPlot without axes in `el`; returns {push(x, values)}.
+  Tessera.sparkline = function (el, series, keep) {
+    var data = [[]].concat(series.map(function () { return []; }));
+    var plot = null;
+    return {
+      push: function (x, values) {
+        var n = data[0].length;
+        if (n && x <= data[0][n - 1]) { return; }
+        data[0].push(x);
+        values.forEach(function (v, i) { data[i + 1].push(v); });
+        if (data[0].length > (keep || 60)) { data.forEach(function (col) { col.shift(); }); }
+        if (!plot && window.uPlot) {
+          plot = new window.uPlot({
+            width: Math.max(120, el.clientWidth || 200), height: 40, legend: {show: false}, cursor: {show: false},
+            axes: [{show: false}, {show: false}], scales: {x: {time: false}, y: {range: [0, 1.05]}},
+            series: [{}].concat(series.map(seriesOptions))
+          }, data, el);
+        } else if (plot) {
+          plot.setData(data);
+        }
+        el.setAttribute("data-points", String(data[0].length));
+      }
+    };
+  };
+})();

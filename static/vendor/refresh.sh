@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Refresh the vendored browser assets from the npm registry at the pinned versions below and
+# record what was taken (package, version, licence, file, sha256) in MANIFEST.json.
+# Run from anywhere: static/vendor/refresh.sh. Needs npm (for `npm pack`) and python3.
+# Change a version here, run this, look at the diff, commit: pages never load anything from a CDN.
+set -euo pipefail
+
+HTMX_VERSION=2.0.8
+UPLOT_VERSION=1.6.32
+
+here="$(cd "$(dirname "$0")" && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+fetch() {  # fetch <package> <version>: unpack the registry tarball under $work/<package>
+  local pkg="$1" version="$2"
+  mkdir -p "$work/$pkg"
+  (cd "$work/$pkg" && npm pack --silent "$pkg@$version" >/dev/null && tar -xzf ./*.tgz)
+}
+
+fetch htmx.org "$HTMX_VERSION"
+fetch uplot "$UPLOT_VERSION"
+
+mkdir -p "$here/htmx" "$here/uplot"
+cp "$work/htmx.org/package/dist/htmx.min.js" "$here/htmx/htmx.min.js"
+cp "$work/htmx.org/package/LICENSE" "$here/htmx/LICENSE"
+cp "$work/uplot/package/dist/uPlot.iife.min.js" "$here/uplot/uPlot.iife.min.js"
+cp "$work/uplot/package/dist/uPlot.min.css" "$here/uplot/uPlot.min.css"
+cp "$work/uplot/package/LICENSE" "$here/uplot/LICENSE"
+
+python3 - "$here" "$work" <<'PY'
+import hashlib, json, pathlib, sys
+here, work = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+entries = []
+for pkg, folder in (("htmx.org", "htmx"), ("uplot", "uplot")):
+    meta = json.loads((work / pkg / "package" / "package.json").read_text())
+    files = sorted(p for p in (here / folder).iterdir() if p.is_file())
+    entries.append({
+        "package": pkg, "version": meta["version"], "license": meta.get("license"),
+        "homepage": meta.get("homepage"), "folder": folder,
+        "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files},
+    })
+(here / "MANIFEST.json").write_text(json.dumps({"source": "registry.npmjs.org via npm pack",
+                                                 "packages": entries}, indent=2) + "\n")
+PY
+echo "vendored: htmx.org $HTMX_VERSION, uplot $UPLOT_VERSION (see static/vendor/MANIFEST.json)"
