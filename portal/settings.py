@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "portal.tenancy",
     "portal.fleet",
+    "portal.audit",
     "portal.reservations",
     "portal.placement",
     "portal.reports",

@@ -40,6 +40,9 @@ class Gpu(models.Model):
     nvlink_peers = models.JSONField(default=list, blank=True, help_text="Indices of NVLink-connected GPUs")
     numa_node = models.SmallIntegerField(null=True, blank=True)
     healthy = models.BooleanField(default=True)
+    # Cordoned by a site admin: no new shares; what runs there keeps running.
+    cordoned = models.BooleanField(default=False)
+    cordon_reason = models.CharField(max_length=200, blank=True)
 
     class Meta:
         ordering = ["node__name", "index"]

@@ -1,5 +1,5 @@
-"""Teams (tenants), who belongs to them with which role, their quotas and exclusion groups, and
-per-user API tokens."""
+"""Teams (tenants), who belongs to them with which role, their quotas, exclusion groups and
+affinity labels, the presets and policy their admins set, and per-user API tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import secrets
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 LABEL_RE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -63,6 +63,11 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # What the member's requests carry unless they say otherwise (set by the team's admins).
+    default_exclusion = models.ForeignKey("ExclusionGroup", null=True, blank=True, on_delete=models.SET_NULL,
+                                          related_name="default_for")
+    default_affinity = models.ForeignKey("AffinityLabel", null=True, blank=True, on_delete=models.SET_NULL,
+                                         related_name="default_for")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -87,6 +92,110 @@ class ExclusionGroup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team}:{self.label}"
+
+
+class AffinityLabel(models.Model):
+    """A label a team's requests carry as affinity (shares with it go to the same GPUs) or
+    anti-affinity (shares with it go to different GPUs)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="affinity_labels")
+    label = models.CharField(max_length=63, validators=[label_validator])
+    description = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team__slug", "label"]
+        constraints = [models.UniqueConstraint(fields=["team", "label"], name="unique_affinity_label")]
+
+    def __str__(self) -> str:
+        return f"{self.team}:{self.label}"
+
+
+SHARE_VALIDATORS = [MinValueValidator(Decimal("0.001")), MaxValueValidator(Decimal("1"))]
+LONGEST_DURATION_S = 30 * 86400  # the longest any reservation may run (portal.reservations.rules)
+
+
+class Preset(models.Model):
+    """A request shape the team's members see first on the request page. Checked by
+    portal.tenancy.presets against the same rules a request is, so a preset always submits."""
+
+    KIND_CHOICES = [("interactive", "Interactive (notebook)"), ("batch", "Batch job")]
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="presets")
+    name = models.CharField(max_length=80)
+    kind = models.CharField(max_length=16, choices=KIND_CHOICES, default="interactive")
+    gpu_model = models.CharField(max_length=200, blank=True, help_text="A model, or several joined by '|'; blank: any")
+    gpu_request = models.DecimalField(max_digits=4, decimal_places=3, validators=SHARE_VALIDATORS)
+    gpu_limit = models.DecimalField(max_digits=4, decimal_places=3, validators=SHARE_VALIDATORS)
+    gpu_memory_mib = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_duration_s = models.PositiveIntegerField(null=True, blank=True)
+    image = models.CharField(max_length=255)
+    command = models.JSONField(default=list, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team__slug", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="unique_preset_name"),
+            models.CheckConstraint(
+                condition=models.Q(gpu_request__gt=0) & models.Q(gpu_request__lte=models.F("gpu_limit"))
+                & models.Q(gpu_limit__lte=1),
+                name="preset_share_within_bounds",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team}:{self.name}"
+
+
+class TeamPolicy(models.Model):
+    """What a team's admins decide beyond the Team row, and the limits the site admins set on it.
+
+    The rest of a team's policy stays on Team, where lifecycle reads it: `interactive_max_s` (the
+    default duration of interactive reservations given none), `idle_threshold`, `idle_after_s`,
+    `idle_reclaim` (warn then reclaim, or warn only) and `allow_over_quota`. Read the whole policy
+    through portal.tenancy.policy.policy_of(team); a team without a row has the defaults below.
+    """
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="policy")
+    # Set by the team's admins, within the limits below.
+    max_duration_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The longest duration a member may ask for (blank: the site limit)."
+    )
+    max_priority_member = models.PositiveSmallIntegerField(default=100, validators=[MaxValueValidator(100)])
+    max_priority_admin = models.PositiveSmallIntegerField(default=100, validators=[MaxValueValidator(100)])
+    # Set by site admins: what the team's admins may choose.
+    limit_duration_s = models.PositiveIntegerField(
+        default=LONGEST_DURATION_S, validators=[MinValueValidator(60), MaxValueValidator(LONGEST_DURATION_S)],
+        help_text="Neither the maximum nor the default duration may exceed this.",
+    )
+    limit_priority = models.PositiveSmallIntegerField(
+        default=100, validators=[MaxValueValidator(100)], help_text="No role's priority ceiling may exceed this."
+    )
+    limit_idle_after_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The longest idle time the team may allow before acting (blank: any)."
+    )
+    limit_idle_threshold = models.DecimalField(
+        max_digits=4, decimal_places=3, default=Decimal("0"),
+        validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="The lowest idle threshold the team may set.",
+    )
+    limit_require_reclaim = models.BooleanField(
+        default=False, help_text="The team must reclaim idle reservations (warn-only is not allowed)."
+    )
+    limit_allow_over_quota = models.BooleanField(
+        default=True, help_text="The team may allow opportunistic (over-quota) use."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "team policies"
+
+    def __str__(self) -> str:
+        return f"policy of {self.team}"
 
 
 def hash_secret(secret: str) -> str:

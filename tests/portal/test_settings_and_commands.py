@@ -52,6 +52,11 @@ def test_seed_demo_builds_fleet_and_people(settings):
     assert set(Gpu.objects.values_list("model", flat=True)) == {"A100-80GB", "V100-32GB", "T4"}
     assert set(Team.objects.values_list("slug", flat=True)) == {"vision", "nlp"}
     assert set(Membership.objects.filter(user__username="dave").values_list("role", flat=True)) == {"manager"}
+    from portal.tenancy.models import Preset
+    from portal.tenancy.policy import policy_of
+
+    assert Preset.objects.filter(team__slug="vision").count() == 3
+    assert policy_of(Team.objects.get(slug="vision")).max_priority("member") == 60
     from django.contrib.auth import authenticate
 
     assert authenticate(username="carol", password="tessera-demo") is not None

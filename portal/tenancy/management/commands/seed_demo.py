@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from portal.fleet import inventory as fleet_inventory
-from portal.tenancy.models import ExclusionGroup, Membership, Role, Team
+from portal.tenancy.models import AffinityLabel, ExclusionGroup, Membership, Preset, Role, Team, TeamPolicy
 
 DEMO_PASSWORD = "tessera-demo"
 TEAMS = {
@@ -22,6 +22,17 @@ PEOPLE = [
     ("carol", False, [("vision", Role.ADMIN)]),
     ("dave", False, [("vision", Role.MANAGER), ("nlp", Role.MANAGER)]),
     ("admin", True, []),
+]
+# team, name, kind, model, request, limit, memory (MiB), duration (s), image, command
+PRESETS = [
+    ("vision", "Notebook: quarter of an A100", "interactive", "A100-80GB", "0.25", "0.50", 16384, 4 * 3600,
+     "jupyter/base-notebook:latest", []),
+    ("vision", "Training: half an A100", "batch", "A100-80GB", "0.50", "1.00", 40960, 12 * 3600,
+     "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime", ["python", "train.py"]),
+    ("vision", "Inference on a T4", "batch", "T4", "0.50", "0.50", 6144, 3600,
+     "nvcr.io/nvidia/tritonserver:24.05-py3", ["tritonserver", "--model-repository=/models"]),
+    ("nlp", "Notebook: V100 slice", "interactive", "V100-32GB", "0.25", "0.50", 8192, 4 * 3600,
+     "jupyter/base-notebook:latest", []),
 ]
 
 
@@ -47,6 +58,16 @@ class Command(BaseCommand):
                                          "quota_max_gpus": 6})
             ExclusionGroup.objects.get_or_create(team=teams["vision"], label="vision-secure",
                                                  defaults={"description": "Never shares a GPU with others"})
+            AffinityLabel.objects.get_or_create(team=teams["vision"], label="vision-dataloaders",
+                                                defaults={"description": "Data loaders share GPUs with each other"})
+            # Members may go up to priority 60, admins to 80; idle shares are warned, then reclaimed.
+            TeamPolicy.objects.get_or_create(team=teams["vision"], defaults={
+                "max_duration_s": 24 * 3600, "max_priority_member": 60, "max_priority_admin": 80})
+            TeamPolicy.objects.get_or_create(team=teams["nlp"], defaults={"max_priority_member": 70})
+            for slug, name, kind, model, request, limit, memory, duration, image, command in PRESETS:
+                Preset.objects.get_or_create(team=teams[slug], name=name, defaults={
+                    "kind": kind, "gpu_model": model, "gpu_request": Decimal(request), "gpu_limit": Decimal(limit),
+                    "gpu_memory_mib": memory, "max_duration_s": duration, "image": image, "command": command})
             User = get_user_model()
             for username, staff, memberships in PEOPLE:
                 user, _ = User.objects.get_or_create(username=username, defaults={"email": f"{username}@example.com"})

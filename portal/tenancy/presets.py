@@ -1,0 +1,120 @@
+"""Presets: request shapes a team's admins offer their members first on the request page.
+
+A preset is checked by the same rules a request is (portal.reservations.rules) and against the
+team's policy, so choosing one always gives a request the portal accepts."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+
+from portal.audit import services as audit
+
+from .models import Preset, Team
+from .policy import PolicyError, policy_of
+
+FIELDS = ("name", "kind", "gpu_model", "gpu_request", "gpu_limit", "gpu_memory_mib", "max_duration_s", "image",
+          "command")
+
+
+def presets_of(team: Team) -> list[Preset]:
+    return list(Preset.objects.filter(team=team).order_by("name"))
+
+
+def as_dict(preset: Preset) -> dict:
+    return {
+        "id": preset.pk, "team": preset.team.slug, "name": preset.name, "kind": preset.kind,
+        "gpu_model": preset.gpu_model, "gpu_request": str(preset.gpu_request), "gpu_limit": str(preset.gpu_limit),
+        "gpu_memory_mib": preset.gpu_memory_mib, "max_duration_s": preset.max_duration_s, "image": preset.image,
+        "command": list(preset.command),
+    }
+
+
+def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
+    from portal.reservations import rules  # reservations depends on tenancy, not the other way at import
+
+    errors: dict[str, list[str]] = {}
+    unknown = set(data) - set(FIELDS)
+    for name in sorted(unknown):
+        errors[name] = ["not a preset field"]
+    base = as_dict(instance) if instance else {"kind": "interactive", "gpu_model": "", "gpu_limit": None,
+                                                  "max_duration_s": None, "command": []}
+    merged = {k: v for k, v in base.items() if k in FIELDS} | {k: v for k, v in data.items() if k in FIELDS}
+    name = str(merged.get("name") or "").strip()
+    if not name or len(name) > 80:
+        errors.setdefault("name", []).append("give the preset a name of 1-80 characters")
+    elif Preset.objects.filter(team=team, name=name).exclude(pk=getattr(instance, "pk", None)).exists():
+        errors.setdefault("name", []).append(f"team {team.slug} already has a preset '{name}'; choose another name")
+    for required in ("image", "gpu_request", "gpu_memory_mib"):
+        if merged.get(required) in (None, ""):
+            errors.setdefault(required, []).append("required")
+    command = merged.get("command") or []
+    if isinstance(command, str):
+        command = command.split()
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        errors.setdefault("command", []).append("a list of arguments (strings)")
+        command = []
+    if merged.get("gpu_limit") in ("",):
+        merged["gpu_limit"] = None
+    if merged.get("max_duration_s") in ("",):
+        merged["max_duration_s"] = None
+    if errors:
+        raise PolicyError(errors)
+    spec = rules.ReservationSpec(
+        team=team, image=str(merged["image"]), gpu_request=merged["gpu_request"],
+        gpu_memory_mib=merged["gpu_memory_mib"], gpu_limit=merged.get("gpu_limit"),
+        gpu_model=str(merged.get("gpu_model") or ""), kind=str(merged.get("kind") or ""), command=command,
+        max_duration_s=merged.get("max_duration_s"), priority=0,
+    )
+    try:
+        rules.check(spec)
+    except rules.RuleViolation as exc:
+        raise PolicyError(exc.errors) from None
+    longest = policy_of(team).max_duration_s
+    if spec.max_duration_s is not None and spec.max_duration_s > longest:
+        raise PolicyError({"max_duration_s": [f"team {team.slug}'s policy allows at most {longest} s"]})
+    return {"name": name, "kind": spec.kind, "gpu_model": spec.gpu_model, "gpu_request": spec.gpu_request,
+            "gpu_limit": spec.gpu_limit, "gpu_memory_mib": spec.gpu_memory_mib, "max_duration_s": spec.max_duration_s,
+            "image": spec.image, "command": command}
+
+
+def _jsonable(values: dict) -> dict:
+    return {k: str(v) if isinstance(v, Decimal) else v for k, v in values.items()}
+
+
+def create_preset(team: Team, by: audit.Actor, data: dict) -> Preset:
+    values = _clean(team, data, instance=None)
+    try:
+        with transaction.atomic():
+            preset = Preset.objects.create(team=team, created_by=by.user_obj, **values)
+            audit.record(by, object_type="preset", object_id=preset.pk, object_repr=f"{team.slug}/{preset.name}",
+                         team=team, action="created", after=_jsonable(values))
+    except IntegrityError:  # a concurrent create with the same name
+        raise PolicyError({"name": [f"team {team.slug} already has a preset '{values['name']}'"]}) from None
+    return preset
+
+
+def update_preset(preset: Preset, by: audit.Actor, data: dict) -> Preset:
+    values = _clean(preset.team, data, instance=preset)
+    before = _jsonable({k: getattr(preset, k) for k in values})
+    try:
+        with transaction.atomic():
+            for name, value in values.items():
+                setattr(preset, name, value)
+            preset.save()
+            old, new = audit.changed(before, _jsonable(values))
+            if new:
+                audit.record(by, object_type="preset", object_id=preset.pk,
+                             object_repr=f"{preset.team.slug}/{preset.name}", team=preset.team, action="changed",
+                             before=old, after=new)
+    except IntegrityError:
+        raise PolicyError({"name": [f"team {preset.team.slug} already has a preset '{values['name']}'"]}) from None
+    return preset
+
+
+def delete_preset(preset: Preset, by: audit.Actor) -> None:
+    with transaction.atomic():
+        audit.record(by, object_type="preset", object_id=preset.pk, object_repr=f"{preset.team.slug}/{preset.name}",
+                     team=preset.team, action="deleted", before=_jsonable(as_dict(preset)))
+        preset.delete()
