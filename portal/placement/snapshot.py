@@ -82,7 +82,8 @@ def build() -> core.Snapshot:
             group=group or None,
         ))
     gpus_of: dict[int, list[tuple]] = defaultdict(list)
-    for row in Gpu.objects.filter(healthy=True).order_by("node_id", "index").values_list(
+    # Cordoned GPUs take no new shares: absent from the snapshot, like unhealthy ones.
+    for row in Gpu.objects.filter(healthy=True, cordoned=False).order_by("node_id", "index").values_list(
             "pk", "node_id", "uuid", "index", "model", "memory_mib", "nvlink_peers", "numa_node"):
         gpus_of[row[1]].append(row)
     nodes = []
