@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "django_htmx",
+    "portal.security",
     "portal.tenancy",
     "portal.fleet",
     "portal.audit",
@@ -73,6 +74,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "portal.security.middleware.SignInThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -133,6 +135,15 @@ STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
 
+# Every password sign-in (API token, /login/, /admin/) goes through the guards: throttles before
+# hashing, demo credentials only in demo mode (portal.security).
+AUTHENTICATION_BACKENDS = ["portal.security.backends.GuardedModelBackend"]
+TESSERA_SIGNIN_FAILURES_PER_USERNAME = os.environ.get("TESSERA_SIGNIN_FAILURES_PER_USERNAME", "10/15m")
+TESSERA_SIGNIN_FAILURES_PER_ADDRESS = os.environ.get("TESSERA_SIGNIN_FAILURES_PER_ADDRESS", "30/15m")
+# How many reverse proxies of ours stand in front and append to X-Forwarded-For; the client's
+# address is the one the outermost of them saw. 0: REMOTE_ADDR is the client, the header ignored.
+TESSERA_TRUSTED_PROXIES = int(os.environ.get("TESSERA_TRUSTED_PROXIES", "0"))
+
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -154,6 +165,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["portal.api.throttling.WriteRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"writes": os.environ.get("TESSERA_WRITE_RATE", "120/min")},
     "EXCEPTION_HANDLER": "portal.api.exceptions.exception_handler",
+    "NUM_PROXIES": TESSERA_TRUSTED_PROXIES,  # anonymous throttles key on the same client address
 }
 
 SPECTACULAR_SETTINGS = {

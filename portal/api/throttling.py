@@ -1,4 +1,6 @@
-from rest_framework.throttling import UserRateThrottle
+from rest_framework.throttling import BaseThrottle, UserRateThrottle
+
+from portal.security import throttle
 
 
 class WriteRateThrottle(UserRateThrottle):
@@ -10,3 +12,16 @@ class WriteRateThrottle(UserRateThrottle):
         if request.method in ("GET", "HEAD", "OPTIONS"):
             return True
         return super().allow_request(request, view)
+
+
+class SignInThrottle(BaseThrottle):
+    """Refuses a token request for a username or address with too many failed sign-ins, before the
+    password is checked (portal.security.throttle has the counts and why)."""
+
+    def allow_request(self, request, view) -> bool:
+        username = request.data.get("username") if isinstance(request.data, dict) else None
+        self._wait = throttle.retry_after(request, username if isinstance(username, str) else None)
+        return self._wait is None
+
+    def wait(self) -> float | None:
+        return self._wait

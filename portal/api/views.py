@@ -26,6 +26,7 @@ from portal.tenancy.models import ApiToken, ExclusionGroup, Membership
 from . import capacity, permissions, serializers
 from .filters import MembershipFilter, ReservationFilter
 from .query import refuse_empty, refuse_unknown
+from .throttling import SignInThrottle, WriteRateThrottle
 
 ERRORS = {400: OpenApiResponse(description="Invalid input, per field"),
           404: OpenApiResponse(description="Not found (or not visible to you)")}
@@ -221,6 +222,8 @@ class ObtainTokenView(APIView):
 
     permission_classes = [AllowAny]
     authentication_classes = []
+    # Failed sign-ins are throttled before the password is hashed; writes as everywhere.
+    throttle_classes = [SignInThrottle, WriteRateThrottle]
 
     def get_authenticate_header(self, request) -> str:
         return "Token"  # wrong credentials answer 401 (not 403) with a challenge

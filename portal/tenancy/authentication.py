@@ -7,6 +7,8 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from portal.security import demo
+
 from .models import ApiToken, hash_secret
 
 # Touch last_used_at at most this often so reads don't turn into a write per request.
@@ -26,6 +28,8 @@ class HashedTokenAuthentication(authentication.TokenAuthentication):
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("User inactive or deleted.")
+        if demo.refused(token.user):
+            raise exceptions.AuthenticationFailed("Demo users work only in demo mode.")
         now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)

@@ -8,9 +8,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from portal.fleet import inventory as fleet_inventory
+from portal.security.demo import DEMO_PASSWORD, mark_demo_user
 from portal.tenancy.models import AffinityLabel, ExclusionGroup, Membership, Preset, Role, Team, TeamPolicy
 
-DEMO_PASSWORD = "tessera-demo"
 TEAMS = {
     "vision": ("Computer vision", Decimal("3.0")),
     "nlp": ("Language models", Decimal("2.5")),
@@ -74,6 +74,7 @@ class Command(BaseCommand):
                 user.is_staff = user.is_superuser = staff
                 user.set_password(DEMO_PASSWORD)
                 user.save()
+                mark_demo_user(user)  # refused everywhere outside demo mode (portal.security.demo)
                 for slug, role in memberships:
                     Membership.objects.update_or_create(user=user, team=teams[slug], defaults={"role": role})
         self.stdout.write(f"fleet: {nodes} nodes, {gpus} GPUs from {inventory}")
