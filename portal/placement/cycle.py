@@ -27,7 +27,7 @@ from django.utils import timezone
 from portal.bulk import update_rows
 from portal.fleet.models import Gpu, Node
 from portal.reservations import services
-from portal.reservations.events import announcements_held
+from portal.reservations.events import announce_reservations, announcements_held
 from portal.reservations.models import Allocation, Kind, Reservation, Source
 from portal.reservations.states import HOLDS_GPU, IllegalTransition, State
 from scheduler import core
@@ -302,6 +302,9 @@ def update_queue(queue: list[Queued]) -> None:
         if q.position != position or q.estimated_start != estimate:
             changed.append(Reservation(pk=q.pk, queue_position=position, estimated_start=estimate))
     update_rows(changed, ["queue_position", "estimated_start"])
+    if changed:  # browsers watching them see the new place in the queue
+        announce_reservations(dict(Reservation.objects.filter(pk__in=[r.pk for r in changed])
+                                   .values_list("pk", "team_id")))
     # Left the queue another way (cancelled, failed): no position any more.
     Reservation.objects.filter(queue_position__isnull=False).exclude(state=State.PENDING).update(
         queue_position=None, estimated_start=None)

@@ -11,6 +11,9 @@ cycle_requested = Signal()  # kwargs: reason (str)
 # What is allocated on some nodes changed (placed, released); telemetry pushes each node's
 # placements to its agent. Sent after commit, once per commit with every node it touched.
 allocations_changed = Signal()  # kwargs: node_ids (sorted list of int)
+# Reservations whose state, reason or place in the queue changed; telemetry tells the browsers
+# that watch them (ws/live). Sent after commit, once per commit: {reservation id: team id}.
+reservations_changed = Signal()  # kwargs: changes (dict[int, int])
 
 
 def request_cycle(reason: str) -> None:
@@ -62,3 +65,23 @@ def _flush_allocations() -> None:
         return
     _pending.nodes = set()
     allocations_changed.send(sender=None, node_ids=sorted(nodes))
+
+
+def announce_reservations(changes: dict[int, int]) -> None:
+    """Tell the browsers watching these reservations (id → team id) after commit; a commit that
+    changes many (a placement batch) sends one signal with all of them."""
+    if not changes:
+        return
+    noted = getattr(_pending, "reservations", None)
+    if noted is None:
+        noted = _pending.reservations = {}
+    noted.update(changes)
+    transaction.on_commit(_flush_reservations)
+
+
+def _flush_reservations() -> None:
+    noted = getattr(_pending, "reservations", None)
+    if not noted:
+        return
+    _pending.reservations = {}
+    reservations_changed.send(sender=None, changes=noted)

@@ -18,7 +18,7 @@ from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.tenancy.models import Team
 
 from . import rules
-from .events import announce_allocations, request_cycle
+from .events import announce_allocations, announce_reservations, request_cycle
 from .models import Allocation, Reservation, StateTransition
 from .quota import QuotaExceeded, over_quota, usage_of
 from .states import HOLDS_GPU, TERMINAL, IllegalTransition, State, check_transition
@@ -77,6 +77,7 @@ def submit(user, spec: rules.ReservationSpec) -> Reservation:
         )
         why = "submitted" + (" as opportunistic (over quota)" if opportunistic else "")
         _record(reservation, "", State.PENDING, user, why)
+        announce_reservations({reservation.pk: team.pk})
         request_cycle("submitted")
     return reservation
 
@@ -113,6 +114,7 @@ def _apply(reservation: Reservation, target: str, actor, reason: str) -> None:
     if current in HOLDS_GPU and target not in HOLDS_GPU:
         _release(reservation, node_id, now)
     _record(reservation, current, target, actor, reason)
+    announce_reservations({reservation.pk: reservation.team_id})
     if current in HOLDS_GPU or target == State.PENDING:
         request_cycle(f"{reservation.pk} {current}→{target}")
 
@@ -274,8 +276,11 @@ def _write_placements(accepted: list[Decision], reservations: dict[int, Reservat
         "actor_label": _actor_label(actor), "at": now})
     for node_id in sorted({d.node_id for d in accepted}):
         announce_allocations(node_id)
+    announce_reservations({r.pk: r.team_id for r in rows})
 
 
 def note_pending_reason(reservation_id: int, reason: str) -> None:
     """Store why a pending reservation is not placed yet (shown by the API as state_reason)."""
-    Reservation.objects.filter(pk=reservation_id, state=State.PENDING).update(state_reason=reason[:500])
+    rows = Reservation.objects.filter(pk=reservation_id, state=State.PENDING)
+    if rows.update(state_reason=reason[:500]):
+        announce_reservations(dict(rows.values_list("pk", "team_id")))

@@ -7,4 +7,4 @@ class TelemetryConfig(AppConfig):
     verbose_name = "GPU telemetry"
 
     def ready(self) -> None:
-        from . import signals  # noqa: F401  (connects allocations_changed → push placements)
+        from . import live_reservations, signals  # noqa: F401  (connect the push receivers)
