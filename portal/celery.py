@@ -44,9 +44,13 @@ def _prepare_worker_process(**_) -> None:
     # A worker thread runs one task at a time: keep its database connection
     # between tasks (a new PostgreSQL connection costs 5-8 ms, and a burst of placements is a
     # dozen short tasks); the settings check it before reuse. DB_CONN_MAX_AGE, when set, wins.
-    if "DB_CONN_MAX_AGE" not in os.environ:
-        for alias in connections:
-            connections[alias].settings_dict["CONN_MAX_AGE"] = WORKER_CONN_MAX_AGE_S
+    # A pool (the web processes' DB_POOL_MAX_SIZE) is no use to one task at a time, and its
+    # threads would not survive the prefork pool's fork: workers keep a plain connection instead.
+    for alias in connections:
+        connections[alias].settings_dict.get("OPTIONS", {}).pop("pool", None)
+    max_age = int(os.environ.get("DB_CONN_MAX_AGE", WORKER_CONN_MAX_AGE_S))
+    for alias in connections:
+        connections[alias].settings_dict["CONN_MAX_AGE"] = max_age
     # Django, the apps and their libraries live as long as the process: keep them out of the
     # cyclic collector's full passes, which otherwise walk all of them (~75 ms) in the middle of
     # a placement cycle that allocates a few thousand rows' worth of objects.

@@ -75,6 +75,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "portal.security.middleware.SignInThrottleMiddleware",
+    "portal.security.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -107,6 +108,25 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# PostgreSQL: each process takes its connections from one bounded pool (psycopg_pool) instead of
+# opening one per concurrent request, so a burst of requests cannot exhaust the server's
+# connections; a request that waits longer than the pool's timeout for one gets a 503 with
+# Retry-After (portal.security.unavailable), as does one that finds max_waiting requests queued.
+# Size it so that processes × DB_POOL_MAX_SIZE stays under PostgreSQL's max_connections. On by
+# default in production; DB_POOL_MAX_SIZE=0 turns it off. Celery workers hold one connection per
+# process and take no pool (portal.celery).
+DB_POOL_MAX_SIZE = int(os.environ.get("DB_POOL_MAX_SIZE", "20" if PRODUCTION else "0"))
+if DB_POOL_MAX_SIZE > 0 and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django returns them
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": min(int(os.environ.get("DB_POOL_MIN_SIZE", "2")), DB_POOL_MAX_SIZE),
+        "max_size": DB_POOL_MAX_SIZE,
+        "timeout": float(os.environ.get("DB_POOL_TIMEOUT_S", "5")),
+        "max_waiting": int(os.environ.get("DB_POOL_MAX_WAITING", "200")),
+        "max_idle": 300.0,
+    }
+# Seconds a client is told to wait (Retry-After) when the database cannot take its request now.
+TESSERA_RETRY_AFTER_S = int(os.environ.get("TESSERA_RETRY_AFTER_S", "5"))
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     (BASE_DIR / "var").mkdir(exist_ok=True)
     # WAL lets readers go on while one process writes; IMMEDIATE transactions take the write lock

@@ -10,6 +10,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from portal.reservations.quota import QuotaExceeded
 from portal.reservations.rules import RuleViolation
 from portal.reservations.states import IllegalTransition
+from portal.security import unavailable
 
 
 def exception_handler(exc, context):
@@ -28,6 +29,8 @@ def exception_handler(exc, context):
              "state": exc.current},
             status=status.HTTP_409_CONFLICT,
         )
+    if unavailable.is_database_unavailable(exc):
+        return unavailable.response(context["request"], exc)
     if isinstance(exc, ObjectDoesNotExist):
         return Response({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
     return drf_exception_handler(exc, context)

@@ -1,4 +1,5 @@
-"""Middleware of the guards: sign-in throttling for the HTML sign-in forms."""
+"""Middleware of the guards: sign-in throttling for the HTML sign-in forms; 503 for a database
+that cannot take the request."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from django.conf import settings
 from django.http import HttpResponse
 from django.urls import NoReverseMatch, reverse
 
-from . import throttle
+from . import throttle, unavailable
 
 
 class SignInThrottleMiddleware:
@@ -44,3 +45,20 @@ def _too_many(wait_s: int) -> HttpResponse:
                             status=429, content_type="text/plain; charset=utf-8")
     response["Retry-After"] = str(wait_s)
     return response
+
+
+class DatabaseUnavailableMiddleware:
+    """A view that fails because the database cannot take it now answers 503 with Retry-After
+    (portal.security.unavailable). Failures inside other middleware reach handler500, which
+    answers the same."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if unavailable.is_database_unavailable(exception):
+            return unavailable.response(request, exception)
+        return None

@@ -1,0 +1,88 @@
+"""Connections come from a bounded pool; when it is exhausted the API and the pages answer 503
+with Retry-After (never 500), and serve again once connections are back."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test import Client
+from rest_framework.test import APIClient
+
+from portal.tenancy.services import create_token
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def tiny_pool(transactional_db):
+    """This process's default connection on a pool of two that gives up after 0.3 s."""
+    assert connection.vendor == "postgresql", "the pool is PostgreSQL's"
+    connection.close()
+    options = connection.settings_dict["OPTIONS"]
+    options["pool"] = {"min_size": 0, "max_size": 2, "timeout": 0.3}
+    try:
+        yield connection.pool
+    finally:
+        connection.close()
+        connection.close_pool()
+        options.pop("pool", None)
+
+
+def test_exhausted_pool_answers_503_with_retry_after(people, tiny_pool):
+    _, key = create_token(people["alice"], "laptop")
+    web = Client()
+    web.force_login(people["alice"])
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert api.get("/api/v1/teams/").status_code == 200
+
+    connection.close()  # the test client keeps it between requests; a server returns it to the pool
+    held = [tiny_pool.getconn() for _ in range(2)]  # someone else has every connection
+    try:
+        r = api.get("/api/v1/teams/")  # the token lookup needs a connection
+        assert r.status_code == 503 and r.json()["code"] == "unavailable"
+        assert int(r["Retry-After"]) > 0
+        r = api.post("/api/v1/auth/token/", {"username": "alice", "password": "pw-alice"}, format="json")
+        assert r.status_code == 503
+        r = web.get("/")  # the session's user is loaded by a middleware, before any view
+        assert r.status_code == 503 and int(r["Retry-After"]) > 0
+    finally:
+        for conn in held:
+            tiny_pool.putconn(conn)
+    assert api.get("/api/v1/teams/").status_code == 200
+
+
+def test_production_settings_pool_connections_and_workers_do_not(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "portal.settings",
+           "TESSERA_PROFILE": "production", "SECRET_KEY": "k" * 50, "DEBUG": "0",
+           "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres", "DB_POOL_MAX_SIZE": "7"}
+    env.pop("DB_CONN_MAX_AGE", None)
+    probe = ("import django; django.setup(); from django.conf import settings; from django.db import connections; "
+             "print(settings.DATABASES['default']['OPTIONS']['pool']['max_size'], "
+             "settings.DATABASES['default']['CONN_MAX_AGE']); "
+             "from portal.celery import _prepare_worker_process; _prepare_worker_process(); "
+             "d = connections['default'].settings_dict; print('pool' in d['OPTIONS'], d['CONN_MAX_AGE'])")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["7", "0", "False", "600"]
+
+
+def test_database_failure_outside_a_view_is_503_too(rf):
+    from django.db import OperationalError
+
+    from portal.api.errors import server_error
+
+    for path in ("/api/v1/teams/", "/"):
+        try:
+            raise OperationalError("couldn't get a connection after 5.00 sec")
+        except OperationalError:
+            r = server_error(rf.get(path))
+        assert r.status_code == 503 and int(r["Retry-After"]) > 0
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        assert server_error(rf.get("/api/v1/teams/")).status_code == 500
