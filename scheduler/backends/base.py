@@ -229,6 +229,9 @@ class Backend(Protocol):
 
     def reject_external(self, pod: PodRef, reason: str) -> None: ...
 
+    # The pod's log, its last `tail_lines` lines (timestamped); None when there is no such pod.
+    def pod_log(self, ref: PodRef, tail_lines: int = 200) -> str | None: ...
+
 
 def pod_name(reservation_id: str | int, attempt: int) -> str:
     return f"tessera-r{reservation_id}-{attempt}"

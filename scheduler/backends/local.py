@@ -325,6 +325,41 @@ class LocalBackend:
             raise KeyError(f"no pod {ref.namespace}/{ref.name}")
         return json.loads(row[0])
 
+    def pod_log(self, ref: PodRef, tail_lines: int = 200) -> str | None:
+        """The simulated pod's log, written from what the simulation knows (when it was created,
+        started and ended, its node, image and share variables) plus one progress line a minute
+        while it runs. Every line says [simulated]: no container runs here."""
+        with self._tx() as db:
+            self._advance(db)
+            row = db.execute("SELECT node, phase, env, image, reason, message, created_at, start_at, end_at "
+                             "FROM pods WHERE namespace = ? AND name = ?", (ref.namespace, ref.name)).fetchone()
+        if row is None:
+            return None
+        node, phase, env, image, reason, message, created, start, end = row
+        env = json.loads(env)
+        now = self.clock()
+
+        def at(t: float) -> str:
+            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+        lines = [f"{at(created)} [simulated] scheduled {ref.namespace}/{ref.name} on {node}",
+                 f"{at(created)} [simulated] pulling image {image}"]
+        if start is not None and start <= now and phase != str(Phase.PENDING):
+            lines.append(f"{at(start)} [simulated] started: GPU {env.get('NVIDIA_VISIBLE_DEVICES', '?')}, share "
+                         f"{env.get('TESSERA_GPU_REQUEST', '?')} (limit {env.get('TESSERA_GPU_LIMIT', '?')}), "
+                         f"memory cap {env.get('TESSERA_GPU_MEMORY_LIMIT', '?')}")
+            stop = min(now, end) if end is not None else now
+            if phase in (str(Phase.FAILED), str(Phase.SUCCEEDED)):
+                stop = min(stop, now)
+            first_tick = max(1, int(max(0.0, stop - start) // 60) - tail_lines + 1)
+            for minute in range(first_tick, int(max(0.0, stop - start) // 60) + 1):
+                lines.append(f"{at(start + 60 * minute)} [simulated] running for {minute} min")
+        if phase == str(Phase.SUCCEEDED):
+            lines.append(f"{at(end if end is not None else now)} [simulated] completed")
+        elif phase == str(Phase.FAILED):
+            lines.append(f"{at(now)} [simulated] failed: {reason} {message}".rstrip())
+        return "\n".join(lines[-tail_lines:]) + "\n"
+
     def kubernetes_events(self, ref: PodRef) -> list[str]:
         with self._lock:
             rows = self._db.execute("SELECT message FROM k8s_events WHERE namespace = ? AND name = ? "

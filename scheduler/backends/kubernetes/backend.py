@@ -153,6 +153,14 @@ class KubernetesBackend:
             raise TransientBackendError(str(exc)) from exc
         return True
 
+    def pod_log(self, ref: PodRef, tail_lines: int = 200) -> str | None:
+        """The pod's log (its only container's), last `tail_lines` lines with timestamps."""
+        try:
+            return self.api.call(f"read log of pod {ref.namespace}/{ref.name}", self.api.core.read_namespaced_pod_log,
+                                 ref.name, ref.namespace, tail_lines=tail_lines, timestamps=True)
+        except NotFound:
+            return None
+
     def list_pods(self) -> list[PodStatus]:
         return [pod_status(o) for o in self._list_all("list pods", self.api.core.list_pod_for_all_namespaces,
                                                       label_selector=RESERVATION_LABEL)]
