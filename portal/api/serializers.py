@@ -60,7 +60,7 @@ class AllocationSerializer(serializers.ModelSerializer):
 class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
     team = VisibleTeamField()
     owner = serializers.CharField(source="owner.username", read_only=True)
-    node = serializers.CharField(source="node.name", read_only=True, default=None)
+    node = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True)
     kind = serializers.ChoiceField(choices=Kind.choices, default=Kind.BATCH)
     image = serializers.CharField(max_length=255)
     command = serializers.ListField(child=serializers.CharField(max_length=4096, allow_blank=True),
@@ -179,6 +179,8 @@ class ExclusionGroupSerializer(StrictTypesMixin, serializers.ModelSerializer):
 
 
 class GpuSerializer(serializers.ModelSerializer):
+    """allocated_*: what your teams hold on the GPU (every team's, for site admins)."""
+
     node = serializers.CharField(source="node.name", read_only=True)
     allocated_request = serializers.DecimalField(max_digits=6, decimal_places=3, coerce_to_string=False,
                                                  read_only=True)

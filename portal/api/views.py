@@ -176,7 +176,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class GpuViewSet(viewsets.ReadOnlyModelViewSet):
-    """Every GPU with what is allocated on it now."""
+    """Every GPU with what your teams hold on it now (site admins: every team's). Another team's
+    shares are not shown per GPU; the capacity preview says what could still be placed."""
 
     serializer_class = serializers.GpuSerializer
     lookup_field = "uuid"
@@ -184,7 +185,11 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["model", "node__name"]
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no user
+            return Gpu.objects.none()
         live = Q(allocations__released_at__isnull=True)
+        if not self.request.user.is_staff:
+            live &= Q(allocations__reservation__team__in=roles.visible_teams(self.request.user))
         return Gpu.objects.select_related("node").annotate(
             allocated_request=Coalesce(Sum("allocations__compute_share", filter=live),
                                        Value(0), output_field=DecimalField(max_digits=6, decimal_places=3)),
@@ -204,7 +209,10 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return ApiToken.objects.none()
-        return ApiToken.objects.filter(user=self.request.user)
+        tokens = ApiToken.objects.filter(user=self.request.user)
+        if self.action == "destroy":
+            return tokens.filter(revoked_at__isnull=True)  # revoking twice: 404, not 204 again
+        return tokens
 
     def create(self, request, *args, **kwargs):
         body = self.get_serializer(data=request.data)

@@ -87,10 +87,10 @@ def test_cancelling_a_running_reservation_frees_its_gpu(client_for, submitted):
     r = submitted(gpu_request=0.5, gpu_memory_mib=4096)
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
     place_on(r, gpu)
-    gpus = client_for("bob").get("/api/v1/gpus/", {"node__name": "t4-node-1"}).json()["results"]
+    gpus = client_for("admin").get("/api/v1/gpus/", {"node__name": "t4-node-1"}).json()["results"]
     assert gpus[0]["allocated_request"] == 0.5 and gpus[0]["allocated_memory_mib"] == 4096
     assert client_for("alice").post(f"{URL}{r.pk}/cancel/").status_code == 200
-    gpus = client_for("bob").get("/api/v1/gpus/", {"node__name": "t4-node-1"}).json()["results"]
+    gpus = client_for("admin").get("/api/v1/gpus/", {"node__name": "t4-node-1"}).json()["results"]
     assert gpus[0]["allocated_request"] == 0 and gpus[0]["allocated_memory_mib"] == 0
 
 
