@@ -51,10 +51,12 @@ class PodApi(Protocol):
 class KubernetesPods:
     """`PodApi` on the API server, with the node's service account (or an explicit host for tests)."""
 
-    def __init__(self, *, host: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(self, *, host: str | None = None, token: str | None = None, timeout_s: float = 5.0) -> None:
         configuration = client.Configuration()
         if host:
             configuration.host = host
+            if token:
+                configuration.api_key = {"authorization": f"Bearer {token}"}
         else:
             config.load_incluster_config(client_configuration=configuration)
         configuration.retries = False  # retried here, where we know what is worth it
@@ -68,7 +70,7 @@ class KubernetesPods:
                 resp = self.core.list_pod_for_all_namespaces(
                     field_selector=f"spec.nodeName={node},status.phase=Pending", _preload_content=False,
                     _request_timeout=self.timeout_s)
-                break
+                return list(_body(resp).get("items") or ())
             except ApiException as exc:
                 if exc.status not in (429, 500, 502, 503, 504) or attempt + 1 == LIST_ATTEMPTS:
                     raise
@@ -76,22 +78,28 @@ class KubernetesPods:
                 if attempt + 1 == LIST_ATTEMPTS:
                     raise
             time.sleep(0.2 * 2 ** attempt)
-        try:
-            return list(json.loads(resp.data).get("items") or ())
-        finally:
-            resp.release_conn()
+        raise AssertionError("unreachable")
 
     def annotate(self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]) -> bool:
         body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
         try:
-            resp = self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False,
-                                                  _request_timeout=self.timeout_s)
-            resp.release_conn()
+            _body(self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False,
+                                                 _request_timeout=self.timeout_s))
         except ApiException as exc:
             if exc.status in (404, 409):
                 return False
             raise
         return True
+
+
+def _body(resp: Any) -> dict:
+    """The answer's JSON, read to its end before the connection goes back to the pool: a connection
+    given back with its body unread is reused as if idle, and the next request on it fails
+    (`ResponseNotReady('Request-sent')`)."""
+    try:
+        return json.loads(resp.data)
+    finally:
+        resp.release_conn()
 
 
 def _requesting(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int]]:

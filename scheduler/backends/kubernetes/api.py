@@ -4,6 +4,10 @@ what is left comes out as the backend errors of `scheduler.backends.base`.
 
 404 and 409 are not errors here but answers the caller interprets (`NotFound`, `Conflict`): a 409
 on create means "adopt", on a binding "already bound", on a patch with a resourceVersion "re-read".
+
+A 403 is not always final: admission refuses a pod while the namespace's `default` ServiceAccount is
+not created yet, or while a ResourceQuota is used up, and both pass by themselves. `refusals.explain`
+sorts them out and says, for the final ones, what the operator must fix.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from ..base import BackendError, PermanentBackendError, TransientBackendError
+from .refusals import explain
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +129,12 @@ class KubeApi:
                 if exc.status == 409:
                     raise Conflict(f"{what}: {message or 'conflict'}", reason) from exc
                 if exc.status not in RETRIED_STATUSES:
-                    raise PermanentBackendError(f"{what}: HTTP {exc.status} {reason}: {message}") from exc
-                last = f"HTTP {exc.status} {reason}: {message}"
+                    refusal = explain(exc.status, reason, message)
+                    if not refusal.transient:
+                        raise PermanentBackendError(f"{what}: {refusal.text}") from exc
+                    last = refusal.text
+                else:
+                    last = f"HTTP {exc.status} {reason}: {message}"
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 # Timeouts, refused or reset connections, truncated answers.
                 last = f"{type(exc).__name__}: {exc}"

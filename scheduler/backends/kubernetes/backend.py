@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,7 +18,6 @@ from kubernetes import client
 from ..base import (
     REASON_ANNOTATION,
     RESERVATION_LABEL,
-    SCHEDULER_NAME,
     BackendError,
     ClusterEvent,
     ExternalPod,
@@ -31,17 +34,31 @@ from .manifests import (
     binding_manifest,
     check_labels,
     event_manifest,
+    event_name,
     external_pod,
     is_pending_external,
     node_condition,
     pod_manifest,
     pod_status,
+    scheduler_names,
 )
 from .watch import ClusterWatch
 
 log = logging.getLogger(__name__)
 
 LIST_PAGE = 500
+# A pod this process deleted is not deleted again for this long (the reason it carries is kept, and
+# the API server is not asked again while the pod terminates).
+DELETED_MEMORY_S = 600.0
+# A refused kubectl pod's Warning Event: its count is brought up to date at most this often.
+EVENT_REFRESH_S = 60.0
+MEMORY_ENTRIES = 10_000
+
+
+def scheduler_names_option(value: Sequence[str] | str | None) -> tuple[str, ...]:
+    if value is None:
+        value = os.environ.get("TESSERA_SCHEDULER_NAMES", "")
+    return scheduler_names(value)
 
 
 class KubernetesBackend:
@@ -51,7 +68,10 @@ class KubernetesBackend:
       (default: when running in a pod) or `kubeconfig` / `context`
     - `retry`: a `RetryPolicy` or a dict of its fields (attempts, base_s, max_s, timeouts)
     - `watch_timeout_s`: server-side length of one watch request (then it is renewed)
-    - `runtime_class`: the pods' RuntimeClass (default "nvidia"; None to leave it out)
+    - `runtime_class`: the pods' RuntimeClass (default: $TESSERA_RUNTIME_CLASS, else "nvidia";
+      None or "" to leave it out, for clusters whose default runtime is already NVIDIA's)
+    - `scheduler_names`: the `schedulerName`s of the kubectl pods Tessera places (default:
+      $TESSERA_SCHEDULER_NAMES, else "tessera,kubeshare-scheduler", so KubeShare manifests run as they are)
     - `namespace`: where the portal puts reservation pods (each `PodSpec` carries its own; kept for
       reference). Lists and watches are cluster-wide: kubectl pods live in the teams' namespaces.
     """
@@ -65,15 +85,22 @@ class KubernetesBackend:
     def __init__(self, *, host: str | None = None, token: str | None = None, verify_ssl: bool = True,
                  kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None,
                  retry: RetryPolicy | Mapping[str, Any] | None = None, watch_timeout_s: int = 60,
-                 runtime_class: str | None = "nvidia", namespace: str = "tessera",
+                 runtime_class: str | None = None, namespace: str = "tessera",
+                 scheduler_names: Sequence[str] | str | None = None,
                  api_client: client.ApiClient | None = None) -> None:
         policy = retry if isinstance(retry, RetryPolicy) else RetryPolicy(**dict(retry or {}))
         api_client = api_client or make_api_client(host=host, token=token, kubeconfig=kubeconfig,
                                                    context=context, in_cluster=in_cluster,
                                                    verify_ssl=verify_ssl)
         self.api = KubeApi(api_client, policy)
-        self.runtime_class = runtime_class
+        if runtime_class is None:
+            runtime_class = os.environ.get("TESSERA_RUNTIME_CLASS", "nvidia")
+        self.runtime_class = runtime_class.strip() or None
+        self.scheduler_names = scheduler_names_option(scheduler_names)
         self.namespace = namespace
+        self._memory_lock = threading.Lock()
+        self._deleted: OrderedDict[tuple[str, str], float] = OrderedDict()  # pod -> when we deleted it
+        self._events: OrderedDict[tuple[str, str], list] = OrderedDict()  # event -> [count, sent at, uid]
         self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
                                   backoff_max_s=policy.max_s)
 
@@ -139,18 +166,32 @@ class KubernetesBackend:
         return status
 
     def unbind(self, ref: PodRef, grace_s: int, reason: str) -> bool:
+        """One DELETE per pod: a pod already terminating (this process deleted it, or the watch saw
+        its deletionTimestamp) is left alone. The reason goes on after the delete, and only where the
+        pod has none yet, so the first reason given is the one kept. True when this call deleted it."""
         if grace_s < 0:
             raise ValueError("grace_s: must be >= 0")
+        key = (ref.namespace, ref.name)
+        seen = self.watch.seen_pod(*key)
+        if self._deleted_lately(key) or (seen is not None and seen.deleting):
+            return False
         try:
-            # Why it goes, for whoever looks at the pod while it terminates (and for us on reconcile).
-            self._raw("annotate pod", self.api.core.patch_namespaced_pod, ref.name, ref.namespace,
-                      {"metadata": {"annotations": {REASON_ANNOTATION: reason[:1024]}}})
-            self._raw("delete pod", self.api.core.delete_namespaced_pod, ref.name, ref.namespace,
-                      grace_period_seconds=grace_s, propagation_policy="Background")
+            gone = self._raw("delete pod", self.api.core.delete_namespaced_pod, ref.name, ref.namespace,
+                             grace_period_seconds=grace_s, propagation_policy="Background")
         except NotFound:
             return False
         except Conflict as exc:
             raise TransientBackendError(str(exc)) from exc
+        self._remember(self._deleted, key, time.monotonic())
+        if REASON_ANNOTATION not in ((gone.get("metadata") or {}).get("annotations") or {}):
+            try:
+                # Why it goes, for whoever looks at the pod while it terminates (and for us on reconcile).
+                self._raw("annotate pod", self.api.core.patch_namespaced_pod, ref.name, ref.namespace,
+                          {"metadata": {"annotations": {REASON_ANNOTATION: reason[:1024]}}})
+            except (NotFound, Conflict):
+                pass  # already gone: nobody left to read it
+            except BackendError as exc:
+                log.info("could not record why pod %s/%s goes: %s", ref.namespace, ref.name, exc)
         return True
 
     def pod_log(self, ref: PodRef, tail_lines: int = 200) -> str | None:
@@ -160,6 +201,18 @@ class KubernetesBackend:
                                  ref.name, ref.namespace, tail_lines=tail_lines, timestamps=True)
         except NotFound:
             return None
+
+    def _deleted_lately(self, key: tuple[str, str]) -> bool:
+        with self._memory_lock:
+            at = self._deleted.get(key)
+            return at is not None and time.monotonic() - at < DELETED_MEMORY_S
+
+    def _remember(self, memory: OrderedDict, key: tuple[str, str], value: object) -> None:
+        with self._memory_lock:
+            memory.pop(key, None)
+            memory[key] = value
+            while len(memory) > MEMORY_ENTRIES:
+                memory.popitem(last=False)
 
     def list_pods(self) -> list[PodStatus]:
         return [pod_status(o) for o in self._list_all("list pods", self.api.core.list_pod_for_all_namespaces,
@@ -175,9 +228,10 @@ class KubernetesBackend:
     # -- kubectl path --------------------------------------------------------------------------------
 
     def list_pending_external(self) -> list[ExternalPod]:
-        objs = self._list_all("list pending pods", self.api.core.list_pod_for_all_namespaces,
-                              field_selector=f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName=")
-        pods = [external_pod(o) for o in objs if is_pending_external(o)]
+        objs = [o for name in self.scheduler_names
+                for o in self._list_all("list pending pods", self.api.core.list_pod_for_all_namespaces,
+                                        field_selector=f"spec.schedulerName={name},spec.nodeName=")]
+        pods = [external_pod(o) for o in objs if is_pending_external(o, self.scheduler_names)]
         return sorted(pods, key=lambda p: (p.created_at, p.namespace, p.name))
 
     def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
@@ -203,6 +257,20 @@ class KubernetesBackend:
             self._check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
 
     def reject_external(self, pod: PodRef, reason: str) -> None:
+        """A Warning Event on the pod, posted once; the same refusal again only counts up (the count
+        written at most every EVENT_REFRESH_S), as kube-scheduler's event recorder does."""
+        key = (pod.namespace, event_name(pod.name, "FailedScheduling", reason))
+        with self._memory_lock:
+            known = self._events.get(key)
+            if known is not None:
+                known[0] += 1
+                if time.monotonic() - known[1] < EVENT_REFRESH_S:
+                    return
+                known[1] = time.monotonic()
+                count = known[0]
+        if known is not None:
+            self._count_event(pod, key, count)
+            return
         try:
             obj = self._raw("read pod", self.api.core.read_namespaced_pod, pod.name, pod.namespace)
         except NotFound:
@@ -212,10 +280,27 @@ class KubernetesBackend:
                                reason="FailedScheduling", message=reason)
         try:
             self._raw("record event", self.api.core.create_namespaced_event, pod.namespace, event)
-        except Conflict:
-            pass  # the same message is already recorded on this pod
+            count = 1
         except NotFound:
             return
+        except Conflict:
+            # Recorded by another process (or before a restart): count this one on it.
+            try:
+                existing = self._raw("read event", self.api.core.read_namespaced_event, key[1], pod.namespace)
+            except NotFound:
+                return
+            count = int(existing.get("count") or 1) + 1
+            self._count_event(pod, key, count)
+        self._remember(self._events, key, [count, time.monotonic(), uid])
+
+    def _count_event(self, pod: PodRef, key: tuple[str, str], count: int) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            self._raw("count event", self.api.core.patch_namespaced_event, key[1], pod.namespace,
+                      {"count": count, "lastTimestamp": stamp})
+        except NotFound:
+            with self._memory_lock:  # expired (events live an hour): the next refusal posts it anew
+                self._events.pop(key, None)
 
     def _read_external(self, pod: PodRef) -> dict:
         try:

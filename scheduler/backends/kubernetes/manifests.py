@@ -9,27 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from ..base import (
-    BROKER_HOST_DIR,
     MANAGED_BY,
     MANAGED_BY_LABEL,
-    PRELOAD_HOST_DIR,
     RESERVATION_LABEL,
     SCHEDULER_NAME,
     ExternalPod,
+    GpuShare,
     NodeCondition,
     PermanentBackendError,
     Phase,
     PodSpec,
     PodStatus,
+    share_env,
 )
 
 CONTAINER_NAME = "main"
 GRACE_S = 30
+# The device plugin's extended resource (agents/deviceplugin): asking for one slot makes the kubelet
+# call its Allocate, which answers the share variables, the preload library and the broker socket.
+SHARE_RESOURCE = "tessera.io/gpu-share"
+# What Allocate gives the container: left out of the pod spec (one source, and a user's env cannot
+# override it there).
+SHARE_ENV_NAMES = frozenset(share_env("0", (GpuShare("GPU-0", 0, 1.0, 1.0, 1),), 0))
 
 # The API server's own rules for names and labels (a violation is a 422 there; we say it first).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -61,8 +67,10 @@ def check_labels(labels: Mapping[str, str]) -> None:
 
 def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
                  tolerate_gpu_taint: bool = True) -> dict[str, Any]:
-    """The pod for one reservation: pinned to its node (`nodeName`, so no scheduler runs), the GPU
-    given by `NVIDIA_VISIBLE_DEVICES`, the preload library and the broker socket mounted from the node."""
+    """The pod for one reservation: pinned to its node (`nodeName`, so no scheduler runs), asking for
+    one `SHARE_RESOURCE` slot. The GPU (`NVIDIA_VISIBLE_DEVICES`), the share variables, the preload
+    library and the broker socket come from the device plugin's Allocate answer, as for kubectl
+    pods: the spec has no hostPath and passes PodSecurity `baseline`."""
     check_name("pod", spec.name, dns_label=True)
     check_name("namespace", spec.namespace, dns_label=True)
     check_name("node", spec.node)
@@ -76,11 +84,8 @@ def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
-        "env": [{"name": k, "value": v} for k, v in spec.env],
-        "volumeMounts": [
-            {"name": "tessera-preload", "mountPath": PRELOAD_HOST_DIR, "readOnly": True},
-            {"name": "tessera-broker", "mountPath": BROKER_HOST_DIR},
-        ],
+        "env": [{"name": k, "value": v} for k, v in spec.env if k not in SHARE_ENV_NAMES],
+        "resources": {"limits": {SHARE_RESOURCE: "1"}},
     }
     if spec.command:
         container["command"] = list(spec.command)
@@ -94,10 +99,6 @@ def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "containers": [container],
-        "volumes": [
-            {"name": "tessera-preload", "hostPath": {"path": PRELOAD_HOST_DIR, "type": "Directory"}},
-            {"name": "tessera-broker", "hostPath": {"path": BROKER_HOST_DIR, "type": "DirectoryOrCreate"}},
-        ],
     }
     if runtime_class:
         pod_spec["runtimeClassName"] = runtime_class
@@ -224,11 +225,23 @@ def external_pod(obj: Mapping[str, Any]) -> ExternalPod:
     )
 
 
-def is_pending_external(obj: Mapping[str, Any]) -> bool:
+DEFAULT_SCHEDULER_NAMES = (SCHEDULER_NAME, "kubeshare-scheduler")
+
+
+def scheduler_names(value: Sequence[str] | str) -> tuple[str, ...]:
+    """The scheduler names Tessera answers to, from a list or "a,b" (empty: the defaults, which take
+    KubeShare 2.0 manifests, `schedulerName: kubeshare-scheduler`, as they are)."""
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
+    for name in names:
+        check_name("scheduler name", name)
+    return tuple(dict.fromkeys(names)) or DEFAULT_SCHEDULER_NAMES
+
+
+def is_pending_external(obj: Mapping[str, Any], names: Sequence[str] = DEFAULT_SCHEDULER_NAMES) -> bool:
     """A user's pod that asked for our scheduler and has no node yet (not one of ours, not leaving)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    return (spec.get("schedulerName") == SCHEDULER_NAME and not spec.get("nodeName")
+    return (spec.get("schedulerName") in names and not spec.get("nodeName")
             and not meta.get("deletionTimestamp")
             and (meta.get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY
             and (obj.get("status") or {}).get("phase", "Pending") == "Pending")

@@ -48,6 +48,7 @@ class ClusterWatch:
         self._rng = random.Random()
         self._lock = threading.Lock()
         self._open: set[Any] = set()  # watch responses being read
+        self._pods: dict[tuple[str, str], PodStatus] = {}  # what the pod watch last saw of each pod
         self.relists = 0  # how many times a list was needed (start, 410, errors): telemetry and tests
 
     @property
@@ -59,7 +60,7 @@ class ClusterWatch:
             return
         self._stop.clear()
         core = self._api.core
-        pods: dict[tuple[str, str], PodStatus] = {}
+        pods = self._pods = {}
         nodes: dict[str, bool] = {}
         self._threads = [
             threading.Thread(target=self._run, name="tessera-watch-pods", daemon=True, args=(
@@ -81,6 +82,10 @@ class ClusterWatch:
                     resp.shutdown()
         for t in self._threads:
             t.join(timeout_s)
+
+    def seen_pod(self, namespace: str, name: str) -> PodStatus | None:
+        """The pod as the running watch last saw it (None when not watching, or not seen)."""
+        return self._pods.get((namespace, name)) if self.running else None
 
     def drain(self, timeout_s: float) -> list[ClusterEvent]:
         """What changed since the last call (latest event per object, oldest change first), waiting at

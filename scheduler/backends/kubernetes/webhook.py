@@ -2,7 +2,8 @@
 
 A KubeShare 2.0 pod asks for its GPU with `sharedgpu/*` labels only, but the kubelet calls a device
 plugin's Allocate only for containers that request its resource. For every pod created with
-`schedulerName: tessera` and a `sharedgpu/gpu_request` label, this webhook adds
+one of Tessera's scheduler names (`TESSERA_SCHEDULER_NAMES`, default `tessera,kubeshare-scheduler`)
+and a `sharedgpu/gpu_request` label, this webhook adds
 `tessera.io/gpu-share: 1` to the limits of each container that does not ask for it yet, so
 `kubectl apply` of an existing KubeShare manifest needs nothing new.
 
@@ -16,17 +17,18 @@ import argparse
 import base64
 import json
 import logging
+import os
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..base import MANAGED_BY, MANAGED_BY_LABEL, SCHEDULER_NAME
+from ..base import MANAGED_BY, MANAGED_BY_LABEL
+from .manifests import SHARE_RESOURCE, scheduler_names
 
 log = logging.getLogger(__name__)
 
-SHARE_RESOURCE = "tessera.io/gpu-share"
 KUBESHARE_LABEL = "sharedgpu/gpu_request"
 PATH = "/mutate"
 MAX_BODY_BYTES = 3 * 1024 * 1024  # the API server's own request limit for objects
@@ -41,16 +43,20 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def wants_share(pod: Mapping[str, Any]) -> bool:
+def configured_names() -> tuple[str, ...]:
+    return scheduler_names(os.environ.get("TESSERA_SCHEDULER_NAMES", ""))
+
+
+def wants_share(pod: Mapping[str, Any], names: Sequence[str] | None = None) -> bool:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    return ((pod.get("spec") or {}).get("schedulerName") == SCHEDULER_NAME and KUBESHARE_LABEL in labels
-            and labels.get(MANAGED_BY_LABEL) != MANAGED_BY)
+    return ((pod.get("spec") or {}).get("schedulerName") in (names or configured_names())
+            and KUBESHARE_LABEL in labels and labels.get(MANAGED_BY_LABEL) != MANAGED_BY)
 
 
-def share_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+def share_patch(pod: Mapping[str, Any], names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """JSON Patch operations that give each container of a KubeShare pod one share slot."""
-    if not wants_share(pod):
+    if not wants_share(pod, names):
         return []
     ops: list[dict[str, Any]] = []
     for i, container in enumerate((pod.get("spec") or {}).get("containers") or ()):

@@ -13,8 +13,8 @@ import pytest
 from agents.deviceplugin import api_pb2
 from agents.deviceplugin.devices import gpu_of
 from agents.deviceplugin.pods import ALLOCATED_ANNOTATION
-from scheduler.backends import GpuShare, PodRef
-from scheduler.backends.base import PLACEMENT_ANNOTATION, external_binding
+from scheduler.backends import GpuShare, PodRef, make_pod_spec
+from scheduler.backends.base import PLACEMENT_ANNOTATION, external_binding, share_env
 from scheduler.backends.kubernetes import KubernetesBackend
 
 from .conftest import GPUS, NODE
@@ -88,6 +88,36 @@ def test_allocate_gives_the_container_its_gpu_share_preload_and_broker(plugin, k
     mounts = {(m.host_path, m.container_path, m.read_only) for m in answer.mounts}
     assert mounts == {("/opt/tessera/lib", "/opt/tessera/lib", True), ("/run/tessera", "/run/tessera", False)}
     assert apiserver.pod("team-vision", "notebook")["metadata"]["annotations"][ALLOCATED_ANNOTATION] == "1"
+
+
+def test_a_pod_the_portal_creates_gets_the_same_share_from_allocate_as_its_reservation(plugin, kubelet, apiserver):
+    apiserver.add_namespace("tessera-workloads", {"pod-security.kubernetes.io/enforce": "baseline"})
+    gpus = (GpuShare(uuid=GPUS[1].uuid, index=1, request=0.3, limit=0.6, memory_mib=4096),)
+    spec = make_pod_spec(reservation_id="31", attempt=1, namespace="tessera-workloads", node=NODE, team="vision",
+                         image="ghcr.io/example/train:1", command=("python", "train.py"), gpus=gpus, priority=70,
+                         kind="batch")
+    backend = KubernetesBackend(host=apiserver.url)
+    try:
+        backend.bind(spec)  # PodSecurity baseline lets it in: no hostPath
+    finally:
+        backend.close()
+    answer = allocate(kubelet, plugin, f"{GPUS[0].uuid}::0")
+    assert dict(answer.envs) == share_env("31", gpus, 70)
+    mounts = {(m.host_path, m.container_path, m.read_only) for m in answer.mounts}
+    assert mounts == {("/opt/tessera/lib", "/opt/tessera/lib", True), ("/run/tessera", "/run/tessera", False)}
+
+
+def test_claiming_reads_every_answer_so_the_next_request_on_the_connection_works(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "first")
+    kubectl_pod(apiserver, "second")
+    place(apiserver, "first", "1", gpu=0)
+    place(apiserver, "second", "2", gpu=1)
+    before = len(apiserver.calls("GET", r"^/api/v1/pods$"))
+    allocate(kubelet, plugin, "x")
+    allocate(kubelet, plugin, "x")
+    # One list per Allocate: an unread PATCH answer would break the next list on the reused connection
+    # (ResponseNotReady), and only a retry would hide it.
+    assert len(apiserver.calls("GET", r"^/api/v1/pods$")) - before == 2
 
 
 def test_two_placed_pods_each_get_their_own_placement_and_a_third_call_finds_none(plugin, kubelet, apiserver):

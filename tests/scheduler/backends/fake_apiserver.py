@@ -11,6 +11,24 @@ in `invalid` so that a test can fail on it.
 Faults: `inject(method, path_regex, status=..., delay_s=..., times=..., after=...)` answers the next
 matching requests with an HTTP error, a delay longer than the client's timeout, or (with
 `after=True`) performs the request and then answers the error, like an answer lost on the way back.
+
+Admission, as the real API server refuses pods (all 403 Forbidden, with its messages):
+- a namespace made with `add_namespace(name, service_account=False)` has no `default`
+  ServiceAccount until `add_service_account(name)`: pods are refused meanwhile (the race of a fresh
+  namespace, whose ServiceAccount a controller creates a moment later);
+- `runtime_classes` (default {"nvidia"}): a pod naming another RuntimeClass is refused;
+- a namespace labelled `pod-security.kubernetes.io/enforce: baseline|restricted` refuses pods that
+  violate that level (the checks of pod-security-admission that our pods could meet: host
+  namespaces, hostPath, privileged, added capabilities, host ports; for restricted also privilege
+  escalation, runAsNonRoot and the capabilities not dropped);
+- `pod_quota[namespace] = n`: a ResourceQuota of n pods;
+- `add_policy(vap)`: a ValidatingAdmissionPolicy (bound with `validationActions: [Deny]`), its CEL
+  evaluated with cel-python on pod updates; the requester is who `tokens` maps the request's bearer
+  token to (username and extra, e.g. the node-name claim of a bound ServiceAccount token).
+
+Answers go out in one write (headers and body together), as the real server's do: a client that
+gives a connection back without reading the body then reuses it and fails its next request
+(`ResponseNotReady`), so a missing read shows here as it does against a real cluster.
 """
 
 from __future__ import annotations
@@ -31,6 +49,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import celpy
 import kubernetes_validate
 
 K8S_VERSION = "1.34.0"
@@ -55,6 +74,7 @@ class Request:
     query: dict[str, str]
     body: Any
     content_type: str
+    user: tuple[str, dict[str, list[str]]] = ("system:anonymous", {})
 
 
 @dataclass
@@ -147,6 +167,13 @@ class _Server(ThreadingHTTPServer):
 class FakeApiServer:
     def __init__(self, namespaces: tuple[str, ...] = ("default", "tessera")) -> None:
         self.namespaces = set(namespaces)
+        self.namespace_labels: dict[str, dict[str, str]] = {ns: {} for ns in namespaces}
+        self.service_accounts: set[tuple[str, str]] = {(ns, "default") for ns in namespaces}
+        self.runtime_classes: set[str] = {"nvidia"}
+        self.pod_quota: dict[str, int] = {}
+        self.tokens: dict[str, tuple[str, dict[str, list[str]]]] = {}  # bearer token -> (username, extra)
+        self.policies: list[dict] = []
+        self.pod_logs: dict[tuple[str, str], str] = {}  # what GET .../pods/NAME/log answers
         self.store = Store()
         self.lock = threading.Condition()
         self._rv = itertools.count(1)
@@ -193,6 +220,23 @@ class FakeApiServer:
                "status": {"conditions": [self._ready_condition(ready)]}}
         with self.lock:
             return self._put("Node", "", name, obj, "ADDED")
+
+    def add_namespace(self, name: str, labels: dict[str, str] | None = None, *,
+                      service_account: bool = True) -> None:
+        with self.lock:
+            self.namespaces.add(name)
+            self.namespace_labels[name] = dict(labels or {})
+            if service_account:
+                self.service_accounts.add((name, "default"))
+
+    def add_policy(self, policy: dict) -> None:
+        assert policy["kind"] == "ValidatingAdmissionPolicy"
+        with self.lock:
+            self.policies.append(copy.deepcopy(policy))
+
+    def add_service_account(self, namespace: str, name: str = "default") -> None:
+        with self.lock:
+            self.service_accounts.add((namespace, name))
 
     def set_node_ready(self, name: str, ready: bool) -> None:
         with self.lock:
@@ -312,10 +356,35 @@ class FakeApiServer:
         for mutate in self.pod_mutators:
             body = apply_json_patch(body, mutate(body))
             meta = body["metadata"]
+        self._admit_pod(ns, name, body)
         meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
         body.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
         body["status"] = {"phase": "Pending"}
         return self._put("Pod", ns, name, body, "ADDED")
+
+    def _admit_pod(self, ns: str, name: str, body: dict) -> None:
+        """The admission plugins that refuse pods, in the API server's order and words."""
+        spec = body.get("spec") or {}
+        forbidden = f'pods "{name}" is forbidden: '
+        account = spec.get("serviceAccountName") or "default"
+        if (ns, account) not in self.service_accounts:
+            raise ApiError(403, "Forbidden", f"{forbidden}error looking up service account {ns}/{account}: "
+                           f'serviceaccount "{account}" not found')
+        runtime_class = spec.get("runtimeClassName")
+        if runtime_class and runtime_class not in self.runtime_classes:
+            raise ApiError(403, "Forbidden", f'{forbidden}pod rejected: RuntimeClass "{runtime_class}" not found')
+        level = self.namespace_labels.get(ns, {}).get("pod-security.kubernetes.io/enforce", "privileged")
+        if level in ("baseline", "restricted"):
+            violations = pod_security_violations(spec, restricted=level == "restricted")
+            if violations:
+                raise ApiError(403, "Forbidden", f'{forbidden}violates PodSecurity "{level}:latest": '
+                               + ", ".join(violations))
+        quota = self.pod_quota.get(ns)
+        if quota is not None:
+            used = sum(1 for (k, n, _) in self.store.objects if k == "Pod" and n == ns)
+            if used >= quota:
+                raise ApiError(403, "Forbidden", f"{forbidden}exceeded quota: pods, requested: pods=1, "
+                               f"used: pods={used}, limited: pods={quota}")
 
     def _validate(self, body: Any) -> None:
         self.validated += 1
@@ -366,7 +435,9 @@ class FakeApiServer:
                 except ValueError:
                     self._send(400, _status(400, "BadRequest", "invalid JSON"))
                     return
-                request = Request(method, parts.path, query, body, self.headers.get("Content-Type", ""))
+                auth = self.headers.get("Authorization", "")
+                user = server.tokens.get(auth.removeprefix("Bearer "), ("system:anonymous", {}))
+                request = Request(method, parts.path, query, body, self.headers.get("Content-Type", ""), user)
                 with server.lock:
                     server.requests.append(request)
                     fault = server._take_fault(method, parts.path + ("?watch" if _is_watch(query) else ""))
@@ -400,13 +471,18 @@ class FakeApiServer:
                     self._send(code, _status(code, "InternalError" if code >= 500 else "Conflict",
                                              "injected fault"))
 
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
+            def _send(self, code: int, body: dict | str) -> None:
+                text = isinstance(body, str)  # a pod's log is plain text
+                data = body.encode() if text else json.dumps(body).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                # Headers and body in one write, as the real API server's answers arrive: the client
+                # then reads the body into its buffer with the headers, and a connection given back
+                # with its body unread looks idle and is reused (see `_check_reused`).
+                self._headers_buffer.append(b"\r\n")
+                self.wfile.write(b"".join(self._headers_buffer) + data)
+                self._headers_buffer = []
 
             def _chunk(self, data: bytes) -> None:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -500,7 +576,7 @@ class FakeApiServer:
             meta["continue"] = str(start + limit)
         return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": page}
 
-    def _route(self, req: Request) -> tuple[int, dict]:
+    def _route(self, req: Request) -> tuple[int, dict | str]:
         path, m = req.path, None
         if path == "/api/v1/nodes" and req.method == "GET":
             return 200, self._list("Node", "", req.query)
@@ -523,6 +599,11 @@ class FakeApiServer:
                 return 200, self._patch_pod(ns, name, req)
             if req.method == "DELETE":
                 return 200, self._delete_pod(ns, name, req)
+        if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", path)) and req.method == "GET":
+            self._get("Pod", m[1], m[2])
+            lines = self.pod_logs.get((m[1], m[2]), "").splitlines(keepends=True)
+            tail = int(req.query.get("tailLines") or 0)
+            return 200, "".join(lines[-tail:] if tail else lines)
         if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding", path)) and req.method == "POST":
             self._validate(req.body)
             return 201, self._bind(m[1], m[2], req.body)
@@ -532,6 +613,11 @@ class FakeApiServer:
                 return 201, self._create_event(m[1], req.body)
             if req.method == "GET":
                 return 200, self._list("Event", m[1], req.query)
+        if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/events/([^/]+)", path):
+            if req.method == "GET":
+                return 200, self._get("Event", m[1], m[2])
+            if req.method == "PATCH":
+                return 200, self._patch_event(m[1], m[2], req)
         raise ApiError(404, "NotFound", f"the fake API server has no {req.method} {path}")
 
     def _get(self, kind: str, ns: str, name: str) -> dict:
@@ -557,6 +643,11 @@ class FakeApiServer:
             for key, value in (patched["metadata"].get("labels") or {}).items():
                 if len(value) > 63 or not _LABEL_VALUE.match(value):
                     raise ApiError(422, "Invalid", f"metadata.labels: Invalid value: {value!r} for {key}")
+            for policy in self.policies:
+                denied = policy_denial(policy, "UPDATE", "pods", patched, obj, req.user)
+                if denied:
+                    code, reason, message = denied
+                    raise ApiError(code, reason, f'pods "{name}" is forbidden: {message}')
             return self._put("Pod", ns, name, patched, "MODIFIED")
 
     def _delete_pod(self, ns: str, name: str, req: Request) -> dict:
@@ -573,6 +664,18 @@ class FakeApiServer:
                 self.store.objects.pop(("Pod", ns, name))
                 self._record("Pod", "DELETED", obj)
             return out
+
+    def _patch_event(self, ns: str, name: str, req: Request) -> dict:
+        if "merge-patch" not in req.content_type:
+            raise ApiError(415, "UnsupportedMediaType", f"the fake supports merge patches, not {req.content_type}")
+        with self.lock:
+            obj = self.store.objects.get(("Event", ns, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'events "{name}" not found')
+            patched = merge_patch(obj, req.body)
+            patched["metadata"]["name"], patched["metadata"]["namespace"] = name, ns
+            self._validate(patched)
+            return self._put("Event", ns, name, patched, "MODIFIED")
 
     def _bind(self, ns: str, name: str, body: dict) -> dict:
         with self.lock:
@@ -598,6 +701,86 @@ class FakeApiServer:
             body = copy.deepcopy(body)
             body["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
             return self._put("Event", ns, name, body, "ADDED")
+
+
+def policy_denial(policy: dict, operation: str, resource: str, obj: dict, old: dict | None,
+                  user: tuple[str, dict[str, list[str]]]) -> tuple[int, str, str] | None:
+    """(HTTP code, reason, message) when the ValidatingAdmissionPolicy denies the request, else None.
+    Evaluates its matchConditions, variables and validations with cel-python, as the API server does
+    with cel-go (same expressions, same `object`/`oldObject`/`request`/`variables`)."""
+    spec = policy["spec"]
+    if not any(operation in rule.get("operations", ()) and resource in rule.get("resources", ())
+               for rule in spec["matchConstraints"]["resourceRules"]):
+        return None
+    env = celpy.Environment()
+    username, extra = user
+    activation: dict[str, Any] = {
+        "object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel({"operation": operation, "userInfo": {"username": username, "extra": extra}}),
+    }
+
+    def evaluate(expression: str) -> Any:
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    if not all(bool(evaluate(c["expression"])) for c in spec.get("matchConditions") or ()):
+        return None
+    variables = celpy.celtypes.MapType()
+    activation["variables"] = variables
+    for variable in spec.get("variables") or ():
+        variables[celpy.celtypes.StringType(variable["name"])] = evaluate(variable["expression"])
+    for check in spec.get("validations") or ():
+        result = evaluate(check["expression"])
+        if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+            message = str(evaluate(check["messageExpression"])) if check.get("messageExpression") \
+                else check.get("message") or f"failed expression: {check['expression']}"
+            reason = check.get("reason", "Invalid")
+            code = {"Forbidden": 403, "Unauthorized": 401, "RequestEntityTooLarge": 413}.get(reason, 422)
+            name = policy["metadata"]["name"]
+            return code, reason, f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {message}"
+    return None
+
+
+# pod-security-admission's baseline: capabilities a container may add.
+BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                                   "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
+
+
+def pod_security_violations(spec: dict, *, restricted: bool = False) -> list[str]:
+    """What a pod spec does that the PodSecurity level forbids, worded as pod-security-admission does."""
+    out = []
+    hosts = [f"{k}={str(spec[k]).lower()}" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
+    if hosts:
+        out.append(f"host namespaces ({', '.join(hosts)})")
+    containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
+    privileged = [c["name"] for c in containers if ((c.get("securityContext") or {}).get("privileged"))]
+    if privileged:
+        out.append(f"privileged ({', '.join(privileged)})")
+    added = sorted({cap for c in containers for cap in
+                    (((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or ())
+                    if restricted or cap not in BASELINE_CAPABILITIES})
+    if added:
+        out.append(f"non-default capabilities (capabilities {', '.join(added)})")
+    host_paths = [v["name"] for v in spec.get("volumes") or () if "hostPath" in v]
+    if host_paths:
+        out.append("hostPath volumes (volumes " + ", ".join(f'"{n}"' for n in host_paths) + ")")
+    ports = [str(p["hostPort"]) for c in containers for p in c.get("ports") or () if p.get("hostPort")]
+    if ports:
+        out.append(f"hostPort (ports {', '.join(ports)})")
+    if restricted:
+        pod_sc = spec.get("securityContext") or {}
+        escalating = [c["name"] for c in containers
+                      if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+        if escalating:
+            out.append(f"allowPrivilegeEscalation != false (containers {', '.join(escalating)})")
+        not_dropped = [c["name"] for c in containers if "ALL" not in (
+            ((c.get("securityContext") or {}).get("capabilities") or {}).get("drop") or ())]
+        if not_dropped:
+            out.append(f"unrestricted capabilities (containers {', '.join(not_dropped)})")
+        root = [c["name"] for c in containers
+                if not (c.get("securityContext") or {}).get("runAsNonRoot", pod_sc.get("runAsNonRoot"))]
+        if root:
+            out.append(f"runAsNonRoot != true (containers {', '.join(root)})")
+    return out
 
 
 def _is_watch(query: dict[str, str]) -> bool:

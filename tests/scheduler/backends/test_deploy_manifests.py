@@ -38,9 +38,17 @@ def test_every_manifest_is_valid_for_kubernetes_1_34(path):
         kubernetes_validate.validate(d, "1.34.0", strict=True)
 
 
-def test_the_kustomization_applies_every_manifest():
+def test_the_kustomization_applies_every_manifest_but_the_optional_ones():
     listed = {DEPLOY / p for p in yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]}
-    assert listed == set(MANIFESTS)
+    assert listed == {p for p in MANIFESTS if "optional" not in p.relative_to(DEPLOY).parts}
+
+
+def test_workload_pods_go_to_a_namespace_that_enforces_pod_security_baseline():
+    labels = find("Namespace", "tessera-workloads")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    # Tessera's own namespace holds the node plugins (hostPath, root): privileged, said explicitly.
+    assert find("Namespace", "tessera")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert find("RuntimeClass", "nvidia")["handler"] == "nvidia"
 
 
 def test_there_is_one_beat_and_it_is_never_doubled_during_an_update():
@@ -77,52 +85,113 @@ def test_the_node_plugins_mount_what_workload_pods_expect_and_run_the_plugin_wit
 
 # -- RBAC: granted == used ---------------------------------------------------------------------------
 
-def used_permissions(requests) -> set[tuple[str, str]]:
-    """(resource, verb) of each request the fake API server saw, as the API server's authorizer names them."""
+def used_permissions(requests) -> set[tuple[str, str, str | None]]:
+    """(resource, verb, namespace) of each request the fake API server saw, as the API server's
+    authorizer names them; namespace None for cluster-scoped and all-namespace requests."""
     out = set()
     for r in requests:
-        path = r.path
-        sub = re.fullmatch(r"/api/v1/(?:namespaces/[^/]+/)?(\w+)(?:/([^/]+))?(?:/(\w+))?", path)
-        assert sub, path
-        resource, name, subresource = sub.groups()
+        sub = re.fullmatch(r"/api/v1/(?:namespaces/([^/]+)/)?(\w+)(?:/([^/]+))?(?:/(\w+))?", r.path)
+        assert sub, r.path
+        namespace, resource, name, subresource = sub.groups()
         resource = f"{resource}/{subresource}" if subresource else resource
         if r.method == "GET":
             verb = "watch" if r.query.get("watch") in ("true", "True", "1") else ("get" if name else "list")
         else:
             verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}[r.method]
-        out.add((resource, verb))
+        out.add((resource, verb, namespace))
     return out
 
 
-def granted(role_name: str) -> set[tuple[str, str]]:
-    role = find("ClusterRole", role_name)
+def rules(kind: str, name: str) -> set[tuple[str, str]]:
+    role = find(kind, name)
     return {(res, verb) for rule in role["rules"] if rule["apiGroups"] == [""]
             for res in rule["resources"] for verb in rule["verbs"]}
 
 
-def test_the_portal_may_do_exactly_what_the_backend_does(nodes, backend, pod_spec, apiserver):
-    status = backend.bind(pod_spec())
+def check_least_privilege(used, cluster_role: str, roles: tuple[str, ...] = ()) -> None:
+    """Every call is allowed (a ClusterRole anywhere, a Role in its namespace), and every grant is used."""
+    cluster = rules("ClusterRole", cluster_role)
+    namespaced = {find("Role", name)["metadata"]["namespace"]: rules("Role", name) for name in roles}
+    for resource, verb, namespace in used:
+        assert (resource, verb) in cluster or (resource, verb) in namespaced.get(namespace, ()), (
+            f"{verb} {resource} in {namespace or 'the cluster'} is not granted")
+    assert {(res, verb) for res, verb, _ in used} == cluster | {g for grants in namespaced.values() for g in grants}
+
+
+def test_the_portal_may_do_exactly_what_the_backend_does_and_creates_pods_only_in_its_namespace(
+        nodes, make_backend, pod_spec, apiserver, monkeypatch):
+    from scheduler.backends.kubernetes import backend as module
+
+    apiserver.add_namespace("tessera-workloads", find("Namespace", "tessera-workloads")["metadata"]["labels"])
+    backend = make_backend()
+    status = backend.bind(pod_spec(namespace="tessera-workloads"))  # PodSecurity baseline lets it in
     backend.list_pods()
     backend.list_nodes()
     backend.poll(1.0)
     apiserver.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nb", "namespace": "team-vision"},
                           "spec": {"schedulerName": "tessera", "containers": [{"name": "c", "image": "x"}]}})
     backend.list_pending_external()
+    monkeypatch.setattr(module, "EVENT_REFRESH_S", 0.0)
     backend.reject_external(PodRef("team-vision", "nb"), "sharedgpu/gpu_request: missing")
+    backend.reject_external(PodRef("team-vision", "nb"), "sharedgpu/gpu_request: missing")  # counted
+    make_backend().reject_external(PodRef("team-vision", "nb"), "sharedgpu/gpu_request: missing")  # 409: read
     share = GpuShare("GPU-0a1b2c3d-0000-4000-8000-000000000001", 0, 0.5, 0.5, 1024)
     backend.bind_external(PodRef("team-vision", "nb"), "gpu-node-1", *external_binding("9", "vision", (share,), 10))
+    apiserver.pod_logs[("tessera-workloads", status.name)] = "epoch 1\nepoch 2\n"
+    assert backend.pod_log(status.ref, tail_lines=1).endswith("epoch 2\n")
     backend.unbind(status.ref, grace_s=5, reason="done")
-    assert used_permissions(apiserver.requests) == granted("tessera-scheduler")
-    binding = find("ClusterRoleBinding", "tessera-scheduler")
-    assert binding["subjects"][0]["name"] == "tessera-portal"
+    used = used_permissions(apiserver.requests)
+    check_least_privilege(used, "tessera-scheduler", roles=("tessera-workloads",))
+    assert ("pods", "create") not in rules("ClusterRole", "tessera-scheduler")
+    assert find("ClusterRoleBinding", "tessera-scheduler")["subjects"][0]["name"] == "tessera-portal"
+    assert find("RoleBinding", "tessera-workloads")["subjects"][0]["name"] == "tessera-portal"
+    assert find("ConfigMap", "tessera-config")["data"]["TESSERA_NAMESPACE"] == "tessera-workloads"
+
+
+PLUGIN_USER = "system:serviceaccount:tessera:tessera-device-plugin"
+
+
+def plugin_on(apiserver, node: str) -> KubernetesPods:
+    """The device plugin of `node`, with a bound ServiceAccount token carrying the node claim."""
+    token = f"token-of-{node}"
+    apiserver.tokens[token] = (PLUGIN_USER, {"authentication.kubernetes.io/node-name": [node]})
+    return KubernetesPods(host=apiserver.url, token=token)
 
 
 def test_the_device_plugin_may_do_exactly_what_it_does(nodes, backend, apiserver):
+    apiserver.add_policy(find("ValidatingAdmissionPolicy", "tessera-device-plugin-own-node"))
     apiserver.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nb", "namespace": "team-vision"},
                           "spec": {"schedulerName": "tessera", "containers": [
                               {"name": "c", "image": "x", "resources": {"limits": {"tessera.io/gpu-share": "1"}}}]}})
     share = GpuShare("GPU-0a1b2c3d-0000-4000-8000-000000000001", 0, 0.5, 0.5, 1024)
     backend.bind_external(PodRef("team-vision", "nb"), "gpu-node-1", *external_binding("9", "vision", (share,), 10))
     before = len(apiserver.requests)
-    PodFinder(KubernetesPods(host=apiserver.url), "gpu-node-1", "tessera.io/gpu-share").claim(1)
-    assert used_permissions(apiserver.requests[before:]) == granted("tessera-device-plugin")
+    claim = PodFinder(plugin_on(apiserver, "gpu-node-1"), "gpu-node-1", "tessera.io/gpu-share").claim(1)
+    assert claim.name == "nb"  # the policy let its own node's plugin count the container
+    check_least_privilege(used_permissions(apiserver.requests[before:]), "tessera-device-plugin")
+    binding = find("ValidatingAdmissionPolicyBinding", "tessera-device-plugin-own-node")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_a_device_plugin_cannot_touch_another_nodes_pods_or_their_placement(nodes, backend, apiserver):
+    from kubernetes.client.exceptions import ApiException
+
+    apiserver.add_policy(find("ValidatingAdmissionPolicy", "tessera-device-plugin-own-node"))
+    apiserver.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nb", "namespace": "team-vision"},
+                          "spec": {"schedulerName": "tessera", "containers": [{"name": "c", "image": "x"}]}})
+    share = GpuShare("GPU-0a1b2c3d-0000-4000-8000-000000000001", 0, 0.5, 0.5, 1024)
+    backend.bind_external(PodRef("team-vision", "nb"), "gpu-node-1", *external_binding("9", "vision", (share,), 10))
+    rv = apiserver.pod("team-vision", "nb")["metadata"]["resourceVersion"]
+    with pytest.raises(ApiException) as other_node:
+        plugin_on(apiserver, "gpu-node-2").annotate("team-vision", "nb", rv, {"tessera.io/allocated-containers": "1"})
+    assert other_node.value.status == 403 and b"only change pods bound to its own node" in other_node.value.body
+    with pytest.raises(ApiException) as placement:
+        plugin_on(apiserver, "gpu-node-1").annotate("team-vision", "nb", rv, {"tessera.io/placement": "{}"})
+    assert placement.value.status == 403 and b"only change the tessera.io/allocated-containers" in placement.value.body
+    unclaimed = KubernetesPods(host=apiserver.url, token="no-node-claim")
+    apiserver.tokens["no-node-claim"] = (PLUGIN_USER, {})
+    with pytest.raises(ApiException):
+        unclaimed.annotate("team-vision", "nb", rv, {"tessera.io/allocated-containers": "1"})
+    assert "tessera.io/allocated-containers" not in apiserver.pod("team-vision", "nb")["metadata"]["annotations"]
+    # Everyone else (the portal, users) is not concerned by this policy.
+    backend.unbind(PodRef("team-vision", "nb"), grace_s=0, reason="done")

@@ -105,6 +105,34 @@ def test_a_refused_pod_gets_a_warning_event_once_and_stays_pending(nodes, backen
     backend.reject_external(PodRef("team-vision", "nobody"), why)
 
 
+def test_a_refusal_repeated_every_cycle_is_one_event_whose_count_goes_up(nodes, make_backend, monkeypatch):
+    from scheduler.backends.kubernetes import backend as module
+
+    nodes.create_pod(user_pod(**{"sharedgpu/gpu_request": "1.5"}))
+    why = "sharedgpu/gpu_request: 1.5 is above 1.0"
+    backend = make_backend()
+    for _ in range(40):  # cycles in a row: nothing more is sent than the first post
+        backend.reject_external(PodRef("team-vision", "notebook"), why)
+    assert len(nodes.calls("POST", r"/events$")) == 1 and not nodes.calls("PATCH", r"/events/")
+    monkeypatch.setattr(module, "EVENT_REFRESH_S", 0.0)
+    backend.reject_external(PodRef("team-vision", "notebook"), why)
+    (event,) = nodes.events()
+    assert event["count"] == 41
+    # Another worker (or a restarted one) counts on the same event instead of posting a second one.
+    make_backend().reject_external(PodRef("team-vision", "notebook"), why)
+    (event,) = nodes.events()
+    assert event["count"] == 42 and len(nodes.calls("POST", r"/events$")) == 2  # its create met 409
+
+
+def test_kubeshare_manifests_naming_kubeshare_scheduler_are_ours_too(nodes, make_backend, monkeypatch):
+    nodes.create_pod(user_pod("kubeshare", scheduler="kubeshare-scheduler"))
+    nodes.create_pod(user_pod("mine", scheduler="tessera"))
+    nodes.create_pod(user_pod("volcano", scheduler="volcano"))
+    assert sorted(p.name for p in make_backend().list_pending_external()) == ["kubeshare", "mine"]
+    monkeypatch.setenv("TESSERA_SCHEDULER_NAMES", "tessera, volcano")
+    assert sorted(p.name for p in make_backend().list_pending_external()) == ["mine", "volcano"]
+
+
 def test_a_long_refusal_is_cut_to_what_the_api_server_accepts(nodes, backend):
     nodes.create_pod(user_pod())
     backend.reject_external(PodRef("team-vision", "notebook"), "x" * 5000)

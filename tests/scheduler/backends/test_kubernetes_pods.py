@@ -4,6 +4,8 @@ that answers like the real one, faults included."""
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 
 import pytest
 
@@ -15,18 +17,16 @@ from scheduler.backends import (
     TransientBackendError,
 )
 from scheduler.backends.base import (
-    BROKER_HOST_DIR,
     PLACEMENT_ANNOTATION,
-    PRELOAD_HOST_DIR,
-    PRELOAD_PATH,
     REASON_ANNOTATION,
     RESERVATION_LABEL,
 )
+from scheduler.backends.kubernetes.manifests import SHARE_RESOURCE
 
 PODS = r"^/api/v1/namespaces/tessera/pods$"
 
 
-def test_bind_creates_one_pod_pinned_to_its_node_with_the_share_and_the_node_mounts(nodes, backend, pod_spec):
+def test_bind_creates_one_pod_pinned_to_its_node_asking_the_device_plugin_for_its_share(nodes, backend, pod_spec):
     status = backend.bind(pod_spec())
     assert (status.name, status.node, status.phase, status.reservation_id) == (
         "tessera-r42-1", "gpu-node-1", Phase.PENDING, "42")
@@ -35,21 +35,32 @@ def test_bind_creates_one_pod_pinned_to_its_node_with_the_share_and_the_node_mou
     spec = pod["spec"]
     assert spec["nodeName"] == "gpu-node-1"
     (container,) = spec["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-0a1b2c3d-0000-4000-8000-000000000001"
-    assert env["LD_PRELOAD"] == PRELOAD_PATH
-    assert (env["TESSERA_GPU_REQUEST"], env["TESSERA_GPU_LIMIT"], env["TESSERA_GPU_MEMORY_LIMIT"]) == (
-        "0.25", "0.5", "8192Mi")
-    assert env["TESSERA_SHARE_ID"] == "42" and env["EPOCHS"] == "3"
+    # The GPU, the share, the preload library and the broker socket come from the device plugin's
+    # Allocate answer (tests/agents/deviceplugin), as for kubectl pods: nothing of the node in the spec.
+    assert container["resources"]["limits"] == {SHARE_RESOURCE: "1"}
+    assert {e["name"]: e["value"] for e in container["env"]} == {"EPOCHS": "3"}
+    assert "volumes" not in spec and "volumeMounts" not in container
     assert container["command"] == ["python", "train.py"]
-    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert volumes == mounts == {"tessera-preload": PRELOAD_HOST_DIR, "tessera-broker": BROKER_HOST_DIR}
     assert pod["metadata"]["labels"][RESERVATION_LABEL] == "42"
     placement = json.loads(pod["metadata"]["annotations"][PLACEMENT_ANNOTATION])
     assert placement["gpus"] == ["GPU-0a1b2c3d-0000-4000-8000-000000000001"]
-    assert spec["restartPolicy"] == "Never"
+    assert (placement["request"], placement["limit"], placement["memory_mib"]) == (0.25, 0.5, 8192)
+    assert spec["restartPolicy"] == "Never" and spec["runtimeClassName"] == "nvidia"
     assert nodes.validated >= 1  # and the fixture fails the test on any invalid manifest
+
+
+def test_a_user_cannot_override_the_share_through_the_pods_env(nodes, backend, pod_spec):
+    spec = pod_spec()
+    spec = replace(spec, env=(*spec.env, ("LD_PRELOAD", "/tmp/mine.so"), ("TESSERA_GPU_LIMIT", "1")))
+    backend.bind(spec)
+    (pod,) = nodes.pods()
+    assert {e["name"] for e in pod["spec"]["containers"][0]["env"]} == {"EPOCHS"}
+
+
+def test_the_pods_pass_pod_security_baseline(nodes, backend, pod_spec):
+    nodes.add_namespace("tessera-workloads", {"pod-security.kubernetes.io/enforce": "baseline"})
+    status = backend.bind(pod_spec(namespace="tessera-workloads"))
+    assert status.namespace == "tessera-workloads"
 
 
 def test_interactive_pods_restart_and_run_the_images_own_command(nodes, backend, pod_spec):
@@ -142,8 +153,28 @@ def test_unbind_deletes_gracefully_with_the_reason_and_is_idempotent(nodes, back
     assert pod["metadata"]["annotations"][REASON_ANNOTATION] == "preempted by 51"
     (delete,) = nodes.calls("DELETE", r"/pods/tessera-r42-1$")
     assert delete.query["gracePeriodSeconds"] == "20"
+    # Terminating: left alone, and the first reason stays.
+    assert backend.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=20, reason="no live reservation") is False
+    assert len(nodes.calls("DELETE", r"/pods/tessera-r42-1$")) == 1
+    assert len(nodes.calls("PATCH", r"/pods/tessera-r42-1$")) == 1
+    assert nodes.pod("tessera", "tessera-r42-1")["metadata"]["annotations"][REASON_ANNOTATION] == "preempted by 51"
     nodes.finish_deletion("tessera", "tessera-r42-1")
     assert backend.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=20, reason="again") is False
+
+
+def test_another_process_leaves_a_terminating_pod_alone_once_its_watch_saw_it(nodes, make_backend, pod_spec):
+    first, other = make_backend(), make_backend()
+    first.bind(pod_spec())
+    nodes.hold_deletions = True
+    other.poll(0.5)  # its watch runs and knows the pod
+    assert first.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=20, reason="cancelled") is True
+    deadline = time.monotonic() + 5
+    while not (seen := other.watch.seen_pod("tessera", "tessera-r42-1")) or not seen.deleting:
+        assert time.monotonic() < deadline
+        other.poll(0.2)
+    assert other.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=20, reason="reservation 42 is cancelled") is False
+    assert len(nodes.calls("DELETE", r"/pods/tessera-r42-1$")) == 1
+    assert nodes.pod("tessera", "tessera-r42-1")["metadata"]["annotations"][REASON_ANNOTATION] == "cancelled"
 
 
 def test_unbind_survives_errors_and_a_lost_answer(nodes, backend, pod_spec):

@@ -56,6 +56,13 @@ def test_every_container_of_a_kubeshare_pod_asks_for_one_share_slot_and_keeps_it
     kubernetes_validate.validate(mutated, "1.34.0", strict=True)
 
 
+def test_a_kubeshare_manifest_naming_kubeshare_scheduler_gets_its_slot_and_the_names_are_configurable(monkeypatch):
+    pod = kubeshare_pod(schedulerName="kubeshare-scheduler")
+    assert len(share_patch(pod)) == 3
+    monkeypatch.setenv("TESSERA_SCHEDULER_NAMES", "tessera")
+    assert share_patch(pod) == []
+
+
 def test_a_container_that_already_asks_is_left_as_written():
     pod = kubeshare_pod(containers=[{"name": "main", "image": "x", "resources": {"limits": {SHARE_RESOURCE: "2"}}}])
     assert share_patch(pod) == []
