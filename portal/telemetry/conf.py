@@ -20,6 +20,11 @@ def minute_retention() -> timedelta:
     return timedelta(days=_get("TESSERA_TELEMETRY_MINUTE_RETENTION_DAYS", 90))
 
 
+def hour_retention() -> timedelta:
+    """The hourly rollups outlive the minutes: reports may span up to 400 days."""
+    return timedelta(days=_get("TESSERA_TELEMETRY_HOUR_RETENTION_DAYS", 400))
+
+
 def node_lost_after() -> timedelta:
     """A node whose agent has been silent this long is marked lost."""
     return timedelta(seconds=_get("TESSERA_NODE_LOST_AFTER_S", 90))

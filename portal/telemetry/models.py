@@ -117,6 +117,45 @@ class ShareMinute(models.Model):
         return f"reservation {self.reservation_id} on gpu {self.gpu_id} {self.minute:%Y-%m-%d %H:%M}"
 
 
+class ShareHour(models.Model):
+    """One share on one GPU over one hour, folded from its minutes for reports over weeks: a
+    30-day report reads 720 rows per share instead of 43,200. Every sum is in GPU-minutes, each
+    minute weighted by the part of it that has samples (as ShareMinute is read). Idle and burst are
+    judged per minute, with the team's idle threshold and the share's request of that moment."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="+")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    team_id = models.BigIntegerField(help_text="The reservation's team, for team reports")
+    hour = models.DateTimeField()
+    sampled_minutes = models.FloatField(help_text="Minutes with samples (a half-sampled minute counts 0.5)")
+    used = models.FloatField(help_text="GPU-minutes used")
+    idle_allocated = models.FloatField(help_text="Allocated GPU-minutes in minutes used under the idle threshold")
+    over_request = models.FloatField(help_text="GPU-minutes used above the share's request (burst)")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["reservation", "gpu", "hour"], name="unique_share_hour")]
+        indexes = [models.Index(fields=["hour"])]
+
+    def __str__(self) -> str:
+        return f"reservation {self.reservation_id} on gpu {self.gpu_id} {self.hour:%Y-%m-%d %H}h"
+
+
+class GpuHour(models.Model):
+    """One GPU over one hour, folded from its minutes: device busy GPU-minutes (mean SM use)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    sampled_minutes = models.FloatField()
+    busy = models.FloatField(help_text="GPU-minutes the device was busy (SM utilization)")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu", "hour"], name="unique_gpu_hour")]
+        indexes = [models.Index(fields=["hour"])]
+
+    def __str__(self) -> str:
+        return f"gpu {self.gpu_id} {self.hour:%Y-%m-%d %H}h"
+
+
 class LateMinute(models.Model):
     """A minute that got samples after it was rolled up (a replay after an outage): the next
     rollup recomputes it from the raw rows."""
@@ -131,6 +170,8 @@ class RollupState(models.Model):
     """Singleton: every minute before `rolled_up_to` has been rolled up."""
 
     rolled_up_to = models.DateTimeField(null=True)
+    # Every hour before this has been folded into ShareHour and GpuHour (None: none yet).
+    hours_rolled_up_to = models.DateTimeField(null=True)
 
     def __str__(self) -> str:
         return f"rolled up to {self.rolled_up_to}"

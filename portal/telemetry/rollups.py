@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from portal.fleet import services as fleet_services
 
-from . import conf
+from . import conf, hours
 from .ingest import ROLLUP_SETTLE
-from .models import GpuMinute, GpuSample, LateMinute, RollupState, ShareMinute, ShareSample
+from .models import GpuHour, GpuMinute, GpuSample, LateMinute, RollupState, ShareHour, ShareMinute, ShareSample
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,31 @@ def roll_up(now: datetime | None = None) -> int:
         for _pk, minute in late:
             written += roll_up_span(minute, minute + timedelta(minutes=1))
         LateMinute.objects.filter(pk__in=[pk for pk, _ in late]).delete()
+        written += _fold_hours(state, {hours.floor_hour(m) for _pk, m in late})
+    return written
+
+
+def _fold_hours(state: RollupState, late_hours: set[datetime]) -> int:
+    """Fold the hours whose minutes are all rolled up into the hourly rows, and again the hours
+    that just had a late minute recomputed. Called under the RollupState lock."""
+    written = 0
+    if state.rolled_up_to is None:
+        return 0
+    done = hours.floor_hour(state.rolled_up_to)
+    start = state.hours_rolled_up_to
+    if start is None:
+        oldest = ShareMinute.objects.order_by("minute").values_list("minute", flat=True).first()
+        oldest_gpu = GpuMinute.objects.order_by("minute").values_list("minute", flat=True).first()
+        firsts = [m for m in (oldest, oldest_gpu) if m is not None]
+        start = hours.floor_hour(min(firsts)) if firsts else done
+    stop = min(done, start + MAX_SPAN)
+    if stop > start:
+        written += hours.fold(start, stop)
+        state.hours_rolled_up_to = stop
+        state.save(update_fields=["hours_rolled_up_to"])
+    for hour in sorted(late_hours):
+        if state.hours_rolled_up_to is not None and hour < state.hours_rolled_up_to:
+            written += hours.fold(hour, hour + hours.HOUR)
     return written
 
 
@@ -97,6 +122,7 @@ def apply_retention(now: datetime | None = None) -> dict[str, int]:
     now = now or timezone.now()
     state = RollupState.objects.first()
     minute_cutoff = now - conf.minute_retention()
+    hour_cutoff = now - conf.hour_retention()
     deleted = {"gpu_samples": 0, "share_samples": 0, "late_minutes": 0}
     if state is not None and state.rolled_up_to is not None:
         raw_cutoff = min(now - conf.raw_retention(), state.rolled_up_to)
@@ -109,6 +135,8 @@ def apply_retention(now: datetime | None = None) -> dict[str, int]:
         **deleted,
         "gpu_minutes": GpuMinute.objects.filter(minute__lt=minute_cutoff).delete()[0],
         "share_minutes": ShareMinute.objects.filter(minute__lt=minute_cutoff).delete()[0],
+        "gpu_hours": GpuHour.objects.filter(hour__lt=hour_cutoff).delete()[0],
+        "share_hours": ShareHour.objects.filter(hour__lt=hour_cutoff).delete()[0],
     }
 
 

@@ -1,0 +1,89 @@
+"""Hourly rollups: the per-minute rollups folded into hours, which long reports read.
+
+The same per-minute arithmetic serves the fold and the reports' ragged edges (a window starting
+at 09:17 reads its first 43 minutes from the minute rows), so an hour read from ShareHour and the
+same hour read from ShareMinute give the same numbers.
+
+Per minute, a share's mean use is used_sum / samples (a fraction of the GPU) and the minute
+counts for the part of it that has samples (agents sample about once a second, so a share
+placed at :50 counts ten seconds, not sixty). A minute is idle when that mean is under the team's
+idle threshold, and bursts when it is above the share's request.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import Case, F, FloatField, Sum, Value, When
+from django.db.models.functions import Cast, Greatest, Least, TruncHour
+from django.db.models.lookups import LessThan
+
+from .models import GpuHour, GpuMinute, ShareHour, ShareMinute
+
+HOUR = timedelta(hours=1)
+
+
+def _float(name: str):
+    return Cast(F(name), FloatField())
+
+
+def share_minute_sums() -> dict:
+    """Aggregates over ShareMinute rows, in GPU-minutes, named as ShareHour's columns."""
+    coverage = Least(_float("samples"), Value(60.0)) / Value(60.0)
+    mean = _float("used_sum") / _float("samples")
+    request = _float("reservation__gpu_request")
+    idle = LessThan(mean, _float("reservation__team__idle_threshold"))
+    return {
+        "sampled_minutes": Sum(coverage),
+        "used": Sum(mean * coverage),
+        "idle_allocated": Sum(Case(When(idle, then=coverage * request), default=Value(0.0),
+                                   output_field=FloatField())),
+        "over_request": Sum(Greatest(mean - request, Value(0.0)) * coverage),
+    }
+
+
+def gpu_minute_sums() -> dict:
+    """Aggregates over GpuMinute rows, in GPU-minutes, named as GpuHour's columns."""
+    coverage = Least(_float("samples"), Value(60.0)) / Value(60.0)
+    busy = _float("sm_util_sum") / _float("sm_util_count") / Value(100.0)
+    return {"sampled_minutes": Sum(coverage), "busy": Sum(busy * coverage)}
+
+
+def share_minutes(start: datetime, end: datetime):
+    return ShareMinute.objects.filter(minute__gte=start, minute__lt=end, samples__gt=0)
+
+
+def gpu_minutes(start: datetime, end: datetime):
+    return GpuMinute.objects.filter(minute__gte=start, minute__lt=end, sm_util_count__gt=0)
+
+
+def fold(start: datetime, end: datetime) -> int:
+    """(Re)compute the hour rows of every hour in [start, end) (whole hours) from the minute rows;
+    returns rows written. Idempotent: an hour is replaced whole."""
+    share_rows = [
+        ShareHour(reservation_id=r["reservation_id"], gpu_id=r["gpu_id"], team_id=r["team_id"], hour=r["h"],
+                  **{k: r[k] for k in share_minute_sums()})
+        for r in share_minutes(start, end).annotate(h=TruncHour("minute"))
+        .values("reservation_id", "gpu_id", "team_id", "h").annotate(**share_minute_sums())
+    ]
+    gpu_rows = [
+        GpuHour(gpu_id=r["gpu_id"], hour=r["h"], **{k: r[k] for k in gpu_minute_sums()})
+        for r in gpu_minutes(start, end).annotate(h=TruncHour("minute")).values("gpu_id", "h")
+        .annotate(**gpu_minute_sums())
+    ]
+    # An hour recomputed after a late minute may have lost a share (its only minute moved): the
+    # hour is replaced whole, not merged.
+    ShareHour.objects.filter(hour__gte=start, hour__lt=end).delete()
+    GpuHour.objects.filter(hour__gte=start, hour__lt=end).delete()
+    ShareHour.objects.bulk_create(share_rows, batch_size=2000)
+    GpuHour.objects.bulk_create(gpu_rows, batch_size=2000)
+    return len(share_rows) + len(gpu_rows)
+
+
+def floor_hour(at: datetime) -> datetime:
+    return at.replace(minute=0, second=0, microsecond=0)
+
+
+def ceil_hour(at: datetime) -> datetime:
+    floor = floor_hour(at)
+    return floor if floor == at else floor + HOUR
