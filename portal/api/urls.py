@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from portal.reports.api import UtilizationReportView
+from portal.reports.api import OverviewReportView, UsageReportView
 
 from . import views
 
@@ -17,6 +17,7 @@ router.register("tokens", views.TokenViewSet, basename="token")
 urlpatterns = [
     path("auth/token/", views.ObtainTokenView.as_view(), name="obtain-token"),
     path("capacity/", views.CapacityView.as_view(), name="capacity"),
-    path("reports/utilization/", UtilizationReportView.as_view(), name="utilization-report"),
+    path("reports/usage/", UsageReportView.as_view(), name="usage-report"),
+    path("reports/overview/", OverviewReportView.as_view(), name="overview-report"),
     *router.urls,
 ]

@@ -1,84 +1,226 @@
-"""Utilization reports: GPU time allocated versus GPU time really used, per team, node or GPU.
+"""Usage reports: GPU time allocated versus really used, grouped by team, user, node, GPU model,
+GPU or reservation, for the teams a user may see (see scope.py).
 
-Allocated time comes from the allocation rows (share × how long it was held within the window);
-used time from the telemetry's per-minute rollups (the mean fraction of a GPU a share used in each
-minute), so a report over months reads minutes, never raw samples. A user sees only the shares of
-the teams they may see; the GPU-wide device load is shown to site admins only, since it includes
-other teams' work.
+- Allocated GPU-hours come from the allocation rows: share × the part of [created, released) inside
+  the window (an allocation still held counts up to now). A share of 0.5 for 2 hours is 1.
+- Used GPU-hours, idle allocated GPU-hours and burst come from the telemetry rollups (sources.py).
+  Idle: allocated time in minutes whose measured use was under the team's idle threshold (minutes
+  without measurements are not idle, as the lifecycle's idle detection judges). Burst: use above
+  the share's request, which a share may reach (up to its limit) while the GPU has spare time; it
+  is why used can exceed allocated.
+- Opportunistic GPU-hours: the allocated time of requests accepted beyond their team's quota.
+- Device busy hours (the GPU's own SM load, every team's work on it) only for site admins.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import F, FloatField, Q, Sum, Value
-from django.db.models.functions import Cast, Least
+from django.db.models import Q
+from django.utils import timezone
 
-from portal.reservations.models import Allocation
-from portal.telemetry.models import GpuMinute, ShareMinute
-from portal.tenancy import roles
+from portal.fleet.models import Gpu
+from portal.reservations.models import Allocation, Reservation
+from portal.tenancy.models import Team
 
-GROUPS = ("team", "node", "gpu")
-ALLOCATION_KEY = {"team": "reservation__team__slug", "node": "gpu__node__name", "gpu": "gpu__uuid"}
-MINUTE_KEY = {"team": "reservation__team__slug", "node": "gpu__node__name", "gpu": "gpu__uuid"}
+from . import sources
+from .window import Window, bucket_of, spread
+
+GROUPS = ("team", "user", "node", "gpu_model", "gpu", "reservation")
+DEVICE_GROUPS = ("node", "gpu_model", "gpu")
+TOP_IDLE = 10
 
 
 @dataclass
 class Row:
     key: str
+    label: str = ""
     allocated_gpu_hours: float = 0.0
     used_gpu_hours: float = 0.0
-    device_busy_gpu_hours: float | None = None
+    idle_allocated_gpu_hours: float = 0.0
+    burst_gpu_hours: float = 0.0
+    opportunistic_gpu_hours: float = 0.0
+    device_busy_hours: float | None = None
+
+    def add(self, other: Row) -> None:
+        for name in ("allocated_gpu_hours", "used_gpu_hours", "idle_allocated_gpu_hours", "burst_gpu_hours",
+                     "opportunistic_gpu_hours"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if other.device_busy_hours is not None:
+            self.device_busy_hours = (self.device_busy_hours or 0.0) + other.device_busy_hours
 
     @property
     def used_pct(self) -> float | None:
         if self.allocated_gpu_hours <= 0:
             return None
-        return round(100.0 * self.used_gpu_hours / self.allocated_gpu_hours, 1)
+        return percent(self.used_gpu_hours, self.allocated_gpu_hours)
+
+    @property
+    def note(self) -> str:
+        if self.used_pct is not None and self.used_pct > 100:
+            return (f"used {self.used_pct:g} % of allocated: shares burst above their request (up to their "
+                    f"limit) while the GPU had spare time, {self.burst_gpu_hours:.2f} GPU-h in all")
+        return ""
 
     def as_dict(self) -> dict:
-        return {"key": self.key, "allocated_gpu_hours": round(self.allocated_gpu_hours, 4),
-                "used_gpu_hours": round(self.used_gpu_hours, 4), "used_pct": self.used_pct,
-                "device_busy_gpu_hours": None if self.device_busy_gpu_hours is None
-                else round(self.device_busy_gpu_hours, 4)}
+        return {"key": self.key, "label": self.label or self.key,
+                "allocated_gpu_hours": _r(self.allocated_gpu_hours), "used_gpu_hours": _r(self.used_gpu_hours),
+                "used_pct": self.used_pct, "idle_allocated_gpu_hours": _r(self.idle_allocated_gpu_hours),
+                "burst_gpu_hours": _r(self.burst_gpu_hours),
+                "opportunistic_gpu_hours": _r(self.opportunistic_gpu_hours),
+                "device_busy_hours": None if self.device_busy_hours is None else _r(self.device_busy_hours),
+                "note": self.note}
 
 
-def utilization(user, group_by: str, since: datetime, until: datetime) -> list[Row]:
+def _r(x: float) -> float:
+    return round(x, 4)
+
+
+def percent(part: float, whole: float) -> float:
+    """One decimal, half up, after dropping float noise: 47.25 % is 47.3 % whichever order the
+    minutes were summed in (hours and minutes must give the same answer)."""
+    exact = Decimal(repr(round(100.0 * part / whole, 9)))
+    return float(exact.quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
+
+
+@dataclass
+class Report:
+    group_by: str
+    window: Window
+    teams: list[Team]
+    rows: list[Row]
+    total: Row
+    series: dict  # {"edges": [...], "teams": {slug: {"allocated": [...], "used": [...]}}}
+    top_idle: list[dict] = field(default_factory=list)
+    device_load_shown: bool = False
+
+    def as_dict(self) -> dict:
+        return {
+            "group_by": self.group_by, "since": self.window.since, "until": self.window.until,
+            "time_zone": str(self.window.tz), "teams": [t.slug for t in self.teams],
+            "units": "GPU-hours: a share of 0.5 held for 2 hours is 1 GPU-hour",
+            "rows": [r.as_dict() for r in self.rows], "total": self.total.as_dict(),
+            "series": self.series, "top_idle": self.top_idle,
+        }
+
+
+@dataclass(frozen=True)
+class _Res:
+    team: str
+    owner: str
+    name: str
+    opportunistic: bool
+    state: str
+
+
+def _reservation_key(group_by: str, res: _Res, rid: int, gpu: tuple[str, str, str] | None) -> tuple[str, str]:
+    """(key, label) of the row a reservation's share on a GPU (node, model, uuid) adds to."""
+    if group_by == "team":
+        return res.team, res.team
+    if group_by == "user":
+        return res.owner, res.owner
+    if group_by == "reservation":
+        return str(rid), f"{res.name or '#' + str(rid)} ({res.owner}, {res.team})"
+    node, model, uuid = gpu or ("?", "?", "?")
+    key = {"node": node, "gpu_model": model, "gpu": uuid}[group_by]
+    return key, (f"{node} / {uuid}" if group_by == "gpu" else key)
+
+
+def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     if group_by not in GROUPS:
         raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
-    rows: dict[str, Row] = defaultdict(lambda: Row(key=""))
-    teams = None if user.is_staff else list(roles.visible_teams(user).values_list("pk", flat=True))
+    team_ids = [t.pk for t in teams]
+    slugs = {t.pk: t.slug for t in teams}
+    now = timezone.now()
+    edges = window.edges()
+    rows: dict[str, Row] = {}
+    per_reservation: dict[int, Row] = defaultdict(lambda: Row(key=""))
 
-    allocations = Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=since),
-                                            created_at__lt=until)
-    minutes = ShareMinute.objects.filter(minute__gte=since, minute__lt=until)
-    if teams is not None:
-        allocations = allocations.filter(reservation__team_id__in=teams)
-        minutes = minutes.filter(team_id__in=teams)
+    def row(key: str, label: str) -> Row:
+        if key not in rows:
+            rows[key] = Row(key=key, label=label)
+        return rows[key]
 
-    for key, share, start, end in allocations.values_list(ALLOCATION_KEY[group_by], "compute_share",
-                                                          "created_at", "released_at"):
-        held = (min(end or until, until) - max(start, since)).total_seconds()
-        if held > 0:
-            rows[key].allocated_gpu_hours += float(share) * held / 3600.0
+    allocations = list(
+        Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=window.since),
+                                  created_at__lt=window.until, reservation__team_id__in=team_ids)
+        .values_list("reservation_id", "gpu_id", "compute_share", "created_at", "released_at"))
+    shares = sources.share_sums(window.since, window.until, team_ids, ("reservation_id", "gpu_id"))
+    rids = {a[0] for a in allocations} | {k[0] for k in shares}
+    gpu_ids = {a[1] for a in allocations} | {k[1] for k in shares}
+    info = _reservations(rids, slugs)
+    gpus = {g[0]: g[1:] for g in Gpu.objects.filter(pk__in=gpu_ids).values_list("pk", "node__name", "model", "uuid")}
+    series = {slugs[t]: {"allocated": [0.0] * (len(edges) - 1), "used": [0.0] * (len(edges) - 1)} for t in team_ids}
 
-    # Each minute contributes its mean used fraction for the part of the minute that has samples
-    # (agents sample once a second), so a share placed at :50 counts ten seconds, not sixty.
-    coverage = Least(Cast(F("samples"), FloatField()), Value(60.0)) / Value(60.0)
-    per_minute = Cast(F("used_sum"), FloatField()) / Cast(F("samples"), FloatField()) * coverage
-    for row in (minutes.filter(samples__gt=0).values(MINUTE_KEY[group_by])
-                .annotate(used=Sum(per_minute))):
-        rows[row[MINUTE_KEY[group_by]]].used_gpu_hours += (row["used"] or 0.0) / 60.0
+    for rid, gpu_id, share, created, released in allocations:
+        start, end = max(created, window.since), min(released or now, window.until, now)
+        held = max(0.0, (end - start).total_seconds()) / 3600.0
+        if held <= 0:
+            continue
+        res = info[rid]
+        r = row(*_reservation_key(group_by, res, rid, gpus.get(gpu_id)))
+        r.allocated_gpu_hours += float(share) * held
+        per_reservation[rid].allocated_gpu_hours += float(share) * held
+        if res.opportunistic:
+            r.opportunistic_gpu_hours += float(share) * held
+        for i, v in enumerate(spread(edges, start, end, float(share))):
+            series[res.team]["allocated"][i] += v
 
-    if user.is_staff and group_by in ("node", "gpu"):
-        key = "gpu__node__name" if group_by == "node" else "gpu__uuid"
-        busy = Cast(F("sm_util_sum"), FloatField()) / Cast(F("sm_util_count"), FloatField()) / 100.0
-        for row in (GpuMinute.objects.filter(minute__gte=since, minute__lt=until, sm_util_count__gt=0)
-                    .values(key).annotate(busy=Sum(busy))):
-            rows[row[key]].device_busy_gpu_hours = (row["busy"] or 0.0) / 60.0
+    for (rid, gpu_id), m in shares.items():
+        res = info[rid]
+        r = row(*_reservation_key(group_by, res, rid, gpus.get(gpu_id)))
+        r.used_gpu_hours += m["used"] / 60.0
+        r.idle_allocated_gpu_hours += m["idle_allocated"] / 60.0
+        r.burst_gpu_hours += m["over_request"] / 60.0
+        per_reservation[rid].idle_allocated_gpu_hours += m["idle_allocated"] / 60.0
 
-    for key, row in rows.items():
-        row.key = key
-    return sorted(rows.values(), key=lambda r: (-r.allocated_gpu_hours, r.key))
+    for (team_id, hour), m in sources.share_sums(window.since, window.until, team_ids, ("team_id", "hour")).items():
+        series[slugs[team_id]]["used"][bucket_of(edges, hour)] += m["used"] / 60.0
+
+    device_shown = user.is_staff and group_by in DEVICE_GROUPS
+    if device_shown:
+        all_gpus = dict(Gpu.objects.values_list("pk", "node__name" if group_by == "node" else
+                                                "model" if group_by == "gpu_model" else "uuid"))
+        for (gpu_id,), m in sources.gpu_sums(window.since, window.until, ("gpu_id",)).items():
+            key = all_gpus.get(gpu_id)
+            if key is None:
+                continue
+            r = rows.get(key) or row(key, key)
+            r.device_busy_hours = (r.device_busy_hours or 0.0) + m["busy"] / 60.0
+        for r in rows.values():
+            r.device_busy_hours = r.device_busy_hours or 0.0
+
+    total = Row(key="total", label="Total", device_busy_hours=0.0 if device_shown else None)
+    for r in rows.values():
+        total.add(r)
+    ordered = sorted(rows.values(), key=lambda r: (-r.allocated_gpu_hours, r.key))
+    return Report(group_by=group_by, window=window, teams=teams, rows=ordered, total=total,
+                  series={"edges": edges, "bucket_hours": window.bucket_hours,
+                          "teams": {k: {n: [_r(x) for x in v] for n, v in s.items()} for k, s in series.items()}},
+                  top_idle=_top_idle(per_reservation, info), device_load_shown=device_shown)
+
+
+def _reservations(ids: set[int], slugs: dict[int, str]) -> dict[int, _Res]:
+    return {pk: _Res(team=slugs[team_id], owner=owner, name=name, opportunistic=opp, state=state)
+            for pk, team_id, owner, name, opp, state in Reservation.objects.filter(pk__in=ids)
+            .values_list("pk", "team_id", "owner__username", "name", "opportunistic", "state")}
+
+
+def _top_idle(per_reservation: dict[int, Row], info: dict[int, _Res]) -> list[dict]:
+    idle = sorted(((r.idle_allocated_gpu_hours, rid) for rid, r in per_reservation.items()
+                   if r.idle_allocated_gpu_hours > 0), reverse=True)[:TOP_IDLE]
+    out = []
+    for hours, rid in idle:
+        res, r = info[rid], per_reservation[rid]
+        out.append({"reservation": rid, "name": res.name or f"#{rid}", "owner": res.owner, "team": res.team,
+                    "state": res.state, "allocated_gpu_hours": _r(r.allocated_gpu_hours),
+                    "idle_allocated_gpu_hours": _r(hours),
+                    "idle_pct": percent(hours, r.allocated_gpu_hours) if r.allocated_gpu_hours else None})
+    return out
+
+
+def bucket_labels(edges: list[datetime], tz) -> list[str]:
+    return [e.astimezone(tz).strftime("%Y-%m-%d %H:%M") for e in edges[:-1]]

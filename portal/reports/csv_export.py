@@ -1,0 +1,64 @@
+"""CSV of a report: the same rows and totals as its JSON answer, with units in the headers."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from rest_framework.renderers import BaseRenderer
+
+GROUP_HEADERS = {"team": "team", "user": "user", "node": "node", "gpu_model": "GPU model", "gpu": "GPU",
+                 "reservation": "reservation"}
+
+
+def usage_table(data: dict) -> tuple[list[str], list[list]]:
+    device = data["total"]["device_busy_hours"] is not None
+    header = [GROUP_HEADERS[data["group_by"]], "allocated (GPU-hours)", "used (GPU-hours)",
+              "used / allocated (%)", "idle allocated (GPU-hours)", "burst above request (GPU-hours)",
+              "opportunistic (GPU-hours)"] + (["device busy (hours)"] if device else []) + ["note"]
+
+    def line(r: dict) -> list:
+        return ([r["label"], r["allocated_gpu_hours"], r["used_gpu_hours"], _blank(r["used_pct"]),
+                 r["idle_allocated_gpu_hours"], r["burst_gpu_hours"], r["opportunistic_gpu_hours"]]
+                + ([r["device_busy_hours"]] if device else []) + [r["note"]])
+
+    return header, [line(r) for r in data["rows"]] + [line(data["total"])]
+
+
+def overview_table(data: dict) -> tuple[list[str], list[list]]:
+    """The over-time series: one line per bucket and team, then the totals."""
+    from zoneinfo import ZoneInfo
+
+    from .services import bucket_labels
+
+    series = data["series"]
+    labels = bucket_labels(series["edges"], ZoneInfo(data["time_zone"]))
+    header = [f"bucket start ({data['time_zone']})", "team", "allocated (GPU-hours)", "used (GPU-hours)"]
+    rows = [[label, team, s["allocated"][i], s["used"][i]]
+            for i, label in enumerate(labels) for team, s in sorted(series["teams"].items())]
+    rows.append(["Total", "", data["total"]["allocated_gpu_hours"], data["total"]["used_gpu_hours"]])
+    return header, rows
+
+
+def _blank(x):
+    return "" if x is None else x
+
+
+def to_csv(header: list[str], rows: list[list]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+class CsvRenderer(BaseRenderer):
+    """`?format=csv`: the view says how its answer becomes a table (`csv_table`)."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        header, rows = (renderer_context or {})["view"].csv_table(data)
+        return to_csv(header, rows)
