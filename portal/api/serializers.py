@@ -8,6 +8,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
+from portal.fleet.model_names import display_model
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Kind, Reservation, StateTransition
 from portal.tenancy import roles
@@ -101,6 +102,9 @@ class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
             "exclusion": {"required": False, "allow_blank": True},
             "group_name": {"required": False, "allow_blank": True},
         }
+
+    def validate_gpu_model(self, value: str) -> str:
+        return display_model(value)  # "NVIDIA-A100-SXM4-80GB" (label-safe) is "NVIDIA A100-SXM4-80GB"
 
     def get_allocations(self, obj) -> list[dict]:
         live = [a for a in obj.allocations.all() if a.released_at is None]
@@ -231,6 +235,9 @@ class CapacityQuerySerializer(serializers.Serializer):
     gpu_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     gpu_count = serializers.IntegerField(min_value=1, max_value=64, default=1)
     team = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
+
+    def validate_gpu_model(self, value: str) -> str:
+        return display_model(value)
 
 
 class CapacityGpuSerializer(serializers.Serializer):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Value
+from django.db.models.functions import Replace
 
 
 class NodeStatus(models.TextChoices):
@@ -36,6 +38,11 @@ class Gpu(models.Model):
     uuid = models.CharField(max_length=96, unique=True)
     index = models.PositiveSmallIntegerField()
     model = models.CharField(max_length=64, db_index=True)
+    # The model as a Kubernetes label value can hold it (KubeShare's `sharedgpu/gpu_model`): the NVML
+    # name with spaces as dashes, as KubeShare writes it ("NVIDIA A100-SXM4-80GB" ->
+    # "NVIDIA-A100-SXM4-80GB"). Computed by the database, so no writer can forget it. See model_names.
+    model_label = models.GeneratedField(expression=Replace("model", Value(" "), Value("-")),
+                                        output_field=models.CharField(max_length=64), db_persist=True)
     memory_mib = models.PositiveIntegerField()
     nvlink_peers = models.JSONField(default=list, blank=True, help_text="Indices of NVLink-connected GPUs")
     numa_node = models.SmallIntegerField(null=True, blank=True)

@@ -2,9 +2,17 @@ from decimal import Decimal
 
 from django import forms
 
+from portal.fleet.model_names import display_model
 from portal.reservations.models import Kind
 from portal.tenancy import roles
 from portal.tenancy.models import Team
+
+
+class GpuModelField(forms.ChoiceField):
+    """A model by its display name (the choices) or its label-safe name (as in kubectl labels)."""
+
+    def to_python(self, value):
+        return display_model(super().to_python(value))
 
 
 class ReservationForm(forms.Form):
@@ -19,7 +27,7 @@ class ReservationForm(forms.Form):
                                    label="GPU share limit (idle boost)")
     gpu_memory_mib = forms.IntegerField(min_value=1, initial=8192, label="GPU memory (MiB)")
     gpu_count = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
-    gpu_model = forms.ChoiceField(required=False, label="GPU model")
+    gpu_model = GpuModelField(required=False, label="GPU model")
     priority = forms.IntegerField(min_value=0, max_value=100, initial=50, help_text="0 = opportunistic")
     max_duration_s = forms.IntegerField(min_value=60, max_value=30 * 86400, required=False,
                                         label="Maximum duration (s)")
