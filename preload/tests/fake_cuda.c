@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -113,14 +114,28 @@ CUresult cuGetErrorName(CUresult e, const char **s) { *s = e == CUDA_ERROR_OUT_O
 CUresult cuGetExportTable(const void **table, const CUuuid *id) { return fake_export_table(table, id); }
 
 /* ---- memory ---- */
+/* Memory is backed by host pages reserved without commitment (MAP_NORESERVE), so copies in and out
+ * of the fake device keep their bytes (the remote GPU tests check them) while a test may still
+ * "allocate" far more than the machine has. Where the kernel refuses such a reservation, addresses come
+ * from a counter and the memory has no backing (copies to it are refused). */
+static __thread int last_backed;   /* fake_alloc → remember, on the allocating thread */
 static CUresult fake_alloc(CUdeviceptr *p, uint64_t bytes) {
     if (!p || !bytes) return CUDA_ERROR_INVALID_VALUE;
+    last_backed = 0;
     pthread_mutex_lock(&mu);
     if (allocated + bytes > card_bytes()) {
         pthread_mutex_unlock(&mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     allocated += bytes;
+    pthread_mutex_unlock(&mu);
+    void *backing = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (backing != MAP_FAILED) {
+        *p = (CUdeviceptr)(uintptr_t)backing;
+        last_backed = 1;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&mu);
     *p = next_addr;
     next_addr += (bytes + 0xfffff) & ~0xfffffull;
     pthread_mutex_unlock(&mu);
@@ -129,24 +144,48 @@ static CUresult fake_alloc(CUdeviceptr *p, uint64_t bytes) {
 }
 
 #define MAX_LIVE 65536
-static struct { uint64_t key, size; } live[MAX_LIVE];
+static struct { uint64_t key, size; int backed; } live[MAX_LIVE];
+static int live_top;   /* slots at or above this were never used */
 static void remember(uint64_t key, uint64_t size) {
     pthread_mutex_lock(&mu);
     for (int i = 0; i < MAX_LIVE; i++)
-        if (!live[i].key) { live[i].key = key; live[i].size = size; break; }
+        if (!live[i].key) {
+            live[i].key = key;
+            live[i].size = size;
+            live[i].backed = last_backed;
+            if (i >= live_top) live_top = i + 1;
+            break;
+        }
     pthread_mutex_unlock(&mu);
 }
 static CUresult forget(uint64_t key) {
     pthread_mutex_lock(&mu);
-    for (int i = 0; i < MAX_LIVE; i++)
+    for (int i = 0; i < live_top; i++)
         if (live[i].key == key) {
-            allocated -= live[i].size;
+            uint64_t size = live[i].size;
+            int was_backed = live[i].backed;
+            allocated -= size;
             live[i].key = 0;
             pthread_mutex_unlock(&mu);
+            if (was_backed) munmap((void *)(uintptr_t)key, size);
             return CUDA_SUCCESS;
         }
     pthread_mutex_unlock(&mu);
     return CUDA_ERROR_INVALID_VALUE;
+}
+/* The host address behind [addr, addr + len) of fake device memory, or NULL when the range is not
+ * inside one live, backed allocation (for fake_cuda_copy.c). */
+void *fake_device_range(uint64_t addr, uint64_t len) {
+    void *out = NULL;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < live_top; i++)
+        if (live[i].key && addr >= live[i].key && addr - live[i].key <= live[i].size &&
+            len <= live[i].size - (addr - live[i].key)) {
+            if (live[i].backed) out = (void *)(uintptr_t)addr;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return out;
 }
 static CUresult alloc_and_remember(CUdeviceptr *p, uint64_t bytes) {
     CUresult r = fake_alloc(p, bytes);
