@@ -4,10 +4,17 @@
 transaction: at 500 nodes × 1 Hz, one commit per batch would cost more than the rows themselves.
 Idempotency is per (node, stream, seq): the stream row is locked, samples with seq ≤ its
 `last_seq` are skipped, and `last_seq` moves forward in the same transaction as the rows.
+
+An agent speaks only for its own node: a share reading is stored only for a reservation that
+holds a live allocation on that GPU of that node (not another node's, not a finished one), and
+its hello cannot add capacity — a GPU that is not in the node's inventory is recorded cordoned,
+awaiting a site admin's approval (uncordon), and nothing is placed on it before that.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 import uuid
@@ -17,13 +24,21 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agents import protocol
 from agents.protocol import Hello, Sample, Samples
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
-from portal.reservations.models import Reservation
+from portal.reservations.models import Allocation
 
 from . import conf
 from .models import AgentStream, GpuSample, LateMinute, ShareSample
+
+log = logging.getLogger(__name__)
+
+# A GPU that only the agent knows of: recorded, but no share is placed on it until approved.
+AWAITING_APPROVAL = "reported by the node's agent, not in the inventory: approve by uncordoning"
+# A node holds no more GPUs than one hello may list: hellos with ever new UUIDs add no more.
+MAX_GPUS_PER_NODE = protocol.MAX_GPUS_PER_NODE
 
 # A minute is rolled up this long after it ends (portal.telemetry.rollups uses the same value).
 ROLLUP_SETTLE = timedelta(seconds=15)
@@ -60,7 +75,6 @@ class Stored:
 @dataclass
 class _Cache:
     last_seen_written: dict[int, float] = field(default_factory=dict)
-    teams: dict[int, tuple[int | None, float]] = field(default_factory=dict)  # reservation → (team, until)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -70,7 +84,6 @@ _cache = _Cache()
 def forget_cache() -> None:
     """Drop what this process remembers about reservations and nodes (tests; after a failed commit)."""
     with _cache.lock:
-        _cache.teams.clear()
         _cache.last_seen_written.clear()
 
 
@@ -98,9 +111,11 @@ def register_hello(node: Node, hello: Hello) -> StreamInfo:
 
 
 def reconcile_gpus(node: Node, hello: Hello) -> dict[str, int]:
-    """Trust the agent over the seeded inventory for which GPUs are there: a GPU it no longer
-    reports is flagged unhealthy (no new placements), one it reports again is healthy again, a
-    new one is added. Model names stay as seeded: reservations ask for them by those names."""
+    """Trust the agent over the inventory for which of the node's GPUs are there: a GPU it no
+    longer reports is flagged unhealthy (no new placements), one it reports again is healthy
+    again. A GPU the inventory does not have is added cordoned, awaiting a site admin: an
+    agent's word (its token may be stolen) must not create capacity that reservations are
+    placed on. Model names stay as reported/seeded: reservations ask for them by those names."""
     reported = {g.uuid: g for g in hello.gpus}
     known = {g.uuid: g for g in Gpu.objects.filter(node=node).only("pk", "uuid", "index", "healthy")}
     changed = False
@@ -112,12 +127,19 @@ def reconcile_gpus(node: Node, hello: Hello) -> dict[str, int]:
     ids = {uuid_: gpu.pk for uuid_, gpu in known.items() if uuid_ in reported}
     taken = {g.index for g in known.values()}
     for uuid_, info in reported.items():
-        if uuid_ in known or info.index in taken or Gpu.objects.filter(uuid=uuid_).exists():
+        if uuid_ in known:
+            continue
+        if info.index in taken or len(taken) >= MAX_GPUS_PER_NODE or Gpu.objects.filter(uuid=uuid_).exists():
+            log.warning("node %s: the agent reports GPU %s (index %s), refused: its index or UUID is "
+                        "taken, or the node has %s GPUs already", node.name, uuid_, info.index, len(taken))
             continue
         ids[uuid_] = Gpu.objects.create(
             node=node, uuid=uuid_, index=info.index, model=info.model[:64], memory_mib=info.memory_mib,
-            nvlink_peers=list(info.nvlink_peers), numa_node=info.numa_node).pk
-        changed = True
+            nvlink_peers=list(info.nvlink_peers), numa_node=info.numa_node,
+            cordoned=True, cordon_reason=AWAITING_APPROVAL).pk
+        taken.add(info.index)
+        log.warning("node %s: new GPU %s (%s) reported by its agent, cordoned until a site admin approves it",
+                    node.name, uuid_, info.model[:64])
     if changed:
         fleet_services.gpus_changed(node)
     return ids
@@ -143,30 +165,32 @@ def _share_readings(sample: Sample) -> list[tuple[str, str, float, int | None]]:
     return [(r, g, min(1.0, used), mem) for (r, g), (used, mem) in derived.items()]
 
 
-def _reservation_teams(submissions: list[Submission]) -> dict[int, int]:
-    ids = set()
+_RESERVATION_ID = re.compile(r"[0-9]{1,18}")
+
+
+def _reservation_id(text: str) -> int | None:
+    """The reservation a reading names, or None (ASCII digits only: '²'.isdigit() is true too)."""
+    return int(text) if _RESERVATION_ID.fullmatch(text) else None
+
+
+def _live_shares(submissions: list[Submission]) -> dict[tuple[int, int], int]:
+    """(reservation, GPU) → team, for the shares these batches name that hold a live allocation
+    on that GPU. The GPU ids come from each connection's own node, so a reading for a share on
+    another node, or on a GPU its reservation does not hold, or after release, finds nothing."""
+    reservations: set[int] = set()
+    gpus: set[int] = set()
     for sub in submissions:
         for sample in sub.message.samples:
-            for reservation, *_ in _share_readings(sample):
-                if reservation.isdigit():
-                    ids.add(int(reservation))
-    if not ids:
+            for reservation, gpu_uuid, *_ in _share_readings(sample):
+                rid, gid = _reservation_id(reservation), sub.info.gpu_ids.get(gpu_uuid)
+                if rid is not None and gid is not None:
+                    reservations.add(rid)
+                    gpus.add(gid)
+    if not reservations:
         return {}
-    # A reservation never changes team, so known ones are remembered; unknown ids (deleted, or
-    # not yet committed when the agent heard of them) are asked again after a while.
-    now = time.monotonic()
-    with _cache.lock:
-        known = {i: _cache.teams[i] for i in ids if i in _cache.teams and _cache.teams[i][1] > now}
-    missing = ids - set(known)
-    if missing:
-        found = dict(Reservation.objects.filter(pk__in=missing).values_list("pk", "team_id"))
-        with _cache.lock:
-            if len(_cache.teams) > 100_000:
-                _cache.teams.clear()
-            for i in missing:
-                entry = (found.get(i), now + (3600.0 if i in found else 30.0))
-                _cache.teams[i] = known[i] = entry
-    return {i: team for i, (team, _) in known.items() if team is not None}
+    rows = Allocation.objects.filter(reservation_id__in=reservations, gpu_id__in=gpus, released_at__isnull=True) \
+        .values_list("reservation_id", "gpu_id", "reservation__team_id")
+    return {(rid, gid): team for rid, gid, team in rows}
 
 
 def rollup_horizon(now: datetime) -> datetime:
@@ -178,7 +202,7 @@ def rollup_horizon(now: datetime) -> datetime:
 
 def store_batches(submissions: list[Submission]) -> list[Stored]:
     """Store the samples of many connections in one transaction; one Stored per submission."""
-    teams = _reservation_teams(submissions)
+    shares = _live_shares(submissions)
     horizon = rollup_horizon(timezone.now())
     results: list[Stored] = []
     gpu_rows: list[tuple] = []
@@ -210,16 +234,16 @@ def store_batches(submissions: list[Submission]) -> list[Stored]:
                     gpu_rows.append((gpu_id, sub.info.stream_pk, sample.seq, ts, g.sm_util_pct, g.mem_util_pct,
                                      g.mem_used_mib, g.power_w, g.temp_c))
                 for reservation, gpu_uuid, used, mem in _share_readings(sample):
-                    gpu_id = gpu_ids.get(gpu_uuid)
-                    if gpu_id is None or not reservation.isdigit() or int(reservation) not in teams:
-                        continue  # a share we do not know (already deleted, or not ours)
-                    share_rows.append((int(reservation), gpu_id, ts, used, mem))
+                    key = (_reservation_id(reservation), gpu_ids.get(gpu_uuid))
+                    if key not in shares:
+                        continue  # not a live share on this node's GPU (finished, elsewhere, unknown)
+                    share_rows.append((*key, ts, used, mem))
             stream.last_seq = fresh[-1].seq
             stream.dropped = max(stream.dropped, sub.message.dropped)
             stream.last_sample_at = _ts(fresh[-1])
             stream.changed = True
             results.append(Stored(ack_seq=last, new_samples=len(fresh),
-                                  latest=_latest_reading(sub.info, fresh[-1], teams)))
+                                  latest=_latest_reading(sub.info, fresh[-1], shares)))
         _insert(GpuSample, _GPU_COLUMNS, gpu_rows)
         _insert(ShareSample, _SHARE_COLUMNS, share_rows)
         _update_streams({pk: stream for pk, stream in streams.items() if stream.changed})
@@ -291,7 +315,7 @@ def _touch_nodes(node_ids: set[int]) -> None:
         fleet_services.record_seen(due, timezone.now())
 
 
-def _latest_reading(info: StreamInfo, sample: Sample, teams: dict[int, int]) -> dict:
+def _latest_reading(info: StreamInfo, sample: Sample, live: dict[tuple[int, int], int]) -> dict:
     """The newest sample of a batch in the shape the live views send (ids, not UUIDs)."""
     gpus = []
     for g in sample.gpus:
@@ -301,10 +325,10 @@ def _latest_reading(info: StreamInfo, sample: Sample, teams: dict[int, int]) -> 
                          "mem_used_mib": g.mem_used_mib, "power_w": g.power_w, "temp_c": g.temp_c})
     shares = []
     for reservation, gpu_uuid, used, mem in _share_readings(sample):
-        gpu_id = info.gpu_ids.get(gpu_uuid)
-        if gpu_id is None or not reservation.isdigit() or int(reservation) not in teams:
+        key = (_reservation_id(reservation), info.gpu_ids.get(gpu_uuid))
+        if key not in live:
             continue
-        shares.append({"reservation": int(reservation), "team": teams[int(reservation)], "gpu": gpu_id,
+        shares.append({"reservation": key[0], "team": live[key], "gpu": key[1],
                        "used_frac": round(used, 4), "mem_used_mib": mem})
     return {"node": info.node_id, "ts_ms": sample.ts_ms, "gpus": gpus, "shares": shares}
 
