@@ -11,10 +11,11 @@ from portal.reservations.quota import QuotaExceeded
 from portal.reservations.rules import RuleViolation
 from portal.reservations.states import IllegalTransition
 from portal.security import unavailable
+from portal.tenancy.errors import Refused
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, RuleViolation):
+    if isinstance(exc, RuleViolation | Refused):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, QuotaExceeded):
         return Response(

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
 from portal.fleet.model_names import display_model
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Kind, Reservation, StateTransition
 from portal.tenancy import roles
-from portal.tenancy.models import ApiToken, ExclusionGroup, Membership, Role, Team
+from portal.tenancy.models import ApiToken, ExclusionGroup, Team
 
 from .strict import StrictTypesMixin
 
@@ -140,28 +139,6 @@ class TeamSerializer(StrictTypesMixin, serializers.ModelSerializer):
         return usage_of(obj).as_dict()
 
 
-class MembershipSerializer(StrictTypesMixin, serializers.ModelSerializer):
-    team = VisibleTeamField()
-    user = SafeSlugRelatedField(slug_field="username", queryset=get_user_model().objects.all(),
-                                error_messages={"does_not_exist": "no user '{value}'", "invalid": "must be a username"})
-    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
-
-    class Meta:
-        model = Membership
-        fields = ["id", "team", "user", "role", "created_at"]
-        read_only_fields = ["id", "created_at"]
-
-
-class MembershipUpdateSerializer(StrictTypesMixin, serializers.ModelSerializer):
-    class Meta:
-        model = Membership
-        fields = ["id", "team", "user", "role", "created_at"]
-        read_only_fields = ["id", "team", "user", "created_at"]
-
-    team = serializers.CharField(source="team.slug", read_only=True)
-    user = serializers.CharField(source="user.username", read_only=True)
-
-
 class ExclusionGroupSerializer(StrictTypesMixin, serializers.ModelSerializer):
     team = VisibleTeamField()
 
@@ -169,17 +146,7 @@ class ExclusionGroupSerializer(StrictTypesMixin, serializers.ModelSerializer):
         model = ExclusionGroup
         fields = ["id", "team", "label", "description", "created_at"]
         read_only_fields = ["id", "created_at"]
-        validators = []  # uniqueness is checked in validate() with a clearer message
-
-    def validate(self, attrs):
-        team = attrs.get("team") or getattr(self.instance, "team", None)
-        label = attrs.get("label") or getattr(self.instance, "label", None)
-        clash = ExclusionGroup.objects.filter(team=team, label=label)
-        if self.instance:
-            clash = clash.exclude(pk=self.instance.pk)
-        if clash.exists():
-            raise serializers.ValidationError({"label": f"team {team.slug} already has a group '{label}'"})
-        return attrs
+        validators = []  # uniqueness is checked by portal.tenancy.groups with a clearer message
 
 
 class GpuSerializer(serializers.ModelSerializer):

@@ -1,15 +1,18 @@
-from django.urls import path
+from django.urls import path, re_path
 from rest_framework.routers import DefaultRouter
 
 from portal.reports.api import OverviewReportView, UsageReportView
 
-from . import views
+from . import admin_views, views
 
 router = DefaultRouter()
 router.register("reservations", views.ReservationViewSet, basename="reservation")
 router.register("teams", views.TeamViewSet, basename="team")
-router.register("memberships", views.MembershipViewSet, basename="membership")
-router.register("exclusion-groups", views.ExclusionGroupViewSet, basename="exclusion-group")
+router.register("memberships", admin_views.MembershipViewSet, basename="membership")
+router.register("exclusion-groups", admin_views.ExclusionGroupViewSet, basename="exclusion-group")
+router.register("affinity-labels", admin_views.AffinityLabelViewSet, basename="affinity-label")
+router.register("presets", admin_views.PresetViewSet, basename="preset")
+router.register("audit", admin_views.AuditViewSet, basename="audit")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("gpus", views.GpuViewSet, basename="gpu")
 router.register("tokens", views.TokenViewSet, basename="token")
@@ -19,5 +22,12 @@ urlpatterns = [
     path("capacity/", views.CapacityView.as_view(), name="capacity"),
     path("reports/usage/", UsageReportView.as_view(), name="usage-report"),
     path("reports/overview/", OverviewReportView.as_view(), name="overview-report"),
+    path("teams/<slug:slug>/policy/", admin_views.TeamPolicyView.as_view(), name="api-team-policy"),
+    path("teams/<slug:slug>/limits/", admin_views.TeamLimitsView.as_view(), name="api-team-limits"),
+    path("teams/<slug:slug>/usage/", admin_views.TeamUsageView.as_view(), name="api-team-usage"),
+    re_path(r"^nodes/(?P<name>[-a-zA-Z0-9_.]{1,253})/token/$", admin_views.NodeTokenView.as_view(),
+            name="api-node-token"),
+    re_path(r"^gpus/(?P<uuid>[-a-zA-Z0-9_.]{1,96})/cordon/$", admin_views.GpuCordonView.as_view(),
+            name="api-gpu-cordon"),
     *router.urls,
 ]

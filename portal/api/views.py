@@ -14,6 +14,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.audit import services as audit
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
 from portal.reservations import services
@@ -21,10 +22,10 @@ from portal.reservations.models import Allocation, Reservation
 from portal.reservations.rules import ReservationSpec
 from portal.tenancy import roles
 from portal.tenancy import services as tenancy_services
-from portal.tenancy.models import ApiToken, ExclusionGroup, Membership
+from portal.tenancy.models import ApiToken
 
-from . import capacity, permissions, serializers
-from .filters import MembershipFilter, ReservationFilter
+from . import admin_views, capacity, permissions, serializers
+from .filters import ReservationFilter
 from .query import refuse_empty, refuse_unknown
 from .throttling import SignInThrottle, WriteRateThrottle
 
@@ -83,66 +84,11 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
 
     def perform_create(self, serializer):
         permissions.require_staff(self.request.user)
-        serializer.save()
+        serializer.instance = admin_views.create_team(self.request, serializer)
 
     def perform_update(self, serializer):
         permissions.require_staff(self.request.user)
-        serializer.save()
-
-
-class TeamScopedViewSet(viewsets.ModelViewSet):
-    """Objects that belong to a team: visible to its people; changed by its admins and staff."""
-
-    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
-
-    def get_queryset(self):
-        qs = self.queryset.select_related("team")
-        if not self.request.user.is_staff:
-            qs = qs.filter(team__in=roles.visible_teams(self.request.user))
-        return qs
-
-    def perform_create(self, serializer):
-        permissions.require_team_admin(self.request.user, serializer.validated_data["team"])
-        serializer.save()
-
-    def perform_update(self, serializer):
-        permissions.require_team_admin(self.request.user, serializer.instance.team)
-        if "team" in serializer.validated_data:
-            permissions.require_team_admin(self.request.user, serializer.validated_data["team"])
-        serializer.save()
-
-    def perform_destroy(self, instance):
-        permissions.require_team_admin(self.request.user, instance.team)
-        instance.delete()
-
-
-class MembershipViewSet(TeamScopedViewSet):
-    """Who is in your teams with which role; team admins add, change and remove members."""
-
-    queryset = Membership.objects.select_related("user")
-    filterset_class = MembershipFilter
-
-    def get_serializer_class(self):
-        if self.action in ("update", "partial_update"):
-            return serializers.MembershipUpdateSerializer
-        return serializers.MembershipSerializer
-
-    def perform_create(self, serializer):
-        data = serializer.validated_data
-        permissions.require_team_admin(self.request.user, data["team"])
-        if Membership.objects.filter(team=data["team"], user=data["user"]).exists():
-            from rest_framework.exceptions import ValidationError
-
-            raise ValidationError({"user": f"{data['user'].username} is already in team {data['team'].slug}"})
-        serializer.save()
-
-
-class ExclusionGroupViewSet(TeamScopedViewSet):
-    """Exclusion groups (Gemini): workloads with different exclusion labels never share a GPU."""
-
-    queryset = ExclusionGroup.objects.all()
-    serializer_class = serializers.ExclusionGroupSerializer
-    filterset_fields = ["team__slug", "label"]
+        serializer.instance = admin_views.update_team(self.request, serializer.instance, serializer)
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -171,7 +117,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         node = self.get_object()
         body = serializers.NodeActionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        operation(node.pk, request.user, body.validated_data["reason"])
+        operation(node.pk, audit.api(request.user), body.validated_data["reason"])
         return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data)
 
 

@@ -1,5 +1,7 @@
 from django.contrib import admin
 
+from portal.audit.admin import AuditedAdmin
+
 from .models import Gpu, Node
 
 
@@ -9,7 +11,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(AuditedAdmin):
     list_display = ("name", "status", "last_seen", "cpu_milli", "memory_mib")
     list_filter = ("status",)
     search_fields = ("name",)
@@ -18,7 +20,7 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
-    list_display = ("uuid", "node", "index", "model", "memory_mib", "numa_node", "healthy")
-    list_filter = ("model", "healthy")
+class GpuAdmin(AuditedAdmin):
+    list_display = ("uuid", "node", "index", "model", "memory_mib", "numa_node", "healthy", "cordoned")
+    list_filter = ("model", "healthy", "cordoned")
     search_fields = ("uuid", "node__name")

@@ -1,4 +1,5 @@
-"""Fleet operations: drain and return nodes, node agent credentials, loading an inventory."""
+"""Fleet operations: drain and return nodes, cordon GPUs, node agent credentials, loading an
+inventory. Site admins' operations are audited (portal.audit) in the transaction that makes them."""
 
 from __future__ import annotations
 
@@ -7,44 +8,82 @@ import secrets
 from django.db import transaction
 from django.utils import timezone
 
+from portal.audit import services as audit
 from portal.reservations.events import request_cycle
 from portal.tenancy.models import hash_secret
 
 from .models import Gpu, Node, NodeStatus
 
 
-def _set_status(node_id: int, status: str, reason: str) -> Node:
+def _as_actor(actor) -> audit.Actor:
+    """Callers pass an audit.Actor; a bare user or name (older callers, tests) acts as the system."""
+    return actor if isinstance(actor, audit.Actor) else audit.Actor(actor, audit.Via.SYSTEM)
+
+
+def _set_status(node_id: int, status: str, reason: str, actor, action: str) -> Node:
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
         if node.status != status or node.status_reason != reason:
+            before = {"status": node.status, "status_reason": node.status_reason}
             node.status = status
             node.status_reason = reason[:200]
             node.save(update_fields=["status", "status_reason"])
+            audit.record(_as_actor(actor), object_type="node", object_id=node.pk, object_repr=node.name,
+                         action=action, before=before, after={"status": status, "status_reason": node.status_reason})
             request_cycle(f"node {node.name} {status}")
     return node
 
 
 def drain(node_id: int, actor, reason: str = "") -> Node:
     """No new placements on the node; what runs there keeps running."""
-    return _set_status(node_id, NodeStatus.DRAINING, reason or f"drained by {actor}")
+    by = _as_actor(actor)
+    return _set_status(node_id, NodeStatus.DRAINING, reason or f"drained by {by.label}", by, "drained")
 
 
 def undrain(node_id: int, actor, reason: str = "") -> Node:
-    return _set_status(node_id, NodeStatus.READY, reason)
+    return _set_status(node_id, NodeStatus.READY, reason, actor, "undrained")
 
 
-def issue_node_token(node: Node) -> str:
-    """A new agent credential for the node (the old one stops working). Shown once; stored hashed."""
+def set_cordon(gpu_id: int, actor, cordoned: bool, reason: str = "") -> Gpu:
+    """A cordoned GPU takes no new shares (the placement snapshot leaves it out); the shares on it
+    keep running."""
+    by = _as_actor(actor)
+    with transaction.atomic():
+        gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu_id)
+        reason = (reason or (f"cordoned by {by.label}" if cordoned else ""))[:200]
+        if gpu.cordoned != cordoned or gpu.cordon_reason != reason:
+            before = {"cordoned": gpu.cordoned, "cordon_reason": gpu.cordon_reason}
+            gpu.cordoned, gpu.cordon_reason = cordoned, reason
+            gpu.save(update_fields=["cordoned", "cordon_reason"])
+            audit.record(by, object_type="gpu", object_id=gpu.pk, object_repr=f"GPU {gpu.index} on {gpu.node.name}",
+                         action="cordoned" if cordoned else "uncordoned", before=before,
+                         after={"cordoned": cordoned, "cordon_reason": reason})
+            request_cycle(f"GPU {gpu.uuid} {'cordoned' if cordoned else 'uncordoned'}")
+    return gpu
+
+
+def issue_node_token(node: Node, actor=None) -> str:
+    """A new agent credential for the node (the old one stops working at once: its connection is
+    closed, see portal.telemetry.signals). Shown once; stored hashed."""
     key = "tnode_" + secrets.token_urlsafe(32)
-    node.agent_token_hash = hash_secret(key)
-    node.agent_token_created_at = timezone.now()
-    node.save(update_fields=["agent_token_hash", "agent_token_created_at"])
+    with transaction.atomic():
+        rotated = bool(node.agent_token_hash)
+        node.agent_token_hash = hash_secret(key)
+        node.agent_token_created_at = timezone.now()
+        node.save(update_fields=["agent_token_hash", "agent_token_created_at"])
+        audit.record(_as_actor(actor), object_type="node_token", object_id=node.pk, object_repr=node.name,
+                     action="rotated" if rotated else "created", after={"created_at": node.agent_token_created_at
+                                                                        .isoformat()},
+                     message="the previous token is refused from now on" if rotated else "")
     return key
 
 
-def revoke_node_token(node: Node) -> None:
-    node.agent_token_hash = ""
-    node.save(update_fields=["agent_token_hash"])
+def revoke_node_token(node: Node, actor=None) -> None:
+    with transaction.atomic():
+        node.agent_token_hash = ""
+        node.save(update_fields=["agent_token_hash"])
+        audit.record(_as_actor(actor), object_type="node_token", object_id=node.pk, object_repr=node.name,
+                     action="revoked", message="the node's agent is refused until a new token is created")
 
 
 def node_for_token(key: str) -> Node | None:

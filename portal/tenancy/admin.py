@@ -1,6 +1,8 @@
 from django.contrib import admin
 
-from .models import ApiToken, ExclusionGroup, Membership, Team
+from portal.audit.admin import AuditedAdmin
+
+from .models import AffinityLabel, ApiToken, ExclusionGroup, Membership, Preset, Team, TeamPolicy
 
 
 class MembershipInline(admin.TabularInline):
@@ -14,22 +16,42 @@ class ExclusionGroupInline(admin.TabularInline):
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(AuditedAdmin):
     list_display = ("slug", "name", "quota_gpu_share", "quota_memory_mib", "quota_max_gpus", "allow_over_quota")
     search_fields = ("slug", "name")
     inlines = [MembershipInline, ExclusionGroupInline]
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(AuditedAdmin):
     list_display = ("user", "team", "role", "created_at")
     list_filter = ("role", "team")
 
 
 @admin.register(ExclusionGroup)
-class ExclusionGroupAdmin(admin.ModelAdmin):
+class ExclusionGroupAdmin(AuditedAdmin):
     list_display = ("team", "label", "description")
     list_filter = ("team",)
+    audit_type = "exclusion"
+
+
+@admin.register(AffinityLabel)
+class AffinityLabelAdmin(AuditedAdmin):
+    list_display = ("team", "label", "description")
+    list_filter = ("team",)
+    audit_type = "affinity"
+
+
+@admin.register(Preset)
+class PresetAdmin(AuditedAdmin):
+    list_display = ("team", "name", "kind", "gpu_model", "gpu_request", "gpu_memory_mib")
+    list_filter = ("team",)
+
+
+@admin.register(TeamPolicy)
+class TeamPolicyAdmin(AuditedAdmin):
+    list_display = ("team", "max_duration_s", "max_priority_member", "max_priority_admin", "limit_priority")
+    audit_type = "policy"
 
 
 @admin.register(ApiToken)

@@ -15,15 +15,8 @@ from django.db import transaction
 
 from portal.audit import services as audit
 
+from .errors import Refused
 from .models import LONGEST_DURATION_S, Role, Team, TeamPolicy
-
-
-class PolicyError(Exception):
-    """Per-field messages, like portal.reservations.rules.RuleViolation."""
-
-    def __init__(self, errors: dict[str, list[str]]):
-        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
-        self.errors = errors
 
 
 @dataclass(frozen=True)
@@ -164,7 +157,7 @@ def set_policy(team: Team, by: audit.Actor, changes: dict) -> Policy:
     """Team admins' part of the policy; fields not in `changes` keep their values."""
     unknown = set(changes) - set(TEAM_FIELDS) - set(POLICY_FIELDS)
     if unknown:
-        raise PolicyError({name: ["not a team policy setting"] for name in sorted(unknown)})
+        raise Refused({name: ["not a team policy setting"] for name in sorted(unknown)})
     with transaction.atomic():
         team = Team.objects.select_for_update().get(pk=team.pk)
         row = _row(team)
@@ -199,7 +192,7 @@ def set_policy(team: Team, by: audit.Actor, changes: dict) -> Policy:
             errors.setdefault("interactive_max_s", []).append(
                 f"the default duration ({default_d} s) must not exceed the maximum duration ({max_d} s)")
         if errors:
-            raise PolicyError(errors)
+            raise Refused(errors)
         _store(team, row, values, by, before, "policy changed")
     return policy_of(team)
 
@@ -209,7 +202,7 @@ def set_limits(team: Team, by: audit.Actor, changes: dict) -> Policy:
     (stated in the audit entry), so the policy is always within its limits."""
     unknown = set(changes) - set(LIMIT_FIELDS)
     if unknown:
-        raise PolicyError({name: ["not a team limit"] for name in sorted(unknown)})
+        raise Refused({name: ["not a team limit"] for name in sorted(unknown)})
     with transaction.atomic():
         team = Team.objects.select_for_update().get(pk=team.pk)
         row = _row(team)
@@ -217,7 +210,7 @@ def set_limits(team: Team, by: audit.Actor, changes: dict) -> Policy:
         errors: dict[str, list[str]] = {}
         values = _parse(changes, errors)
         if errors:
-            raise PolicyError(errors)
+            raise Refused(errors)
         merged = {f: values.get(f, getattr(row, f)) for f in LIMIT_FIELDS}
         follow = {}  # the team's own choices that the new limits push down
         if row.max_duration_s is not None and row.max_duration_s > merged["limit_duration_s"]:

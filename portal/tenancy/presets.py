@@ -11,8 +11,9 @@ from django.db import IntegrityError, transaction
 
 from portal.audit import services as audit
 
+from .errors import Refused
 from .models import Preset, Team
-from .policy import PolicyError, policy_of
+from .policy import policy_of
 
 FIELDS = ("name", "kind", "gpu_model", "gpu_request", "gpu_limit", "gpu_memory_mib", "max_duration_s", "image",
           "command")
@@ -60,7 +61,7 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
     if merged.get("max_duration_s") in ("",):
         merged["max_duration_s"] = None
     if errors:
-        raise PolicyError(errors)
+        raise Refused(errors)
     spec = rules.ReservationSpec(
         team=team, image=str(merged["image"]), gpu_request=merged["gpu_request"],
         gpu_memory_mib=merged["gpu_memory_mib"], gpu_limit=merged.get("gpu_limit"),
@@ -70,10 +71,10 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
     try:
         rules.check(spec)
     except rules.RuleViolation as exc:
-        raise PolicyError(exc.errors) from None
+        raise Refused(exc.errors) from None
     longest = policy_of(team).max_duration_s
     if spec.max_duration_s is not None and spec.max_duration_s > longest:
-        raise PolicyError({"max_duration_s": [f"team {team.slug}'s policy allows at most {longest} s"]})
+        raise Refused({"max_duration_s": [f"team {team.slug}'s policy allows at most {longest} s"]})
     return {"name": name, "kind": spec.kind, "gpu_model": spec.gpu_model, "gpu_request": spec.gpu_request,
             "gpu_limit": spec.gpu_limit, "gpu_memory_mib": spec.gpu_memory_mib, "max_duration_s": spec.max_duration_s,
             "image": spec.image, "command": command}
@@ -91,7 +92,7 @@ def create_preset(team: Team, by: audit.Actor, data: dict) -> Preset:
             audit.record(by, object_type="preset", object_id=preset.pk, object_repr=f"{team.slug}/{preset.name}",
                          team=team, action="created", after=_jsonable(values))
     except IntegrityError:  # a concurrent create with the same name
-        raise PolicyError({"name": [f"team {team.slug} already has a preset '{values['name']}'"]}) from None
+        raise Refused({"name": [f"team {team.slug} already has a preset '{values['name']}'"]}) from None
     return preset
 
 
@@ -109,7 +110,7 @@ def update_preset(preset: Preset, by: audit.Actor, data: dict) -> Preset:
                              object_repr=f"{preset.team.slug}/{preset.name}", team=preset.team, action="changed",
                              before=old, after=new)
     except IntegrityError:
-        raise PolicyError({"name": [f"team {preset.team.slug} already has a preset '{values['name']}'"]}) from None
+        raise Refused({"name": [f"team {preset.team.slug} already has a preset '{values['name']}'"]}) from None
     return preset
 
 

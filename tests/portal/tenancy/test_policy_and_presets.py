@@ -7,6 +7,7 @@ import pytest
 from portal.audit import services as audit
 from portal.audit.models import AuditEntry
 from portal.tenancy import policy, presets
+from portal.tenancy.errors import Refused
 from portal.tenancy.models import Preset, TeamPolicy
 
 
@@ -39,7 +40,7 @@ def test_policy_beyond_site_limits_is_refused_and_nothing_written(teams, people)
                                                            "limit_allow_over_quota": False})
     vision.refresh_from_db()
     assert vision.idle_reclaim is True and vision.allow_over_quota is False  # pushed to the new limits
-    with pytest.raises(policy.PolicyError) as exc:
+    with pytest.raises(Refused) as exc:
         policy.set_policy(vision, audit.web(people["carol"]), {
             "max_priority_member": 80, "idle_reclaim": False, "allow_over_quota": True, "idle_after_s": 600})
     assert set(exc.value.errors) == {"max_priority_member", "idle_reclaim", "allow_over_quota"}
@@ -49,7 +50,7 @@ def test_policy_beyond_site_limits_is_refused_and_nothing_written(teams, people)
 
 
 def test_default_duration_cannot_exceed_maximum(teams, people):
-    with pytest.raises(policy.PolicyError) as exc:
+    with pytest.raises(Refused) as exc:
         policy.set_policy(teams["vision"], audit.web(people["carol"]),
                           {"max_duration_s": 3600, "interactive_max_s": 7200})
     assert "must not exceed the maximum duration" in exc.value.errors["interactive_max_s"][0]
@@ -61,12 +62,12 @@ def test_preset_is_checked_like_a_request(fleet, teams, people):
         "name": "Notebook", "gpu_model": "A100-80GB", "gpu_request": "0.25", "gpu_limit": "0.5",
         "gpu_memory_mib": 16384, "image": "jupyter/base-notebook:latest", "command": "jupyter lab"})
     assert preset.command == ["jupyter", "lab"] and preset.gpu_limit == Decimal("0.500")
-    with pytest.raises(policy.PolicyError) as exc:
+    with pytest.raises(Refused) as exc:
         presets.create_preset(vision, audit.web(people["carol"]), {
             "name": "Notebook", "gpu_model": "H100", "gpu_request": "0.25", "gpu_memory_mib": 16384,
             "image": "Not An Image"})
     assert "already has a preset 'Notebook'" in exc.value.errors["name"][0]
-    with pytest.raises(policy.PolicyError) as exc:
+    with pytest.raises(Refused) as exc:
         presets.create_preset(vision, audit.web(people["carol"]), {
             "name": "Big", "gpu_model": "T4", "gpu_request": "0.25", "gpu_memory_mib": 40000,
             "image": "Not An Image"})

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from portal.audit import services as audit
 from portal.fleet import services
 from portal.fleet.models import Node
 
@@ -19,7 +20,7 @@ class Command(BaseCommand):
                 raise CommandError(f"no node named {node!r} (use --create to add it)")
             row = Node.objects.create(name=node)
         if revoke:
-            services.revoke_node_token(row)
+            services.revoke_node_token(row, audit.cli())
             self.stdout.write(f"token of node {node} revoked")
             return
-        self.stdout.write(services.issue_node_token(row))
+        self.stdout.write(services.issue_node_token(row, audit.cli()))
