@@ -1,11 +1,53 @@
+"""The request form in human units (GiB, hours, a shell-like command line) and the extend form.
+
+Field names are what people see; `spec()` turns a valid form into the ReservationSpec the
+reservation rules check, and `add_rule_errors` puts the rules' messages back on the field the
+person typed into, in their words."""
+
+from __future__ import annotations
+
+import re
+import shlex
 from decimal import Decimal
 
 from django import forms
 
 from portal.fleet.model_names import display_model
-from portal.reservations.models import Kind
+from portal.reservations import rules
+from portal.reservations.models import Kind, Reservation
 from portal.tenancy import roles
-from portal.tenancy.models import Team
+from portal.tenancy.models import AffinityLabel, ExclusionGroup, Team
+from portal.tenancy.policy import max_priority_for, policy_of
+
+MIB_PER_GIB = 1024
+
+# ReservationSpec field → the form field a person filled in.
+FIELD_OF = {"gpu_memory_mib": "memory_gib", "max_duration_s": "hours"}
+# Internal names inside rule messages → words.
+WORDS = {
+    "gpu_request": "the GPU share", "gpu_limit": "the limit", "gpu_memory_mib": "memory",
+    "gpu_count": "the number of GPUs", "group_headcount": "the headcount", "group_threshold": "the threshold",
+    "group_name": "the pod group", "max_duration_s": "the duration",
+}
+_MIB = re.compile(r"\b(\d+) MiB\b")
+
+
+def in_words(message: str) -> str:
+    for name, words in WORDS.items():
+        message = message.replace(name, words)
+    return _MIB.sub(lambda m: _gib_text(int(m.group(1))), message)
+
+
+def _gib_text(mib: int) -> str:
+    gib = mib / MIB_PER_GIB
+    return f"{gib:g} GiB" if mib >= MIB_PER_GIB else f"{mib} MiB"
+
+
+def submit_teams(user):
+    teams = roles.visible_teams(user)
+    if not user.is_staff:
+        teams = teams.filter(id__in=[t for t, r in roles.team_roles(user).items() if r in roles.SUBMIT_ROLES])
+    return teams.order_by("slug")
 
 
 class GpuModelField(forms.ChoiceField):
@@ -15,34 +57,177 @@ class GpuModelField(forms.ChoiceField):
         return display_model(super().to_python(value))
 
 
-class ReservationForm(forms.Form):
-    team = forms.ModelChoiceField(queryset=Team.objects.none(), to_field_name="slug")
-    kind = forms.ChoiceField(choices=Kind.choices, initial=Kind.INTERACTIVE)
-    name = forms.CharField(max_length=63, required=False)
-    image = forms.CharField(max_length=255, initial="jupyter/base-notebook:latest")
-    command = forms.CharField(max_length=4096, required=False, help_text="Arguments separated by spaces")
-    gpu_request = forms.DecimalField(min_value=Decimal("0.001"), max_value=1, decimal_places=3, initial="0.25",
-                                     label="GPU share (request)")
-    gpu_limit = forms.DecimalField(min_value=Decimal("0.001"), max_value=1, decimal_places=3, required=False,
-                                   label="GPU share limit (idle boost)")
-    gpu_memory_mib = forms.IntegerField(min_value=1, initial=8192, label="GPU memory (MiB)")
-    gpu_count = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
+class RequestForm(forms.Form):
+    team = forms.ModelChoiceField(queryset=Team.objects.none(), to_field_name="slug", empty_label=None,
+                                  error_messages={"invalid_choice": "Choose one of your teams."})
+    kind = forms.ChoiceField(choices=Kind.choices, initial=Kind.INTERACTIVE, widget=forms.RadioSelect,
+                             label="What for")
+    name = forms.CharField(max_length=63, required=False, label="Name (optional)",
+                           widget=forms.TextInput(attrs={"placeholder": "e.g. resnet-sweep"}))
+    image = forms.CharField(max_length=255, initial="jupyter/base-notebook:latest", label="Container image")
+    command = forms.CharField(max_length=4096, required=False, label="Command (optional)",
+                              help_text="As you would type it in a shell; quotes group words.",
+                              widget=forms.TextInput(attrs={"placeholder": "python train.py --epochs 10",
+                                                            "spellcheck": "false"}))
     gpu_model = GpuModelField(required=False, label="GPU model")
-    priority = forms.IntegerField(min_value=0, max_value=100, initial=50, help_text="0 = opportunistic")
-    max_duration_s = forms.IntegerField(min_value=60, max_value=30 * 86400, required=False,
-                                        label="Maximum duration (s)")
+    gpu_request = forms.DecimalField(min_value=Decimal("0.01"), max_value=1, decimal_places=2, initial="0.25",
+                                     label="GPU share", help_text="Guaranteed fraction of one GPU (0.01–1).",
+                                     widget=forms.NumberInput(attrs={"step": "0.05"}),
+                                     error_messages={"min_value": "Ask for at least 0.01 of a GPU.",
+                                                     "max_value": "A share is at most one whole GPU (1).",
+                                                     "max_decimal_places": "Use at most two decimals (e.g. 0.25)."})
+    gpu_limit = forms.DecimalField(min_value=Decimal("0.01"), max_value=1, decimal_places=2, required=False,
+                                   label="Up to, when the GPU is idle", help_text="Blank: just the share.",
+                                   widget=forms.NumberInput(attrs={"step": "0.05"}),
+                                   error_messages={"max_value": "The limit is at most one whole GPU (1)."})
+    memory_gib = forms.DecimalField(min_value=Decimal("0.25"), max_value=1024, decimal_places=2, initial="8",
+                                    label="GPU memory (GiB)", widget=forms.NumberInput(attrs={"step": "0.5"}),
+                                    error_messages={"min_value": "Ask for at least 0.25 GiB of GPU memory."})
+    gpu_count = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs",
+                                   help_text="More than one takes whole cards.")
+    hours = forms.DecimalField(min_value=Decimal("0.02"), max_value=720, decimal_places=2, required=False,
+                               label="For how long (hours)", help_text="Blank: the team's default.",
+                               widget=forms.NumberInput(attrs={"step": "0.5"}),
+                               error_messages={"min_value": "Ask for at least a minute (0.02 h).",
+                                               "max_value": "At most 30 days (720 h)."})
+    # Advanced
+    priority = forms.IntegerField(min_value=0, max_value=100, initial=50, label="Priority",
+                                  help_text="0 = opportunistic: may run beyond the quota, may be preempted.")
+    exclusion = forms.ChoiceField(required=False, label="Exclusion group",
+                                  help_text="Never share a GPU with other work of this group.")
+    affinity = forms.ChoiceField(required=False, label="Share GPUs with")
+    anti_affinity = forms.ChoiceField(required=False, label="Keep away from")
+    group_name = forms.CharField(max_length=63, required=False, label="Pod group (gang)")
+    group_headcount = forms.IntegerField(min_value=1, max_value=1024, required=False, label="Headcount")
+    group_threshold = forms.DecimalField(min_value=Decimal("0.01"), max_value=1, decimal_places=2, required=False,
+                                         label="Start when this fraction is placed")
+
+    ADVANCED = ("priority", "exclusion", "affinity", "anti_affinity", "group_name", "group_headcount",
+                "group_threshold")
 
     def __init__(self, *args, user, models: list[str], **kwargs):
         super().__init__(*args, **kwargs)
-        teams = roles.visible_teams(user)
-        if not user.is_staff:
-            teams = teams.filter(id__in=[t for t, r in roles.team_roles(user).items() if r in roles.SUBMIT_ROLES])
+        self.user = user
+        teams = submit_teams(user)
         self.fields["team"].queryset = teams
-        if teams.count() == 1:
-            self.fields["team"].initial = teams.first().slug
-        self.fields["gpu_model"].choices = [("", "any")] + [(m, m) for m in models]
+        first = teams.first()
+        if first is not None and not self.initial.get("team"):
+            self.fields["team"].initial = first.slug
+        self.fields["gpu_model"].choices = [("", "Any model")] + [(m, m) for m in models]
+        team = self._chosen_team(teams) or first
+        self.team = team
+        exclusions = [e.label for e in ExclusionGroup.objects.filter(team=team)] if team else []
+        labels = [a.label for a in AffinityLabel.objects.filter(team=team)] if team else []
+        self.fields["exclusion"].choices = [("", "None")] + [(x, x) for x in exclusions]
+        self.fields["affinity"].choices = [("", "No preference")] + [(x, x) for x in labels]
+        self.fields["anti_affinity"].choices = [("", "No preference")] + [(x, x) for x in labels]
+        if team is not None:
+            self.max_priority = max_priority_for(user, team)
+            self.max_hours = policy_of(team).max_duration_s / 3600
+            self.fields["priority"].max_value = self.max_priority
+            self.fields["priority"].widget.attrs["max"] = self.max_priority
+            self.fields["priority"].help_text = (f"0 = opportunistic (may run beyond the quota, may be preempted); "
+                                                 f"your role in {team.slug} allows up to {self.max_priority}.")
+            if self.fields["priority"].initial > self.max_priority:
+                self.fields["priority"].initial = self.max_priority
+            self.fields["hours"].help_text = f"Blank: the team's default. Team {team.slug} allows up to " \
+                                             f"{self.max_hours:g} h."
 
-    def spec_fields(self) -> dict:
-        data = dict(self.cleaned_data)
-        data["command"] = data["command"].split() if data["command"] else []
+    def _chosen_team(self, teams) -> Team | None:
+        slug = self.data.get("team") if self.is_bound else self.initial.get("team")
+        return teams.filter(slug=slug).first() if slug else None
+
+    def advanced_fields(self):
+        return [self[name] for name in self.ADVANCED]
+
+    def basic_fields(self):
+        return [self[name] for name in self.fields if name not in self.ADVANCED]
+
+    def clean_command(self) -> list[str]:
+        text = self.cleaned_data.get("command") or ""
+        try:
+            return shlex.split(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"The command could not be split like a shell would: {exc} "
+                                        "(close every quote).") from None
+
+    def clean_priority(self) -> int:
+        value = self.cleaned_data["priority"]
+        if value > getattr(self, "max_priority", 100):
+            raise forms.ValidationError(f"Your role lets you use priority up to {self.max_priority}.")
+        return value
+
+    def clean(self):
+        data = super().clean()
+        share, limit = data.get("gpu_request"), data.get("gpu_limit")
+        if share is not None and limit is not None and limit < share:
+            self.add_error("gpu_limit", f"The limit can't be below the share you ask for ({share}).")
+        count = data.get("gpu_count")
+        if count and count > 1 and share is not None and share != 1:
+            self.add_error("gpu_request", "With more than one GPU you get whole cards: set the share to 1.")
+        hours = data.get("hours")
+        if hours is not None and self.team is not None and not self.user.is_staff \
+                and hours * 3600 > policy_of(self.team).max_duration_s:
+            self.add_error("hours", f"Team {self.team.slug} allows at most {self.max_hours:g} h.")
+        if data.get("group_name") and not data.get("group_headcount"):
+            self.add_error("group_headcount", "A pod group needs a headcount.")
         return data
+
+    def spec(self) -> rules.ReservationSpec:
+        d = self.cleaned_data
+        hours = d.get("hours")
+        count = d.get("gpu_count") or 1
+        share = d["gpu_request"]
+        limit = d.get("gpu_limit")
+        if count > 1:
+            share, limit = Decimal(1), Decimal(1)
+        return rules.ReservationSpec(
+            team=d["team"], image=d["image"].strip(), gpu_request=share, gpu_limit=limit,
+            gpu_memory_mib=int(d["memory_gib"] * MIB_PER_GIB), gpu_count=count, gpu_model=d.get("gpu_model") or "",
+            priority=d["priority"] if d.get("priority") is not None else 50, kind=d["kind"],
+            name=d.get("name") or "", command=d.get("command") or [],
+            affinity=d.get("affinity") or "", anti_affinity=d.get("anti_affinity") or "",
+            exclusion=d.get("exclusion") or "", group_name=d.get("group_name") or "",
+            group_headcount=d.get("group_headcount") if d.get("group_name") else None,
+            group_threshold=d.get("group_threshold") if d.get("group_name") else None,
+            max_duration_s=int(hours * 3600) if hours is not None else None,
+        )
+
+    def add_rule_errors(self, errors: dict[str, list[str]]) -> None:
+        for name, problems in errors.items():
+            field = FIELD_OF.get(name, name)
+            for problem in problems:
+                self.add_error(field if field in self.fields else None, in_words(problem))
+
+
+def initial_from(reservation: Reservation) -> dict:
+    """The form's values for "request again"."""
+    return {
+        "team": reservation.team.slug, "kind": reservation.kind, "name": reservation.name, "image": reservation.image,
+        "command": shlex.join(reservation.command or []), "gpu_model": reservation.gpu_model,
+        "gpu_request": reservation.gpu_request.normalize(), "gpu_limit": reservation.gpu_limit.normalize(),
+        "memory_gib": Decimal(reservation.gpu_memory_mib) / MIB_PER_GIB, "gpu_count": reservation.gpu_count,
+        "hours": (Decimal(reservation.max_duration_s) / 3600).quantize(Decimal("0.01")).normalize()
+        if reservation.max_duration_s else None,
+        "priority": reservation.priority, "exclusion": reservation.exclusion, "affinity": reservation.affinity,
+        "anti_affinity": reservation.anti_affinity, "group_name": reservation.group_name,
+        "group_headcount": reservation.group_headcount, "group_threshold": reservation.group_threshold,
+    }
+
+
+def initial_from_preset(preset) -> dict:
+    return {
+        "team": preset.team.slug, "kind": preset.kind, "image": preset.image,
+        "command": shlex.join(preset.command or []), "gpu_model": preset.gpu_model,
+        "gpu_request": preset.gpu_request.normalize(), "gpu_limit": preset.gpu_limit.normalize(),
+        "memory_gib": Decimal(preset.gpu_memory_mib) / MIB_PER_GIB,
+        "hours": (Decimal(preset.max_duration_s) / 3600).quantize(Decimal("0.01")).normalize()
+        if preset.max_duration_s else None,
+    }
+
+
+class ExtendForm(forms.Form):
+    hours = forms.DecimalField(min_value=Decimal("0.25"), max_value=720, decimal_places=2, initial="1",
+                               label="Add hours", widget=forms.NumberInput(attrs={"step": "0.5"}),
+                               error_messages={"min_value": "Add at least a quarter of an hour (0.25).",
+                                               "max_value": "At most 720 hours at once."})

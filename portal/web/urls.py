@@ -1,12 +1,19 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import views
+from . import request_pages, reservation_pages, views
 
 urlpatterns = [
-    path("", views.reservations, name="home"),
-    path("reservations/new/", views.new_reservation, name="new-reservation"),
-    path("reservations/<int:pk>/cancel/", views.cancel_reservation, name="cancel-reservation"),
+    path("", views.home, name="home"),
+    path("home/side/", views.home_side, name="home-side"),
+    path("reservations/new/", request_pages.new_reservation, name="new-reservation"),
+    path("reservations/new/preview/", request_pages.request_preview, name="request-preview"),
+    path("reservations/new/preset/<int:pk>/", request_pages.request_preset, name="request-preset"),
+    path("reservations/<int:pk>/", reservation_pages.reservation_page, name="reservation"),
+    path("reservations/<int:pk>/card/", views.reservation_card, name="reservation-card"),
+    path("reservations/<int:pk>/log/", reservation_pages.reservation_log, name="reservation-log"),
+    path("reservations/<int:pk>/extend/", reservation_pages.extend_reservation, name="extend-reservation"),
+    path("reservations/<int:pk>/cancel/", reservation_pages.cancel_reservation, name="cancel-reservation"),
     path("login/", auth_views.LoginView.as_view(template_name="web/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

@@ -1,62 +1,54 @@
-"""Server-rendered pages: sign in, request a GPU share, my reservations (with cancel)."""
+"""Home after sign-in: my reservations as live cards, my teams' quota, free capacity by model.
+
+The same views answer the whole page and, for htmx or the live script, the fragment that changed
+(a reservation's card, the side panel). Every fragment checks tenancy like the page: another
+team's reservation is 404."""
 
 from __future__ import annotations
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
-from django.http import Http404
-from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
-from rest_framework.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
 
-from portal.api.permissions import require_cancel
-from portal.reservations import rules, services
 from portal.reservations.models import Reservation
-from portal.reservations.quota import QuotaExceeded
-from portal.reservations.states import IllegalTransition
 
-from .forms import ReservationForm
+from . import queries
 
 
-@login_required
-def reservations(request):
-    qs = Reservation.objects.visible_to(request.user).select_related("team", "owner", "node")
-    page = Paginator(qs, 25).get_page(request.GET.get("page"))
-    return render(request, "web/reservations.html", {"page": page})
-
-
-@login_required
-def new_reservation(request):
-    models = sorted(rules.fleet_models())
-    form = ReservationForm(request.POST or None, user=request.user, models=models)
-    if request.method == "POST" and form.is_valid():
-        try:
-            reservation = services.submit(request.user, rules.ReservationSpec(**form.spec_fields()))
-        except rules.RuleViolation as exc:
-            for field, problems in exc.errors.items():
-                for problem in problems:
-                    form.add_error(field if field in form.fields else None, problem)
-        except QuotaExceeded as exc:
-            form.add_error(None, str(exc))
-        else:
-            messages.success(request, f"Reservation {reservation.pk} submitted.")
-            return redirect("home")
-    return render(request, "web/new_reservation.html", {"form": form})
-
-
-@login_required
-@require_POST
-def cancel_reservation(request, pk: int):
-    reservation = Reservation.objects.visible_to(request.user).filter(pk=pk).first()
+def visible_reservation(request, pk: int, placement: bool = False) -> Reservation:
+    """The reservation if the signed-in user may see it, else 404 (never 403: no hint it exists)."""
+    qs = Reservation.objects.visible_to(request.user).filter(pk=pk)
+    reservation = (queries.with_placement(qs) if placement else qs.select_related("team", "node", "owner")).first()
     if reservation is None:
         raise Http404("no such reservation")
-    try:
-        require_cancel(request.user, reservation)
-        services.cancel(reservation.pk, request.user)
-        messages.success(request, f"Reservation {pk} cancelled.")
-    except IllegalTransition as exc:
-        messages.error(request, f"Reservation {pk} cannot be cancelled: it is {exc.current}.")
-    except PermissionDenied as exc:
-        messages.error(request, str(exc.detail))
-    return redirect("home")
+    return reservation
+
+
+@login_required
+@require_GET
+def home(request):
+    active, ended = queries.my_reservations(request.user)
+    quotas = queries.team_quotas(request.user)
+    return render(request, "web/home.html", {
+        "active": active, "ended": ended, "quotas": quotas, "capacity": queries.free_capacity(),
+        "live_groups": ",".join(f"team:{q.team.pk}" for q in quotas),
+    })
+
+
+@login_required
+@require_GET
+def reservation_card(request, pk: int):
+    """One reservation's card (home). With ?mine=1, 204 for someone else's: the home page lists
+    only its user's own, though the team's group tells it about all of the team's."""
+    reservation = visible_reservation(request, pk, placement=True)
+    if request.GET.get("mine") and reservation.owner_id != request.user.pk:
+        return HttpResponse(status=204)
+    return render(request, "web/_reservation_card.html", {"r": reservation})
+
+
+@login_required
+@require_GET
+def home_side(request):
+    return render(request, "web/_home_side.html", {
+        "quotas": queries.team_quotas(request.user), "capacity": queries.free_capacity()})

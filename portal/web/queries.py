@@ -1,0 +1,179 @@
+"""What the data scientist's pages read: my reservations with where they run, my teams' quota,
+free capacity by GPU model, a reservation's usage over its life. Read-only; every function takes
+the already tenancy-checked objects or the user whose view it is."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import connection
+from django.db.models import Count, Max, Prefetch, Q, Sum
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from portal.fleet.models import Gpu, NodeStatus
+from portal.reservations.models import Allocation, Reservation
+from portal.reservations.quota import Usage, usage_of
+from portal.reservations.states import ACTIVE, HOLDS_GPU
+from portal.telemetry.models import RollupState, ShareMinute, ShareSample
+from portal.tenancy import roles
+from portal.tenancy.models import Team
+
+RECENT_ENDED = 10
+CHART_POINTS = 240  # a chart over a reservation's whole life: buckets at most this many
+
+
+def with_placement(qs):
+    """Reservations with their node, team and live allocations (GPU and model) in three queries."""
+    live = Allocation.objects.filter(released_at__isnull=True).select_related("gpu").order_by("gpu__index")
+    return qs.select_related("team", "node", "owner").prefetch_related(
+        Prefetch("allocations", queryset=live, to_attr="live_allocations"))
+
+
+def my_reservations(user) -> tuple[list[Reservation], list[Reservation]]:
+    """(active, recently ended) reservations `user` owns, within the teams they may see."""
+    mine = Reservation.objects.visible_to(user).filter(owner=user)
+    active = list(with_placement(mine.filter(state__in=ACTIVE)).order_by("-created_at", "-id"))
+    ended = list(mine.exclude(state__in=ACTIVE).select_related("team").order_by("-updated_at", "-id")[:RECENT_ENDED])
+    return active, ended
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    team: Team
+    role: str
+    usage: Usage
+
+    @property
+    def share_left(self) -> Decimal:
+        return max(Decimal(0), self.team.quota_gpu_share - self.usage.gpu_share)
+
+    @property
+    def memory_left_mib(self) -> int:
+        return max(0, self.team.quota_memory_mib - self.usage.memory_mib)
+
+    @property
+    def gpus_left(self) -> int:
+        return max(0, self.team.quota_max_gpus - self.usage.gpus)
+
+    @property
+    def share_text(self) -> str:
+        from .templatetags.tessera import share
+
+        used, total = share(self.usage.gpu_share), share(self.team.quota_gpu_share)
+        return f"{used} of {total} used, {share(self.share_left)} left"
+
+    @property
+    def memory_text(self) -> str:
+        from .templatetags.tessera import gib
+
+        return f"{gib(self.usage.memory_mib)} of {gib(self.team.quota_memory_mib)}, {gib(self.memory_left_mib)} left"
+
+
+def team_quotas(user) -> list[TeamQuota]:
+    """The quota used and left of each team `user` belongs to (staff: none unless a member)."""
+    memberships = roles.team_roles(user)
+    teams = Team.objects.filter(pk__in=list(memberships)).order_by("slug")
+    return [TeamQuota(team, memberships[team.pk], usage_of(team)) for team in teams]
+
+
+@dataclass(frozen=True)
+class ModelCapacity:
+    model: str
+    gpus: int
+    free_gpus: int  # cards nobody holds a share of
+    free_share: float  # the sum of what is left on every card
+    largest_share: float  # the most one request could get on a single card
+    largest_memory_mib: int  # the most memory one card still has
+
+
+def free_capacity() -> list[ModelCapacity]:
+    """Per GPU model, what could be placed now: healthy, uncordoned cards on ready nodes."""
+    live = Q(allocations__released_at__isnull=True)
+    rows = (Gpu.objects.filter(healthy=True, cordoned=False, node__status=NodeStatus.READY)
+            .annotate(taken=Sum("allocations__compute_share", filter=live),
+                      memory_taken=Sum("allocations__memory_mib", filter=live),
+                      holders=Count("allocations", filter=live))
+            .values_list("model", "memory_mib", "taken", "memory_taken", "holders"))
+    by_model: dict[str, list] = {}
+    for model, memory, taken, memory_taken, holders in rows:
+        entry = by_model.setdefault(model, [0, 0, 0.0, 0.0, 0])
+        left = max(0.0, 1.0 - float(taken or 0))
+        entry[0] += 1
+        entry[1] += 0 if holders else 1
+        entry[2] += left
+        entry[3] = max(entry[3], left)
+        entry[4] = max(entry[4], memory - int(memory_taken or 0))
+    return [ModelCapacity(model, *values[:2], round(values[2], 3), round(values[3], 3), values[4])
+            for model, values in sorted(by_model.items())]
+
+
+def timeline(reservation: Reservation) -> list:
+    return list(reservation.transitions.select_related(None).order_by("at", "id"))
+
+
+def _bucket_expr(column: str, bucket_s: int) -> RawSQL:
+    if connection.vendor == "postgresql":
+        return RawSQL(f"floor(extract(epoch from {column}) / %s)", (bucket_s,))  # noqa: S611 (column is ours)
+    return RawSQL(f"cast(strftime('%%s', {column}) as integer) / %s", (bucket_s,))  # noqa: S611
+
+
+def usage_series(reservation: Reservation, now: datetime | None = None) -> dict:
+    """Compute used (fraction of a GPU, the mean over the reservation's GPUs) and memory used
+    (MiB, the most on any of its GPUs) over the reservation's life, in at most CHART_POINTS
+    buckets: per-minute rollups, then the raw samples after the last rolled-up minute."""
+    now = now or timezone.now()
+    start = reservation.placed_at or reservation.created_at
+    end = reservation.finished_at or now
+    if end <= start:
+        end = start + timedelta(minutes=1)
+    span = (end - start).total_seconds()
+    bucket_s = max(60, math.ceil(span / CHART_POINTS / 60.0) * 60)
+    rolled_to = RollupState.objects.values_list("rolled_up_to", flat=True).first()
+    minutes = ShareMinute.objects.filter(reservation=reservation, minute__gte=start - timedelta(minutes=1),
+                                         minute__lte=end)
+    raw = ShareSample.objects.filter(reservation=reservation, ts__gte=max(start, rolled_to) if rolled_to else start,
+                                     ts__lte=end)
+    if rolled_to is not None:
+        minutes = minutes.filter(minute__lt=rolled_to)
+    buckets: dict[int, list] = {}
+    for b, used_sum, samples, mem in (minutes.annotate(b=_bucket_expr("minute", bucket_s)).values("b")
+                                      .annotate(u=Sum("used_sum"), n=Sum("samples"), m=Max("mem_used_max"))
+                                      .values_list("b", "u", "n", "m")):
+        buckets[int(b)] = [used_sum or 0.0, samples or 0, mem]
+    for b, used_sum, samples, mem in (raw.annotate(b=_bucket_expr("ts", bucket_s)).values("b")
+                                      .annotate(u=Sum("used_frac"), n=Count("id"), m=Max("mem_used_mib"))
+                                      .values_list("b", "u", "n", "m")):
+        entry = buckets.setdefault(int(b), [0.0, 0, None])
+        entry[0] += used_sum or 0.0
+        entry[1] += samples or 0
+        if mem is not None:
+            entry[2] = max(entry[2] or 0, mem)
+    xs, used, memory = [], [], []
+    for b in sorted(buckets):
+        used_sum, samples, mem = buckets[b]
+        xs.append(b * bucket_s)
+        used.append(round(used_sum / samples * 100, 1) if samples else None)
+        memory.append(round(mem / 1024, 2) if mem is not None else None)
+    request = float(reservation.gpu_request) * 100
+    limit = float(reservation.gpu_limit) * 100
+    cap = round(reservation.gpu_memory_mib / 1024, 2)
+    n = len(xs)
+    return {
+        "bucket_s": bucket_s,
+        "compute": {"id": "chart-compute", "title": "GPU compute used (% of one GPU)", "unit": "%", "x": xs,
+                    "ymax": limit,
+                    "series": [{"key": "used", "label": "used", "values": used},
+                               {"key": "request", "label": "request", "values": [request] * n, "dash": True},
+                               {"key": "limit", "label": "limit", "values": [limit] * n, "dash": True}]},
+        "memory": {"id": "chart-memory", "title": "GPU memory used (GiB)", "unit": "GiB", "x": xs, "ymax": cap,
+                   "series": [{"key": "memory", "label": "used", "values": memory},
+                              {"key": "limit", "label": "cap", "values": [cap] * n, "dash": True}]},
+    }
+
+
+def holds_gpu(reservation: Reservation) -> bool:
+    return reservation.state in HOLDS_GPU

@@ -1,0 +1,120 @@
+"""The request page: the team's presets first, then the custom form in human units with a live
+feasibility preview (server-rendered, debounced by htmx)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from portal.reservations import rules, services
+from portal.reservations.quota import QuotaExceeded
+from portal.tenancy.models import Preset
+from portal.tenancy.policy import request_problems
+
+from . import preview as previews
+from .forms import RequestForm, in_words, initial_from, initial_from_preset, submit_teams
+from .views import visible_reservation
+
+
+def _models() -> list[str]:
+    return sorted(rules.fleet_models())
+
+
+def _presets(user) -> list[Preset]:
+    return list(Preset.objects.filter(team__in=submit_teams(user)).select_related("team").order_by("team__slug",
+                                                                                                   "name"))
+
+
+def _submit(request, form: RequestForm):
+    """Submit a valid form; returns the reservation, or None with the errors on the form."""
+    spec = form.spec()
+    problems = request_problems(request.user, spec.team, priority=spec.priority, max_duration_s=spec.max_duration_s)
+    if problems:
+        form.add_rule_errors(problems)
+        return None
+    try:
+        return services.submit(request.user, spec)
+    except rules.RuleViolation as exc:
+        form.add_rule_errors(exc.errors)
+    except QuotaExceeded as exc:
+        form.add_error(None, in_words(str(exc)).capitalize() + ".")
+    return None
+
+
+@login_required
+def new_reservation(request):
+    initial = {}
+    if request.GET.get("again"):
+        initial = initial_from(visible_reservation(request, _int(request.GET["again"])))
+    elif request.GET.get("preset"):
+        initial = initial_from_preset(_visible_preset(request, _int(request.GET["preset"])))
+    form = RequestForm(request.POST or None, initial=initial, user=request.user, models=_models())
+    if request.method == "POST" and form.is_valid():
+        reservation = _submit(request, form)
+        if reservation is not None:
+            messages.success(request, f"Reservation {reservation.pk} submitted.")
+            return redirect("reservation", pk=reservation.pk)
+    advanced_open = any(form[name].errors or (form.is_bound and form.data.get(name)) for name in form.ADVANCED
+                        if name != "priority") or bool(form["priority"].errors)
+    return render(request, "web/request.html", {
+        "form": form, "presets": _presets(request.user), "advanced_open": advanced_open,
+        "again": request.GET.get("again"), "from_preset": request.GET.get("preset"),
+    }, status=400 if form.is_bound and form.errors else 200)
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise Http404("not found") from None
+
+
+def _visible_preset(request, pk: int) -> Preset:
+    preset = Preset.objects.filter(pk=pk, team__in=submit_teams(request.user)).select_related("team").first()
+    if preset is None:
+        raise Http404("no such preset")
+    return preset
+
+
+@login_required
+@require_POST
+def request_preset(request, pk: int):
+    """Submit a preset as it is (one click from the preset's card)."""
+    preset = _visible_preset(request, pk)
+    spec = rules.ReservationSpec(
+        team=preset.team, image=preset.image, gpu_request=preset.gpu_request, gpu_limit=preset.gpu_limit,
+        gpu_memory_mib=preset.gpu_memory_mib, gpu_model=preset.gpu_model, kind=preset.kind,
+        command=list(preset.command or []), max_duration_s=preset.max_duration_s, name="",
+    )
+    try:
+        reservation = services.submit(request.user, spec)
+    except rules.RuleViolation as exc:
+        messages.error(request, f"Preset {preset.name} cannot be requested now: " + "; ".join(
+            in_words(m) for problems in exc.errors.values() for m in problems) + ".")
+    except QuotaExceeded as exc:
+        messages.error(request, f"Preset {preset.name} does not fit your team's quota: {in_words(str(exc))}.")
+    else:
+        messages.success(request, f"Reservation {reservation.pk} submitted from preset {preset.name}.")
+        return redirect("reservation", pk=reservation.pk)
+    return redirect("new-reservation")
+
+
+@login_required
+@require_GET
+def request_preview(request):
+    """The preview fragment for the form's current values (GET: it changes nothing)."""
+    form = RequestForm(request.GET, user=request.user, models=_models())
+    context = {"form": form, "preview": None}
+    if form.is_valid():
+        spec = form.spec()
+        try:
+            rules.check(spec)
+        except rules.RuleViolation as exc:
+            form.add_rule_errors(exc.errors)
+        else:
+            context["preview"] = previews.preview(spec)
+            context["spec"] = spec
+    return render(request, "web/_request_preview.html", context)
