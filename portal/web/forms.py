@@ -77,7 +77,8 @@ class RequestForm(forms.Form):
                                                      "max_value": "A share is at most one whole GPU (1).",
                                                      "max_decimal_places": "Use at most two decimals (e.g. 0.25)."})
     gpu_limit = forms.DecimalField(min_value=Decimal("0.01"), max_value=1, decimal_places=2, required=False,
-                                   label="Up to, when the GPU is idle", help_text="Blank: just the share.",
+                                   label="Limit when idle",
+                                   help_text="Up to this when the GPU is idle; blank: the share.",
                                    widget=forms.NumberInput(attrs={"step": "0.05"}),
                                    error_messages={"max_value": "The limit is at most one whole GPU (1)."})
     memory_gib = forms.DecimalField(min_value=Decimal("0.25"), max_value=1024, decimal_places=2, initial="8",

@@ -106,7 +106,7 @@
         " s. What you see may be out of date.", false);
       // Reconnect with backoff (portal restart, network); the state is re-fetched on subscribe.
       setTimeout(function () { self.connect(); }, wait);
-      self.backoff = Math.min(self.backoff * 2, 30000);
+      self.backoff = Math.min(self.backoff * 2, 10000);
     };
   };
 

@@ -35,3 +35,9 @@ def page(chromium):
     page.set_default_timeout(15_000)
     yield page
     context.close()
+
+
+# The real stack (Daphne, Celery on Redis, agents) for the data scientist's flows.
+from tests.integration.conftest import redis_layer  # noqa: E402, F401
+
+from .stack import stack  # noqa: E402, F401

@@ -1,4 +1,6 @@
-"""A data scientist signs in, requests a GPU share, sees it listed and cancels it — in a real browser."""
+"""The request form and the reservation page in a real browser on the in-process live server (no
+Redis: the placement cycle runs in-process on submit): submit in human units, land on the
+reservation's page, cancel it after confirming; errors next to the fields, in the user's words."""
 
 import os
 
@@ -8,6 +10,8 @@ from django.contrib.auth import get_user_model
 from portal.fleet import inventory
 from portal.reservations.models import Reservation
 from portal.tenancy.models import Membership, Role, Team
+
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
@@ -28,27 +32,27 @@ def sign_in(page, base, username, password):
     page.click("button[type=submit]")
 
 
-def test_request_list_and_cancel(page, live_server, world):
+def test_request_see_and_cancel(page, live_server, world):
     sign_in(page, live_server.url, "alice", "s3cret-alice")
-    page.click("text=Request GPU")
+    page.click("nav >> text=Request GPU")
     page.select_option("#id_team", "vision")
     page.fill("#id_gpu_request", "0.4")
     page.fill("#id_gpu_limit", "0.8")
-    page.fill("#id_gpu_memory_mib", "12288")
+    page.fill("#id_memory_gib", "12")
     page.select_option("#id_gpu_model", "A100-80GB")
-    page.click("button:has-text('Submit')")
+    page.click("button:has-text('Submit request')")
     page.wait_for_selector("text=submitted")
     row = Reservation.objects.get()
-    line = page.locator(f"tr[data-reservation='{row.pk}']")
-    # Without Redis the placement cycle runs in-process on submit, so it may already be placed.
-    text = line.inner_text()
-    assert ("pending" in text or "placed" in text or "running" in text) and "0.400–0.800" in text
-
-    line.locator("button:has-text('Cancel')").click()
+    assert page.url.endswith(f"/reservations/{row.pk}/")
+    assert (row.gpu_memory_mib, str(row.gpu_request), str(row.gpu_limit)) == (12288, "0.400", "0.800")
+    assert "0.4 – 0.8" in page.inner_text("#summary") and "12 GiB" in page.inner_text("#summary")
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.click("button:has-text('Cancel reservation')")
     page.wait_for_selector("text=cancelled.")
-    assert "cancelled" in page.locator(f"tr[data-reservation='{row.pk}']").inner_text()
     row.refresh_from_db()
     assert row.state == "cancelled"
+    page.goto(f"{live_server.url}/")
+    assert "cancelled" in page.inner_text("table")
 
 
 def test_form_errors_are_shown_next_to_fields(page, live_server, world):
@@ -56,9 +60,10 @@ def test_form_errors_are_shown_next_to_fields(page, live_server, world):
     page.goto(f"{live_server.url}/reservations/new/")
     page.fill("#id_gpu_request", "0.6")
     page.fill("#id_gpu_limit", "0.3")
-    page.click("button:has-text('Submit')")
-    alerts = page.locator("[role=alert]").all_inner_texts()
-    assert alerts == ["must be between gpu_request (0.600) and 1.0"], alerts
+    page.click("button:has-text('Submit request')")
+    alerts = page.locator("form [role=alert]").all_inner_texts()
+    assert alerts == ["The limit can't be below the share you ask for (0.6)."], alerts
+    assert page.get_attribute("#id_gpu_limit", "aria-invalid") == "true"
     assert not Reservation.objects.exists()
 
 

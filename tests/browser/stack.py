@@ -1,0 +1,75 @@
+"""The whole stack for browser tests: Daphne (the integration suite's `Portal`), a Celery worker
+with its beat on Redis (placement cycles, binds, the pod watch that moves placed → running), the
+simulated cluster in a file both share, and real simulated agents."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ROOT, Agents, Portal
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+
+class Worker:
+    """`celery -A portal worker -B` (solo pool: one task at a time, as small as it gets)."""
+
+    def __init__(self, portal: Portal, tmp: Path) -> None:
+        self.env = dict(portal.env)
+        self.tmp = tmp
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = (self.tmp / "celery.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "-P", "solo", "--loglevel", "WARNING",
+             "-s", str(self.tmp / "beat-schedule"), "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture
+def stack(transactional_db, redis_layer, tmp_path):
+    """Daphne and (not yet started: the test starts it when it wants the queue to move) a Celery
+    worker, on the test database and this suite's Redis database, sharing one simulated cluster."""
+    portal = Portal(tmp_path)
+    portal.env.update({"CELERY_TASK_ALWAYS_EAGER": "0", "TESSERA_LOCAL_STATE": str(tmp_path / "cluster.sqlite3"),
+                       "TESSERA_LOCAL_START_S": "2", "TESSERA_LOCAL_BATCH_S": "3600"})
+    portal.start()
+    worker = Worker(portal, tmp_path)
+    agents = Agents(portal, tmp_path)
+    yield {"portal": portal, "worker": worker, "agents": agents, "tmp": tmp_path}
+    agents.stop_all()
+    worker.stop()
+    portal.stop()
+    if os.environ.get("SHOW_STACK_LOGS"):
+        for name in ("daphne.log", "celery.log"):
+            path = tmp_path / name
+            if path.exists():
+                print(f"---- {name}\n{path.read_text()[-8000:]}")
+
+
+def shoot(page, name: str) -> None:
+    """Screenshots of the page at desktop width and at 390 px (a phone), full length."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    size = page.viewport_size
+    for label, width in (("desktop", 1280), ("390", 390)):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(250)  # charts resize after 150 ms
+        page.screenshot(path=str(ARTIFACTS / f"{name}-{label}.png"), full_page=True)
+    page.set_viewport_size(size)
