@@ -57,11 +57,11 @@ def test_the_api_takes_the_label_safe_name_and_stores_the_display_name(alice, re
 
 
 def test_the_form_takes_either_name(people, nvml_fleet):
-    from portal.web.forms import ReservationForm
+    from portal.web.forms import RequestForm
 
     for name in (A100, "NVIDIA-A100-SXM4-80GB"):
-        form = ReservationForm({"team": "vision", "kind": "batch", "image": "ghcr.io/x/y:1", "gpu_request": "0.5",
-                                "gpu_memory_mib": 1024, "gpu_count": 1, "gpu_model": name, "priority": 10},
-                               user=people["alice"], models=[A100, "T4"])
+        form = RequestForm({"team": "vision", "kind": "batch", "image": "ghcr.io/x/y:1", "gpu_request": "0.5",
+                            "memory_gib": "1", "gpu_count": 1, "gpu_model": name, "priority": 10},
+                           user=people["alice"], models=[A100, "T4"])
         assert form.is_valid(), form.errors
         assert form.cleaned_data["gpu_model"] == A100
