@@ -175,6 +175,8 @@ class FakeApiServer:
         self.service_accounts: set[tuple[str, str]] = {(ns, "default") for ns in namespaces}
         self.runtime_classes: set[str] = {"nvidia"}
         self.pod_quota: dict[str, int] = {}
+        # namespace -> how many more pods are refused before its ServiceAccount controller catches up
+        self.service_account_after: dict[str, int] = {}
         self.tokens: dict[str, tuple[str, dict[str, list[str]]]] = {}  # bearer token -> (username, extra)
         self.policies: list[dict] = []
         self.pod_logs: dict[tuple[str, str], str] = {}  # what GET .../pods/NAME/log answers
@@ -372,6 +374,10 @@ class FakeApiServer:
         spec = body.get("spec") or {}
         forbidden = f'pods "{name}" is forbidden: '
         account = spec.get("serviceAccountName") or "default"
+        if (ns, account) not in self.service_accounts and account == "default" and ns in self.service_account_after:
+            self.service_account_after[ns] -= 1
+            if self.service_account_after[ns] < 0:
+                self.service_accounts.add((ns, account))
         if (ns, account) not in self.service_accounts:
             raise ApiError(403, "Forbidden", f"{forbidden}error looking up service account {ns}/{account}: "
                            f'serviceaccount "{account}" not found')
