@@ -119,7 +119,8 @@ static int connect_to(const char *addr, int timeout_ms) {
         close(fd);
         return -1;
     }
-    wire_tune_socket(fd, 20000);
+    const char *t = getenv("TESSERA_REMOTE_TIMEOUT_MS");
+    wire_tune_socket(fd, t && atoi(t) >= 1000 ? atoi(t) : 20000);
     return fd;
 }
 

@@ -80,16 +80,21 @@ int wire_discard(int fd, uint64_t len) {
 }
 
 /* No Nagle (calls are small and latency-bound); keepalive probes and a user timeout so that a peer
- * that vanished without closing (a cut link, a powered-off node) fails the connection within
- * seconds rather than never. Large buffers so that one 4 MiB chunk is in flight while the next is read. */
-void wire_tune_socket(int fd, int user_timeout_ms) {
-    int one = 1, idle = 5, intvl = 2, cnt = 3, buf = 8 << 20;
+ * that vanished without closing (a cut link, a powered-off node) fails the connection within about
+ * `timeout_ms` rather than never: unacknowledged data fails after the user timeout, an idle wait for a
+ * reply after keepalive's idle time plus three probes. Large buffers so that a chunk is in flight
+ * while the next is read. */
+void wire_tune_socket(int fd, int timeout_ms) {
+    int one = 1, buf = 8 << 20;
+    int idle = timeout_ms / 2000, intvl = timeout_ms / 6000, cnt = 3;
+    if (idle < 1) idle = 1;
+    if (intvl < 1) intvl = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    if (user_timeout_ms > 0) setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+    if (timeout_ms > 0) setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }

@@ -117,7 +117,8 @@ int wire_recv_all(int fd, void *buf, size_t len);
 int wire_sendv2(int fd, const void *a, size_t alen, const void *b, size_t blen);
 /* Reads and throws away `len` bytes. */
 int wire_discard(int fd, uint64_t len);
-void wire_tune_socket(int fd, int user_timeout_ms);
+/* Options for a connection that must fail, not hang, when the peer vanishes (wire.c). */
+void wire_tune_socket(int fd, int timeout_ms);
 const char *wire_op_name(uint32_t op);
 
 /* SHA-256 and HMAC-SHA256 (sha256.c) */

@@ -14,15 +14,28 @@ void *fake_device_range(uint64_t addr, uint64_t len);
 
 static void *dev(CUdeviceptr p, size_t n) { return n ? fake_device_range((uint64_t)p, (uint64_t)n) : (void *)1; }
 
+/* FAKE_COPY_DELAY_US: every copy between host and device takes that much longer (a slow bus), so a
+ * test can act while a copy is under way. */
+static void bus_delay(void) {
+    const char *v = getenv("FAKE_COPY_DELAY_US");
+    long us = v ? atol(v) : 0;
+    if (us > 0) {
+        struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     void *d = dev(dst, n);
     if (!d || (!src && n)) return CUDA_ERROR_INVALID_VALUE;
+    bus_delay();
     if (n) memcpy(d, src, n);
     return CUDA_SUCCESS;
 }
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
     void *s = dev(src, n);
     if (!s || (!dst && n)) return CUDA_ERROR_INVALID_VALUE;
+    bus_delay();
     if (n) memcpy(dst, s, n);
     return CUDA_SUCCESS;
 }

@@ -126,6 +126,9 @@ class GpuHost:
     broker: Broker | None = None
     gpus: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
+    server_bin: Path = REMOTE / "tessera-remote-server"
+    worker_bin: Path = REMOTE / "tessera-remote-worker"
+    preload: str = str(LIBRARY)
     proc: subprocess.Popen | None = None
     port: int = 0
 
@@ -141,9 +144,9 @@ class GpuHost:
             TESSERA_BROKER_SOCKET=str(self.broker.socket_path if self.broker else self.root / "no-broker.sock"),
             **self.extra_env,
         )
-        cmd = [str(REMOTE / "tessera-remote-server"), "--listen", f"{self.host}:0", "--port-file", str(port_file),
-               "--secret-file", str(secret_file), "--worker", str(REMOTE / "tessera-remote-worker"),
-               "--preload", str(LIBRARY), "--budget-dir", str(self.root)]
+        cmd = [str(self.server_bin), "--listen", f"{self.host}:0", "--port-file", str(port_file),
+               "--secret-file", str(secret_file), "--worker", str(self.worker_bin),
+               "--preload", self.preload, "--budget-dir", str(self.root)]
         for gpu in self.gpus:
             cmd += ["--gpu", gpu]
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - kept open by the child
@@ -236,6 +239,13 @@ class Link:
     client_ns: str
     gpu_ip: str
     client_ip: str
+    gpu_dev: str
+    client_dev: str
+
+    def set_up(self, up: bool) -> None:
+        """Cut (or restore) the link: the GPU side's end goes down, packets stop, nothing closes."""
+        r = _ip("-n", self.gpu_ns, "link", "set", self.gpu_dev, "up" if up else "down")
+        assert r.returncode == 0, r.stderr
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess[str]:
@@ -250,7 +260,7 @@ def veth() -> Iterator[Link]:
         pytest.skip("network namespaces need root (CI runs the suite as root)")
     tag = f"{os.getpid() % 100000}"
     gpu_ns, client_ns = f"tsr-gpu-{tag}", f"tsr-cli-{tag}"
-    link = Link(gpu_ns, client_ns, "10.211.7.1", "10.211.7.2")
+    link = Link(gpu_ns, client_ns, "10.211.7.1", "10.211.7.2", f"tg{tag}", f"tc{tag}")
     made: list[str] = []
     try:
         for ns in (gpu_ns, client_ns):
@@ -277,3 +287,24 @@ def veth() -> Iterator[Link]:
     finally:
         for ns in made:  # deleting a namespace deletes its end of the veth pair, and with it the pair
             _ip("netns", "delete", ns)
+
+
+@dataclass
+class Hosts:
+    """A GPU host and a client host, on loopback or on the two ends of the veth link."""
+
+    kind: str
+    gpu: GpuHost
+    link: Link | None
+
+    def client(self, token: str | None, **env: str) -> Client:
+        return Client(self.gpu.address, token, netns=self.link.client_ns if self.link else None, extra_env=env)
+
+
+@pytest.fixture(params=["loopback", "veth"])
+def hosts(request, built: Path, tmp_path: Path) -> Iterator[Hosts]:
+    link = request.getfixturevalue("veth") if request.param == "veth" else None
+    gpu = GpuHost(tmp_path, secrets.token_hex(32).encode(), host=link.gpu_ip if link else "127.0.0.1",
+                  netns=link.gpu_ns if link else None).start()
+    yield Hosts(request.param, gpu, link)
+    gpu.stop()

@@ -80,6 +80,7 @@ int main(int argc, char **argv) {
     CUdeviceptr a, b;
     CHECK(cuMemAlloc(&a, bytes));
     CHECK(cuMemAlloc(&b, bytes));
+    printf("allocated=1\n");
     if (loop) {   /* the toy loop: copy in, N launches, copy out */
         unsigned long long us = kernel_us;
         void *params[] = {&us, &b, &(int){1}};
@@ -95,6 +96,7 @@ int main(int argc, char **argv) {
     double t0 = now_s();
     CHECK(cuMemcpyHtoD(a, host, bytes));
     double t1 = now_s();
+    printf("copied_in=1\n");
     if (hold_ms) {
         printf("holding=1\n");
         fflush(stdout);
@@ -102,6 +104,7 @@ int main(int argc, char **argv) {
     }
     CHECK(cuMemcpyDtoD(b, a, bytes));
     memset(back, 0, bytes);
+    printf("copying_out=1\n");
     double t2 = now_s();
     CHECK(cuMemcpyDtoH(back, b, bytes));
     double t3 = now_s();

@@ -1,0 +1,58 @@
+"""The GPU node's side (listener and worker) built with AddressSanitizer and UndefinedBehaviorSanitizer,
+serving both programs, a client killed mid-launch and a client that breaks the protocol: no report."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+from .conftest import LIBRARY, REMOTE, Client, GpuHost, MiB, image, make, parse_kv
+
+pytestmark = pytest.mark.slow
+
+
+def runtime(name: str) -> str:
+    out = subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_the_server_side_is_clean_under_asan_and_ubsan(built, tmp_path) -> None:
+    make("remote-sanitize")
+    host = GpuHost(
+        tmp_path, secrets.token_hex(32).encode(),
+        server_bin=REMOTE / "asan" / "tessera-remote-server", worker_bin=REMOTE / "asan" / "tessera-remote-worker",
+        # the sanitizer runtime must come first in the initial library list, before the preload library
+        preload=f"{runtime('libasan.so.8')} {LIBRARY}",
+        extra_env={"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:exitcode=66", "UBSAN_OPTIONS": "print_stacktrace=1"},
+    ).start()
+    try:
+        client = Client(host.address, host.token(memory=256 * MiB))
+        for program, args in (("drv_prog", [image("cubin"), "--over", 256 * MiB]),
+                              ("drv_prog", [image("fatbin")]), ("rt_prog", ["--over", 256 * MiB])):
+            r = client.run(program, *args, "--bytes", 9 * MiB + 123, "--launches", 3, "--kernel-us", 1000)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert parse_kv(r.stdout)["copy_ok"] == "1"
+        victim = client.popen("drv_prog", image("cubin"), "--launches", 100, "--kernel-us", 20000)
+        for line in victim.stdout:
+            if line.startswith("memset_ok"):
+                break
+        time.sleep(0.3)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        with socket.create_connection(("127.0.0.1", host.port), timeout=10) as s:
+            s.sendall(struct.pack("<IIQ", 1, 20, 0) + b"\0" * 20)  # a hello without a valid token
+            s.recv(64)
+        deadline = time.monotonic() + 20
+        while "freed" not in host.log and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "freed" in host.log
+    finally:
+        host.stop()
+    assert "Sanitizer" not in host.log, host.log[-4000:]
+    assert "runtime error" not in host.log, host.log[-4000:]
