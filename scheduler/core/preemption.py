@@ -1,6 +1,8 @@
 """PostFilter: for a guarantee request that fits nowhere, the fewest lower-priority shares to evict.
 
-Victims always have strictly lower priority than the request. Candidates are ranked by number of
+Victims always have strictly lower priority than the request, and another team's work is a victim
+only when it is opportunistic (priority 0): a team's priorities order its own work, they give no
+claim over another team's guaranteed shares (see may_evict). Candidates are ranked by number of
 victims, then by the highest victim priority (lowest first), then by node order; each candidate is
 checked by actually releasing its victims and running the filters again, and put back if it fails.
 """
@@ -13,24 +15,32 @@ from .model import MILLI, Request
 from .state import ClusterState, Placed
 
 
+def may_evict(share, req: Request) -> bool:
+    """Whether `req` may preempt `share`: within a team by priority; across teams only
+    opportunistic (priority-0) work, so no team can take another's guaranteed share by priority."""
+    if share.priority >= req.priority:
+        return False
+    return share.team == req.team or share.priority == 0
+
+
 def _slot_victims(
     state: ClusterState, req: Request, node: int, slot: int, by_slot: dict
 ) -> list[Placed] | None:
     """Lowest-priority-first victims on one slot that make room for one GPU's worth of `req`."""
     shares = by_slot.get((node, slot), [])
-    if any(p.share.priority >= req.priority for p in shares) and req.whole:
+    if req.whole and not all(may_evict(p.share, req) for p in shares):
         return None
     need = MILLI if req.whole else req.milli
     free, mem = int(state.free[node, slot]), int(state.mem_free[node, slot])
     # Shares that clash on labels must go whatever their size.
     clash = [p for p in shares if _clashes(p, req)]
-    if any(p.share.priority >= req.priority for p in clash):
+    if not all(may_evict(p.share, req) for p in clash):
         return None
     chosen = list(clash)
     for p in chosen:
         free, mem = free + p.milli, mem + p.memory_mib
     rest = sorted(
-        (p for p in shares if p not in chosen and p.share.priority < req.priority),
+        (p for p in shares if p not in chosen and may_evict(p.share, req)),
         key=lambda p: (p.share.priority, -p.milli),
     )
     for p in rest:

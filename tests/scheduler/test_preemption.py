@@ -45,3 +45,30 @@ def test_preemption_can_be_turned_off(node):
     snap = Snapshot((node("n", shares={0: [Share("x", 1.0, priority=0)]}),))
     result = schedule(snap, [Request("g", gpu_request=0.5, priority=90)], preemption=False)
     assert result.preemptions == () and len(result.unschedulable) == 1
+
+
+def test_across_teams_only_opportunistic_work_is_preempted(node):
+    shares = {0: [Share("nlp-guaranteed", 1.0, priority=10, team="nlp")],
+              1: [Share("nlp-opportunistic", 1.0, priority=0, team="nlp")]}
+    snap = Snapshot((node("n", gpus=2, shares=shares),))
+    [pre] = schedule(snap, [Request("vision-urgent", gpu_request=0.5, priority=100, team="vision")]).preemptions
+    assert pre.victims == ("nlp-opportunistic",)
+
+
+def test_another_teams_guaranteed_work_is_never_preempted_by_priority(node):
+    snap = Snapshot((node("n", shares={0: [Share("nlp-low", 1.0, priority=1, team="nlp")]}),))
+    result = schedule(snap, [Request("vision-urgent", gpu_request=0.5, priority=100, team="vision")])
+    assert result.preemptions == () and len(result.unschedulable) == 1
+
+
+def test_within_a_team_priority_decides(node):
+    snap = Snapshot((node("n", shares={0: [Share("vision-low", 1.0, priority=10, team="vision")]}),))
+    [pre] = schedule(snap, [Request("vision-high", gpu_request=0.5, priority=60, team="vision")]).preemptions
+    assert pre.victims == ("vision-low",)
+
+
+def test_whole_gpu_request_never_evicts_another_teams_guaranteed_neighbour(node):
+    shares = {0: [Share("vision-low", 0.3, priority=5, team="vision"), Share("nlp", 0.3, priority=5, team="nlp")]}
+    snap = Snapshot((node("n", shares=shares),))
+    result = schedule(snap, [Request("vision-whole", gpu_request=1.0, priority=90, team="vision")])
+    assert result.preemptions == ()

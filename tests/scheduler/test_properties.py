@@ -41,13 +41,17 @@ def clusters(draw):
                 if used + to_milli(req) > 1000 or used_mem + mem > memory:
                     break
                 used, used_mem, sid = used + to_milli(req), used_mem + mem, sid + 1
-                shares.append(Share(f"s{sid}", req, mem, priority=draw(st.integers(0, 60)), exclusion=excl))
+                shares.append(Share(f"s{sid}", req, mem, priority=draw(st.integers(0, 60)), exclusion=excl,
+                                    team=draw(st.sampled_from(TEAMS))))
             gpus.append(Gpu(f"n{n}g{j}", j, draw(st.sampled_from(["A", "B"])), memory, shares=tuple(shares)))
         status = draw(st.sampled_from([NodeStatus.READY, NodeStatus.READY, NodeStatus.DRAINING]))
         nodes.append(
             Node(f"n{n}", tuple(gpus), status=status, cpu_milli_free=draw(st.sampled_from([None, 4000])))
         )
     return Snapshot(tuple(nodes))
+
+
+TEAMS = ["vision", "nlp"]
 
 
 @st.composite
@@ -64,6 +68,7 @@ def requests(draw):
                 gpu_memory_mib=draw(st.sampled_from([0, 0, 3000, 9000])),
                 gpu_model=draw(st.sampled_from([None, "A", "A|B"])),
                 priority=draw(st.integers(0, 100)),
+                team=draw(st.sampled_from(TEAMS)),
                 anti_affinity=draw(st.sampled_from([frozenset(), frozenset({"x"})])),
                 exclusion=draw(
                     st.sampled_from([frozenset(), frozenset(), frozenset({"x"}), frozenset({"y"})])
@@ -88,6 +93,7 @@ def test_decisions_never_break_the_rules(snap, pending, policy):
     gpus = {g.uuid: (n, g) for n in snap.nodes for g in n.gpus}
     on_gpu = defaultdict(list)
     priority_of = {}
+    team_of = {}
     for n in snap.nodes:
         for g in n.gpus:
             for s in g.shares:
@@ -95,11 +101,13 @@ def test_decisions_never_break_the_rules(snap, pending, policy):
                     (s.reservation_id, to_milli(s.request), s.memory_mib, s.exclusion, s.anti_affinity)
                 )
                 priority_of[s.reservation_id] = s.priority
+                team_of[s.reservation_id] = s.team
     for pre in result.preemptions:
         req = by_id[pre.request_id]
         assert req.priority > 0
         for victim in pre.victims:
             assert priority_of[victim] < req.priority, "never preempts equal or higher priority"
+            assert team_of[victim] == req.team or priority_of[victim] == 0, "another team's guaranteed work"
             for uuid in on_gpu:
                 on_gpu[uuid] = [s for s in on_gpu[uuid] if s[0] != victim]
     new = [*result.placements, *(p.placement for p in result.preemptions)]
