@@ -2,4 +2,7 @@ from django.urls import path
 
 from . import views
 
-urlpatterns = [path("reports/", views.utilization_page, name="reports")]
+urlpatterns = [
+    path("reports/", views.usage_page, name="reports"),
+    path("reports/overview/", views.overview_page, name="reports-overview"),
+]

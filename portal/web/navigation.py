@@ -98,6 +98,6 @@ def entries_for(request) -> list[Link]:
 # The data scientist's pages (this app). Other apps register theirs in their own modules.
 register("Home", "home", order=10, section="/")
 register("Request GPU", "new-reservation", allowed=submitter, order=20)
-register("Utilization", "reports", order=50)
+# Reports (overview, usage report) register themselves in portal/reports/views.py.
 register("API", "/api/docs/", order=90)
 register("Django admin", "/admin/", allowed=staff, order=95)
