@@ -152,7 +152,7 @@ def ingest(backend: Backend) -> tuple[int, int]:
         try:
             spec = spec_from_pod(pod)
             with transaction.atomic():
-                r = services.submit(system_user(), spec)
+                r = services.submit(system_user(), spec, cluster_path=True)
                 Reservation.objects.filter(pk=r.pk).update(
                     source=Source.KUBECTL, pod_namespace=pod.namespace, pod_name=pod.name, pod_uid=pod.uid)
             admitted += 1

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from portal.bulk import insert_rows, update_rows
 from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.tenancy import policy
 from portal.tenancy.models import Team
 
 from . import rules
@@ -47,13 +48,20 @@ def _record(reservation: Reservation, from_state: str, to_state: str, actor, rea
     )
 
 
-def submit(user, spec: rules.ReservationSpec) -> Reservation:
+def submit(user, spec: rules.ReservationSpec, *, cluster_path: bool = False) -> Reservation:
     """Validate, admit against the team's quota under a row lock, store as pending.
 
     The team row lock serialises concurrent submissions of one team, so two requests that
-    together exceed the quota can never both be admitted.
+    together exceed the quota can never both be admitted. A person's request keeps to the team's
+    policy (priority ceiling of their role, longest duration); `cluster_path` is the kubectl path,
+    where the cluster's own access control stands for the person.
     """
     rules.check(spec)  # also coerces the numbers in spec
+    if not cluster_path:
+        problems = policy.request_problems(user, spec.team, priority=spec.priority,
+                                           max_duration_s=spec.max_duration_s)
+        if problems:
+            raise rules.RuleViolation(problems)
     share = spec.gpu_request * spec.gpu_count
     memory = spec.gpu_memory_mib * spec.gpu_count
     with transaction.atomic():
