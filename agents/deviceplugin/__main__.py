@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node directory holding libtessera_preload.so (mounted at the same path)")
     p.add_argument("--broker-dir", default=NodePaths.broker_dir,
                    help="node directory holding the share broker's socket (mounted at the same path)")
+    p.add_argument("--pass-device-specs", action="store_true",
+                   help="also give containers the GPUs' /dev/nvidia* nodes (for nodes without the NVIDIA "
+                        "container runtime, which otherwise adds them from NVIDIA_VISIBLE_DEVICES)")
     p.add_argument("--health-interval", type=float, default=10.0, help="seconds between GPU health checks")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     source = _source(args, parser)
     cfg = PluginConfig(node=args.node, gpus=source.devices(), plugin_dir=str(args.plugin_dir),
                        resource_name=args.resource_name, slots_per_gpu=args.slots_per_gpu,
-                       paths=NodePaths(preload_dir=args.preload_dir, broker_dir=args.broker_dir))
+                       paths=NodePaths(preload_dir=args.preload_dir, broker_dir=args.broker_dir),
+                       pass_device_specs=args.pass_device_specs)
     try:
         pods = KubernetesPods(host=args.api_server)
     except ConfigException as exc:

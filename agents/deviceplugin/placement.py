@@ -74,8 +74,21 @@ class NodePaths:
     broker_socket: str = "broker.sock"
 
 
-def container_response(placement: Placement, paths: NodePaths) -> api_pb2.ContainerAllocateResponse:
-    """Env and mounts for one container of the placed pod (see preload/README.md for the variables)."""
+# The device nodes a CUDA process opens besides its GPUs' own (/dev/nvidia<minor>).
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def device_specs(minors: list[int]) -> list[api_pb2.DeviceSpec]:
+    """The GPUs' device nodes for the container, for nodes whose runtime does not add them itself
+    (no NVIDIA container runtime reading NVIDIA_VISIBLE_DEVICES): `--pass-device-specs`."""
+    return [api_pb2.DeviceSpec(container_path=path, host_path=path, permissions="rw")
+            for path in (*(f"/dev/nvidia{m}" for m in minors), *CONTROL_DEVICES)]
+
+
+def container_response(placement: Placement, paths: NodePaths,
+                       minors: list[int] | None = None) -> api_pb2.ContainerAllocateResponse:
+    """Env, mounts (and with `minors`, the GPUs' device nodes) for one container of the placed pod
+    (see preload/README.md for the variables)."""
     envs = {
         "NVIDIA_VISIBLE_DEVICES": ",".join(placement.gpus),
         "LD_PRELOAD": f"{paths.preload_dir}/{paths.preload_library}",
@@ -90,4 +103,5 @@ def container_response(placement: Placement, paths: NodePaths) -> api_pb2.Contai
         api_pb2.Mount(container_path=paths.preload_dir, host_path=paths.preload_dir, read_only=True),
         api_pb2.Mount(container_path=paths.broker_dir, host_path=paths.broker_dir, read_only=False),
     ]
-    return api_pb2.ContainerAllocateResponse(envs=envs, mounts=mounts)
+    return api_pb2.ContainerAllocateResponse(envs=envs, mounts=mounts,
+                                             devices=device_specs(minors) if minors is not None else [])

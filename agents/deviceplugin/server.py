@@ -37,6 +37,7 @@ class PluginConfig:
     endpoint: str = "tessera-gpu-share.sock"
     slots_per_gpu: int = DEFAULT_SLOTS_PER_GPU
     paths: NodePaths = field(default_factory=NodePaths)
+    pass_device_specs: bool = False  # answer the GPUs' /dev nodes too (no NVIDIA runtime on the node)
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
@@ -44,6 +45,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self.cfg = cfg
         self.finder = finder
         self._gpu_uuids = frozenset(g.uuid for g in cfg.gpus)
+        # NVML's index: the device node's minor number on the usual node (nvmlDeviceGetMinorNumber is exact).
+        self._minor = {g.uuid: g.index for g in cfg.gpus}
         self._unhealthy: frozenset[str] = frozenset()
         self._changed = threading.Condition()
         self._generation = 0
@@ -105,7 +108,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, msg)
             log.info("allocate: pod %s/%s container %s gets %s (reservation %s)", claim.namespace, claim.name,
                      claim.container, ",".join(placement.gpus), placement.reservation)
-            responses.append(container_response(placement, self.cfg.paths))
+            minors = [self._minor[g] for g in placement.gpus] if self.cfg.pass_device_specs else None
+            responses.append(container_response(placement, self.cfg.paths, minors))
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request, context):

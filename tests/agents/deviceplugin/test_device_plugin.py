@@ -87,6 +87,7 @@ def test_allocate_gives_the_container_its_gpu_share_preload_and_broker(plugin, k
     }
     mounts = {(m.host_path, m.container_path, m.read_only) for m in answer.mounts}
     assert mounts == {("/opt/tessera/lib", "/opt/tessera/lib", True), ("/run/tessera", "/run/tessera", False)}
+    assert list(answer.devices) == []  # the NVIDIA runtime adds the GPU from NVIDIA_VISIBLE_DEVICES
     assert apiserver.pod("team-vision", "notebook")["metadata"]["annotations"][ALLOCATED_ANNOTATION] == "1"
 
 
@@ -105,6 +106,16 @@ def test_a_pod_the_portal_creates_gets_the_same_share_from_allocate_as_its_reser
     assert dict(answer.envs) == share_env("31", gpus, 70)
     mounts = {(m.host_path, m.container_path, m.read_only) for m in answer.mounts}
     assert mounts == {("/opt/tessera/lib", "/opt/tessera/lib", True), ("/run/tessera", "/run/tessera", False)}
+
+
+def test_with_pass_device_specs_the_container_also_gets_its_gpus_device_nodes(plugin, kubelet, apiserver):
+    kubectl_pod(apiserver, "notebook")
+    place(apiserver, "notebook", "77", gpu=1)
+    plugin.service.cfg.pass_device_specs = True  # read on every call
+    answer = allocate(kubelet, plugin, "x")
+    assert [(d.host_path, d.container_path, d.permissions) for d in answer.devices] == [
+        ("/dev/nvidia1", "/dev/nvidia1", "rw"), ("/dev/nvidiactl", "/dev/nvidiactl", "rw"),
+        ("/dev/nvidia-uvm", "/dev/nvidia-uvm", "rw"), ("/dev/nvidia-uvm-tools", "/dev/nvidia-uvm-tools", "rw")]
 
 
 def test_claiming_reads_every_answer_so_the_next_request_on_the_connection_works(plugin, kubelet, apiserver):
