@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "image.h"
@@ -194,6 +195,43 @@ static int valid_range(uint64_t p, uint64_t n) {
     return 0;
 }
 
+/* ---- input: buffered, so a stream of small one-way launches costs one read per many of them; large
+ * reads (bulk chunks) go straight from the socket to their destination ---- */
+static uint8_t inbuf[256 * 1024];
+static size_t in_off, in_len;
+
+static int in_read(void *dst, size_t n) {
+    uint8_t *p = dst;
+    while (n) {
+        if (in_off < in_len) {
+            size_t k = in_len - in_off < n ? in_len - in_off : n;
+            memcpy(p, inbuf + in_off, k);
+            in_off += k, p += k, n -= k;
+            continue;
+        }
+        if (n >= sizeof inbuf / 4) return wire_recv_all(fd, p, n);
+        ssize_t got = recv(fd, inbuf, sizeof inbuf, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (got == 0) errno = 0;
+            return -1;
+        }
+        in_off = 0;
+        in_len = (size_t)got;
+    }
+    return 0;
+}
+
+static int in_discard(uint64_t n) {
+    uint8_t sink[16384];
+    while (n) {
+        size_t k = n < sizeof sink ? (size_t)n : sizeof sink;
+        if (in_read(sink, k)) return -1;
+        n -= k;
+    }
+    return 0;
+}
+
 /* ---- replies ---- */
 static int reply(CUresult r, const void *data, uint32_t len) {
     struct wire_rep h = {.result = (int32_t)r, .deferred = (int32_t)deferred, .len = len};
@@ -255,7 +293,7 @@ static int do_memcpy_htod(const struct wire_req *rq) {
     uint64_t done = 0;
     while (done < a.bytes) {
         size_t n = a.bytes - done < WIRE_CHUNK ? (size_t)(a.bytes - done) : WIRE_CHUNK;
-        if (wire_recv_all(fd, staging, n)) return -1;
+        if (in_read(staging, n)) return -1;
         if (r == CUDA_SUCCESS) {
             if (a.async) {
                 r = cuMemcpyHtoDAsync_v2(a.dst + done, staging, n, (CUstream)(uintptr_t)a.stream);
@@ -303,10 +341,10 @@ static int do_module_load(const struct wire_req *rq) {
     if (rq->bulk == 0 || rq->bulk > WIRE_MAX_MODULE) return -1;
     uint8_t *image = malloc(rq->bulk + 1);
     if (!image) {
-        if (wire_discard(fd, rq->bulk)) return -1;
+        if (in_discard(rq->bulk)) return -1;
         return fail(CUDA_ERROR_OUT_OF_MEMORY, "no host memory for a %llu-byte module", (unsigned long long)rq->bulk);
     }
-    if (wire_recv_all(fd, image, rq->bulk)) {
+    if (in_read(image, rq->bulk)) {
         free(image);
         return -1;
     }
@@ -671,7 +709,7 @@ int main(int argc, char **argv) {
     int why = 0;
     for (;;) {
         struct wire_req rq;
-        if (wire_recv_all(fd, &rq, sizeof rq)) {
+        if (in_read(&rq, sizeof rq)) {
             why = errno;
             break;
         }
@@ -680,7 +718,7 @@ int main(int argc, char **argv) {
             wlog("protocol error: op %u len %u bulk %llu; closing", rq.op, rq.len, (unsigned long long)rq.bulk);
             break;
         }
-        if (rq.len && wire_recv_all(fd, args, rq.len)) {
+        if (rq.len && in_read(args, rq.len)) {
             why = errno;
             break;
         }
