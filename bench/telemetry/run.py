@@ -90,11 +90,12 @@ def _setup(inventory: Path, tokens: Path, shares_per_node: int) -> dict:
             Allocation.objects.create(reservation=r, gpu=gpu, compute_share=Decimal("0.5"),
                                       compute_limit=Decimal("0.5"), memory_mib=1024)
     tokens.write_text("\n".join(token_lines) + "\n")
+    from django.conf import settings
     from django.contrib.sessions.backends.db import SessionStore
 
     session = SessionStore()
     session["_auth_user_id"] = str(user.pk)
-    session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+    session["_auth_user_backend"] = settings.AUTHENTICATION_BACKENDS[0]
     session["_auth_user_hash"] = user.get_session_auth_hash()
     session.create()
     gpus = list(Gpu.objects.order_by("node__name", "index").values_list("pk", flat=True))
