@@ -1,0 +1,350 @@
+"""Load benchmark: concurrent API users (submit, list, capacity preview, cancel) against one portal
+process (Daphne, PostgreSQL through the connection pool, Redis), one Celery worker placing what
+they submit, with and without N simulated node agents streaming at 1 Hz.
+
+Two phases in one run, same users and same mix: `api` (the users alone: the baseline) and
+`api+agents` (the users while the agents stream). For each phase and operation: requests per
+second, p50/p99 latency, and errors (5xx, 429, connection failures). After the run it checks
+what the issue asks of a bad day too: no GPU over-committed, every reservation the users were
+told was created exists once.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \\
+        .venv/bin/python bench/load/run.py --users 200 --agents 500 --seconds 600
+
+It creates (and drops) the database `tessera_bench_load` on that server and uses Redis database 12.
+Results: bench/results/load/results.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from bench.scratch_db import ScratchDatabase  # noqa: E402
+
+DB = ScratchDatabase("tessera_bench_load")
+REDIS_URL = "redis://127.0.0.1:6379/12"
+RESULTS = ROOT / "bench" / "results" / "load"
+TEAMS = 10
+OPERATIONS = ("submit", "list", "capacity", "cancel")
+TARGET_MS = {"submit": 1000, "cancel": 1000, "list": 500, "capacity": 500}  # the issue's p99 targets
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_inventory(path: Path, nodes: int) -> None:
+    lines = ["version: 1", "nodes:"]
+    for i in range(nodes):
+        lines += [f"  - name: load-node-{i:04d}", "    gpus:", "      - model: A100-80GB", "        memory_mib: 81920",
+                  "        count: 8"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _setup(inventory: Path, tokens_file: Path, users: int) -> list[tuple[str, str]]:
+    """Fleet, TEAMS teams, `users` members spread over them, an API token each (made here, not
+    through the sign-in endpoint, whose failure throttle is not what is measured); node tokens."""
+    from decimal import Decimal
+
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from portal.fleet import inventory as fleet_inventory
+    from portal.fleet.models import Node
+    from portal.fleet.services import issue_node_token
+    from portal.tenancy.models import Membership, Role, Team
+    from portal.tenancy.services import create_token
+
+    call_command("migrate", verbosity=0)
+    fleet_inventory.load(inventory)
+    teams = [Team.objects.create(slug=f"team{i}", name=f"Team {i}", quota_gpu_share=Decimal(1000),
+                                 quota_memory_mib=10**9, quota_max_gpus=10_000) for i in range(TEAMS)]
+    people = []
+    User = get_user_model()
+    for i in range(users):
+        user = User.objects.create_user(f"user{i:04d}")
+        team = teams[i % TEAMS]
+        Membership.objects.create(user=user, team=team, role=Role.MEMBER)
+        _, key = create_token(user, "load")
+        people.append((team.slug, key))
+    tokens_file.write_text("\n".join(f"{n.name}: {issue_node_token(n)}" for n in Node.objects.all()) + "\n")
+    return people
+
+
+def _invariants() -> dict:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM (SELECT gpu_id FROM reservations_allocation WHERE released_at IS NULL "
+                       "GROUP BY gpu_id HAVING sum(compute_share) > 1.0001) over")
+        over = cursor.fetchone()[0]
+        cursor.execute("SELECT count(*) FROM (SELECT reservation_id, gpu_id FROM reservations_allocation "
+                       "WHERE released_at IS NULL GROUP BY reservation_id, gpu_id HAVING count(*) > 1) dup")
+        duplicated = cursor.fetchone()[0]
+        cursor.execute("SELECT id FROM reservations_reservation")
+        ids = {row[0] for row in cursor.fetchall()}
+    return {"gpus_over_committed": over, "duplicated_allocations": duplicated, "reservation_ids": ids}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.latency: dict[str, list[float]] = defaultdict(list)
+        self.status: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.created: set[int] = set()
+        self.on = False
+
+    def add(self, op: str, seconds: float, status: str) -> None:
+        if self.on:
+            self.latency[op].append(seconds * 1000)
+            self.status[op][status] += 1
+
+
+async def _user(client, team: str, key: str, rec: Recorder, stop: asyncio.Event, think_s: float) -> None:
+    headers = {"Authorization": f"Token {key}"}
+    body = {"team": team, "image": "pytorch/pytorch:2.3.0", "command": ["python", "train.py"],
+            "gpu_request": 0.1, "gpu_memory_mib": 2048, "priority": 10}
+    await asyncio.sleep(random.uniform(0, think_s))
+
+    async def call(op: str, method: str, url: str, **kwargs):
+        started = time.perf_counter()
+        try:
+            r = await client.request(method, url, headers=headers, **kwargs)
+        except Exception as exc:  # a refused or dropped connection is an error the users saw
+            rec.add(op, time.perf_counter() - started, type(exc).__name__)
+            return None
+        rec.add(op, time.perf_counter() - started, str(r.status_code))
+        return r
+
+    while not stop.is_set():
+        r = await call("submit", "POST", "/api/v1/reservations/", json=body)
+        rid = r.json()["id"] if r is not None and r.status_code == 201 else None
+        if rid is not None:
+            rec.created.add(rid)
+        await call("list", "GET", "/api/v1/reservations/", params={"page_size": "20"})
+        await call("capacity", "GET", "/api/v1/capacity/", params={"gpu_request": "0.25", "gpu_memory_mib": "4096"})
+        if rid is not None:
+            await call("cancel", "POST", f"/api/v1/reservations/{rid}/cancel/")
+        await asyncio.sleep(random.uniform(0.5, 1.5) * think_s)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+
+def _summary(rec: Recorder, seconds: float) -> dict:
+    out = {}
+    for op in OPERATIONS:
+        statuses = dict(rec.status[op])
+        total = sum(statuses.values())
+        out[op] = {
+            "requests": total, "per_s": round(total / seconds, 1),
+            "p50_ms": _percentile(rec.latency[op], 0.5), "p99_ms": _percentile(rec.latency[op], 0.99),
+            "5xx": sum(n for s, n in statuses.items() if s.startswith("5")),
+            "429": statuses.get("429", 0),
+            "failed_connections": sum(n for s, n in statuses.items() if not s.isdigit()),
+            "statuses": statuses,
+        }
+    out["all"] = {"requests": sum(o["requests"] for o in out.values()),
+                  "per_s": round(sum(o["per_s"] for o in out.values()), 1),
+                  "5xx": sum(o["5xx"] for o in out.values())}
+    return out
+
+
+async def _phase(port: int, people: list[tuple[str, str]], seconds: float, warmup: float, think_s: float,
+                 rec: Recorder) -> dict:
+    import httpx
+
+    stop = asyncio.Event()
+    limits = httpx.Limits(max_connections=len(people) + 10, max_keepalive_connections=len(people) + 10)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=30.0) as client:
+        tasks = [asyncio.create_task(_user(client, team, key, rec, stop, think_s)) for team, key in people]
+        await asyncio.sleep(warmup)
+        rec.on = True
+        load0, t0 = os.getloadavg()[0], time.monotonic()
+        await asyncio.sleep(seconds)
+        rec.on = False
+        elapsed = time.monotonic() - t0
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    result = _summary(rec, elapsed)
+    result["measured_s"] = round(elapsed, 1)
+    result["load_average_1m"] = round((load0 + os.getloadavg()[0]) / 2, 2)
+    return result
+
+
+def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop(*procs: subprocess.Popen | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        if proc is not None:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, pool: int) -> dict:
+    import logging
+
+    import django
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    DB.recreate()
+    os.environ["DATABASE_URL"] = DB.url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    django.setup()
+    tmp = Path(tempfile.mkdtemp(prefix="tessera-bench-load-"))
+    inventory, tokens = tmp / "inventory.yaml", tmp / "tokens.yaml"
+    _write_inventory(inventory, max(agents, 50))
+    people = _setup(inventory, tokens, users)
+    from django.db import connection
+
+    connection.close()
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": DB.url, "REDIS_URL": REDIS_URL, "DEBUG": "0", "LOG_LEVEL": "WARNING",
+           "DB_POOL_MAX_SIZE": str(pool), "TESSERA_WRITE_RATE": "100000/min", "TESSERA_TELEMETRY_TICKER": "0",
+           "TESSERA_BACKEND": "local", "TESSERA_LOCAL_STATE": str(tmp / "cluster.sqlite3"),
+           "TESSERA_LOCAL_START_S": "0.5", "TESSERA_INVENTORY": str(inventory), "PYTHONPATH": str(ROOT),
+           "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    portal = worker = fleet = None
+    phases = {}
+    try:
+        portal = _start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
+                        env, tmp / "daphne.log")
+        worker = _start([sys.executable, "-m", "celery", "-A", "portal", "worker", "-c", "1", "-n", "load@%h",
+                         "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
+                        env, tmp / "worker.log")
+        for _ in range(300):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        rec = Recorder()
+        phases["api"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec))
+        if agents:
+            fleet = _start([sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{port}",
+                            "--simulate", str(inventory), "--tokens", str(tokens), "--interval", "1"],
+                           env, tmp / "fleet.log")
+            time.sleep(warmup)  # the agents connect and send their first batches
+            rec2 = Recorder()
+            rec2.created = rec.created
+            phases["api+agents"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec2))
+            stored = _stored_samples_per_s(seconds=10)
+            phases["api+agents"]["agent_samples_stored_per_s"] = stored
+        time.sleep(3)  # the last cancels settle
+        checks = _invariants()
+        created = rec.created
+        lost = sorted(created - checks.pop("reservation_ids"))
+        checks.update({"reservations_created": len(created), "created_but_missing": len(lost)})
+    finally:
+        _stop(fleet, worker, portal)
+    return {"phases": phases, "checks": checks, "logs": str(tmp)}
+
+
+def _stored_samples_per_s(seconds: float) -> float:
+    from django.db import connection
+
+    def count() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM telemetry_gpusample")
+            return cursor.fetchone()[0]
+
+    a, t = count(), time.monotonic()
+    time.sleep(seconds)
+    return round((count() - a) / (time.monotonic() - t), 1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=200)
+    parser.add_argument("--agents", type=int, default=500, help="simulated nodes × 8 GPUs at 1 Hz (0: none)")
+    parser.add_argument("--seconds", type=float, default=600, help="measured time per phase")
+    parser.add_argument("--warmup", type=float, default=20)
+    parser.add_argument("--think", type=float, default=1.0, help="mean pause of a user between rounds, s")
+    parser.add_argument("--pool", type=int, default=20, help="DB_POOL_MAX_SIZE of the portal process")
+    parser.add_argument("--note", default="", help="a line for the results (e.g. why the run is short)")
+    args = parser.parse_args()
+    try:
+        result = run(args.users, args.agents, args.seconds, args.warmup, args.think, args.pool)
+    finally:
+        DB.drop()
+    command = "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/load/run.py " + \
+        " ".join(sys.argv[1:])
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
+    result.update({"command": command, "machine": machine,
+                   "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), "users": args.users, "agents": args.agents,
+                   "note": args.note})
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "results.md").write_text(_markdown(result))
+    print(_markdown(result))
+    return 0
+
+
+def _markdown(result: dict) -> str:
+    lines = ["# API load with agents streaming", "", f"Command: `{result['command']}`  ",
+             f"Machine: {result['machine']}  ", f"Date (UTC): {result['date']}  "]
+    if result["note"]:
+        lines.append(f"Note: {result['note']}  ")
+    lines += ["", f"{result['users']} API users, each in a loop: submit, list (page of 20), capacity preview, cancel, "
+              "then a pause (--think). One Daphne process (pool of connections to PostgreSQL), one Celery "
+              f"worker placing, Redis. Phase `api+agents` adds {result['agents']} simulated nodes × 8 GPUs "
+              "streaming at 1 Hz. Ratios: against the `api` phase of the same run. Target (issue #16): zero "
+              "5xx, p99 < 500 ms for reads, < 1 s for submits.", "",
+              "| phase | operation | requests | req/s | p50 ms | p99 ms | p99 target ms | 5xx | 429 | failed conn. "
+              "| p99 vs api |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    base = result["phases"].get("api", {})
+    notes = []
+    for phase, data in result["phases"].items():
+        for op in OPERATIONS:
+            d = data[op]
+            ratio = ""
+            if base.get(op, {}).get("p99_ms") and d["p99_ms"]:
+                ratio = round(d["p99_ms"] / base[op]["p99_ms"], 2)
+            lines.append(f"| {phase} | {op} | {d['requests']} | {d['per_s']} | {d['p50_ms']} | {d['p99_ms']} | "
+                         f"{TARGET_MS[op]} | {d['5xx']} | {d['429']} | {d['failed_connections']} | {ratio} |")
+        extra = f", agent samples stored/s {data['agent_samples_stored_per_s']}" \
+            if "agent_samples_stored_per_s" in data else ""
+        lines.append(f"| {phase} | all | {data['all']['requests']} | {data['all']['per_s']} | | | | "
+                     f"{data['all']['5xx']} | | | |")
+        notes.append(f"`{phase}`: measured {data['measured_s']} s, load average {data['load_average_1m']}{extra}.")
+    lines += ["", *notes, ""]
+    c = result["checks"]
+    lines += ["After the run: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in c.items()) + ".", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
