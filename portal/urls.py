@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("", include("portal.telemetry.urls")),
     path("", include("portal.reports.urls")),
+    path("", include("portal.web.admin_urls")),
     path("", include("portal.web.urls")),
 ]
 

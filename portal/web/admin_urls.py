@@ -1,0 +1,29 @@
+"""Pages of team admins (/team/), site admins (/fleet/) and the audit log (/audit/)."""
+
+from django.urls import path
+
+from . import audit, fleet_admin, team_admin
+
+urlpatterns = [
+    path("team/", team_admin.team_home, name="team-admin"),
+    path("team/<slug:slug>/members/", team_admin.members_page, name="team-members"),
+    path("team/<slug:slug>/members/<int:pk>/role/", team_admin.member_role, name="team-member-role"),
+    path("team/<slug:slug>/members/<int:pk>/defaults/", team_admin.member_defaults, name="team-member-defaults"),
+    path("team/<slug:slug>/members/<int:pk>/remove/", team_admin.member_remove, name="team-member-remove"),
+    path("team/<slug:slug>/groups/", team_admin.groups_page, name="team-groups"),
+    path("team/<slug:slug>/groups/preview/", team_admin.group_preview, name="team-group-preview"),
+    path("team/<slug:slug>/groups/<str:kind>/<int:pk>/rename/", team_admin.group_rename, name="team-group-rename"),
+    path("team/<slug:slug>/groups/<str:kind>/<int:pk>/delete/", team_admin.group_delete, name="team-group-delete"),
+    path("team/<slug:slug>/presets/", team_admin.presets_page, name="team-presets"),
+    path("team/<slug:slug>/presets/<int:pk>/delete/", team_admin.preset_delete, name="team-preset-delete"),
+    path("team/<slug:slug>/policy/", team_admin.policy_page, name="team-policy"),
+    path("team/<slug:slug>/quota/", team_admin.quota_page, name="team-quota"),
+    path("fleet/", fleet_admin.fleet_page, name="fleet"),
+    path("fleet/nodes/<str:name>/drain/", fleet_admin.node_drain, name="fleet-node-drain"),
+    path("fleet/nodes/<str:name>/undrain/", fleet_admin.node_undrain, name="fleet-node-undrain"),
+    path("fleet/nodes/<str:name>/token/", fleet_admin.node_token, name="fleet-node-token"),
+    path("fleet/gpus/<int:pk>/cordon/", fleet_admin.gpu_cordon, name="fleet-gpu-cordon"),
+    path("fleet/teams/", fleet_admin.teams_page, name="fleet-teams"),
+    path("fleet/teams/<slug:slug>/", fleet_admin.team_limits_page, name="fleet-team"),
+    path("audit/", audit.audit_page, name="audit"),
+]

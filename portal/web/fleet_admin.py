@@ -1,0 +1,260 @@
+"""Site admins run the fleet in the browser: every node as a row of GPUs, each GPU drawn as one
+slice per share (coloured by team) with its memory as a second bar and live utilization; drain
+and undrain nodes, cordon GPUs, create, rotate and revoke node agent tokens; create teams and set
+their quotas and limits. Site admins only (everyone else: 403), like the API."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import Count
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from portal.audit import services as audit
+from portal.fleet import services as fleet_services
+from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.reservations.models import Allocation
+from portal.reservations.quota import usage_of
+from portal.tenancy import policy, teams
+from portal.tenancy.errors import Refused
+from portal.tenancy.models import Team, TeamPolicy
+
+from . import navigation
+from .templatetags.tessera import team_class
+
+NODES_PER_PAGE = 20  # 160 GPUs of 8: within one live socket's 200 groups
+
+
+def _staff(request) -> None:
+    if not request.user.is_staff:
+        raise PermissionDenied("only site admins may see the fleet")
+
+
+def _pct(value, total) -> float:
+    return round(float(value) / float(total) * 100, 2) if total else 0.0
+
+
+def fleet_rows(nodes: list[dict]) -> list[dict]:
+    """The page's nodes with their GPUs and each GPU's live shares, laid out for drawing:
+    three queries whatever the page size (nodes given, GPUs, allocations)."""
+    by_node: dict[int, list[dict]] = defaultdict(list)
+    gpu_rows = list(Gpu.objects.filter(node_id__in=[n["id"] for n in nodes]).order_by("node_id", "index").values(
+        "id", "node_id", "index", "uuid", "model", "memory_mib", "healthy", "cordoned", "cordon_reason"))
+    shares: dict[int, list[tuple]] = defaultdict(list)
+    for row in (Allocation.objects.filter(released_at__isnull=True, gpu_id__in=[g["id"] for g in gpu_rows])
+                .order_by("gpu_id", "reservation_id")
+                .values_list("gpu_id", "reservation_id", "compute_share", "compute_limit", "memory_mib",
+                             "reservation__team_id", "reservation__team__slug", "reservation__owner__username",
+                             "reservation__state")):
+        shares[row[0]].append(row[1:])
+    for g in gpu_rows:
+        x = mx = Decimal(0)
+        slices = []
+        for rid, share, limit, memory, team_id, slug, owner, state in shares.get(g["id"], ()):
+            slices.append({
+                "reservation": rid, "team": slug, "owner": owner, "state": state, "share": share, "limit": limit,
+                "memory_mib": memory, "cls": team_class(team_id),
+                "x": _pct(x, 1), "w": _pct(share, 1), "mx": _pct(mx, g["memory_mib"]),
+                "mw": _pct(memory, g["memory_mib"]),
+            })
+            x += share
+            mx += memory
+        g.update(slices=slices, used=x, memory_used=mx, free=max(Decimal(0), 1 - x))
+        by_node[g["node_id"]].append(g)
+    for n in nodes:
+        n["gpus"] = by_node.get(n["id"], [])
+    return nodes
+
+
+def fleet_context(params) -> dict:
+    model = params.get("model", "").strip()
+    name = params.get("node", "").strip()[:253]
+    state = params.get("state", "").strip()
+    qs = Node.objects.order_by("name")
+    if name:
+        qs = qs.filter(name__icontains=name)
+    if state in NodeStatus.values:
+        qs = qs.filter(status=state)
+    if model:
+        qs = qs.filter(gpus__model=model).distinct()
+    page = Paginator(qs.values("id", "name", "status", "status_reason", "last_seen", "labels",
+                               "agent_token_hash", "agent_token_created_at"), NODES_PER_PAGE).get_page(
+        params.get("page"))
+    nodes = fleet_rows(list(page.object_list))
+    for n in nodes:
+        n["has_token"] = bool(n.pop("agent_token_hash"))
+    counts = dict(Node.objects.values_list("status").annotate(n=Count("id")))
+    return {
+        "page": page, "nodes": nodes, "models": list(Gpu.objects.values_list("model", flat=True).distinct()
+                                                     .order_by("model")),
+        "filters": {"model": model, "node": name, "state": state}, "states": NodeStatus.choices,
+        "counts": {s: counts.get(s, 0) for s in NodeStatus.values}, "total": sum(counts.values()),
+        "gpu_ids": [g["id"] for n in nodes for g in n["gpus"]],
+        "teams": Team.objects.order_by("slug"),
+    }
+
+
+@login_required
+def fleet_page(request):
+    _staff(request)
+    context = fleet_context(request.GET)
+    template = "fleet/_nodes.html" if request.headers.get("HX-Request") else "fleet/fleet.html"
+    return render(request, template, context)
+
+
+def _back(request):
+    target = request.POST.get("next", "")
+    return redirect(target if target.startswith("/fleet/") else "fleet")
+
+
+@login_required
+@require_POST
+def node_drain(request, name: str):
+    _staff(request)
+    node = get_object_or_404(Node, name=name)
+    fleet_services.drain(node.pk, audit.web(request.user), request.POST.get("reason", "")[:200])
+    messages.success(request, f"Node {node.name} is draining: no new shares land there; what runs there keeps "
+                     "running.")
+    return _back(request)
+
+
+@login_required
+@require_POST
+def node_undrain(request, name: str):
+    _staff(request)
+    node = get_object_or_404(Node, name=name)
+    fleet_services.undrain(node.pk, audit.web(request.user))
+    messages.success(request, f"Node {node.name} is ready: new shares may land there again.")
+    return _back(request)
+
+
+@login_required
+@require_POST
+def gpu_cordon(request, pk: int):
+    _staff(request)
+    gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=pk)
+    cordon = request.POST.get("cordon") == "1"
+    fleet_services.set_cordon(gpu.pk, audit.web(request.user), cordon, request.POST.get("reason", "")[:200])
+    what = f"GPU {gpu.index} on {gpu.node.name}"
+    messages.success(request, f"{what} is cordoned: no new shares; its shares keep running." if cordon
+                     else f"{what} takes new shares again.")
+    return _back(request)
+
+
+@never_cache
+@login_required
+@require_POST
+def node_token(request, name: str):
+    """Create or rotate (action=issue) or revoke (action=revoke) the node's agent token. A new
+    key is shown on this answer only; it is never stored or shown again."""
+    _staff(request)
+    node = get_object_or_404(Node, name=name)
+    action = request.POST.get("action")
+    if action == "revoke":
+        fleet_services.revoke_node_token(node, audit.web(request.user))
+        messages.success(request, f"The agent token of {node.name} is revoked: its agent is refused until a new "
+                         "token is created.")
+        return _back(request)
+    if action != "issue":
+        raise Http404("no such action")
+    rotated = bool(node.agent_token_hash)
+    key = fleet_services.issue_node_token(node, audit.web(request.user))
+    return render(request, "fleet/token.html", {"node": node, "key": key, "rotated": rotated})
+
+
+# Teams: create, quotas and limits -----------------------------------------------------------
+
+def _team_rows():
+    rows = []
+    limits = {p.team_id: p for p in TeamPolicy.objects.all()}
+    for team in Team.objects.order_by("slug"):
+        rows.append({"team": team, "usage": usage_of(team), "limits": limits.get(team.pk)})
+    return rows
+
+
+@login_required
+def teams_page(request):
+    _staff(request)
+    form = {"slug": "", "name": "", "quota_gpu_share": "1", "quota_memory_mib": "81920", "quota_max_gpus": "4"}
+    errors: dict[str, list[str]] = {}
+    status = 200
+    if request.method == "POST":
+        form = {k: request.POST.get(k, "").strip() for k in form}
+        try:
+            team = teams.create_team(audit.web(request.user), form["slug"], form["name"],
+                                     **{k: form[k] for k in teams.QUOTA_FIELDS})
+        except Refused as exc:
+            errors, status = exc.errors, 400
+        else:
+            messages.success(request, f"Team {team.slug} created. Add its first admin on its Members page.")
+            return redirect("fleet-team", slug=team.slug)
+    return render(request, "fleet/teams.html", {"rows": _team_rows(), "form": form, "errors": errors},
+                  status=status)
+
+
+LIMIT_FORM = ("limit_duration_h", "limit_priority", "limit_idle_after_min", "limit_idle_threshold_pct")
+
+
+@login_required
+def team_limits_page(request, slug: str):
+    _staff(request)
+    team = get_object_or_404(Team, slug=slug)
+    current = policy.policy_of(team)
+    limits = current.limits
+    form = {"name": team.name, "quota_gpu_share": str(team.quota_gpu_share),
+            "quota_memory_mib": str(team.quota_memory_mib), "quota_max_gpus": str(team.quota_max_gpus),
+            "limit_duration_h": f"{limits.duration_s / 3600:g}", "limit_priority": str(limits.priority),
+            "limit_idle_after_min": f"{limits.idle_after_s / 60:g}" if limits.idle_after_s else "",
+            "limit_idle_threshold_pct": f"{float(limits.idle_threshold) * 100:g}",
+            "limit_require_reclaim": limits.require_reclaim, "limit_allow_over_quota": limits.allow_over_quota}
+    errors: dict[str, list[str]] = {}
+    status = 200
+    if request.method == "POST":
+        form = {k: request.POST.get(k, "").strip() for k in form if not isinstance(form[k], bool)} | {
+            "limit_require_reclaim": request.POST.get("limit_require_reclaim") == "on",
+            "limit_allow_over_quota": request.POST.get("limit_allow_over_quota") == "on"}
+        changes = {"limit_priority": form["limit_priority"], "limit_require_reclaim": form["limit_require_reclaim"],
+                   "limit_allow_over_quota": form["limit_allow_over_quota"]}
+        for key, field, unit in (("limit_duration_h", "limit_duration_s", 3600),
+                                 ("limit_idle_after_min", "limit_idle_after_s", 60)):
+            if not form[key]:
+                changes[field] = None
+                continue
+            try:
+                changes[field] = round(float(form[key]) * unit)
+            except ValueError:
+                errors[field] = [f"a number ({'hours' if unit == 3600 else 'minutes'})"]
+        try:
+            changes["limit_idle_threshold"] = float(form["limit_idle_threshold_pct"] or 0) / 100
+        except ValueError:
+            errors["limit_idle_threshold"] = ["a percentage, e.g. 5"]
+        if changes.get("limit_duration_s") is None and "limit_duration_s" not in errors:
+            errors["limit_duration_s"] = ["give the longest duration in hours"]
+        if not errors:
+            try:
+                # Quota and limits are one change for the admin: both or neither.
+                with transaction.atomic():
+                    teams.set_quota(team, audit.web(request.user), {k: form[k] for k in
+                                                                    (*teams.QUOTA_FIELDS, "name")})
+                    policy.set_limits(team, audit.web(request.user), changes)
+            except Refused as exc:
+                errors = exc.errors
+            else:
+                messages.success(request, f"Quota and limits of team {team.slug} saved.")
+                return redirect("fleet-team", slug=team.slug)
+        status = 400
+    return render(request, "fleet/team.html", {"team": team, "form": form, "errors": errors,
+                                               "usage": usage_of(team), "policy": current}, status=status)
+
+
+navigation.register("Fleet", "fleet", allowed=navigation.staff, order=70)
+navigation.register("Teams", "fleet-teams", allowed=navigation.staff, order=72)

@@ -1,0 +1,139 @@
+"""Team-admin, fleet and audit pages: who may open them (others' teams 404, other roles 403),
+what a form does, and that the fleet page's queries do not grow with the fleet."""
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from portal.audit.models import AuditEntry
+from portal.fleet.models import Gpu, Node
+from portal.fleet.services import node_for_token
+from portal.reservations import rules, services
+from portal.tenancy.models import ExclusionGroup, Membership, Preset
+
+TEAM_TABS = ["members", "groups", "presets", "policy", "quota"]
+
+
+@pytest.fixture
+def browser_for(people):
+    def make(name: str) -> Client:
+        client = Client()
+        client.force_login(people[name])
+        return client
+    return make
+
+
+@pytest.mark.parametrize("tab", TEAM_TABS)
+@pytest.mark.parametrize(("who", "status"), [("carol", 200), ("admin", 200), ("alice", 403), ("dave", 403),
+                                             ("bob", 404), ("erin", 404)])
+def test_team_pages_only_for_the_teams_admins(fleet, browser_for, tab, who, status):
+    assert browser_for(who).get(f"/team/vision/{tab}/").status_code == status
+
+
+@pytest.mark.parametrize("url", ["/fleet/", "/fleet/teams/", "/fleet/teams/vision/"])
+@pytest.mark.parametrize(("who", "status"), [("admin", 200), ("carol", 403), ("alice", 403), ("dave", 403)])
+def test_fleet_pages_only_for_site_admins(fleet, browser_for, url, who, status):
+    assert browser_for(who).get(url).status_code == status
+
+
+@pytest.mark.parametrize(("who", "status"), [("admin", 200), ("carol", 200), ("alice", 403), ("dave", 403)])
+def test_audit_page_for_site_and_team_admins(browser_for, who, status):
+    assert browser_for(who).get("/audit/").status_code == status
+
+
+def test_navigation_offers_only_what_the_role_may_use(browser_for):
+    assert 'href="/team/"' not in browser_for("alice").get("/").content.decode()
+    assert 'href="/fleet/"' not in browser_for("carol").get("/").content.decode()
+    page = browser_for("admin").get("/").content.decode()
+    assert 'href="/fleet/"' in page and 'href="/audit/"' in page
+
+
+def test_actions_on_other_teams_objects_are_404(fleet, browser_for, teams, people):
+    m = Membership.objects.get(user=people["bob"])
+    assert browser_for("carol").post(f"/team/nlp/members/{m.pk}/remove/").status_code == 404
+    assert browser_for("carol").post(f"/team/vision/members/{m.pk}/remove/").status_code == 404
+    assert Membership.objects.filter(pk=m.pk).exists()
+    x = ExclusionGroup.objects.get(team=teams["vision"])
+    assert browser_for("erin").post(f"/team/vision/groups/exclusion/{x.pk}/delete/").status_code == 404
+    assert browser_for("alice").post(f"/team/vision/groups/exclusion/{x.pk}/delete/").status_code == 403
+    assert ExclusionGroup.objects.filter(pk=x.pk).exists()
+
+
+def test_add_member_errors_say_what_to_do_and_write_nothing(browser_for):
+    r = browser_for("carol").post("/team/vision/members/", {"user": "nobody", "role": "member"})
+    assert r.status_code == 400 and "no user &#x27;nobody&#x27;" in r.content.decode()
+    r = browser_for("carol").post("/team/vision/members/", {"user": "alice", "role": "member"})
+    assert "alice is already in team vision (as member); change their role instead" in r.content.decode()
+    r = browser_for("carol").post("/team/vision/members/", {"user": "bob", "role": "member"}, follow=True)
+    assert "bob will see vision&#x27;s reservations" in r.content.decode()
+    assert AuditEntry.objects.filter(via="web", action="added").count() == 1
+
+
+def test_preset_form_and_policy_form(fleet, browser_for, teams):
+    r = browser_for("carol").post("/team/vision/presets/", {
+        "name": "Notebook", "kind": "interactive", "gpu_model": "T4", "gpu_request": "0.5", "gpu_limit": "",
+        "gpu_memory_mib": "4096", "max_duration_h": "1.5", "image": "jupyter/base-notebook:latest", "command": ""})
+    assert r.status_code == 302 and Preset.objects.get().gpu_limit == Decimal("0.500")
+    assert Preset.objects.get().max_duration_s == 5400
+    r = browser_for("carol").post("/team/vision/policy/", {
+        "max_duration_h": "8", "interactive_max_h": "4", "idle_threshold_pct": "10", "idle_after_min": "15",
+        "idle_action": "warn", "max_priority_member": "40", "max_priority_admin": "60", "allow_over_quota": "on"})
+    assert r.status_code == 302
+    teams["vision"].refresh_from_db()
+    assert teams["vision"].idle_threshold == Decimal("0.100") and teams["vision"].idle_after_s == 900
+    assert teams["vision"].idle_reclaim is False
+    r = browser_for("carol").post("/team/vision/policy/", {
+        "max_duration_h": "8", "interactive_max_h": "10", "idle_threshold_pct": "10", "idle_after_min": "15",
+        "idle_action": "warn", "max_priority_member": "40", "max_priority_admin": "60"})
+    assert r.status_code == 400 and "must not exceed the maximum duration" in r.content.decode()
+
+
+def test_group_preview_fragment(fleet, browser_for, teams, people):
+    r = services.submit(people["alice"], rules.ReservationSpec(team=teams["vision"], image="busybox:1.36",
+                                                              gpu_request=Decimal("0.25"), gpu_memory_mib=1024,
+                                                              exclusion="secure", gpu_model="T4"))
+    gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
+    services.place(r.pk, gpu.node_id, [services.Share(gpu.pk, Decimal("0.25"), 1024)])
+    page = browser_for("carol").get("/team/vision/groups/preview/", {"kind": "exclusion", "label": "open"})
+    assert "GPU 0 on t4-node-1 holds exclusion group `secure`; a request in `open` cannot land there" in \
+        page.content.decode()
+    assert browser_for("bob").get("/team/vision/groups/preview/", {"kind": "exclusion", "label": "x"}).status_code \
+        == 404
+
+
+def test_drain_cordon_and_token_from_the_fleet_page(fleet, browser_for):
+    admin = browser_for("admin")
+    node = Node.objects.get(name="t4-node-1")
+    assert admin.post("/fleet/nodes/t4-node-1/drain/").status_code == 302
+    node.refresh_from_db()
+    assert node.status == "draining"
+    gpu = Gpu.objects.get(node=node, index=0)
+    admin.post(f"/fleet/gpus/{gpu.pk}/cordon/", {"cordon": "1"})
+    gpu.refresh_from_db()
+    assert gpu.cordoned
+    page = admin.post("/fleet/nodes/t4-node-1/token/", {"action": "issue"})
+    assert page["Cache-Control"].startswith("max-age=0") or "no-cache" in page["Cache-Control"]
+    key = page.content.decode().split('data-token')[0].rsplit('value="', 1)[1].split('"')[0]
+    assert node_for_token(key).name == "t4-node-1"
+    assert {e.action for e in AuditEntry.objects.filter(via="web")} == {"drained", "cordoned", "created"}
+    assert browser_for("carol").post("/fleet/nodes/t4-node-1/undrain/").status_code == 403
+
+
+def test_fleet_page_queries_do_not_grow_with_shares(fleet, browser_for, teams, people):
+    teams["vision"].quota_max_gpus = 100
+    teams["vision"].save()
+    admin = browser_for("admin")
+    admin.get("/fleet/")
+    with CaptureQueriesContext(connection) as before:
+        assert admin.get("/fleet/").status_code == 200
+    for gpu in Gpu.objects.filter(node__name="a100-node-1"):
+        r = services.submit(people["alice"], rules.ReservationSpec(team=teams["vision"], image="busybox:1.36",
+                                                                  gpu_request=Decimal("0.25"), gpu_memory_mib=1024))
+        services.place(r.pk, gpu.node_id, [services.Share(gpu.pk, Decimal("0.25"), 1024)])
+    with CaptureQueriesContext(connection) as after:
+        page = admin.get("/fleet/")
+    assert len(after.captured_queries) == len(before.captured_queries)
+    assert page.content.decode().count('class="slice') == 8
