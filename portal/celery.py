@@ -28,6 +28,7 @@ app.conf.update(
     beat_schedule={
         "placement-cycle": {"task": "placement.cycle", "schedule": 15.0, "kwargs": {"reason": "periodic"}},
         "placement-sync": {"task": "placement.sync", "schedule": 2.0},
+        "placement-housekeeping": {"task": "placement.housekeeping", "schedule": 5.0},
         "placement-lifecycle": {"task": "placement.lifecycle", "schedule": 20.0},
         "placement-reconcile": {"task": "placement.reconcile", "schedule": 30.0},
         "telemetry-maintain": {"task": "telemetry.maintain", "schedule": 30.0},

@@ -226,6 +226,17 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # The cluster backend the placement cycle acts through: "local" (simulated) or "kubernetes".
 TESSERA_BACKEND = os.environ.get("TESSERA_BACKEND", "local")
 TESSERA_INVENTORY = os.environ.get("TESSERA_INVENTORY", str(BASE_DIR / "deploy" / "inventory" / "demo.yaml"))
+# Placement: the engine's policy; the namespace of portal reservations' pods; the simulated
+# cluster's state file (shared by web, workers and beat), pod start delay and batch run time.
+TESSERA_POLICY = os.environ.get("TESSERA_POLICY", "tessera")
+TESSERA_NAMESPACE = os.environ.get("TESSERA_NAMESPACE", "tessera")
+TESSERA_LOCAL_STATE = os.environ.get("TESSERA_LOCAL_STATE", str(BASE_DIR / "var" / "local-cluster.sqlite3"))
+TESSERA_LOCAL_START_S = float(os.environ.get("TESSERA_LOCAL_START_S", "1"))
+TESSERA_LOCAL_BATCH_S = float(os.environ.get("TESSERA_LOCAL_BATCH_S", "300"))
+# Cluster housekeeping (deleting ended pods, admitting kubectl pods, applying events) runs in its
+# own single-flight tasks, never in the placement cycle: one that runs longer than this is stopped
+# and the next one starts over, so a hung API server delays only them.
+TESSERA_CLUSTER_TASK_LIMIT_S = float(os.environ.get("TESSERA_CLUSTER_TASK_LIMIT_S", "60"))
 
 # Telemetry (portal.telemetry.conf has the meaning of each): raw samples kept short, per-minute
 # rollups long; a node silent this long is lost; /metrics scraped with this bearer token.

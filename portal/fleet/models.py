@@ -13,11 +13,20 @@ class NodeStatus(models.TextChoices):
     LOST = "lost", "Lost"
 
 
+class LostCause(models.TextChoices):
+    """Why a node is lost: each cause is undone only by its own evidence (the agent heard again,
+    the cluster reporting the node Ready), so one never clears a loss the other found."""
+
+    AGENT_SILENT = "agent_silent", "Its agent stopped reporting"
+    CLUSTER_NOT_READY = "cluster_not_ready", "The cluster reports it not ready"
+
+
 class Node(models.Model):
     name = models.CharField(max_length=253, unique=True)
     labels = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.READY)
     status_reason = models.CharField(max_length=200, blank=True)
+    lost_cause = models.CharField(max_length=24, choices=LostCause.choices, blank=True)
     cpu_milli = models.PositiveIntegerField(default=0, help_text="Allocatable CPU in millicores (0: unknown)")
     memory_mib = models.PositiveBigIntegerField(default=0, help_text="Allocatable memory (0: unknown)")
     last_seen = models.DateTimeField(null=True, blank=True)

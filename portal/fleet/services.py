@@ -12,7 +12,7 @@ from portal.audit import services as audit
 from portal.reservations.events import request_cycle
 from portal.tenancy.models import hash_secret
 
-from .models import Gpu, Node, NodeStatus
+from .models import Gpu, LostCause, Node, NodeStatus
 
 
 def _as_actor(actor) -> audit.Actor:
@@ -114,20 +114,45 @@ def apply_inventory(nodes: list[dict]) -> tuple[int, int]:
     return len(nodes), gpu_total
 
 
-# Node agents report in (portal.telemetry): last_seen, lost and back, GPUs that came and went.
-
-LOST_REASON_PREFIX = "no agent report for"
+# Node loss, one writer for both causes (portal.telemetry: an agent fell silent; the placement
+# app's cluster events: the cluster reports the node NotReady). The cause is a field.
 
 
 def record_seen(node_ids: list[int], at) -> None:
     Node.objects.filter(pk__in=node_ids).update(last_seen=at)
 
 
+def mark_lost(node_id: int, cause: str, reason: str) -> bool:
+    """Mark the node lost for `cause` (a LostCause) unless it already is. Returns True when the
+    status changed; the change requests a placement cycle."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.status == NodeStatus.LOST:
+            return False
+        node.status, node.status_reason, node.lost_cause = NodeStatus.LOST, reason[:200], cause
+        node.save(update_fields=["status", "status_reason", "lost_cause"])
+        request_cycle(f"node {node.name} lost")
+    return True
+
+
+def mark_back(node_id: int, cause: str = LostCause.AGENT_SILENT) -> bool:
+    """The evidence of `cause` is gone (the agent reported again, the cluster says Ready): a node
+    lost for that cause is ready again; one lost for the other cause, or drained by staff, stays.
+    Returns True when the status changed."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.status != NodeStatus.LOST or node.lost_cause != cause:
+            return False
+        node.status, node.status_reason, node.lost_cause = NodeStatus.READY, "", ""
+        node.save(update_fields=["status", "status_reason", "lost_cause"])
+        request_cycle(f"node {node.name} back")
+    return True
+
+
 def mark_lost_nodes(silent_for) -> list[str]:
     """Mark lost every ready or draining node whose agent has been silent for `silent_for`
     (a timedelta), while other agents are heard. Nodes that never reported are left alone: with
-    no agent deployed there is nothing to miss. Returns the names marked lost; each change
-    requests a placement cycle."""
+    no agent deployed there is nothing to miss. Returns the names marked lost."""
     cutoff = timezone.now() - silent_for
     names = []
     if not Node.objects.filter(last_seen__gte=cutoff).exists():
@@ -135,31 +160,15 @@ def mark_lost_nodes(silent_for) -> list[str]:
         # not every node at once. Marking them all lost would make orchestration act on nothing.
         return names
     silent = Node.objects.filter(last_seen__lt=cutoff).exclude(status=NodeStatus.LOST).values_list("pk", "name")
+    reason = f"no agent report for {int(silent_for.total_seconds())} s"
     for pk, name in silent:
-        reason = f"{LOST_REASON_PREFIX} {int(silent_for.total_seconds())} s"
+        # Re-checked under the row lock: the agent may have come back meanwhile.
         with transaction.atomic():
-            # Re-checked under the row lock: the agent may have come back meanwhile.
-            node = Node.objects.select_for_update().get(pk=pk)
-            if node.status == NodeStatus.LOST or node.last_seen is None or node.last_seen >= cutoff:
+            if not Node.objects.select_for_update().filter(pk=pk, last_seen__lt=cutoff).exists():
                 continue
-            node.status, node.status_reason = NodeStatus.LOST, reason
-            node.save(update_fields=["status", "status_reason"])
-            request_cycle(f"node {name} lost")
-        names.append(name)
+            if mark_lost(pk, LostCause.AGENT_SILENT, reason):
+                names.append(name)
     return names
-
-
-def mark_back(node_id: int) -> bool:
-    """An agent reported again: a node that was lost for silence is ready again (a node that
-    staff drained stays drained). Returns True when the status changed."""
-    with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
-        if node.status != NodeStatus.LOST or not node.status_reason.startswith(LOST_REASON_PREFIX):
-            return False
-        node.status, node.status_reason = NodeStatus.READY, ""
-        node.save(update_fields=["status", "status_reason"])
-        request_cycle(f"node {node.name} back")
-    return True
 
 
 def gpus_changed(node: Node) -> None:

@@ -14,6 +14,15 @@ def _enqueue_cycle(sender, reason: str = "", **kwargs) -> None:
         log.exception("could not enqueue a placement cycle (%s)", reason)
 
 
+def _enqueue_housekeeping(sender, **kwargs) -> None:
+    from .tasks import request_housekeeping
+
+    try:
+        request_housekeeping()
+    except Exception:  # the broker is away: the periodic housekeeping deletes the pod
+        log.exception("could not enqueue cluster housekeeping")
+
+
 def _reconcile_on_start(sender=None, **kwargs) -> None:
     from .tasks import reconcile
 
@@ -38,9 +47,10 @@ class PlacementConfig(AppConfig):
     def ready(self) -> None:
         from celery.signals import worker_ready
 
-        from portal.reservations.events import cycle_requested
+        from portal.reservations.events import cycle_requested, pod_ended
 
         cycle_requested.connect(_enqueue_cycle, dispatch_uid="placement-cycle-on-request")
+        pod_ended.connect(_enqueue_housekeeping, dispatch_uid="placement-housekeeping-on-pod-ended")
         from django.db.models.signals import post_save
 
         from portal.fleet.models import Gpu, Node

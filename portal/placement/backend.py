@@ -1,8 +1,8 @@
 """The cluster backend this process acts through, built once per process from the settings.
 
-TESSERA_BACKEND=local: simulated cluster whose state file (TESSERA_LOCAL_STATE, default
-var/local-cluster.sqlite3) web, workers and beat share; its nodes are the database's nodes.
-TESSERA_BACKEND=kubernetes: `scheduler.backends.kubernetes`, pods in TESSERA_NAMESPACE.
+TESSERA_BACKEND=local: simulated cluster whose state file (TESSERA_LOCAL_STATE) web, workers and
+beat share; its nodes are the database's nodes. TESSERA_BACKEND=kubernetes:
+`scheduler.backends.kubernetes`, pods in TESSERA_NAMESPACE. (All read in settings.py.)
 """
 
 from __future__ import annotations
@@ -21,28 +21,14 @@ _nodes_checked: dict[tuple, float] = {}
 NODES_EVERY_S = 5.0  # how often the simulated cluster looks for new nodes in the database
 
 
-def namespace() -> str:
-    return getattr(settings, "TESSERA_NAMESPACE", os.environ.get("TESSERA_NAMESPACE", "tessera"))
-
-
-def local_state_path() -> str:
-    return getattr(settings, "TESSERA_LOCAL_STATE",
-                   os.environ.get("TESSERA_LOCAL_STATE", str(settings.BASE_DIR / "var" / "local-cluster.sqlite3")))
-
-
-def simulated_batch_s() -> float:
-    """How long a simulated batch pod runs on the local backend before it succeeds."""
-    return float(getattr(settings, "TESSERA_LOCAL_BATCH_S", os.environ.get("TESSERA_LOCAL_BATCH_S", "300")))
-
-
 def get_backend() -> Backend:
     name = settings.TESSERA_BACKEND
     if name == "local":
-        start = float(getattr(settings, "TESSERA_LOCAL_START_S", os.environ.get("TESSERA_LOCAL_START_S", "1")))
-        key = (os.getpid(), name, local_state_path(), start)
+        state, start = settings.TESSERA_LOCAL_STATE, float(settings.TESSERA_LOCAL_START_S)
+        key = (os.getpid(), name, state, start)
         backend = _cache.get(key)
         if backend is None:
-            backend = _cache[key] = create("local", state_path=local_state_path(), start_delay_s=start)
+            backend = _cache[key] = create("local", state_path=state, start_delay_s=start)
         # Nodes come and go with the inventory; the simulated cluster follows the database.
         if key not in _known_nodes or time.monotonic() - _nodes_checked.get(key, 0.0) > NODES_EVERY_S:
             nodes = frozenset(Node.objects.values_list("name", flat=True))
@@ -51,7 +37,7 @@ def get_backend() -> Backend:
                 _known_nodes[key] = nodes
             _nodes_checked[key] = time.monotonic()
         return backend
-    key = (os.getpid(), name, namespace())
+    key = (os.getpid(), name, settings.TESSERA_NAMESPACE)
     if key not in _cache:
-        _cache[key] = create(name, namespace=namespace())
+        _cache[key] = create(name, namespace=settings.TESSERA_NAMESPACE)
     return _cache[key]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -162,3 +164,30 @@ def cluster_lock() -> RedisLock | ProcessLock:
     if url not in _locks:
         _locks[url] = RedisLock(url) if url else ProcessLock()
     return _locks[url]
+
+
+_task_mutexes: dict[str, threading.Lock] = {}
+
+
+@contextmanager
+def single_flight(name: str, ttl_s: float) -> Iterator[bool]:
+    """At most one holder of `name` at a time, across workers with Redis (a key that expires after
+    `ttl_s`, so a holder that died frees it), in this process without. Yields whether this caller
+    holds it; one that does not should skip its work: the holder is doing it."""
+    lock = cluster_lock()
+    if isinstance(lock, RedisLock):
+        key, value = f"tessera:single-flight:{name}", uuid.uuid4().hex
+        held = bool(lock.client.set(key, value, nx=True, px=int(ttl_s * 1000)))
+        try:
+            yield held
+        finally:
+            if held:
+                lock.client.eval(_RELEASE, 1, key, value)
+        return
+    mutex = _task_mutexes.setdefault(name, threading.Lock())
+    held = mutex.acquire(blocking=False)
+    try:
+        yield held
+    finally:
+        if held:
+            mutex.release()

@@ -16,13 +16,17 @@ import logging
 from dataclasses import dataclass, field
 
 from portal.fleet.models import Node, NodeStatus
+from portal.reservations import services
 from portal.reservations.models import Reservation, Source
 from portal.reservations.states import HOLDS_GPU, State
-from scheduler.backends import Backend, NodeEvent, PodEvent
+from scheduler.backends import Backend, NodeEvent, Phase, PodEvent, PodStatus
 
-from . import actions, lifecycle
+from . import binding
+from .cluster_events import apply_events, apply_pod, is_current_pod
+from .pods import GRACE_S
 
 log = logging.getLogger(__name__)
+ACTOR = "system:reconcile"
 
 
 @dataclass
@@ -45,25 +49,25 @@ def reconcile(backend: Backend) -> ReconcileReport:
         except ValueError:
             rid = -1
         r = live.get(rid)
-        if r is not None and lifecycle.is_current_pod(r, pod):
+        if r is not None and is_current_pod(r, pod):
             seen.add(rid)
-            lifecycle.apply_pod(backend, PodEvent(pod))  # catch up on a phase a lost event carried
+            apply_pod(backend, PodEvent(pod))  # catch up on a phase a lost event carried
             continue
         if pod.external and r is None and Reservation.objects.filter(pk=rid, state=State.PENDING).exists():
             continue  # bound kubectl pod of a reservation requeued meanwhile: handled by the cycle
-        if backend.unbind(pod.ref, actions.GRACE_S, "no live reservation for this pod"):
+        if backend.unbind(pod.ref, GRACE_S, "no live reservation for this pod"):
             report.deleted.append(f"{pod.namespace}/{pod.name}")
     for rid, r in live.items():
         if rid in seen:
             continue
         if r.state == State.PLACED:
-            actions.bind(backend, rid)
+            binding.bind(backend, rid)
             report.rebound.append(rid)
         elif r.source == Source.KUBECTL:
-            lifecycle.apply_pod(backend, PodEvent(_gone(r), deleted=True))
+            apply_pod(backend, PodEvent(_gone(r), deleted=True))
             report.failed.append(rid)
         else:
-            actions._fail(rid, f"its pod {r.pod_name} disappeared from the cluster")
+            services.release(rid, State.FAILED, f"its pod {r.pod_name} disappeared from the cluster", ACTOR)
             report.failed.append(rid)
     db_nodes = {n.name: n for n in Node.objects.all()}
     for cond in conditions:
@@ -73,12 +77,10 @@ def reconcile(backend: Backend) -> ReconcileReport:
         if not cond.ready and node.status != NodeStatus.LOST:
             report.nodes_lost.append(cond.name)
         if not cond.ready or node.status == NodeStatus.LOST:
-            lifecycle.apply_events(backend, [NodeEvent(cond)])
+            apply_events(backend, [NodeEvent(cond)])
     return report
 
 
-def _gone(r: Reservation):
-    from scheduler.backends import Phase, PodStatus
-
+def _gone(r: Reservation) -> PodStatus:
     return PodStatus(namespace=r.pod_namespace, name=r.pod_name, uid=r.pod_uid, node=None, phase=Phase.UNKNOWN,
                      reservation_id=str(r.pk), external=True)

@@ -1,9 +1,14 @@
 """Celery tasks of the placement app. All are short and idempotent (acks late: a task whose worker
 died is run again, which is harmless); none uses an ETA.
 
-- `placement.cycle`: single-flight placement cycle (see locking), rerun while requests arrive.
-- `placement.bind` / `placement.unbind`: act on the cluster; transient backend errors retry with
-  backoff, then reconcile picks up what is left.
+The scheduling cycle does no cluster I/O; everything that talks to the cluster has its own task,
+its own time limit and (where two at once would only race) single-flight:
+
+- `placement.cycle`: single-flight placement cycle (see locking), rerun while requests arrive;
+  reads the database, runs the engine, commits, and sends `bind_many` after each commit.
+- `placement.bind_many`: delete the pods of what a commit preempted, then create the pods of what
+  it placed; transient backend errors retry with backoff, then reconcile picks up what is left.
+- `placement.housekeeping`: delete the pods of ended reservations; admit new kubectl pods.
 - `placement.sync`: apply the cluster's events (pod phases, deletions, node readiness).
 - `placement.lifecycle`: expiry, warnings and idle reclaim.
 - `placement.reconcile`: compare database and cluster.
@@ -14,25 +19,28 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from django.db import transaction
+from django.conf import settings
 
-from portal.reservations.events import announce_allocations
 from scheduler.backends import TransientBackendError
 
-from . import actions, lifecycle
+from . import admission, binding, cluster_events, expiry, idle, pods
 from . import reconcile as reconciling
 from .backend import get_backend
+from .commit import Eviction
 from .cycle import run_cycle
-from .locking import FencedOut, ProcessLock, cluster_lock
+from .locking import FencedOut, ProcessLock, RedisLock, cluster_lock, single_flight
 
 log = logging.getLogger(__name__)
+MAX_ROUNDS = 20  # cycles one holder runs back to back before it lets the next task take over
+LIMIT_S = settings.TESSERA_CLUSTER_TASK_LIMIT_S
+CLUSTER_TASK = {"acks_late": True, "soft_time_limit": LIMIT_S, "time_limit": LIMIT_S + 15}
 RETRY = {"autoretry_for": (TransientBackendError,), "retry_backoff": 1, "retry_backoff_max": 30,
          "retry_jitter": True, "max_retries": 8}
-MAX_ROUNDS = 20  # cycles one holder runs back to back before it lets the next task take over
+HOUSEKEEPING_QUEUED_KEY = "tessera:placement:housekeeping-queued"
 
 
-def enqueue_binds(reservation_ids: list[int]) -> None:
-    bind_many.delay(reservation_ids)
+def enqueue_binds(reservation_ids: list[int], evicted: list[Eviction]) -> None:
+    bind_many.delay(reservation_ids, [list(e) for e in evicted])
 
 
 def run_cycles(reason: str = "") -> int:
@@ -52,8 +60,7 @@ def run_cycles(reason: str = "") -> int:
         try:
             if lock.take_dirty():
                 ran += 1
-                report = run_cycle(lease, enqueue_binds, renew=lambda lease=lease: lock.renew(lease),
-                                   backend=get_backend())
+                report = run_cycle(lease, enqueue_binds, renew=lambda lease=lease: lock.renew(lease))
                 log.info("cycle (%s): placed %d, preempted %d, waiting %d, conflicts %d in %.3f s (looked at %d; %s)",
                          reason, len(report.placed), len(report.preempted), report.unschedulable, report.conflicts,
                          report.seconds, report.looked_at, report.phase_text())
@@ -84,55 +91,78 @@ def request_cycle(reason: str) -> bool:
     return True
 
 
+def request_housekeeping() -> bool:
+    """Ask for housekeeping soon (a reservation ended: its pod goes). One queued task serves any
+    number of requests; beat sends one every few seconds anyway."""
+    lock = cluster_lock()
+    if isinstance(lock, RedisLock) and not lock.client.set(HOUSEKEEPING_QUEUED_KEY, "1", nx=True, ex=30):
+        return False
+    housekeeping.delay()
+    return True
+
+
 @shared_task(name="placement.cycle", acks_late=True)
 def cycle(reason: str = "") -> int:
     cluster_lock().clear_queued()
     return run_cycles(reason)
 
 
-@shared_task(name="placement.bind", acks_late=True, **RETRY)
-def bind(reservation_id: int) -> str | None:
-    status = actions.bind(get_backend(), int(reservation_id))
-    return status.name if status else None
-
-
-@shared_task(name="placement.bind_many", bind=True, acks_late=True, max_retries=8)
-def bind_many(self, reservation_ids: list[int]) -> int:
-    """Bind what one batch of decisions placed; retry (with backoff) only those that met a
+@shared_task(name="placement.bind_many", bind=True, max_retries=8, **CLUSTER_TASK)
+def bind_many(self, reservation_ids: list[int], evicted: list[list[str]] | None = None) -> int:
+    """Bind what one batch of decisions placed, after deleting the pods of the reservations it
+    preempted (so two pods never share the GPU); retry (with backoff) only those that met a
     transient error. Returns how many pods exist now."""
-    report = actions.bind_batch(get_backend(), [int(rid) for rid in reservation_ids])
-    with transaction.atomic():  # each agent hears once about the pods of this batch
-        for node_id in sorted(report.nodes):
-            announce_allocations(node_id)
+    backend = get_backend()
+    for namespace, name, why in evicted or ():
+        pods.delete_quietly(backend, namespace, name, why)  # what fails here, housekeeping retries
+    report = binding.bind_batch(backend, [int(rid) for rid in reservation_ids])
+    binding.announce(report.nodes)
     if report.transient:
         raise self.retry(args=[sorted(report.transient)], countdown=min(30, 2 ** self.request.retries))
     return report.bound
 
 
-@shared_task(name="placement.unbind", acks_late=True, **RETRY)
-def unbind(namespace: str, name: str, reason: str) -> bool:
-    return actions.unbind(get_backend(), namespace, name, reason)
+@shared_task(name="placement.housekeeping", **CLUSTER_TASK)
+def housekeeping() -> dict:
+    """Free on the cluster what the database already freed (pods of ended reservations), and turn
+    new kubectl pods into reservations. Skipped while another runs."""
+    lock = cluster_lock()
+    if isinstance(lock, RedisLock):
+        lock.client.delete(HOUSEKEEPING_QUEUED_KEY)
+    with single_flight("housekeeping", LIMIT_S + 15) as held:
+        if not held:
+            return {"skipped": True}
+        backend = get_backend()
+        deleted = pods.release_ended_pods(backend)
+        admitted, rejected = admission.ingest(backend)
+    return {"deleted": deleted, "admitted": admitted, "rejected": rejected}
 
 
-@shared_task(name="placement.sync", acks_late=True, **RETRY)
+@shared_task(name="placement.sync", **CLUSTER_TASK, **RETRY)
 def sync(timeout_s: float = 0.0) -> int:
-    backend = get_backend()
-    return lifecycle.apply_events(backend, backend.poll(timeout_s))
+    with single_flight("sync", LIMIT_S + 15) as held:
+        if not held:
+            return 0
+        backend = get_backend()
+        return cluster_events.apply_events(backend, backend.poll(timeout_s))
 
 
-@shared_task(name="placement.lifecycle", acks_late=True)
+@shared_task(name="placement.lifecycle", **CLUSTER_TASK)
 def lifecycle_checks() -> dict:
     backend = get_backend()
-    expired, warned = lifecycle.expire_due(backend)
+    expired, warned = expiry.expire_due(backend)
     try:
-        flagged, reclaimed = lifecycle.check_idle(backend)
+        flagged, reclaimed = idle.check_idle(backend)
     except ImportError:  # telemetry not installed: nothing measured, nothing idle
         flagged = reclaimed = 0
     return {"expired": expired, "warned": warned, "idle": flagged, "reclaimed": reclaimed}
 
 
-@shared_task(name="placement.reconcile", acks_late=True, **RETRY)
+@shared_task(name="placement.reconcile", **CLUSTER_TASK, **RETRY)
 def reconcile() -> dict:
-    report = reconciling.reconcile(get_backend())
+    with single_flight("reconcile", LIMIT_S + 15) as held:
+        if not held:
+            return {"skipped": True}
+        report = reconciling.reconcile(get_backend())
     return {"deleted": report.deleted, "rebound": report.rebound, "failed": report.failed,
             "nodes_lost": report.nodes_lost}

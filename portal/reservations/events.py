@@ -8,6 +8,8 @@ from django.db import transaction
 from django.dispatch import Signal
 
 cycle_requested = Signal()  # kwargs: reason (str)
+# A reservation that named a pod stopped holding its GPUs: its pod is to be deleted on the cluster.
+pod_ended = Signal()  # kwargs: reservation_id (int)
 # What is allocated on some nodes changed (placed, released); telemetry pushes each node's
 # placements to its agent. Sent after commit, once per commit with every node it touched.
 allocations_changed = Signal()  # kwargs: node_ids (sorted list of int)
@@ -18,6 +20,10 @@ reservations_changed = Signal()  # kwargs: changes (dict[int, int])
 
 def request_cycle(reason: str) -> None:
     transaction.on_commit(lambda: cycle_requested.send(sender=None, reason=reason))
+
+
+def request_pod_cleanup(reservation_id: int) -> None:
+    transaction.on_commit(lambda: pod_ended.send(sender=None, reservation_id=reservation_id))
 
 
 _pending = threading.local()

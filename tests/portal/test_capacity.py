@@ -21,7 +21,7 @@ def test_full_gpus_drop_out(client_for, fleet, people, teams):
         gpu = Gpu.objects.get(node__name="t4-node-1", index=index)
         res = services.submit(people["alice"], rules.ReservationSpec(
             team=teams["vision"], image="busybox:1.36", gpu_request=Decimal("0.75"), gpu_memory_mib=1000))
-        services.place(res.pk, gpu.node_id, [services.Share(gpu.pk, Decimal("0.75"), 1000)])
+        services.place(res.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.75"), 1000)])
     body = client_for("bob").get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 1000, "gpu_model": "T4"}).json()
     assert body["fits"] is False and body["gpus"] == []
     assert "compute" in {r["code"] for r in body["reasons"]}

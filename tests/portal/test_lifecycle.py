@@ -24,8 +24,8 @@ def submitted(client_for, fleet, reservation_body):
 
 
 def place_on(reservation, gpu):
-    return services.place(reservation.pk, gpu.node_id, [services.Share(gpu.pk, reservation.gpu_request,
-                                                                       reservation.gpu_memory_mib)])
+    return services.place(reservation.pk, gpu.node_id, [services.NewAllocation(gpu.pk, reservation.gpu_request,
+                                                                               reservation.gpu_memory_mib)])
 
 
 def test_full_life_is_audited(submitted):

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -32,9 +33,10 @@ def _gpu(node: str, index: int) -> Gpu:
     return Gpu.objects.select_related("node").get(node__name=node, index=index)
 
 
-def _decision(r: Reservation, *gpus: Gpu, share: str = "0.5", memory: int = 1000) -> services.Decision:
-    return services.Decision(r.pk, gpus[0].node_id, tuple(services.Share(g.pk, Decimal(share), memory) for g in gpus),
-                             f"placed on {gpus[0].node.name}")
+def _decision(r: Reservation, *gpus: Gpu, share: str = "0.5", memory: int = 1000) -> services.Placing:
+    return services.Placing(r.pk, gpus[0].node_id,
+                            tuple(services.NewAllocation(g.pk, Decimal(share), memory) for g in gpus),
+                            f"placed on {gpus[0].node.name}")
 
 
 def test_places_many_and_writes_everything(fleet, people, teams):
@@ -100,7 +102,7 @@ def test_memory_counts_too(fleet, people, teams):
 def test_a_gang_is_placed_whole_or_not_at_all(fleet, people, teams):
     g0, g1 = _gpu("t4-node-1", 0), _gpu("t4-node-1", 1)
     filler = _pending(people, teams, share="0.75")
-    services.place(filler.pk, g1.node_id, [services.Share(g1.pk, Decimal("0.75"), 1000)])
+    services.place(filler.pk, g1.node_id, [services.NewAllocation(g1.pk, Decimal("0.75"), 1000)])
     x, y = _pending(people, teams), _pending(people, teams)
     placed, refused = services.place_many([[_decision(x, g0), _decision(y, g1)]])
     assert placed == [] and set(refused) == {x.pk, y.pk}
@@ -116,7 +118,7 @@ def test_not_pending_not_ready_and_wrong_node_are_refused(fleet, people, teams):
     drained_gpu = Gpu.objects.exclude(node__in=[g0.node, other.node]).first()
     drained_gpu.node.status = NodeStatus.DRAINING
     drained_gpu.node.save()
-    wrong = services.Decision(misplaced.pk, g0.node_id, (services.Share(other.pk, Decimal("0.5"), 100),))
+    wrong = services.Placing(misplaced.pk, g0.node_id, (services.NewAllocation(other.pk, Decimal("0.5"), 100),))
     placed, refused = services.place_many(
         [[_decision(cancelled, g0)], [_decision(drained, drained_gpu)], [wrong], [_decision(fine, g0)]])
     assert [r.pk for r in placed] == [fine.pk]
@@ -133,30 +135,36 @@ def test_the_same_reservation_twice_in_one_commit_is_placed_once(fleet, people, 
     assert Allocation.objects.filter(reservation=r).count() == 1
 
 
-def test_prepare_writes_its_fields_in_the_same_statement(fleet, people, teams):
-    rs = [_pending(people, teams, share="0.25") for _ in range(3)]
+def test_placing_counts_the_attempt_names_the_pod_and_sets_the_end(fleet, people, teams, settings):
+    settings.TESSERA_NAMESPACE = "gpu-pods"
+    teams["vision"].interactive_max_s = 7200
+    teams["vision"].save()
+    timed = services.submit(people["alice"], rules.ReservationSpec(
+        team=teams["vision"], image="busybox:1.36", gpu_request=Decimal("0.25"), gpu_memory_mib=100,
+        max_duration_s=600))
+    notebook = services.submit(people["alice"], rules.ReservationSpec(
+        team=teams["vision"], image="busybox:1.36", gpu_request=Decimal("0.25"), gpu_memory_mib=100,
+        kind="interactive"))
+    batch = _pending(people, teams, share="0.25")
     g0 = _gpu("t4-node-1", 0)
-
-    def prepare(r):
-        r.attempt += 1
-        r.pod_name = f"pod-{r.pk}"
-        r.pod_namespace = "same-for-all"
-        return ["attempt", "pod_name", "pod_namespace"]
-
-    services.place_many([[_decision(r, g0, share="0.25")] for r in rs], prepare=prepare)
-    rows = Reservation.objects.filter(pk__in=[r.pk for r in rs]).order_by("pk")
-    assert [(r.attempt, r.pod_name, r.pod_namespace) for r in rows] == [
-        (1, f"pod-{r.pk}", "same-for-all") for r in rs]
+    services.place_many([[_decision(r, g0, share="0.25")] for r in (timed, notebook, batch)])
+    rows = {r.pk: r for r in Reservation.objects.filter(pk__in=[timed.pk, notebook.pk, batch.pk])}
+    for r in rows.values():
+        assert (r.attempt, r.pod_namespace, r.pod_name) == (1, "gpu-pods", f"tessera-r{r.pk}-1")
+    # Its own duration; the team's limit for a notebook without one; a batch job runs until done.
+    assert rows[timed.pk].expires_at - rows[timed.pk].placed_at == timedelta(seconds=600)
+    assert rows[notebook.pk].expires_at - rows[notebook.pk].placed_at == timedelta(seconds=7200)
+    assert rows[batch.pk].expires_at is None
 
 
 def test_place_raises_what_place_many_refused(fleet, people, teams):
     g0 = _gpu("t4-node-1", 0)
     big = _pending(people, teams, share="1.0")
-    services.place(big.pk, g0.node_id, [services.Share(g0.pk, Decimal("1.0"), 100)])
+    services.place(big.pk, g0.node_id, [services.NewAllocation(g0.pk, Decimal("1.0"), 100)])
     with pytest.raises(services.CapacityConflict):
-        services.place(_pending(people, teams).pk, g0.node_id, [services.Share(g0.pk, Decimal("0.5"), 100)])
+        services.place(_pending(people, teams).pk, g0.node_id, [services.NewAllocation(g0.pk, Decimal("0.5"), 100)])
     with pytest.raises(Reservation.DoesNotExist):
-        services.place(10**9, g0.node_id, [services.Share(g0.pk, Decimal("0.5"), 100)])
+        services.place(10**9, g0.node_id, [services.NewAllocation(g0.pk, Decimal("0.5"), 100)])
 
 
 def test_update_and_insert_rows_round_trip_values(fleet, people, teams):
@@ -213,7 +221,7 @@ def test_the_same_on_sqlite(tmp_path):
         # Written directly: submit() would ask for a placement cycle, which runs in process here.
         rs = [Reservation.objects.create(owner=user, team=team, image="busybox:1.36", gpu_request=Decimal("0.5"),
                                          gpu_limit=Decimal("0.5"), gpu_memory_mib=100) for _ in range(3)]
-        units = [[services.Decision(r.pk, g.node_id, (services.Share(g.pk, Decimal("0.5"), 100),), f"on {r.pk}")]
+        units = [[services.Placing(r.pk, g.node_id, (services.NewAllocation(g.pk, Decimal("0.5"), 100),), f"on {r.pk}")]
                  for r in rs]
         placed, refused = services.place_many(units, "sqlite-test")
         print(len(placed), sorted(refused) == [rs[2].pk])

@@ -22,7 +22,7 @@ def submit(people, teams, who, team, share, memory=100, model=""):
 
 
 def place(r, gpu, share, memory=100):
-    services.place(r.pk, gpu.node_id, [services.Share(gpu.pk, Decimal(share), memory)])
+    services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal(share), memory)])
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ def hold(people, teams, who, team, on, share, start, end=None, opportunistic=Fal
     """A reservation of `who` holding `share` of GPU `on` from start to end (None: still held)."""
     r = services.submit(people[who], rules.ReservationSpec(team=teams[team], image="busybox:1", gpu_request=share,
                                                            gpu_limit=limit or share, gpu_memory_mib=100))
-    services.place(r.pk, on.node_id, [services.Share(on.pk, Decimal(share), 100)])
+    services.place(r.pk, on.node_id, [services.NewAllocation(on.pk, Decimal(share), 100)])
     Allocation.objects.filter(reservation=r).update(created_at=start, released_at=end)
     if opportunistic:
         Reservation.objects.filter(pk=r.pk).update(opportunistic=True)

@@ -34,9 +34,12 @@ def cluster(settings, tmp_path, fleet):
 
 @pytest.fixture
 def placement_loop(cluster, django_capture_on_commit_callbacks):
-    """Run what a worker would: a cycle (with its binds), then the cluster's events."""
+    """Run what the workers would: housekeeping (ended pods, kubectl pods), a cycle (with its
+    binds), then the cluster's events."""
 
     def run(sync: bool = True) -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            tasks.housekeeping()
         with django_capture_on_commit_callbacks(execute=True):
             tasks.run_cycles("test")
         if sync:

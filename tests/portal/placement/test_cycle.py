@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from portal.placement.cycle import live_shares_ok
+from portal.placement.invariants import live_shares_ok
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
 from scheduler.backends import Phase, PodRef
@@ -138,15 +138,16 @@ def test_a_burst_larger_than_one_commit_is_placed_in_batches_and_every_pod_made(
     from decimal import Decimal
 
     from portal.fleet.models import Gpu
-    from portal.placement import cycle, tasks
+    from portal.placement import commit, cycle, tasks
 
     binds: list[list[int]] = []
     real_enqueue = tasks.enqueue_binds
-    monkeypatch.setattr(tasks, "enqueue_binds", lambda ids: (binds.append(list(ids)), real_enqueue(ids)))
-    monkeypatch.setattr(cycle, "FIRST_BATCH", 25)
-    monkeypatch.setattr(cycle, "BATCH_DECISIONS", 100)
+    monkeypatch.setattr(tasks, "enqueue_binds",
+                        lambda ids, evicted: (binds.append(list(ids)), real_enqueue(ids, evicted)))
+    monkeypatch.setattr(commit, "FIRST_BATCH", 25)
+    monkeypatch.setattr(commit, "BATCH_DECISIONS", 100)
     events: list[str] = []
-    real_decide, real_place_many = cycle.core.decide, cycle.services.place_many
+    real_decide, real_place_many = cycle.core.decide, commit.services.place_many
 
     def decide(*args, **kwargs):
         for decision in real_decide(*args, **kwargs):
@@ -158,7 +159,7 @@ def test_a_burst_larger_than_one_commit_is_placed_in_batches_and_every_pod_made(
         return real_place_many(units, *args, **kwargs)
 
     monkeypatch.setattr(cycle.core, "decide", decide)
-    monkeypatch.setattr(cycle.services, "place_many", place_many)
+    monkeypatch.setattr(commit.services, "place_many", place_many)
     # Written directly, as if 250 users submitted at the same instant (quota aside).
     ids = [Reservation.objects.create(owner=people["alice"], team=teams["vision"], image="busybox:1.36",
                                       gpu_request=Decimal("0.05"), gpu_limit=Decimal("0.05"),

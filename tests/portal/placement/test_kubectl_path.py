@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from portal.placement.kubectl import spec_from_pod
+from portal.placement.kubectl_labels import spec_from_pod
 from portal.reservations.models import Reservation, Source
 from portal.reservations.rules import RuleViolation
 from portal.reservations.states import State
@@ -81,7 +81,7 @@ def test_kubeshare_whole_gpus_and_gangs_translate(fleet, teams):
 
 def test_same_pod_seen_twice_makes_one_reservation(cluster, placement_loop, teams):
     pod = cluster.create_external("vision", "once", _labels(gpu_request="0.25", gpu_mem="1Gi", gpu_model="V100-32GB"))
-    from portal.placement.kubectl import ingest
+    from portal.placement.admission import ingest
 
     assert ingest(cluster) == (1, 0)
     assert ingest(cluster) == (0, 0)

@@ -9,7 +9,8 @@ from decimal import Decimal
 from django.utils import timezone
 
 from portal.fleet.models import Node, NodeStatus
-from portal.placement import actions, lifecycle, tasks
+from portal.placement import binding, expiry, tasks
+from portal.placement.idle import check_idle
 from portal.placement.reconcile import reconcile
 from portal.reservations.models import Allocation, Kind, Reservation
 from portal.reservations.states import State
@@ -41,12 +42,12 @@ def test_interactive_reservation_is_warned_then_expires_and_its_pod_goes(client_
     # Five minutes left of an eight-hour session: time to warn (once).
     end = timezone.now() + timedelta(minutes=5)
     Reservation.objects.filter(pk=r.pk).update(expires_at=end, placed_at=end - lasts)
-    assert lifecycle.expire_due(cluster) == (0, 1)
-    assert lifecycle.expire_due(cluster) == (0, 0)
+    assert expiry.expire_due(cluster) == (0, 1)
+    assert expiry.expire_due(cluster) == (0, 0)
     body = client_for("alice").get(f"/api/v1/reservations/{r.pk}/").json()
     assert body["state"] == "running" and body["expiry_warned_at"] is not None
     Reservation.objects.filter(pk=r.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert lifecycle.expire_due(cluster) == (1, 0)
+    assert expiry.expire_due(cluster) == (1, 0)
     r.refresh_from_db()
     assert r.state == State.EXPIRED and "end time" in r.state_reason
     assert r.pod_name not in {p.name for p in cluster.list_pods()}
@@ -73,14 +74,14 @@ def test_idle_reservation_is_flagged_and_reclaimed_when_team_says_so(client_for,
         started_at=timezone.now() - timedelta(hours=1))
     _samples(idle, 0.01, 12)
     _samples(busy, 0.20, 12)
-    assert lifecycle.check_idle(cluster) == (1, 0)
+    assert check_idle(cluster) == (1, 0)
     idle.refresh_from_db()
     assert idle.state == State.RUNNING and idle.idle_since is not None
     assert Reservation.objects.get(pk=busy.pk).idle_since is None
     assert Reservation.objects.get(pk=unmeasured.pk).idle_since is None  # no data is not idleness
     team.idle_reclaim = True
     team.save()
-    assert lifecycle.check_idle(cluster) == (0, 1)
+    assert check_idle(cluster) == (0, 1)
     idle.refresh_from_db()
     assert idle.state == State.EXPIRED and "reclaimed" in idle.state_reason and "1.0%" in idle.state_reason
     assert Reservation.objects.get(pk=busy.pk).state == State.RUNNING
@@ -183,7 +184,6 @@ def test_bind_retries_through_api_errors_and_never_makes_two_pods(client_for, re
                                                                    placement_loop, monkeypatch):
     flaky = FlakyBackend(cluster, failures=3)
     monkeypatch.setattr(tasks, "get_backend", lambda: flaky)
-    monkeypatch.setattr(tasks.bind, "retry_backoff", False)
     rid = _submit(client_for("alice"), reservation_body(gpu_request=0.5, gpu_memory_mib=4096))
     placement_loop()
     r = Reservation.objects.get(pk=rid)
@@ -196,5 +196,5 @@ def test_bind_of_reservation_cancelled_meanwhile_creates_nothing(client_for, res
     rid = _submit(client_for("alice"), reservation_body(gpu_request=0.5, gpu_memory_mib=4096))
     tasks.run_cycles("placed")
     assert client_for("alice").post(f"/api/v1/reservations/{rid}/cancel/", {}, format="json").status_code == 200
-    assert actions.bind(cluster, rid) is None
+    assert binding.bind(cluster, rid) is None
     assert cluster.list_pods() == []

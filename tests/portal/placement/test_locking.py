@@ -70,7 +70,7 @@ def test_stale_cycle_places_nothing(client_for, reservation_body, cluster):
     from portal.placement.cycle import run_cycle
 
     with pytest.raises(FencedOut):
-        run_cycle(Lease(1, "1"), on_bind=lambda _ids: None)
+        run_cycle(Lease(1, "1"), on_bind=lambda _ids, _evicted: None)
     assert Reservation.objects.get(pk=rid).state == State.PENDING
 
 

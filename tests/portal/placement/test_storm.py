@@ -23,7 +23,7 @@ from django.db import connection
 
 from portal.celery import app as celery_app
 from portal.placement import backend as backend_module
-from portal.placement.cycle import live_shares_ok
+from portal.placement.invariants import live_shares_ok
 from portal.placement.locking import forget_locks
 from portal.placement.tasks import cycle, reconcile, sync
 from portal.reservations import rules, services

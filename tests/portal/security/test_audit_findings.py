@@ -44,7 +44,7 @@ def test_revoking_a_revoked_token_is_404(people, client_for):
 
 def _place(reservation_id, gpu, share, memory):
     r = Reservation.objects.get(pk=reservation_id)
-    services.place(r.pk, gpu.node_id, [services.Share(gpu.pk, Decimal(share), memory)])
+    services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal(share), memory)])
 
 
 def test_members_see_only_their_teams_allocations_per_gpu(client_for, fleet, reservation_body):

@@ -53,7 +53,7 @@ def test_group_name_clash_rename_and_preview(fleet, client_for, teams, people):
                                                               gpu_request=Decimal("0.25"), gpu_memory_mib=1024,
                                                               exclusion="secret", gpu_model="T4"))
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
-    services.place(r.pk, gpu.node_id, [services.Share(gpu.pk, Decimal("0.25"), 1024)])
+    services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.25"), 1024)])
     lines = carol.get(f"/api/v1/exclusion-groups/{made['id']}/preview/").json()["lines"]
     assert "GPU 0 on t4-node-1 holds exclusion group `secret`: only requests in `secret` can join it" in lines
     other = ExclusionGroup.objects.get(label="secure")

@@ -63,6 +63,7 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
         from portal.placement import tasks
 
         with django_capture_on_commit_callbacks(execute=True):
+            tasks.housekeeping()
             tasks.run_cycles("test")
 
     yield cycle

@@ -16,10 +16,11 @@ from django.core.management.base import BaseCommand, CommandParser
 from portal.placement import tasks
 
 log = logging.getLogger(__name__)
+HOUSEKEEPING_EVERY_S = 5.0  # as beat sends placement.housekeeping
 
 
 class Command(BaseCommand):
-    help = "Run placement cycles, cluster events, lifecycle checks and reconcile in this process."
+    help = "Run placement cycles, cluster housekeeping and events, lifecycle checks and reconcile in this process."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--cycle-every", type=float, default=15.0, help="seconds between periodic cycles")
@@ -36,10 +37,11 @@ class Command(BaseCommand):
                 raise SystemExit(2)
         stop = []
         signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-        due = {"reconcile": 0.0, "cycle": 0.0, "lifecycle": 0.0}
-        every = {"reconcile": reconcile_every, "cycle": cycle_every, "lifecycle": lifecycle_every}
-        jobs = {"reconcile": tasks.reconcile, "cycle": lambda: tasks.run_cycles("periodic"),
-                "lifecycle": tasks.lifecycle_checks}
+        due = {"reconcile": 0.0, "housekeeping": 0.0, "cycle": 0.0, "lifecycle": 0.0}
+        every = {"reconcile": reconcile_every, "housekeeping": HOUSEKEEPING_EVERY_S, "cycle": cycle_every,
+                 "lifecycle": lifecycle_every}
+        jobs = {"reconcile": tasks.reconcile, "housekeeping": tasks.housekeeping,
+                "cycle": lambda: tasks.run_cycles("periodic"), "lifecycle": tasks.lifecycle_checks}
         self.stdout.write("placement loop running (Ctrl-C to stop)")
         try:
             while not stop:

@@ -14,35 +14,27 @@ Labels (all values are strings, as Kubernetes requires):
 | `sharedgpu/group_threshold` | fraction of the gang that must be placed together, 0 < t ≤ 1 | 1 |
 
 The namespace names the team (`Team.namespace`, else the team whose slug is the namespace). A pod
-whose labels are wrong gets a Warning Event saying what is wrong (`Backend.reject_external`) and
-stays pending; nothing is written for it. Unknown `sharedgpu/*` labels are refused too, so a typo
-never silently changes what runs.
+whose labels are wrong gets a Warning Event saying what is wrong (`Backend.reject_external`, by
+`admission`) and stays pending; nothing is written for it. Unknown `sharedgpu/*` labels are refused
+too, so a typo never silently changes what runs.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from decimal import Decimal, InvalidOperation
 
-from django.contrib.auth import get_user_model
-from django.db import IntegrityError, transaction
 from django.db.models import Min, Q
 
 from portal.fleet.models import Gpu
-from portal.reservations import services
-from portal.reservations.models import Reservation, Source
-from portal.reservations.quota import QuotaExceeded
+from portal.reservations import rules
 from portal.reservations.rules import LABEL, ReservationSpec, RuleViolation
 from portal.tenancy.models import Team
-from scheduler.backends import Backend, BackendError, ExternalPod
-
-log = logging.getLogger(__name__)
+from scheduler.backends import ExternalPod
 
 PREFIX = "sharedgpu/"
 KNOWN = frozenset({"gpu_request", "gpu_limit", "gpu_mem", "gpu_model", "priority", "pod_group_name",
                    "group_headcount", "group_threshold"})
-SYSTEM_USER = "tessera-kubectl"
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _UNITS = {None: 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
           "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
@@ -114,8 +106,6 @@ def spec_from_pod(pod: ExternalPod) -> ReservationSpec:
         group_name=labels.get("pod_group_name", ""), group_headcount=labels.get("group_headcount"),
         group_threshold=labels.get("group_threshold"),
     )
-    from portal.reservations import rules
-
     try:
         rules.check(spec)
     except RuleViolation as exc:
@@ -124,44 +114,3 @@ def spec_from_pod(pod: ExternalPod) -> ReservationSpec:
         raise RuleViolation({(PREFIX + names.get(k, k)) if k not in ("image", "name", "command") else k: v
                              for k, v in exc.errors.items()}) from exc
     return spec
-
-
-def system_user():
-    user, created = get_user_model().objects.get_or_create(username=SYSTEM_USER, defaults={"is_active": False})
-    if created:
-        user.set_unusable_password()
-        user.save(update_fields=["password"])
-    return user
-
-
-def ingest(backend: Backend) -> tuple[int, int]:
-    """Turn new pending kubectl pods into pending reservations. Returns (admitted, rejected)."""
-    try:
-        pods = backend.list_pending_external()
-    except BackendError as exc:
-        log.warning("cannot list pending kubectl pods: %s", exc)
-        return 0, 0
-    if not pods:
-        return 0, 0
-    known = set(Reservation.objects.filter(source=Source.KUBECTL, pod_uid__in=[p.uid for p in pods])
-                .values_list("pod_uid", flat=True))
-    admitted = rejected = 0
-    for pod in pods:
-        if pod.uid in known:
-            continue
-        try:
-            spec = spec_from_pod(pod)
-            with transaction.atomic():
-                r = services.submit(system_user(), spec, cluster_path=True)
-                Reservation.objects.filter(pk=r.pk).update(
-                    source=Source.KUBECTL, pod_namespace=pod.namespace, pod_name=pod.name, pod_uid=pod.uid)
-            admitted += 1
-        except (RuleViolation, QuotaExceeded) as exc:
-            rejected += 1
-            try:
-                backend.reject_external(pod.ref, f"tessera: {exc}"[:1000])
-            except BackendError as err:
-                log.warning("cannot record an Event on %s/%s: %s", pod.namespace, pod.name, err)
-        except IntegrityError:
-            continue  # another cycle admitted this pod at the same moment
-    return admitted, rejected

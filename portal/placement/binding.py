@@ -1,0 +1,143 @@
+"""Carry committed placements out on the cluster: create (or adopt) each placed reservation's pod.
+
+Idempotent, so a task retried after a worker died mid-way, or run twice, changes nothing the
+second time: the pod name is deterministic and `Backend.bind` adopts an existing pod. Transient
+backend errors come back to the caller (the task retries them); permanent ones fail the
+reservation with the backend's message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from django.conf import settings
+from django.db import transaction
+
+from portal.reservations import services
+from portal.reservations.events import announce_allocations
+from portal.reservations.models import Allocation, Kind, Reservation, Source
+from portal.reservations.states import State
+from scheduler.backends import (
+    Backend,
+    BackendError,
+    GpuShare,
+    PermanentBackendError,
+    PodRef,
+    PodSpec,
+    PodStatus,
+    make_pod_spec,
+)
+from scheduler.backends.base import external_binding
+
+log = logging.getLogger(__name__)
+ACTOR = "system:placement"
+
+
+def shares_of(reservation_ids: Iterable[int]) -> dict[int, tuple[GpuShare, ...]]:
+    """reservation id → its live GPU shares in GPU index order, read in one query."""
+    out: dict[int, list[GpuShare]] = {}
+    for rid, uuid, index, share, limit, memory in (
+            Allocation.objects.filter(reservation_id__in=reservation_ids, released_at__isnull=True)
+            .order_by("reservation_id", "gpu__index")
+            .values_list("reservation_id", "gpu__uuid", "gpu__index", "compute_share", "compute_limit", "memory_mib")):
+        out.setdefault(rid, []).append(GpuShare(uuid=uuid, index=index, request=float(share),
+                                                limit=float(max(limit, share)), memory_mib=memory))
+    return {rid: tuple(gpus) for rid, gpus in out.items()}
+
+
+class BindRow(NamedTuple):
+    """What binding reads of a placed reservation: a batch reads hundreds, as plain tuples."""
+
+    pk: int
+    attempt: int
+    pod_namespace: str
+    pod_name: str
+    pod_uid: str
+    image: str
+    command: list
+    priority: int
+    kind: str
+    source: str
+    team_slug: str
+    node_id: int
+    node_name: str
+
+
+BIND_COLUMNS = ("pk", "attempt", "pod_namespace", "pod_name", "pod_uid", "image", "command", "priority", "kind",
+                "source", "team__slug", "node_id", "node__name")
+
+
+def pod_spec(r: BindRow, gpus: tuple[GpuShare, ...]) -> PodSpec:
+    return make_pod_spec(
+        reservation_id=str(r.pk), attempt=r.attempt, namespace=r.pod_namespace, node=r.node_name,
+        team=r.team_slug, image=r.image, command=tuple(r.command), gpus=gpus, priority=r.priority, kind=r.kind,
+        simulated_duration_s=float(settings.TESSERA_LOCAL_BATCH_S) if r.kind == Kind.BATCH else None,
+    )
+
+
+def bind(backend: Backend, reservation_id: int) -> PodStatus | None:
+    """Create the pod of one placed reservation (`bind_batch` of one) and tell its node's agent.
+    Returns the pod, or None when there is nothing (more) to do or the pod is a kubectl one.
+    A transient backend error is raised, for the caller to retry."""
+    report = bind_batch(backend, [reservation_id])
+    if reservation_id in report.transient:
+        raise report.transient[reservation_id]
+    announce(report.nodes)
+    return report.pods.get(reservation_id)
+
+
+def announce(node_ids: Iterable[int]) -> None:
+    """Each agent hears once of the new pod uids on its node."""
+    with transaction.atomic():
+        for node_id in sorted(node_ids):
+            announce_allocations(node_id)
+
+
+@dataclass
+class BindReport:
+    bound: int = 0
+    pods: dict[int, PodStatus] = field(default_factory=dict)  # reservation id → the pod made or adopted
+    transient: dict[int, BackendError] = field(default_factory=dict)  # met a transient error: retry these
+    nodes: set[int] = field(default_factory=set)  # whose agents must hear of new pod uids
+
+
+def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
+    """`bind` for many reservations with a constant number of queries: the rows and their shares
+    are read at once, the pods go to `backend.bind_many` together (the kubectl ones, already
+    existing, are bound one by one), and the pod uids are written in one statement. The caller
+    announces `report.nodes` to their agents."""
+    report = BindReport()
+    rows = {r.pk: r for r in map(BindRow._make, Reservation.objects.filter(
+        pk__in=list(reservation_ids), state=State.PLACED, node__isnull=False).order_by().values_list(*BIND_COLUMNS))}
+    shares = shares_of(list(rows))
+    work = [(rows[pk], shares[pk]) for pk in sorted(rows) if pk in shares]
+    ours = [(r, gpus) for r, gpus in work if r.source != Source.KUBECTL]
+    outcomes: list[tuple[BindRow, PodStatus | BackendError | None]] = list(zip(
+        [r for r, _ in ours], backend.bind_many([pod_spec(r, gpus) for r, gpus in ours]) if ours else [],
+        strict=True))
+    for r, gpus in work:
+        if r.source == Source.KUBECTL:
+            labels, annotations = external_binding(str(r.pk), r.team_slug, gpus, r.priority)
+            try:
+                backend.bind_external(PodRef(r.pod_namespace, r.pod_name), r.node_name, labels, annotations)
+                outcomes.append((r, None))
+            except BackendError as exc:
+                outcomes.append((r, exc))
+
+    created: list[tuple[BindRow, PodStatus]] = []
+    for r, outcome in outcomes:
+        if isinstance(outcome, PermanentBackendError):
+            services.release(r.pk, State.FAILED, f"the cluster refused the pod: {outcome}", ACTOR)
+        elif isinstance(outcome, BackendError):
+            report.transient[r.pk] = outcome
+        else:
+            report.bound += 1
+            if outcome is not None:
+                report.pods[r.pk] = outcome
+                created.append((r, outcome))
+    if created:
+        report.nodes |= services.record_pods(created, ACTOR)
+    return report

@@ -1,0 +1,168 @@
+"""Commit a cycle's decisions in batches: one fence check, a few set-based queries and one COMMIT
+for many. The first batch is small so that binding starts early; each next one is twice as large
+(fewer round trips and bind tasks), up to BATCH_DECISIONS.
+
+Each batch's transaction (1) passes the fence with the cycle's token and (2) goes through
+`reservations.services.place_many`, which locks the GPU rows and re-checks their free capacity.
+So no GPU is over-committed whatever runs concurrently, and a stale cycle cannot write. A gang's
+members commit together: all of them or none. No cluster call is made here: after each commit
+`on_bind` hands the placed reservations (and the pods of the ones they preempted, to delete first)
+to the binding task.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.db import transaction
+
+from portal.fleet.models import Gpu, Node
+from portal.reservations import services
+from portal.reservations.models import Reservation
+from portal.reservations.states import IllegalTransition
+from scheduler import core
+
+from . import snapshot
+from .locking import Lease, fence
+
+log = logging.getLogger(__name__)
+ACTOR = "system:scheduler"
+MILLI = Decimal("0.001")
+# Decisions per commit: the first batch, and the most. Bind tasks are sent at each commit, so a
+# small batch lets a second worker start on the pods sooner; a large one costs fewer round trips
+# and fewer bind tasks.
+FIRST_BATCH = 25
+BATCH_DECISIONS = 200
+
+# A pod to delete before the batch's pods are made: (namespace, name, why).
+Eviction = tuple[str, str, str]
+# Called after each commit with the reservations it placed and the pods of those it preempted.
+OnBind = Callable[[list[int], list[Eviction]], None]
+
+
+@dataclass
+class CycleReport:
+    placed: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    unschedulable: int = 0
+    conflicts: int = 0
+    looked_at: int = 0  # waiting reservations given to the engine (the rest were known not to fit)
+    seconds: float = 0.0
+    # Where the time went: reading the queue and the cluster, the engine, committing, the rest.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def phase_text(self) -> str:
+        return ", ".join(f"{name} {s:.3f}" for name, s in self.phases.items())
+
+
+def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int]) -> services.Placing:
+    share = Decimal(str(p.share)).quantize(MILLI)
+    return services.Placing(int(p.request_id), node_ids[p.node],
+                            tuple(services.NewAllocation(gpu_ids[u], share, p.memory_mib) for u in p.gpu_uuids),
+                            f"placed on {p.node} ({', '.join(p.gpu_uuids)})")
+
+
+def _evict(victim_id: int, by: snapshot.Pending, report: CycleReport, evicted: list[Eviction]) -> None:
+    pod = Reservation.objects.filter(pk=victim_id).values_list("priority", "pod_namespace", "pod_name").first()
+    if pod is None:
+        return
+    priority, namespace, name = pod
+    why = f"preempted by reservation {by.pk} (priority {by.priority} over {priority})"
+    if not services.preempt(victim_id, why, ACTOR):
+        return
+    if name:
+        evicted.append((namespace, name, why))
+    report.preempted.append(victim_id)
+
+
+class Batches:
+    def __init__(self, lease: Lease, renew: Callable[[], bool], on_bind: OnBind,
+                 rows: dict[str, snapshot.Pending], report: CycleReport) -> None:
+        self.lease, self.renew, self.on_bind, self.rows, self.report = lease, renew, on_bind, rows, report
+        self.units: list[tuple[list[core.Placement], tuple[str, ...]]] = []
+        self.size = FIRST_BATCH
+        self.waiting: dict[str, str] = {}  # request id → why it waits
+        self.node_ids: dict[str, int] | None = None
+        self.gpu_ids: dict[str, int] = {}
+        self.seconds = 0.0  # spent committing
+
+    def add(self, decision: tuple[core.Placement, ...] | core.Preemption) -> bool:
+        """Queue a decision (a placement or a gang's placements, or a preemption); commits when
+        the batch is full. False: the cycle lost its lease and must stop."""
+        if isinstance(decision, core.Preemption):
+            self.units.append(([decision.placement], decision.victims))
+        else:
+            self.units.append((list(decision), ()))
+        if len(self.units) < self.size:
+            return True
+        self.size = min(2 * self.size, BATCH_DECISIONS)
+        return self.commit()
+
+    def commit(self) -> bool:
+        started = time.perf_counter()
+        try:
+            return self._commit()
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _lost_race(self, placements: list[core.Placement], why: object) -> None:
+        self.report.conflicts += 1
+        for p in placements:
+            self.waiting[p.request_id] = f"placement lost a race and is retried: {why}"[:500]
+
+    def _commit(self) -> bool:
+        units, self.units = self.units, []
+        if not units:
+            return True
+        if not self.renew():
+            log.warning("placement cycle stops: it lost the placement lease")
+            return False
+        if self.node_ids is None:  # the first decision: names → ids, once per cycle
+            self.node_ids = dict(Node.objects.values_list("name", "pk"))
+            self.gpu_ids = dict(Gpu.objects.values_list("uuid", "pk"))
+        report = self.report
+        # A unit with victims evicts them first in its own savepoint; the plain ones commit
+        # together through `place_many`, which refuses only what no longer fits.
+        with transaction.atomic():
+            fence(self.lease.token)
+            plain: list[list[services.Placing]] = []
+            placed: list[int] = []
+            evicted: list[Eviction] = []
+            for placements, victims in units:
+                try:
+                    placings = [_placing(p, self.node_ids, self.gpu_ids) for p in placements]
+                except KeyError as exc:  # the node or GPU left the database since the snapshot
+                    self._lost_race(placements, f"{exc} is gone")
+                    continue
+                if not victims:
+                    plain.append(placings)
+                    continue
+                mine: list[Eviction] = []
+                before = len(report.preempted)
+                try:
+                    with transaction.atomic():
+                        for victim in victims:
+                            _evict(int(victim), self.rows[placements[0].request_id], report, mine)
+                        _, refused = services.place_many([placings], ACTOR)
+                        if refused:
+                            raise next(iter(refused.values()))
+                except (services.CapacityConflict, IllegalTransition, Reservation.DoesNotExist) as exc:
+                    del report.preempted[before:]  # rolled back with the savepoint
+                    self._lost_race(placements, exc)
+                    continue
+                evicted.extend(mine)
+                placed.extend(p.reservation_id for p in placings)
+            if plain:
+                ok, refused = services.place_many(plain, ACTOR)
+                placed.extend(r.pk for r in ok)
+                report.conflicts += len({id(unit) for unit in plain if any(p.reservation_id in refused for p in unit)})
+                for rid, exc in refused.items():
+                    self.waiting[str(rid)] = f"placement lost a race and is retried: {exc}"[:500]
+            report.placed.extend(placed)
+            if placed or evicted:
+                transaction.on_commit(lambda: self.on_bind(placed, evicted))
+        return True

@@ -1,0 +1,55 @@
+"""Idle reservations: flagged when their measured use stays under the team's threshold for the
+team's time, and ended when the team reclaims idle ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from portal.reservations import services
+from portal.reservations.models import Reservation
+from portal.reservations.states import State
+from scheduler.backends import Backend
+
+from .pods import delete_quietly
+
+ACTOR = "system:lifecycle"
+Measure = Callable[[list[int], datetime], dict[int, float]]
+
+
+def measured_utilization(reservation_ids: list[int], since: datetime) -> dict[int, float]:
+    """Measured GPU use per reservation (fraction of one GPU, summed over its GPUs); absent = no data."""
+    from portal.telemetry.services import recent_utilization
+
+    return recent_utilization(reservation_ids, since)
+
+
+def check_idle(backend: Backend, measure: Measure = measured_utilization) -> tuple[int, int]:
+    """Flag reservations whose measured use stayed under their team's threshold for the team's
+    time; end them when the team reclaims idle ones. Returns (flagged, reclaimed)."""
+    now = timezone.now()
+    flagged = reclaimed = 0
+    running = list(Reservation.objects.filter(state=State.RUNNING, started_at__isnull=False).select_related("team"))
+    by_window: dict[int, list[Reservation]] = {}
+    for r in running:
+        if r.team.idle_after_s and r.started_at <= now - timedelta(seconds=r.team.idle_after_s):
+            by_window.setdefault(r.team.idle_after_s, []).append(r)
+    for seconds, group in by_window.items():
+        used = measure([r.pk for r in group], now - timedelta(seconds=seconds))
+        for r in group:
+            if r.pk not in used:
+                continue  # no measurements is not idleness
+            per_gpu = used[r.pk] / max(1, r.gpu_count)
+            if per_gpu >= float(r.team.idle_threshold):
+                services.flag_idle(r.pk, False, now)
+                continue
+            flagged += services.flag_idle(r.pk, True, now)
+            if r.team.idle_reclaim:
+                why = (f"reclaimed: used {per_gpu:.1%} of its GPU over the last {seconds // 60} min, under "
+                       f"team {r.team.slug}'s idle threshold of {float(r.team.idle_threshold):.1%}")
+                if services.move(r.pk, State.RUNNING, State.EXPIRED, why, ACTOR):
+                    reclaimed += 1
+                    delete_quietly(backend, r.pod_namespace, r.pod_name, "reclaimed while idle")
+    return flagged, reclaimed
