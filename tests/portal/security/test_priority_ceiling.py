@@ -1,9 +1,12 @@
 """A request's priority is capped by the team's policy for the person's role, on every path a
 person submits by (API, pages); the kubectl path is the cluster's to govern."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from portal.reservations import services
+from portal.reservations.models import Source
 from portal.reservations.rules import ReservationSpec, RuleViolation
 from portal.tenancy.models import TeamPolicy
 
@@ -37,4 +40,5 @@ def test_the_service_refuses_it_for_pages_too_and_kubectl_path_is_exempt(people,
     with pytest.raises(RuleViolation) as exc:
         services.submit(people["alice"], ReservationSpec(**spec))
     assert "priority" in exc.value.errors
-    assert services.submit(people["alice"], ReservationSpec(**spec), cluster_path=True).priority == 90
+    pod = SimpleNamespace(namespace="vision", name="train", uid="uid-train")
+    assert services.submit(people["alice"], ReservationSpec(**spec), source=Source.KUBECTL, pod=pod).priority == 90
