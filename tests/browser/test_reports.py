@@ -44,7 +44,7 @@ def world(chromium, transactional_db, settings):
                                                               gpu_limit="1.0", gpu_memory_mib=1024, gpu_model=model))
         if not Allocation.objects.filter(reservation=r).exists():  # placed on submit when no worker runs
             gpu = Gpu.objects.filter(model=model).exclude(allocations__released_at__isnull=True).first()
-            services.place(r.pk, gpu.node_id, [services.Share(gpu.pk, Decimal(share), 1024)])
+            services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal(share), 1024)])
         allocation = Allocation.objects.get(reservation=r)
         Allocation.objects.filter(pk=allocation.pk).update(created_at=start, released_at=start + timedelta(hours=hours))
         ShareMinute.objects.bulk_create([

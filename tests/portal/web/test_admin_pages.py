@@ -96,7 +96,7 @@ def test_group_preview_fragment(fleet, browser_for, teams, people):
                                                               gpu_request=Decimal("0.25"), gpu_memory_mib=1024,
                                                               exclusion="secure", gpu_model="T4"))
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
-    services.place(r.pk, gpu.node_id, [services.Share(gpu.pk, Decimal("0.25"), 1024)])
+    services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.25"), 1024)])
     page = browser_for("carol").get("/team/vision/groups/preview/", {"kind": "exclusion", "label": "open"})
     assert "GPU 0 on t4-node-1 holds exclusion group `secure`; a request in `open` cannot land there" in \
         page.content.decode()
@@ -132,7 +132,7 @@ def test_fleet_page_queries_do_not_grow_with_shares(fleet, browser_for, teams, p
     for gpu in Gpu.objects.filter(node__name="a100-node-1"):
         r = services.submit(people["alice"], rules.ReservationSpec(team=teams["vision"], image="busybox:1.36",
                                                                   gpu_request=Decimal("0.25"), gpu_memory_mib=1024))
-        services.place(r.pk, gpu.node_id, [services.Share(gpu.pk, Decimal("0.25"), 1024)])
+        services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.25"), 1024)])
     with CaptureQueriesContext(connection) as after:
         page = admin.get("/fleet/")
     assert len(after.captured_queries) == len(before.captured_queries)
