@@ -12,15 +12,16 @@ idle threshold, and bursts when it is above the share's request.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import Case, F, FloatField, Sum, Value, When
 from django.db.models.functions import Cast, Greatest, Least, TruncHour
 from django.db.models.lookups import LessThan
 
-from .models import GpuHour, GpuMinute, ShareHour, ShareMinute
+from .models import GpuDay, GpuHour, GpuMinute, ShareHour, ShareMinute
 
 HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
 
 
 def _float(name: str):
@@ -57,9 +58,10 @@ def gpu_minutes(start: datetime, end: datetime):
     return GpuMinute.objects.filter(minute__gte=start, minute__lt=end, sm_util_count__gt=0)
 
 
-def fold(start: datetime, end: datetime) -> int:
-    """(Re)compute the hour rows of every hour in [start, end) (whole hours) from the minute rows;
-    returns rows written. Idempotent: an hour is replaced whole."""
+def fold(start: datetime, end: datetime, folded_to: datetime | None = None) -> int:
+    """(Re)compute the hour rows of every hour in [start, end) (whole hours) from the minute rows,
+    then the GPU day rows of the days it touched that are complete (every hour before
+    max(end, folded_to) folded); returns rows written. Idempotent: an hour is replaced whole."""
     share_rows = [
         ShareHour(reservation_id=r["reservation_id"], gpu_id=r["gpu_id"], team_id=r["team_id"], hour=r["h"],
                   **{k: r[k] for k in share_minute_sums()})
@@ -77,7 +79,34 @@ def fold(start: datetime, end: datetime) -> int:
     GpuHour.objects.filter(hour__gte=start, hour__lt=end).delete()
     ShareHour.objects.bulk_create(share_rows, batch_size=2000)
     GpuHour.objects.bulk_create(gpu_rows, batch_size=2000)
-    return len(share_rows) + len(gpu_rows)
+    done = max(end, folded_to or end)
+    day = floor_day(start)
+    written = len(share_rows) + len(gpu_rows)
+    while day < end:
+        if day + DAY <= done:
+            written += fold_day(day)
+        day += DAY
+    return written
+
+
+def fold_day(day: datetime) -> int:
+    """(Re)compute the GPU day rows of one UTC day from its hour rows."""
+    rows = [GpuDay(gpu_id=r["gpu_id"], day=day, sampled_minutes=r["s"], busy=r["b"])
+            for r in GpuHour.objects.filter(hour__gte=day, hour__lt=day + DAY).values("gpu_id")
+            .annotate(s=Sum("sampled_minutes"), b=Sum("busy"))]
+    GpuDay.objects.filter(day=day).delete()
+    GpuDay.objects.bulk_create(rows, batch_size=5000)
+    return len(rows)
+
+
+def floor_day(at: datetime) -> datetime:
+    """00:00 UTC of the day of `at` (days of the rollups are UTC days, whatever a report's zone)."""
+    return at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def ceil_day(at: datetime) -> datetime:
+    floor = floor_day(at)
+    return floor if floor == at else floor + DAY
 
 
 def floor_hour(at: datetime) -> datetime:

@@ -19,7 +19,7 @@ from portal.fleet import services as fleet_services
 
 from . import conf, hours
 from .ingest import ROLLUP_SETTLE
-from .models import GpuHour, GpuMinute, GpuSample, LateMinute, RollupState, ShareHour, ShareMinute, ShareSample
+from .models import GpuDay, GpuHour, GpuMinute, GpuSample, LateMinute, RollupState, ShareHour, ShareMinute, ShareSample
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def _fold_hours(state: RollupState, late_hours: set[datetime]) -> int:
         state.save(update_fields=["hours_rolled_up_to"])
     for hour in sorted(late_hours):
         if state.hours_rolled_up_to is not None and hour < state.hours_rolled_up_to:
-            written += hours.fold(hour, hour + hours.HOUR)
+            written += hours.fold(hour, hour + hours.HOUR, folded_to=state.hours_rolled_up_to)
     return written
 
 
@@ -137,6 +137,7 @@ def apply_retention(now: datetime | None = None) -> dict[str, int]:
         "share_minutes": ShareMinute.objects.filter(minute__lt=minute_cutoff).delete()[0],
         "gpu_hours": GpuHour.objects.filter(hour__lt=hour_cutoff).delete()[0],
         "share_hours": ShareHour.objects.filter(hour__lt=hour_cutoff).delete()[0],
+        "gpu_days": GpuDay.objects.filter(day__lt=hour_cutoff).delete()[0],
     }
 
 
