@@ -27,7 +27,7 @@ from portal.reservations.models import Allocation, Reservation
 from portal.tenancy.models import Team
 
 from . import sources
-from .window import Window, bucket_of, spread
+from .window import Window, spread
 
 GROUPS = ("team", "user", "node", "gpu_model", "gpu", "reservation")
 DEVICE_GROUPS = ("node", "gpu_model", "gpu")
@@ -152,7 +152,10 @@ def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     rids = {a[0] for a in allocations} | {k[0] for k in shares}
     gpu_ids = {a[1] for a in allocations} | {k[1] for k in shares}
     info = _reservations(rids, slugs)
-    gpus = {g[0]: g[1:] for g in Gpu.objects.filter(pk__in=gpu_ids).values_list("pk", "node__name", "model", "uuid")}
+    gpus = {}
+    if group_by in DEVICE_GROUPS:  # only these rows are keyed by the GPU
+        gpus = {g[0]: g[1:] for g in Gpu.objects.filter(pk__in=gpu_ids)
+                .values_list("pk", "node__name", "model", "uuid")}
     series = {slugs[t]: {"allocated": [0.0] * (len(edges) - 1), "used": [0.0] * (len(edges) - 1)} for t in team_ids}
 
     for rid, gpu_id, share, created, released in allocations:
@@ -177,14 +180,15 @@ def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
         r.burst_gpu_hours += m["over_request"] / 60.0
         per_reservation[rid].idle_allocated_gpu_hours += m["idle_allocated"] / 60.0
 
-    for (team_id, hour), m in sources.share_sums(window.since, window.until, team_ids, ("team_id", "hour")).items():
-        series[slugs[team_id]]["used"][bucket_of(edges, hour)] += m["used"] / 60.0
+    for (team_id, bucket), m in sources.share_sums(window.since, window.until, team_ids, ("team_id", "bucket"),
+                                                   edges).items():
+        series[slugs[team_id]]["used"][bucket] += m["used"] / 60.0
 
     device_shown = user.is_staff and group_by in DEVICE_GROUPS
     if device_shown:
         all_gpus = dict(Gpu.objects.values_list("pk", "node__name" if group_by == "node" else
                                                 "model" if group_by == "gpu_model" else "uuid"))
-        for (gpu_id,), m in sources.gpu_sums(window.since, window.until, ("gpu_id",)).items():
+        for gpu_id, m in sources.gpu_sums(window.since, window.until).items():
             key = all_gpus.get(gpu_id)
             if key is None:
                 continue

@@ -15,7 +15,7 @@ from portal.fleet.models import Gpu
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
 from portal.telemetry import hours
-from portal.telemetry.models import GpuMinute, RollupState, ShareHour, ShareMinute
+from portal.telemetry.models import GpuDay, GpuMinute, RollupState, ShareHour, ShareMinute
 
 URL = "/api/v1/reports/usage/"
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)  # a fixed past Monday: windows never touch "now"
@@ -165,6 +165,22 @@ def test_hourly_rollups_give_the_same_numbers_as_the_minutes(client_for, two_hou
     after = [report(client_for("admin"), since=a, until=b) for a, b in windows]
     for b, a in zip(before, after, strict=True):
         assert by_key(a) == by_key(b) and a["total"] == b["total"]
+
+
+def test_device_load_from_days_hours_and_minutes_agrees(client_for, fleet, teams, people):
+    t4 = gpu("t4-node-1")
+    hold(people, teams, "alice", "vision", t4, "0.5", T0, T0 + timedelta(hours=48))
+    busy(t4, T0, 48 * 60, 25)  # 48 hours at 25 % SM from Monday 08:00: all of Tuesday (UTC) among them
+    window = {"since": T0 + timedelta(minutes=7), "until": T0 + timedelta(hours=46, minutes=50)}
+    before = report(client_for("admin"), group_by="gpu_model", **window)
+    hours.fold(T0, T0 + timedelta(hours=48))
+    RollupState.objects.create(rolled_up_to=T0 + timedelta(hours=48), hours_rolled_up_to=T0 + timedelta(hours=48))
+    assert GpuDay.objects.filter(day=datetime(2026, 11, 3, tzinfo=UTC)).count() == 1
+    # Tuesday is read from its day row, the whole hours around it from hours, the edges from minutes.
+    GpuMinute.objects.filter(minute__gte=T0 + timedelta(hours=1), minute__lt=T0 + timedelta(hours=46)).delete()
+    after = report(client_for("admin"), group_by="gpu_model", **window)
+    assert by_key(after)["T4"]["device_busy_hours"] == by_key(before)["T4"]["device_busy_hours"]
+    assert by_key(after)["T4"]["device_busy_hours"] == round(0.25 * (46 * 60 + 50 - 7) / 60, 4)
 
 
 def test_series_buckets_add_up_to_the_totals(client_for, two_hours):
