@@ -297,3 +297,24 @@ def test_hour_rollups_fold_from_maintain(fleet, teams, people):
     row = ShareHour.objects.get(hour=start)
     assert row.sampled_minutes == 60 and row.used == pytest.approx(24.0) and row.over_request == 0
     assert RollupState.objects.get().hours_rolled_up_to >= start + timedelta(hours=2)
+
+
+def test_a_late_minute_refolds_its_hour(fleet, teams, people):
+    from portal.telemetry.models import LateMinute, ShareSample
+    from portal.telemetry.rollups import roll_up
+
+    now = timezone.now().replace(second=0, microsecond=0)
+    hour = hours.floor_hour(now) - timedelta(hours=2)
+    t4 = gpu("t4-node-1")
+    r = hold(people, teams, "alice", "vision", t4, "0.5", hour)
+    use(r, t4, hour, 60, 0.25)
+    RollupState.objects.create(rolled_up_to=hours.floor_hour(now), hours_rolled_up_to=hour + hours.HOUR)
+    hours.fold(hour, hour + hours.HOUR)
+    assert ShareHour.objects.get(hour=hour).used == pytest.approx(15.0)
+    # Samples of minute :05 arrive after an outage: that minute is recomputed from them, and its hour too.
+    late = hour + timedelta(minutes=5)
+    ShareSample.objects.bulk_create([ShareSample(reservation=r, gpu=t4, ts=late + timedelta(seconds=s), used_frac=0.85)
+                                     for s in range(60)])
+    LateMinute.objects.create(minute=late)
+    roll_up(now)
+    assert ShareHour.objects.get(hour=hour).used == pytest.approx(15.0 - 0.25 + 0.85)
