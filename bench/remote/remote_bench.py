@@ -72,11 +72,11 @@ def kv(text: str) -> dict[str, float]:
 class Link:
     """Loopback, or a veth pair between a GPU namespace and a client namespace."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, rate: str | None = None) -> None:
         self.kind = kind
         self.gpu_ns = self.client_ns = None
         self.gpu_ip = self.client_ip = "127.0.0.1"
-        if kind == "veth":
+        if kind.startswith("veth"):
             tag = str(os.getpid() % 100000)
             self.gpu_ns, self.client_ns = f"tsrb-gpu-{tag}", f"tsrb-cli-{tag}"
             self.gpu_ip, self.client_ip = "10.211.9.1", "10.211.9.2"
@@ -89,8 +89,12 @@ class Link:
                      ["-n", self.gpu_ns, "link", "set", f"bg{tag}", "up"],
                      ["-n", self.client_ns, "link", "set", f"bc{tag}", "up"],
                      ["-n", self.gpu_ns, "link", "set", "lo", "up"]]
+            if rate:  # a link slower than this machine copies, as a NIC is: each end sends at most `rate`
+                steps += [["-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "1mb",
+                           "latency", "100ms"] for ns, dev in ((self.gpu_ns, f"bg{tag}"), (self.client_ns, f"bc{tag}"))]
             for step in steps:
-                r = subprocess.run(["ip", *step], capture_output=True, text=True)
+                tool = "tc" if "qdisc" in step else "ip"
+                r = subprocess.run([tool, *step], capture_output=True, text=True)
                 if r.returncode != 0:
                     self.close()
                     raise RuntimeError(f"cannot build the veth link ({' '.join(step)}): {r.stderr.strip()}")
@@ -173,9 +177,12 @@ def raw_tcp(link: Link, root: Path, nbytes: int, repeats: int) -> dict[str, floa
         server.wait(60)
 
 
+LINKS = {"loopback": None, "veth": None, "veth 4 Gbit/s": "4gbit"}
+
+
 def measure(kind: str, args: argparse.Namespace) -> dict:
     image = str(REMOTE / "test" / "kernels.cubin")
-    link = Link(kind)
+    link = Link(kind, LINKS[kind])
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
@@ -228,21 +235,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--copy-mib", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--loop", type=int, default=1000)
     args = parser.parse_args()
     build()
     rows, skipped = [], []
-    for kind in ("loopback", "veth"):
-        if kind == "veth" and os.geteuid() != 0:
-            skipped.append("veth: network namespaces need root")
+    for kind in LINKS:
+        if kind != "loopback" and os.geteuid() != 0:
+            skipped.append(f"{kind}: network namespaces need root")
             continue
         try:
             rows.append(measure(kind, args))
         except RuntimeError as exc:
-            if kind != "veth":
+            if kind == "loopback":
                 raise
-            skipped.append(f"veth: {exc}")
+            skipped.append(f"{kind}: {exc}")
     lines = [
         "# Remote GPU shares: round trips, copy throughput, a toy loop",
         "",
@@ -251,7 +258,11 @@ def main() -> None:
         "GPU host: the fake driver with the preload library (share 1.0, 4 GiB cap), as in tests/remote; "
         f"best of {args.repeats} runs each. Round trips: {args.iters} calls. Copies: {args.copy_mib} MiB, "
         "ratio = raw TCP time on the same link (same socket options, measured in this run) / copy time "
-        f"(target ≥ 0.8). Toy loop: copy {args.copy_mib} MiB in, {args.loop} launches of 50 µs kernels, copy out; "
+        "(target ≥ 0.8). On loopback and a plain veth pair TCP itself is this machine's CPU copying, and the "
+        "fake GPU's device copy is one more CPU copy (a real GPU's is DMA), so there the copies compete with "
+        "the network for the same cores; the 4 Gbit/s veth (tc tbf on each end) is a link slower than the "
+        f"CPU, as a real NIC is. Toy loop: copy {args.copy_mib} MiB in, {args.loop} launches of 50 µs kernels, "
+        "copy out; "
         "local = the same program on the fake driver in the client's place.",
         "",
         "| link | launch+sync round trip µs (local) | empty launch, pipelined µs (local) | cuMemGetInfo µs (local) "

@@ -1,5 +1,5 @@
 /* Raw TCP throughput on a link, the baseline remote copies are measured against: the same socket
- * options as the remote GPU wire (TCP_NODELAY, 8 MiB buffers), one buffer sent whole and acknowledged.
+ * options as the remote GPU wire (TCP_NODELAY, buffers autotuned), one buffer sent whole and acknowledged.
  *   tcp_raw serve HOST PORT_FILE          accept one connection; per round: read BYTES, answer one byte;
  *                                          then send BYTES back, for the other direction
  *   tcp_raw send HOST:PORT BYTES REPEATS  prints send_s= and recv_s= (best of REPEATS) */
@@ -21,10 +21,8 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 static void tune(int fd) {
-    int one = 1, buf = 8 << 20;
+    int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 static int all(int fd, char *p, size_t n, int sending) {
     while (n) {

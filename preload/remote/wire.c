@@ -82,10 +82,10 @@ int wire_discard(int fd, uint64_t len) {
 /* No Nagle (calls are small and latency-bound); keepalive probes and a user timeout so that a peer
  * that vanished without closing (a cut link, a powered-off node) fails the connection within about
  * `timeout_ms` rather than never: unacknowledged data fails after the user timeout, an idle wait for a
- * reply after keepalive's idle time plus three probes. Large buffers so that a chunk is in flight
- * while the next is read. */
+ * reply after keepalive's idle time plus three probes. Socket buffers are left to the kernel's
+ * autotuning: a fixed SO_SNDBUF/SO_RCVBUF turns it off and measured slower for bulk copies. */
 void wire_tune_socket(int fd, int timeout_ms) {
-    int one = 1, buf = 8 << 20;
+    int one = 1;
     int idle = timeout_ms / 2000, intvl = timeout_ms / 6000, cnt = 3;
     if (idle < 1) idle = 1;
     if (intvl < 1) intvl = 1;
@@ -95,8 +95,6 @@ void wire_tune_socket(int fd, int timeout_ms) {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
     if (timeout_ms > 0) setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
 const char *wire_op_name(uint32_t op) {

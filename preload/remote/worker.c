@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,7 +90,6 @@ static int load_driver(void) {
 
 static int fd = 3;
 static CUresult deferred;   /* first failure of a one-way launch since the last reply */
-static void *staging;       /* one bulk chunk */
 
 static void wlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void wlog(const char *fmt, ...) {
@@ -282,6 +282,62 @@ static int function_layout(CUfunction f, struct entry *module, const char *name,
 /* ---- the calls ---- */
 static uint8_t args[WIRE_MAX_ARGS] __attribute__((aligned(16)));
 
+/* ---- bulk copies, pipelined: a copier thread moves one chunk between its buffer and the device
+ * while this thread moves the other chunk between the socket and its buffer, so the device copy
+ * overlaps the network (with a real GPU the copier waits on DMA; with the fake one it copies) ---- */
+static void *bufs[2];
+static CUcontext worker_ctx;
+static pthread_mutex_t copy_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t copy_cv = PTHREAD_COND_INITIALIZER;
+static struct copy_job {
+    int pending, busy, to_device, async;
+    uint64_t dev;
+    void *host;
+    size_t n;
+    CUstream stream;
+    CUresult result;
+} job;
+
+static void *copier(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(worker_ctx);
+    pthread_mutex_lock(&copy_mu);
+    for (;;) {
+        while (!job.pending) pthread_cond_wait(&copy_cv, &copy_mu);
+        struct copy_job j = job;
+        job.pending = 0;
+        pthread_mutex_unlock(&copy_mu);
+        CUresult r;
+        if (j.to_device)
+            r = j.async ? cuMemcpyHtoDAsync_v2(j.dev, j.host, j.n, j.stream) : cuMemcpyHtoD_v2(j.dev, j.host, j.n);
+        else
+            r = j.async ? cuMemcpyDtoHAsync_v2(j.host, j.dev, j.n, j.stream) : cuMemcpyDtoH_v2(j.host, j.dev, j.n);
+        if (r == CUDA_SUCCESS && j.async) r = cuStreamSynchronize(j.stream);
+        pthread_mutex_lock(&copy_mu);
+        job.result = r;
+        job.busy = 0;
+        pthread_cond_broadcast(&copy_cv);
+    }
+    return NULL;
+}
+
+static void copy_submit(int to_device, uint64_t dev, void *host, size_t n, const struct wire_memcpy *a) {
+    pthread_mutex_lock(&copy_mu);
+    job = (struct copy_job){1, 1, to_device, (int)a->async, dev, host, n, (CUstream)(uintptr_t)a->stream, CUDA_SUCCESS};
+    pthread_cond_broadcast(&copy_cv);
+    pthread_mutex_unlock(&copy_mu);
+}
+
+/* The result of the chunk in flight (success when none is). */
+static CUresult copy_wait(void) {
+    pthread_mutex_lock(&copy_mu);
+    while (job.busy) pthread_cond_wait(&copy_cv, &copy_mu);
+    CUresult r = job.result;
+    job.result = CUDA_SUCCESS;
+    pthread_mutex_unlock(&copy_mu);
+    return r;
+}
+
 static int do_memcpy_htod(const struct wire_req *rq) {
     struct wire_memcpy a;
     memcpy(&a, args, sizeof a);
@@ -291,20 +347,21 @@ static int do_memcpy_htod(const struct wire_req *rq) {
     if (!valid_range(a.dst, a.bytes)) r = CUDA_ERROR_INVALID_VALUE, why = "destination is not memory of this share";
     else if (!valid_stream(a.stream)) r = CUDA_ERROR_INVALID_HANDLE, why = "unknown stream";
     uint64_t done = 0;
+    int cur = 0;
     while (done < a.bytes) {
         size_t n = a.bytes - done < WIRE_CHUNK ? (size_t)(a.bytes - done) : WIRE_CHUNK;
-        if (in_read(staging, n)) return -1;
-        if (r == CUDA_SUCCESS) {
-            if (a.async) {
-                r = cuMemcpyHtoDAsync_v2(a.dst + done, staging, n, (CUstream)(uintptr_t)a.stream);
-                if (r == CUDA_SUCCESS) r = cuStreamSynchronize((CUstream)(uintptr_t)a.stream);
-            } else {
-                r = cuMemcpyHtoD_v2(a.dst + done, staging, n);
-            }
-            if (r) why = "the driver refused the copy";
+        if (in_read(bufs[cur], n)) {
+            copy_wait();
+            return -1;
         }
+        CUresult prev = copy_wait();   /* the other buffer's chunk is on the device now */
+        if (r == CUDA_SUCCESS && prev != CUDA_SUCCESS) r = prev, why = "the driver refused the copy";
+        if (r == CUDA_SUCCESS) copy_submit(1, a.dst + done, bufs[cur], n, &a);
+        cur ^= 1;
         done += n;
     }
+    CUresult last = copy_wait();
+    if (r == CUDA_SUCCESS && last != CUDA_SUCCESS) r = last, why = "the driver refused the copy";
     return why ? fail(r, "%s", why) : reply(r, NULL, 0);
 }
 
@@ -319,19 +376,23 @@ static int do_memcpy_dtoh(void) {
     /* then the bytes, then the copy's own result (a failure half-way still sends every byte promised) */
     CUresult r = CUDA_SUCCESS;
     uint64_t done = 0;
+    int cur = 0;
+    size_t n = a.bytes < WIRE_CHUNK ? (size_t)a.bytes : WIRE_CHUNK;
+    if (n) copy_submit(0, a.src, bufs[cur], n, &a);
     while (done < a.bytes) {
-        size_t n = a.bytes - done < WIRE_CHUNK ? (size_t)(a.bytes - done) : WIRE_CHUNK;
-        if (r == CUDA_SUCCESS) {
-            if (a.async) {
-                r = cuMemcpyDtoHAsync_v2(staging, a.src + done, n, (CUstream)(uintptr_t)a.stream);
-                if (r == CUDA_SUCCESS) r = cuStreamSynchronize((CUstream)(uintptr_t)a.stream);
-            } else {
-                r = cuMemcpyDtoH_v2(staging, a.src + done, n);
-            }
-            if (r) memset(staging, 0, WIRE_CHUNK);
+        CUresult got = copy_wait();   /* this chunk is in bufs[cur] */
+        if (r == CUDA_SUCCESS) r = got;
+        if (r != CUDA_SUCCESS) memset(bufs[cur], 0, n);
+        uint64_t next = done + n;
+        size_t n2 = a.bytes - next < WIRE_CHUNK ? (size_t)(a.bytes - next) : WIRE_CHUNK;
+        if (next < a.bytes && r == CUDA_SUCCESS) copy_submit(0, a.src + next, bufs[cur ^ 1], n2, &a);
+        if (wire_send_all(fd, bufs[cur], n)) {
+            copy_wait();
+            return -1;
         }
-        if (wire_send_all(fd, staging, n)) return -1;
-        done += n;
+        cur ^= 1;
+        done = next;
+        n = n2;
     }
     int32_t tail = (int32_t)r;
     return wire_send_all(fd, &tail, sizeof tail);
@@ -682,6 +743,9 @@ static int hello(void) {
     if (!r) r = cuDevicePrimaryCtxRetain(&ctx, dev);
     if (!r) r = cuCtxSetCurrent(ctx);
     if (r) return fail(r, "the GPU node's driver did not start (CUresult %d)", (int)r);
+    worker_ctx = ctx;
+    pthread_t t;
+    if (pthread_create(&t, NULL, copier, NULL)) return fail(CUDA_ERROR_OUT_OF_MEMORY, "cannot start the copier thread");
     size_t total = 0;
     cuDeviceTotalMem_v2(&total, dev);
     h.total_mem = total;
@@ -696,7 +760,7 @@ static int hello(void) {
 int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i += 2)
         if (!strcmp(argv[i], "--fd")) fd = atoi(argv[i + 1]);
-    if (posix_memalign(&staging, 4096, WIRE_CHUNK)) return 1;
+    if (posix_memalign(&bufs[0], 4096, WIRE_CHUNK) || posix_memalign(&bufs[1], 4096, WIRE_CHUNK)) return 1;
     if (load_driver()) {
         wlog("cannot load the driver (libcuda.so.1): %s", dlerror());
         fail(CUDA_ERROR_NO_DEVICE, "the GPU node has no usable driver");
