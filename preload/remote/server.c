@@ -132,6 +132,34 @@ static void set_or_unset(const char *name, const char *value) {
     else unsetenv(name);
 }
 
+/* A link probe (node agents measure their network to this node): `pings` 8-byte echoes, then `bytes`
+ * bytes from here. Bounded, and it touches nothing but the socket, so it needs no token. */
+static void probe(int conn, const char *peer, uint32_t len) {
+    struct wire_probe p;
+    if (len != sizeof p || wire_recv_all(conn, &p, sizeof p)) _exit(0);
+    if (p.magic != WIRE_MAGIC || p.pings > PROBE_MAX_PINGS || p.bytes > PROBE_MAX_BYTES) {
+        refuse(conn, CUDA_ERROR_INVALID_VALUE, "a probe takes at most %u pings and %u bytes", PROBE_MAX_PINGS,
+               PROBE_MAX_BYTES);
+        _exit(0);
+    }
+    struct wire_rep ok = {.result = CUDA_SUCCESS, .bulk = p.bytes};
+    if (wire_send_all(conn, &ok, sizeof ok)) _exit(0);
+    for (uint32_t i = 0; i < p.pings; i++) {
+        uint64_t stamp;
+        if (wire_recv_all(conn, &stamp, sizeof stamp) || wire_send_all(conn, &stamp, sizeof stamp)) _exit(0);
+    }
+    static char zeros[256 * 1024];
+    for (uint64_t left = p.bytes; left;) {
+        size_t n = left < sizeof zeros ? (size_t)left : sizeof zeros;
+        if (wire_send_all(conn, zeros, n)) _exit(0);
+        left -= n;
+    }
+    char end;
+    (void)!recv(conn, &end, 1, 0);   /* the prober closes when it has everything */
+    slog("%s: probe (%u pings, %llu bytes)", peer, p.pings, (unsigned long long)p.bytes);
+    _exit(0);
+}
+
 /* In the forked child: the client's first message, its token, then the worker. */
 static void serve(int conn, const char *peer) {
     struct timeval tv = {10, 0};
@@ -140,6 +168,7 @@ static void serve(int conn, const char *peer) {
     struct wire_hello hello;
     char token[WIRE_MAX_TOKEN + 1];
     if (wire_recv_all(conn, &rq, sizeof rq)) _exit(0);
+    if (rq.op == OP_PROBE && !rq.bulk) probe(conn, peer, rq.len);
     if (rq.op != OP_HELLO || rq.bulk || rq.len < sizeof hello || rq.len > sizeof hello + WIRE_MAX_TOKEN) {
         slog("%s: not a Tessera remote client (first message op %u, %u bytes)", peer, rq.op, rq.len);
         refuse(conn, CUDA_ERROR_INVALID_VALUE, "first message must be a hello with a share token");

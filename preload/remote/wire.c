@@ -109,7 +109,7 @@ const char *wire_op_name(uint32_t op) {
         [OP_STREAM_WAIT_EVENT] = "cuStreamWaitEvent", [OP_EVENT_CREATE] = "cuEventCreate",
         [OP_EVENT_DESTROY] = "cuEventDestroy", [OP_EVENT_RECORD] = "cuEventRecord",
         [OP_EVENT_SYNC] = "cuEventSynchronize", [OP_EVENT_QUERY] = "cuEventQuery",
-        [OP_EVENT_ELAPSED] = "cuEventElapsedTime", [OP_PING] = "ping",
+        [OP_EVENT_ELAPSED] = "cuEventElapsedTime", [OP_PING] = "ping", [OP_PROBE] = "probe",
     };
     return op < OP_MAX && names[op] ? names[op] : "unknown";
 }

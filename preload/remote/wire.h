@@ -46,6 +46,7 @@ enum wire_op {
     OP_EVENT_QUERY,
     OP_EVENT_ELAPSED,      /* start, end → milliseconds */
     OP_PING,               /* nothing → nothing (round-trip probes) */
+    OP_PROBE,              /* first message instead of a hello: a bounded link probe, no token (PROTOCOL.md) */
     OP_MAX
 };
 
@@ -63,6 +64,7 @@ struct wire_rep {
     uint32_t len, pad;
     uint64_t bulk;
 };
+_Static_assert(OP_PROBE == 28, "agents/remote/probe.py speaks this number");
 _Static_assert(sizeof(struct wire_req) == 16, "wire_req");
 _Static_assert(sizeof(struct wire_rep) == 24, "wire_rep");
 
@@ -76,6 +78,13 @@ struct wire_hello_rep {
     uint8_t uuid[16];
     char name[256];
     char share[128];
+};
+
+#define PROBE_MAX_PINGS 32u
+#define PROBE_MAX_BYTES (16u << 20)
+struct wire_probe {
+    uint32_t magic, version, pings, pad;
+    uint64_t bytes;        /* then the server sends this many bytes */
 };
 
 struct wire_memcpy {

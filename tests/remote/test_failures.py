@@ -53,20 +53,20 @@ def test_a_server_killed_mid_copy_is_a_cuda_error_not_a_hang(hosts: Hosts, direc
 def test_a_client_killed_mid_launch_is_cleaned_up(hosts: Hosts) -> None:
     cap = 256 * MiB
     token = hosts.gpu.token(share="res-victim", memory=cap)
-    victim = hosts.client(token).popen("drv_prog", image("cubin"), "--bytes", 64 * MiB, "--launches", 300,
+    victim = hosts.client(token).popen("drv_prog", image("cubin"), "--bytes", 64 * MiB, "--launches", 1000,
                                        "--kernel-us", 20000)
     for line in victim.stdout:
-        if line.startswith("memset_ok"):  # next: a stream, then 300 launches of 20 ms
+        if line.startswith("memset_ok"):  # next: a stream, then 1000 launches of 20 ms
             break
     time.sleep(0.5)
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
-    deadline = time.monotonic() + 20
-    while "freed 134217728 bytes the client left allocated" not in hosts.gpu.log and time.monotonic() < deadline:
+    killed_at = time.monotonic()
+    while "freed 134217728 bytes the client left allocated" not in hosts.gpu.log and time.monotonic() < killed_at + 30:
         time.sleep(0.1)
     assert "freed 134217728 bytes the client left allocated" in hosts.gpu.log
-    # the worker stopped at once: it did not run the launches queued behind the dead client (6 s of them)
-    assert time.monotonic() < deadline - 15
+    # the worker stopped at once: it did not run the launches queued behind the dead client (up to 20 s)
+    assert time.monotonic() - killed_at < 12
     r = hosts.client(token).run("drv_prog", image("cubin"), "--bytes", 120 * MiB)
     assert r.returncode == 0, r.stderr
     assert int(parse_kv(r.stdout)["free"]) == cap
