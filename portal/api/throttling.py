@@ -1,6 +1,10 @@
+import logging
+
 from rest_framework.throttling import BaseThrottle, UserRateThrottle
 
-from portal.security import throttle
+from portal.security import throttle, unavailable
+
+log = logging.getLogger(__name__)
 
 
 class WriteRateThrottle(UserRateThrottle):
@@ -11,7 +15,13 @@ class WriteRateThrottle(UserRateThrottle):
     def allow_request(self, request, view) -> bool:
         if request.method in ("GET", "HEAD", "OPTIONS"):
             return True
-        return super().allow_request(request, view)
+        try:
+            return super().allow_request(request, view)
+        except unavailable.RedisUnavailable as exc:
+            # The counts live in Redis: while it is away, writes go on unthrottled (they are
+            # authenticated, and quota still holds) rather than all failing.
+            log.warning("write throttle skipped, the cache is unavailable: %s", exc)
+            return True
 
 
 class SignInThrottle(BaseThrottle):

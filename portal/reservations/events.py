@@ -18,12 +18,16 @@ allocations_changed = Signal()  # kwargs: node_ids (sorted list of int)
 reservations_changed = Signal()  # kwargs: changes (dict[int, int])
 
 
+# The notifications below run after the change has committed, and are best effort: the periodic
+# cycle, sync and reconcile catch up on any that fail. `robust`: a failing one (Redis away) is
+# logged, and neither stops the others nor turns the committed change into an error answer,
+# which a client would retry and so duplicate.
 def request_cycle(reason: str) -> None:
-    transaction.on_commit(lambda: cycle_requested.send(sender=None, reason=reason))
+    transaction.on_commit(lambda: cycle_requested.send(sender=None, reason=reason), robust=True)
 
 
 def request_pod_cleanup(reservation_id: int) -> None:
-    transaction.on_commit(lambda: pod_ended.send(sender=None, reservation_id=reservation_id))
+    transaction.on_commit(lambda: pod_ended.send(sender=None, reservation_id=reservation_id), robust=True)
 
 
 _pending = threading.local()
@@ -44,7 +48,7 @@ def announce_allocations(node_id: int | None) -> None:
     if nodes is None:
         nodes = _pending.nodes = set()
     nodes.add(node_id)
-    transaction.on_commit(_flush_allocations)
+    transaction.on_commit(_flush_allocations, robust=True)
 
 
 @contextmanager
@@ -82,7 +86,7 @@ def announce_reservations(changes: dict[int, int]) -> None:
     if noted is None:
         noted = _pending.reservations = {}
     noted.update(changes)
-    transaction.on_commit(_flush_reservations)
+    transaction.on_commit(_flush_reservations, robust=True)
 
 
 def _flush_reservations() -> None:

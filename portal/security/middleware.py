@@ -30,7 +30,10 @@ class SignInThrottleMiddleware:
 
     def __call__(self, request):
         if request.method == "POST" and request.path in self._signin_paths():
-            wait_s = throttle.retry_after(request, request.POST.get("username"))
+            try:
+                wait_s = throttle.retry_after(request, request.POST.get("username"))
+            except unavailable.RedisUnavailable as exc:  # no counts: no unthrottled hashing either
+                return unavailable.response(request, exc)
             if wait_s is not None:
                 return _too_many(wait_s)
         response = self.get_response(request)
