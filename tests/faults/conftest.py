@@ -8,6 +8,7 @@ timeouts on its tests.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -202,7 +203,7 @@ def assert_consistent(team, submitted: list[int]) -> None:
     """No GPU over-committed; exactly the reservations submitted, each once; one live allocation
     per GPU of each holder; exactly one pod per holder, none for the others."""
     from portal.placement import backend as backend_module
-    from portal.placement.cycle import live_shares_ok
+    from portal.placement.invariants import live_shares_ok
     from portal.placement.tasks import sync
     from portal.reservations.models import Allocation, Reservation
     from portal.reservations.states import HOLDS_GPU
@@ -219,3 +220,47 @@ def assert_consistent(team, submitted: list[int]) -> None:
     per_reservation = Counter(int(p.reservation_id) for p in pods)
     assert all(n == 1 for n in per_reservation.values()), per_reservation.most_common(3)
     assert set(per_reservation) == set(holders)
+
+
+def start_portal(stage: Stage, host: str = "127.0.0.1", port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Daphne serving the portal on the stage's database and Redis; returns (process, base URL)."""
+    port = port or free_port()
+    log = stage.tmp / "daphne.log"
+    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "portal.asgi:application"],
+                            cwd=ROOT, env=stage.env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    stage.procs.append(proc)
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex((host if host != "0.0.0.0" else "127.0.0.1", port)) == 0
+
+    wait_for(listening, 60, "the portal listens")
+    return proc, f"http://{host if host != '0.0.0.0' else '127.0.0.1'}:{port}"
+
+
+def start_agent(stage: Stage, portal_url: str, node: str, token: str, *, interval: float = 0.5,
+                prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A real simulated agent process (optionally run through `prefix`, e.g. `ip netns exec NS`)."""
+    log = stage.tmp / f"agent-{node}.log"
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-m", "agents", "--portal", portal_url, "--simulate", str(INVENTORY),
+         "--node", node, "--interval", str(interval), "--backoff-max", "2", "--seed", "1", "--log-level", "INFO"],
+        cwd=ROOT, env={**os.environ, "TESSERA_AGENT_TOKEN": token, "PYTHONPATH": str(ROOT)},
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    stage.procs.append(proc)
+    return proc
+
+
+def sample_holes(node_name: str) -> list[tuple[int, int]]:
+    """Gaps in the stored sequence numbers of the node's streams: (after seq, before seq)."""
+    from portal.telemetry.models import GpuSample
+
+    holes = []
+    by_stream: dict[int, list[int]] = {}
+    for stream, seq in GpuSample.objects.filter(stream__node__name=node_name).values_list("stream_id", "seq") \
+            .distinct().order_by("stream_id", "seq"):
+        by_stream.setdefault(stream, []).append(seq)
+    for seqs in by_stream.values():
+        holes += [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
+    return holes
