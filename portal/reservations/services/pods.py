@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from django.utils import timezone
+
 from portal.bulk import update_values
 from portal.reservations.models import Reservation
 from portal.reservations.states import HOLDS_GPU, State
@@ -55,3 +57,19 @@ def forget_pod(reservation_id: int, pod_name: str) -> bool:
     the reservation was placed again meanwhile (then it names a new pod, or holds GPUs)."""
     return bool(Reservation.objects.filter(pk=reservation_id, pod_name=pod_name)
                 .exclude(state__in=HOLDS_GPU).update(pod_name=""))
+
+
+CLUSTER_WAIT = "the cluster has not taken the pod yet"
+
+
+def note_cluster_waits(waiting: dict[int, str], created: Sequence[int] = ()) -> None:
+    """Say why a placed reservation has no pod yet while its bind is retried (the API server refused
+    it for a while: a fresh namespace's ServiceAccount, a full quota, 5xx, a timeout), and take the
+    note back from those whose pod now exists. Only placed ones are touched."""
+    for pk, why in waiting.items():
+        Reservation.objects.filter(pk=pk, state=State.PLACED).update(
+            state_reason=f"{CLUSTER_WAIT}: {why}; trying again"[:500], updated_at=timezone.now())
+    if created:
+        Reservation.objects.filter(pk__in=list(created), state=State.PLACED,
+                                   state_reason__startswith=CLUSTER_WAIT).update(
+            state_reason="pod created; waiting for it to start", updated_at=timezone.now())
