@@ -140,4 +140,7 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
                 created.append((r, outcome))
     if created:
         report.nodes |= services.record_pods(created, ACTOR)
+    if report.transient or created:
+        services.note_cluster_waits({pk: str(exc) for pk, exc in report.transient.items()},
+                                    [r.pk for r, _ in created])
     return report

@@ -46,6 +46,10 @@ def apply_pod(backend: Backend, event: PodEvent) -> None:
     except ValueError:
         return
     r = Reservation.objects.filter(pk=rid).first()
+    if pod.deleting and not event.deleted:
+        # Terminating: on its way out, whoever deleted it (with the reason they gave); the event of
+        # its end follows. Deleting it again would only overwrite that reason.
+        return
     if r is None or not is_current_pod(r, pod):
         # A pod of an older attempt, or of a reservation that no longer exists: ours to remove.
         if not event.deleted and not pod.external:
@@ -62,7 +66,9 @@ def apply_pod(backend: Backend, event: PodEvent) -> None:
         return
     if r.state not in HOLDS_GPU:
         # The reservation ended (cancelled, preempted, expired) and its pod still runs: remove it.
-        delete_pod(backend, pod.namespace, pod.name, f"reservation {r.pk} is {r.state}")
+        # A pod that finished holds nothing: it stays for its logs (pods.release_ended_pods).
+        if pod.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+            delete_pod(backend, pod.namespace, pod.name, f"reservation {r.pk} is {r.state}")
         return
     if not pod.external:
         services.record_pod(r.pk, pod, ACTOR)

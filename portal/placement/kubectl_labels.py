@@ -7,11 +7,17 @@ Labels (all values are strings, as Kubernetes requires):
 | `sharedgpu/gpu_request` | guaranteed share of one GPU, 0 < r ≤ 1; above 1: whole GPUs (an integer) | required |
 | `sharedgpu/gpu_limit` | most it may use when the GPU is idle, request ≤ limit ≤ 1 | the request |
 | `sharedgpu/gpu_mem` | memory cap: bytes (KubeShare), or with Ki/Mi/Gi/Ti | request × the smallest card |
-| `sharedgpu/gpu_model` | a GPU model of the fleet | any |
-| `sharedgpu/priority` | 0 (opportunistic, preemptible) … 100 | 50 |
-| `sharedgpu/pod_group_name` | gang name | none |
+| `sharedgpu/gpu_model` | a GPU model of the fleet, by its label-safe name (note 1) | any |
+| `sharedgpu/priority` | 0 (opportunistic, preemptible) … 100 | 0, as in KubeShare |
+| `sharedgpu/pod_group_name` | gang name; `sharedgpu/group_name` (KubeShare 2.0's README) is the same | none |
 | `sharedgpu/group_headcount` | gang size | required with a group |
 | `sharedgpu/group_threshold` | fraction of the gang that must be placed together, 0 < t ≤ 1 | 1 |
+
+Note 1: NVML's name with dashes for spaces, as KubeShare writes it (`NVIDIA-A100-SXM4-80GB` for
+"NVIDIA A100-SXM4-80GB"); a display name that is a valid label value is accepted too.
+
+A pod without `sharedgpu/priority` is opportunistic (0), as in KubeShare: it runs on what is free
+and is the first to be preempted, by any team. Give it a priority to hold its share.
 
 The namespace names the team (`Team.namespace`, else the team whose slug is the namespace). A pod
 whose labels are wrong gets a Warning Event saying what is wrong (`Backend.reject_external`, by
@@ -26,6 +32,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.db.models import Min, Q
 
+from portal.fleet.model_names import display_model
 from portal.fleet.models import Gpu
 from portal.reservations import rules
 from portal.reservations.rules import LABEL, ReservationSpec, RuleViolation
@@ -34,7 +41,8 @@ from scheduler.backends import ExternalPod
 
 PREFIX = "sharedgpu/"
 KNOWN = frozenset({"gpu_request", "gpu_limit", "gpu_mem", "gpu_model", "priority", "pod_group_name",
-                   "group_headcount", "group_threshold"})
+                   "group_name", "group_headcount", "group_threshold"})
+DEFAULT_PRIORITY = 0  # KubeShare's: a pod that names no priority is opportunistic
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _UNITS = {None: 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
           "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
@@ -91,9 +99,12 @@ def spec_from_pod(pod: ExternalPod) -> ReservationSpec:
             memory = _memory_mib(labels["gpu_mem"])
         except ValueError as exc:
             bad("gpu_mem", str(exc))
-    model = labels.get("gpu_model", "")
+    group = labels.get("pod_group_name", labels.get("group_name", ""))
+    if labels.get("group_name", group) != group:
+        bad("group_name", f"is another name of {PREFIX}pod_group_name, which says {group!r}: give one of them")
+    model = display_model(labels.get("gpu_model", ""))  # the label-safe name stands for the display name
     if memory is None and request is not None and "gpu_mem" not in labels:
-        cards = Gpu.objects.filter(Q(model=model) if model else Q())
+        cards = Gpu.objects.filter(Q(model__in=model.split("|")) if model else Q())
         smallest = cards.aggregate(m=Min("memory_mib"))["m"] or 0
         memory = max(1, int(smallest * request))  # per GPU; whole GPUs take the card
     if errors or team is None or request is None:
@@ -101,16 +112,17 @@ def spec_from_pod(pod: ExternalPod) -> ReservationSpec:
     spec = ReservationSpec(
         team=team, image=pod.image or "unknown", gpu_request=request, gpu_memory_mib=memory or 0,
         gpu_limit=labels.get("gpu_limit", Decimal(1) if count and count > 1 else None),
-        gpu_count=count or 1, gpu_model=model, priority=labels.get("priority", 50),
+        gpu_count=count or 1, gpu_model=model, priority=labels.get("priority", DEFAULT_PRIORITY),
         name=pod.name if LABEL.match(pod.name) else "",
-        group_name=labels.get("pod_group_name", ""), group_headcount=labels.get("group_headcount"),
+        group_name=group, group_headcount=labels.get("group_headcount"),
         group_threshold=labels.get("group_threshold"),
     )
     try:
         rules.check(spec)
     except RuleViolation as exc:
         # Speak in labels, which is what the kubectl user wrote.
-        names = {"gpu_memory_mib": "gpu_mem", "group_name": "pod_group_name", "gpu_count": "gpu_request"}
+        group_label = "pod_group_name" if "pod_group_name" in labels or "group_name" not in labels else "group_name"
+        names = {"gpu_memory_mib": "gpu_mem", "group_name": group_label, "gpu_count": "gpu_request"}
         raise RuleViolation({(PREFIX + names.get(k, k)) if k not in ("image", "name", "command") else k: v
                              for k, v in exc.errors.items()}) from exc
     return spec

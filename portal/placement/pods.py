@@ -1,9 +1,20 @@
 """Delete pods on the cluster: one pod (idempotent: a missing pod is no error), and the pods of
-reservations that stopped holding GPUs."""
+reservations that stopped holding GPUs.
+
+A pod that finished by itself (its reservation succeeded or failed) holds nothing once its share
+is released, and its log is what its owner reads next: a kubectl pod is left to its owner (a Job's
+`ttlSecondsAfterFinished`, `kubectl delete`), a portal pod is kept TESSERA_KEEP_FINISHED_PODS_S
+(default an hour) for the reservation page's log, then deleted."""
 
 from __future__ import annotations
 
 import logging
+import os
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
 
 from portal.reservations import services
 from portal.reservations.models import Reservation, Source
@@ -12,6 +23,12 @@ from scheduler.backends import Backend, BackendError, PodRef
 
 log = logging.getLogger(__name__)
 GRACE_S = 30
+FINISHED = (State.SUCCEEDED, State.FAILED)
+
+
+def keep_finished_s() -> int:
+    return int(getattr(settings, "TESSERA_KEEP_FINISHED_PODS_S",
+                       os.environ.get("TESSERA_KEEP_FINISHED_PODS_S", "3600")))
 
 
 def delete_pod(backend: Backend, namespace: str, name: str, reason: str, grace_s: int = GRACE_S) -> bool:
@@ -32,10 +49,14 @@ def delete_quietly(backend: Backend, namespace: str, name: str, reason: str) -> 
 
 def release_ended_pods(backend: Backend, limit: int = 500) -> int:
     """Delete the pods of reservations that stopped holding GPUs (cancelled, preempted, expired,
-    failed, requeued), then forget the pod name. A kubectl reservation still waiting keeps its
-    pod: it is the request itself. Returns how many pods were deleted."""
+    requeued; finished portal pods once kept long enough), then forget the pod name. A kubectl
+    reservation still waiting keeps its pod: it is the request itself; a finished kubectl pod is its
+    owner's. Returns how many pods were deleted."""
+    kept_since = timezone.now() - timedelta(seconds=keep_finished_s())
     ended = (Reservation.objects.filter(pod_name__gt="").exclude(state__in=HOLDS_GPU)
              .exclude(source=Source.KUBECTL, state=State.PENDING)
+             .exclude(source=Source.KUBECTL, state__in=FINISHED)
+             .exclude(Q(state__in=FINISHED) & (Q(finished_at__gt=kept_since) | Q(finished_at__isnull=True)))
              .values_list("pk", "state", "pod_namespace", "pod_name")[:limit])
     deleted = 0
     for pk, state, namespace, name in ended:

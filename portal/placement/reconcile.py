@@ -42,6 +42,11 @@ def reconcile(backend: Backend) -> ReconcileReport:
     pods = backend.list_pods()
     conditions = backend.list_nodes()
     live = {r.pk: r for r in Reservation.objects.filter(state__in=HOLDS_GPU).select_related("team", "node")}
+    # Finished pods their reservation still names: kept for their logs (pods.release_ended_pods).
+    finished = {(pod.namespace, pod.name) for pod in pods if pod.phase in (Phase.SUCCEEDED, Phase.FAILED)}
+    kept = set(Reservation.objects.filter(state__in=(State.SUCCEEDED, State.FAILED),
+                                          pod_name__in={name for _, name in finished})
+               .values_list("pod_namespace", "pod_name")) & finished
     seen: set[int] = set()
     for pod in pods:
         try:
@@ -55,6 +60,8 @@ def reconcile(backend: Backend) -> ReconcileReport:
             continue
         if pod.external and r is None and Reservation.objects.filter(pk=rid, state=State.PENDING).exists():
             continue  # bound kubectl pod of a reservation requeued meanwhile: handled by the cycle
+        if pod.deleting or (pod.namespace, pod.name) in kept:
+            continue  # terminating already, or finished and kept
         if backend.unbind(pod.ref, GRACE_S, "no live reservation for this pod"):
             report.deleted.append(f"{pod.namespace}/{pod.name}")
     for rid, r in live.items():
