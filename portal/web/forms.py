@@ -17,7 +17,7 @@ from portal.reservations import rules
 from portal.reservations.models import Kind, Reservation
 from portal.tenancy import roles
 from portal.tenancy.models import AffinityLabel, ExclusionGroup, Team
-from portal.tenancy.policy import max_priority_for, policy_of
+from portal.tenancy.policy import policy_of
 
 MIB_PER_GIB = 1024
 
@@ -111,20 +111,22 @@ class RequestForm(forms.Form):
         self.user = user
         teams = submit_teams(user)
         self.fields["team"].queryset = teams
-        first = teams.first()
+        mine = list(teams)  # one query; the field's own validation queries again by slug
+        first = mine[0] if mine else None
         if first is not None and not self.initial.get("team"):
             self.fields["team"].initial = first.slug
         self.fields["gpu_model"].choices = [("", "Any model")] + [(m, m) for m in models]
-        team = self._chosen_team(teams) or first
+        team = self._chosen_team(mine) or first
         self.team = team
         exclusions = [e.label for e in ExclusionGroup.objects.filter(team=team)] if team else []
         labels = [a.label for a in AffinityLabel.objects.filter(team=team)] if team else []
         self.fields["exclusion"].choices = [("", "None")] + [(x, x) for x in exclusions]
         self.fields["affinity"].choices = [("", "No preference")] + [(x, x) for x in labels]
         self.fields["anti_affinity"].choices = [("", "No preference")] + [(x, x) for x in labels]
+        self.policy = policy_of(team) if team is not None else None
         if team is not None:
-            self.max_priority = max_priority_for(user, team)
-            self.max_hours = policy_of(team).max_duration_s / 3600
+            self.max_priority = 100 if user.is_staff else self.policy.max_priority(roles.role_in(user, team))
+            self.max_hours = self.policy.max_duration_s / 3600
             self.fields["priority"].max_value = self.max_priority
             self.fields["priority"].widget.attrs["max"] = self.max_priority
             self.fields["priority"].help_text = (f"0 = opportunistic (may run beyond the quota, may be preempted); "
@@ -134,9 +136,9 @@ class RequestForm(forms.Form):
             self.fields["hours"].help_text = f"Blank: the team's default. Team {team.slug} allows up to " \
                                              f"{self.max_hours:g} h."
 
-    def _chosen_team(self, teams) -> Team | None:
+    def _chosen_team(self, teams: list[Team]) -> Team | None:
         slug = self.data.get("team") if self.is_bound else self.initial.get("team")
-        return teams.filter(slug=slug).first() if slug else None
+        return next((t for t in teams if t.slug == slug), None) if slug else None
 
     def advanced_fields(self):
         return [self[name] for name in self.ADVANCED]
@@ -167,8 +169,8 @@ class RequestForm(forms.Form):
         if count and count > 1 and share is not None and share != 1:
             self.add_error("gpu_request", "With more than one GPU you get whole cards: set the share to 1.")
         hours = data.get("hours")
-        if hours is not None and self.team is not None and not self.user.is_staff \
-                and hours * 3600 > policy_of(self.team).max_duration_s:
+        if hours is not None and self.policy is not None and not self.user.is_staff \
+                and hours * 3600 > self.policy.max_duration_s:
             self.add_error("hours", f"Team {self.team.slug} allows at most {self.max_hours:g} h.")
         if data.get("group_name") and not data.get("group_headcount"):
             self.add_error("group_headcount", "A pod group needs a headcount.")

@@ -7,6 +7,8 @@ reservation may start when the k-th known end among the running ones comes)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -66,7 +68,7 @@ def preview(spec: rules.ReservationSpec) -> Preview:
         priority=spec.priority, affinity=frozenset([spec.affinity]) if spec.affinity else frozenset(),
         anti_affinity=frozenset([spec.anti_affinity]) if spec.anti_affinity else frozenset(),
         exclusion=frozenset([spec.exclusion]) if spec.exclusion else frozenset(), group=group)
-    candidates, refused = core.feasible_gpus(snapshot.build(), request)
+    candidates, refused = core.feasible_gpus(_fleet_snapshot(), request)
     by_model = Counter(c.model for c in candidates)
     out.models = sorted(by_model.items())
     out.nodes = sorted({c.node for c in candidates})
@@ -80,6 +82,25 @@ def preview(spec: rules.ReservationSpec) -> Preview:
     if not out.fits_now and not out.quota_problem:
         out.queue_position, out.estimated_start = _queue_place(spec.priority)
     return out
+
+
+_snapshot_lock = threading.Lock()
+_snapshot: tuple[float, core.Snapshot] | None = None
+SNAPSHOT_FRESH_S = 2.0
+
+
+def _fleet_snapshot() -> core.Snapshot:
+    """The fleet as the placement cycle sees it, re-read at most every SNAPSHOT_FRESH_S per
+    process: a person typing sends a preview every few hundred milliseconds, and a preview two
+    seconds old is as good as a fresh one (the cycle decides on its own snapshot anyway)."""
+    global _snapshot
+    with _snapshot_lock:
+        if _snapshot is not None and time.monotonic() - _snapshot[0] < SNAPSHOT_FRESH_S:
+            return _snapshot[1]
+    built = snapshot.build()
+    with _snapshot_lock:
+        _snapshot = (time.monotonic(), built)
+    return built
 
 
 def _queue_place(priority: int) -> tuple[int, datetime | None]:

@@ -64,8 +64,9 @@ def stack(transactional_db, redis_layer, tmp_path):
                 print(f"---- {name}\n{path.read_text()[-8000:]}")
 
 
-def shoot(page, name: str) -> None:
-    """Screenshots of the page at desktop width and at 390 px (a phone), full length."""
+def shoot(page, name: str, dark: bool = False) -> None:
+    """Screenshots of the page at desktop width and at 390 px (a phone), full length; with `dark`,
+    also the desktop one in the dark colour scheme."""
     ARTIFACTS.mkdir(exist_ok=True)
     size = page.viewport_size
     for label, width in (("desktop", 1280), ("390", 390)):
@@ -73,3 +74,8 @@ def shoot(page, name: str) -> None:
         page.wait_for_timeout(250)  # charts resize after 150 ms
         page.screenshot(path=str(ARTIFACTS / f"{name}-{label}.png"), full_page=True)
     page.set_viewport_size(size)
+    if dark:
+        page.emulate_media(color_scheme="dark")
+        page.wait_for_timeout(250)
+        page.screenshot(path=str(ARTIFACTS / f"{name}-dark.png"), full_page=True)
+        page.emulate_media(color_scheme="light")

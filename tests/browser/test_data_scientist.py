@@ -95,7 +95,7 @@ def test_alice_requests_watches_extends_reads_and_cancels(chromium, stack, peopl
     page.wait_for_function(f"Number(document.querySelector('#reservation-{first.pk} [data-spark=compute]')"
                            f".dataset.points || 0) >= 3", timeout=60_000)
     assert "% of a GPU" in page.inner_text(f"#reservation-{first.pk} [data-live-now]")
-    shoot(page, "home-running")
+    shoot(page, "home-running", dark=True)
 
     # The reservation page: chart receives live points, the log, connection details, extend.
     page.click(f"#reservation-{first.pk} h3 a")
@@ -115,7 +115,7 @@ def test_alice_requests_watches_extends_reads_and_cancels(chromium, stack, peopl
     page.wait_for_selector("text=extended by 1 h to 3 h")
     first.refresh_from_db()
     assert first.max_duration_s == 3 * 3600
-    shoot(page, "reservation")
+    shoot(page, "reservation", dark=True)
 
     # The custom form: the preview follows the fields.
     page.goto(f"{base}/reservations/new/")
