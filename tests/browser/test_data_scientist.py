@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from decimal import Decimal
 
 import pytest
@@ -56,6 +57,24 @@ def card_state(page, pk) -> str:
     return page.get_attribute(f"#reservation-{pk}", "data-state") or ""
 
 
+def points(page, selector: str) -> int:
+    return int(page.get_attribute(selector, "data-points") or 0)
+
+
+def live_open(page, timeout_ms: int = 30_000) -> None:
+    page.wait_for_selector("html[data-live=open]", state="attached", timeout=timeout_ms)
+
+
+def until(page, check, what: str, timeout_s: float = 60) -> None:
+    """Poll from here: the pages' CSP forbids eval, which wait_for_function's predicates need."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        page.wait_for_timeout(200)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
 def test_alice_requests_watches_extends_reads_and_cancels(chromium, stack, people):
     portal, worker, agents = stack["portal"], stack["worker"], stack["agents"]
     base = portal.url
@@ -79,21 +98,29 @@ def test_alice_requests_watches_extends_reads_and_cancels(chromium, stack, peopl
     page.goto(f"{base}/")
     page.wait_for_selector(f"#reservation-{first.pk}")
     assert card_state(page, first.pk) == "pending"
-    page.wait_for_function("document.documentElement.getAttribute('data-live') === 'open'")
+    live_open(page)
     shoot(page, "home-pending")
 
     # The worker starts: the queued cycle places it, the pod watch sees it run. No reload.
     node = Node.objects.get(name="t4-node-1")
     agents.start(node.name, issue_node_token(node), interval=0.3)
     worker.start()
-    page.wait_for_function(f"['placed', 'running'].includes("
-                           f"document.getElementById('reservation-{first.pk}').dataset.state)", timeout=60_000)
-    page.wait_for_function(f"document.getElementById('reservation-{first.pk}').dataset.state === 'running'",
-                           timeout=60_000)
+    seen = []
+    navigations = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None)
+
+    def state_now() -> bool:
+        state = card_state(page, first.pk)
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        return state == "running"
+
+    until(page, state_now, "the card to say running")
+    assert seen[0] == "pending" and seen[-1] == "running", seen  # placed may pass between two looks
+    assert navigations == []  # all of it without a reload
     assert "t4-node-1" in page.inner_text(f"#reservation-{first.pk}")
     # The sparkline gets points from the agent's readings.
-    page.wait_for_function(f"Number(document.querySelector('#reservation-{first.pk} [data-spark=compute]')"
-                           f".dataset.points || 0) >= 3", timeout=60_000)
+    until(page, lambda: points(page, f"#reservation-{first.pk} [data-spark=compute]") >= 3, "sparkline points")
     assert "% of a GPU" in page.inner_text(f"#reservation-{first.pk} [data-live-now]")
     shoot(page, "home-running", dark=True)
 
@@ -101,8 +128,7 @@ def test_alice_requests_watches_extends_reads_and_cancels(chromium, stack, peopl
     page.click(f"#reservation-{first.pk} h3 a")
     page.wait_for_selector("figure[data-chart=chart-compute]")
     before = int(page.get_attribute("figure[data-chart=chart-compute]", "data-points") or 0)
-    page.wait_for_function(f"Number(document.querySelector('figure[data-chart=chart-compute]').dataset.points)"
-                           f" >= {before + 3}", timeout=60_000)
+    until(page, lambda: points(page, "figure[data-chart=chart-compute]") >= before + 3, "live chart points")
     page.wait_for_selector("#pod-log pre")
     assert "[simulated] started" in page.inner_text("#pod-log pre")
     assert "kubectl port-forward -n" in page.inner_text("body")
@@ -156,11 +182,11 @@ def test_alice_requests_watches_extends_reads_and_cancels(chromium, stack, peopl
     # A home page left open shows a cancellation made elsewhere, live.
     page.goto(f"{base}/")
     page.wait_for_selector(f"#reservation-{second.pk}")
-    page.wait_for_function("document.documentElement.getAttribute('data-live') === 'open'")
+    live_open(page)
     from portal.reservations import services
 
     services.cancel(second.pk, people["alice"])
-    page.wait_for_function(f"document.getElementById('reservation-{second.pk}').dataset.state === 'cancelled'")
+    page.wait_for_selector(f"#reservation-{second.pk}[data-state=cancelled]")
 
     # The socket drops (portal restart): the page says so, then reconnects.
     portal.stop()
@@ -168,7 +194,7 @@ def test_alice_requests_watches_extends_reads_and_cancels(chromium, stack, peopl
     assert "Live updates lost" in page.inner_text("#connection")
     shoot(page, "home-disconnected")
     portal.start()
-    page.wait_for_function("document.documentElement.getAttribute('data-live') === 'open'", timeout=60_000)
+    live_open(page, 60_000)
     assert errors == [], errors
     context.close()
 
