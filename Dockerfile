@@ -20,6 +20,7 @@ COPY pyproject.toml README.md ./
 COPY portal portal
 COPY scheduler scheduler
 COPY agents agents
+COPY wire wire
 RUN pip install . && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin tessera
 
 FROM python AS portal

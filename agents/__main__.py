@@ -20,9 +20,9 @@ from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource
 from agents.inventory import InventoryError, load_inventory, pick_node
 from agents.placements import PlacementTable
-from agents.protocol import NODE_NAME_PATTERN, TOKEN_PATTERN
 from agents.share_usage import BrokerUsage
 from agents.stream import websocket_url
+from wire.agent_portal import NODE_NAME_PATTERN, TOKEN_PATTERN
 
 log = logging.getLogger("agents")
 
@@ -31,7 +31,7 @@ MIN_BUFFER_SECONDS = 600.0  # the agent promises at least ten minutes of samples
 
 DESCRIPTION = """\
 Tessera node agent: samples this node's GPUs about once a second and streams the samples to the
-portal over a WebSocket (protocol: agents/PROTOCOL.md). While the portal is unreachable it keeps
+portal over a WebSocket (protocol: wire/PROTOCOL.md). While the portal is unreachable it keeps
 sampling into a bounded buffer and replays it in order after reconnecting."""
 
 EPILOG = f"""\

@@ -16,10 +16,10 @@ from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource
 from agents.pacing import Backoff
 from agents.placements import PlacementTable
-from agents.protocol import MAX_GPUS_PER_NODE, PROTOCOL_VERSION, Hello, encode
 from agents.sampling import Sampler
 from agents.share_usage import BrokerUsage
 from agents.stream import PortalStream
+from wire.agent_portal import MAX_GPUS_PER_NODE, PROTOCOL_VERSION, Hello, encode
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from agents.agent import Agent, AgentSettings
 from agents.gpus.simulated import SimulatedSource
 from agents.inventory import InventoryError, load_inventory
 from agents.placements import PlacementTable
-from agents.protocol import TOKEN_PATTERN
 from agents.stream import websocket_url
+from wire.agent_portal import TOKEN_PATTERN
 
 log = logging.getLogger("agents.fleet")
 

@@ -1,4 +1,4 @@
-"""The inventory YAML: which nodes and GPUs a simulated fleet has (format in agents/PROTOCOL.md).
+"""The inventory YAML: which nodes and GPUs a simulated fleet has (format in wire/PROTOCOL.md).
 
 Read by the simulated agent (`--simulate FILE --node NAME`) and, with the same rules, by the
 portal's demo seeding and the local backend, so a simulated GPU has the same UUID everywhere.
@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from agents.protocol import MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, NODE_NAME_PATTERN
+from wire.agent_portal import MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, NODE_NAME_PATTERN
 
 # Kubernetes label syntax: optional DNS prefix and "/", then a name of at most 63 characters.
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from agents.protocol import Placement, Placements
+from wire.agent_portal import Placement, Placements
 
 
 class PlacementRefused(ValueError):

@@ -11,8 +11,8 @@ from typing import Any
 from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource, ProcessReading
 from agents.placements import PlacementTable
-from agents.protocol import MAX_PROCESSES_PER_SAMPLE, MAX_SHARES_PER_SAMPLE
 from agents.share_usage import BrokerUsage, with_process_memory
+from wire.agent_portal import MAX_PROCESSES_PER_SAMPLE, MAX_SHARES_PER_SAMPLE
 
 log = logging.getLogger(__name__)
 

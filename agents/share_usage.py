@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agents.gpus.base import ProcessReading, ShareReading
-from agents.protocol import RESERVATION_PATTERN
+from wire.agent_portal import RESERVATION_PATTERN
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from agents import __version__
 from agents.buffer import SampleBuffer
 from agents.pacing import Backoff, TokenBucket
 from agents.placements import PlacementRefused, PlacementTable
-from agents.protocol import (
+from wire.agent_portal import (
     AGENT_MAX_BURST,
     AGENT_MAX_MESSAGES_PER_S,
     AGENT_WS_PATH,

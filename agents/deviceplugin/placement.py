@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from agents.protocol import GPU_UUID_PATTERN, MAX_MEMORY_MIB, RESERVATION_PATTERN
+from wire.agent_portal import GPU_UUID_PATTERN, MAX_MEMORY_MIB, RESERVATION_PATTERN
 
 from . import api_pb2
 

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from agents.gpus.base import GpuDevice, GpuReading, MigMode, ProcessReading, Reading
-from agents.protocol import MAX_PID
+from wire.agent_portal import MAX_PID
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Literal
 from agents.gpus.base import GpuDevice, GpuReading, ProcessReading, Reading, ShareReading
 from agents.inventory import InventoryNode
 from agents.placements import PlacementTable
-from agents.protocol import Placement
+from wire.agent_portal import Placement
 
 DRIVER_VERSION = "simulated"
 DRIVER_OVERHEAD_MIB = 420  # the CUDA context a real process holds before it allocates anything

@@ -1,5 +1,5 @@
 """Load a YAML fleet inventory into nodes and GPUs. The file format is the one the simulated agent
-reads (agents/PROTOCOL.md), parsed by the same code so a simulated GPU has one UUID everywhere."""
+reads (wire/PROTOCOL.md), parsed by the same code so a simulated GPU has one UUID everywhere."""
 
 from __future__ import annotations
 

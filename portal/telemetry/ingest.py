@@ -24,11 +24,11 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agents import protocol
-from agents.protocol import Hello, Sample, Samples
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations.models import Allocation
+from wire import agent_portal as protocol
+from wire.agent_portal import Hello, Sample, Samples
 
 from . import conf
 from .models import AgentStream, GpuSample, LateMinute, ShareSample

@@ -12,8 +12,8 @@ from django.db import connection
 from django.db.models import Count, Max, Sum
 from django.utils import timezone
 
-from agents.protocol import POD_UID_PATTERN
 from portal.reservations.models import Allocation
+from wire.agent_portal import POD_UID_PATTERN
 
 from .models import GpuSample, RollupState, ShareMinute, ShareSample
 

@@ -24,7 +24,7 @@ from agents.agent import Agent, AgentSettings
 from agents.gpus.simulated import SimulatedSource
 from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
-from agents.protocol import AGENT_MESSAGES, PROTOCOL_VERSION, Hello, Samples, parse
+from wire.agent_portal import AGENT_MESSAGES, PROTOCOL_VERSION, Hello, Samples, parse
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_INVENTORY = REPO / "deploy" / "inventory" / "demo.yaml"

@@ -11,8 +11,8 @@ from agents.buffer import SampleBuffer
 from agents.gpus.simulated import SimulatedSource
 from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
-from agents.protocol import Placements
 from agents.sampling import Sampler
+from wire.agent_portal import Placements
 
 
 def fill(buffer, first, last):

@@ -10,8 +10,8 @@ import pytest
 from agents.cgroup import CgroupResolver, PodRef, parse_cgroup
 from agents.gpus.base import ProcessReading
 from agents.placements import PlacementTable
-from agents.protocol import Placements
 from agents.sampling import attribute
+from wire.agent_portal import Placements
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from agents.cgroup import CgroupResolver
 from agents.gpus.nvml import GpuSourceError, NvmlSource, normalize_bus_id
 from agents.placements import PlacementTable
-from agents.protocol import Placements, Sample
 from agents.sampling import Sampler
+from wire.agent_portal import Placements, Sample
 
 MIB = 1024 * 1024
 NOT_SUPPORTED, NOT_FOUND, INVALID_ARGUMENT, GPU_IS_LOST, DRIVER_NOT_LOADED = 3, 6, 2, 15, 9

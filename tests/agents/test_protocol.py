@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from agents.gpus.simulated import SimulatedSource
 from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
-from agents.protocol import (
+from agents.sampling import Sampler
+from agents.stream import PortalStream, websocket_url
+from wire.agent_portal import (
     AGENT_MESSAGES,
     MAX_MESSAGE_BYTES,
     MAX_SAMPLES_PER_BATCH,
@@ -24,8 +26,6 @@ from agents.protocol import (
     error_message,
     parse,
 )
-from agents.sampling import Sampler
-from agents.stream import PortalStream, websocket_url
 
 STREAM = "3c66582e-e581-4e1d-aa74-80ea6746c195"
 GPU = "GPU-e4ad3e86-d2fd-5887-b483-8cd513bef9e0"

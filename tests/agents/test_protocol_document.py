@@ -1,4 +1,4 @@
-"""agents/PROTOCOL.md is what the portal is built from: its limits and examples must match the code."""
+"""wire/PROTOCOL.md is what the portal is built from: its limits and examples must match the code."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol
 from agents.inventory import simulated_gpu_uuid
+from wire import agent_portal as protocol
 
-DOC = (Path(__file__).resolve().parents[2] / "agents" / "PROTOCOL.md").read_text(encoding="utf-8")
+DOC = (Path(__file__).resolve().parents[2] / "wire" / "PROTOCOL.md").read_text(encoding="utf-8")
 
 
 def test_every_limit_in_the_document_matches_the_code():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from agents.gpus.simulated import SimulatedSource, share_usage
 from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementRefused, PlacementTable
-from agents.protocol import Placements
+from wire.agent_portal import Placements
 
 
 def setup(demo_inventory, node="a100-node-2", seed=11):

@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from agents.protocol import MAX_SAMPLES_PER_BATCH, PROTOCOL_VERSION
+from wire.agent_portal import MAX_SAMPLES_PER_BATCH, PROTOCOL_VERSION
 
 pytestmark = pytest.mark.asyncio
 

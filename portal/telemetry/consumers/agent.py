@@ -1,4 +1,4 @@
-"""`ws/agents/`: one node agent's connection (token auth). Protocol: agents/PROTOCOL.md.
+"""`ws/agents/`: one node agent's connection (token auth). Protocol: wire/PROTOCOL.md.
 
 Thin: validation comes from the wire protocol, storage from ingest and the writer.
 """
@@ -12,7 +12,12 @@ import re
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from agents.protocol import (
+from portal.fleet.services import node_for_token
+from portal.telemetry import conf, dbthread, ingest, ticker
+from portal.telemetry.ratelimit import TokenBucket
+from portal.telemetry.services import placements_for_node
+from portal.telemetry.writer import writer
+from wire.agent_portal import (
     AGENT_MESSAGES,
     TOKEN_PATTERN,
     Error,
@@ -22,11 +27,6 @@ from agents.protocol import (
     error_message,
     parse,
 )
-from portal.fleet.services import node_for_token
-from portal.telemetry import conf, dbthread, ingest, ticker
-from portal.telemetry.ratelimit import TokenBucket
-from portal.telemetry.services import placements_for_node
-from portal.telemetry.writer import writer
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _node_group(node_id: int) -> str:
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
-    """One node agent. Protocol: agents/PROTOCOL.md."""
+    """One node agent. Protocol: wire/PROTOCOL.md."""
 
     async def dispatch(self, message) -> None:
         # Channels closes old database connections before every handler, a thread hop per

@@ -8,11 +8,11 @@ from decimal import Decimal
 
 import pytest
 
-from agents.protocol import Hello, Samples
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
 from portal.telemetry import ingest
+from wire.agent_portal import Hello, Samples
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The agent consumer in-process (in-memory channel layer): session rules of agents/PROTOCOL.md."""
+"""The agent consumer in-process (in-memory channel layer): session rules of wire/PROTOCOL.md."""
 
 from __future__ import annotations
 

@@ -8,13 +8,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agents.protocol import PORTAL_MESSAGES, parse
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations.models import Reservation
 from portal.telemetry import ingest
 from portal.telemetry.models import GpuSample, ShareSample
 from portal.telemetry.services import placements_for_node, recent_utilization
+from wire.agent_portal import PORTAL_MESSAGES, parse
 
 from .conftest import hello_for, samples_for
 

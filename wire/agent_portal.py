@@ -1,6 +1,6 @@
 """The agent <-> portal wire protocol, version 1: limits, message models and validation.
 
-`agents/PROTOCOL.md` is the normative description; this module is its executable form and must
+`wire/PROTOCOL.md` is the normative description; this module is its executable form and must
 say the same thing. Both sides validate what they receive with these rules; the agent also builds
 its outgoing messages so that they pass them (the tests check that).
 """
