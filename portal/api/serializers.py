@@ -159,8 +159,8 @@ class GpuSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Gpu
-        fields = ["uuid", "node", "index", "model", "memory_mib", "nvlink_peers", "numa_node", "healthy",
-                  "allocated_request", "allocated_memory_mib"]
+        fields = ["uuid", "node", "index", "model", "model_label", "memory_mib", "nvlink_peers", "numa_node",
+                  "healthy", "allocated_request", "allocated_memory_mib"]
 
 
 class NodeSerializer(serializers.ModelSerializer):

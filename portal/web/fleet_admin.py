@@ -48,7 +48,8 @@ def fleet_rows(nodes: list[dict]) -> list[dict]:
     three queries whatever the page size (nodes given, GPUs, allocations)."""
     by_node: dict[int, list[dict]] = defaultdict(list)
     gpu_rows = list(Gpu.objects.filter(node_id__in=[n["id"] for n in nodes]).order_by("node_id", "index").values(
-        "id", "node_id", "index", "uuid", "model", "memory_mib", "healthy", "cordoned", "cordon_reason"))
+        "id", "node_id", "index", "uuid", "model", "model_label", "memory_mib", "healthy", "cordoned",
+        "cordon_reason"))
     shares: dict[int, list[tuple]] = defaultdict(list)
     for row in (Allocation.objects.filter(released_at__isnull=True, gpu_id__in=[g["id"] for g in gpu_rows])
                 .order_by("gpu_id", "reservation_id")

@@ -56,6 +56,19 @@ def test_the_api_takes_the_label_safe_name_and_stores_the_display_name(alice, re
     assert {g["model"] for g in capacity.json()["gpus"]} == {A100}
 
 
+def test_the_gpu_list_and_the_fleet_page_show_the_label_safe_name(client_for, people, nvml_fleet):
+    gpus = client_for("alice").get("/api/v1/gpus/").json()
+    gpus = gpus.get("results", gpus)
+    assert {(g["model"], g["model_label"]) for g in gpus if g["node"] == "dgx-1"} == {(A100, "NVIDIA-A100-SXM4-80GB")}
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(people["admin"])
+    page = browser.get("/fleet/", {"node": "dgx-1"})
+    assert page.status_code == 200
+    assert b"NVIDIA-A100-SXM4-80GB</code>" in page.content
+
+
 def test_the_form_takes_either_name(people, nvml_fleet):
     from portal.web.forms import RequestForm
 
