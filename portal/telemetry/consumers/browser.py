@@ -1,10 +1,18 @@
 """`ws/live/`: one browser's connection (session auth): subscriptions to live groups, checked
-against what the user may see, and the messages of those groups."""
+against what the user may see, and the messages of those groups.
+
+Defensive: a frame that cannot be parsed (too big, nested too deeply) is answered or closes the
+socket with a 4xxx code, never an exception; the background task is cancelled on every way out
+(close, disconnect, error); and every RECHECK_S the session and the user are looked at again, so
+a signed-out session or a deactivated user loses the socket, not only new page loads.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from types import SimpleNamespace
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -12,6 +20,12 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from portal.telemetry import live
 from portal.telemetry.ratelimit import TokenBucket
+
+log = logging.getLogger(__name__)
+
+CLOSE_BAD_FRAME = 4400  # a frame no browser of ours sends (nested beyond reason)
+CLOSE_SIGNED_OUT = 4401  # the session ended or the user was deactivated
+CLOSE_INTERNAL = 4011
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -22,6 +36,19 @@ class LiveConsumer(AsyncWebsocketConsumer):
     MAX_FRAME = 16_384
     MAX_GROUPS = 200
     RECHECK_S = 30.0
+
+    async def __call__(self, scope, receive, send):
+        # Whatever way the connection ends (a close, the client gone, an exception in a
+        # handler), its background task ends with it: nothing queries for a client that is gone.
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stop_keeper()
+
+    def _stop_keeper(self) -> None:
+        keeper = getattr(self, "keeper", None)
+        if keeper is not None and not keeper.done():
+            keeper.cancel()
 
     async def dispatch(self, message) -> None:
         # Fan-out messages touch no database: skip Channels' close-old-connections thread hop,
@@ -43,16 +70,25 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.keeper = asyncio.get_running_loop().create_task(self._keep())
 
     async def disconnect(self, code) -> None:
-        keeper = getattr(self, "keeper", None)
-        if keeper is not None:
-            keeper.cancel()
+        self._stop_keeper()
         for group in self.groups_joined.values():
             await self.channel_layer.group_discard(group.channel_group, self.channel_name)
 
     async def _answer(self, **body) -> None:
         await self.send(json.dumps(body, separators=(",", ":")))
 
+    async def close(self, code=None, reason=None) -> None:
+        self._stop_keeper()
+        await super().close(code, reason)
+
     async def receive(self, text_data=None, bytes_data=None) -> None:
+        try:
+            await self._receive(text_data)
+        except Exception:
+            log.exception("ws/live: a frame of %s could not be handled", getattr(self.user, "pk", None))
+            await self.close(CLOSE_INTERNAL)
+
+    async def _receive(self, text_data) -> None:
         if self.flooded:
             return
         if not self.bucket.take():
@@ -67,6 +103,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
             body = json.loads(text_data)
         except ValueError:
             await self._answer(type="error", message="not valid JSON")
+            return
+        except RecursionError:  # "[[[[…" within the size limit: no page of ours sends that
+            await self._answer(type="error", message="JSON nested too deeply")
+            await self.close(CLOSE_BAD_FRAME)
             return
         if not isinstance(body, dict) or not body or set(body) - {"subscribe", "unsubscribe"}:
             await self._answer(type="error", message='send {"subscribe": [...]} or {"unsubscribe": [...]}')
@@ -107,6 +147,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         removed while the page stays open)."""
         while True:
             await asyncio.sleep(self.RECHECK_S)
+            if not await database_sync_to_async(self._still_signed_in)():
+                await self._answer(type="signed_out", message="your session ended; sign in again")
+                await self.close(CLOSE_SIGNED_OUT)
+                return
             lost = []
             await sync_to_async(self._forget_cached_roles)()
             for name, group in list(self.groups_joined.items()):
@@ -117,6 +161,26 @@ class LiveConsumer(AsyncWebsocketConsumer):
             if lost:
                 await self._answer(type="revoked", groups=lost)
             await live.store().watch(list(self.groups_joined))
+
+    def _still_signed_in(self) -> bool:
+        """The session still exists and still names this user, who may still sign in (active;
+        not a demo user outside demo mode): Django's own check of a request's session, again."""
+        from importlib import import_module
+
+        from django.conf import settings
+        from django.contrib.auth import get_user
+
+        session = self.scope.get("session")
+        if session is None:  # a consumer mounted without the session middleware (tests)
+            from django.contrib.auth import get_user_model
+
+            return get_user_model()._default_manager.filter(pk=self.user.pk, is_active=True).exists()
+        key = session.session_key
+        if not key:
+            return False
+        fresh = import_module(settings.SESSION_ENGINE).SessionStore(key)  # read anew, not the cached copy
+        user = get_user(SimpleNamespace(session=fresh))
+        return user.is_authenticated and user.pk == self.user.pk
 
     def _forget_cached_roles(self) -> None:
         from portal.tenancy.roles import forget_roles
