@@ -301,9 +301,12 @@ def parse(raw: str | bytes, allowed: dict[str, type[_Message]]) -> _Message:
         # anything it refuses goes the slow way, which finds the right code and message.
         try:
             return fast.validate_json(raw)  # type: ignore[no-any-return]
-        except ValidationError:
+        except (ValidationError, RecursionError):
             pass
-    return _parse_slow(raw, allowed)
+    try:
+        return _parse_slow(raw, allowed)
+    except RecursionError:  # "[[[[…" within the size limit: refused like any other bad frame
+        raise ProtocolError("bad_json", "not valid JSON: nested too deeply") from None
 
 
 def _parse_slow(raw: str, allowed: dict[str, type[_Message]]) -> _Message:

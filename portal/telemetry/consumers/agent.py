@@ -99,6 +99,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.close(close_code)
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
+        try:
+            await self._receive(text_data, bytes_data)
+        except Exception:
+            # A bug must not end the connection with an exception (1011, and whatever it had
+            # started left running): the agent is told, the socket closed, and it reconnects.
+            log.exception("ws/agents: a frame of %s could not be handled", getattr(self.node, "name", None))
+            self.broken = True
+            await self._fatal("internal", "the portal could not handle that message; reconnect", CLOSE_INTERNAL)
+
+    async def _receive(self, text_data=None, bytes_data=None) -> None:
         if self.node is None or self.broken:
             return
         if not self.bucket.take():
