@@ -170,11 +170,14 @@
     var spec = JSON.parse(document.getElementById(id).textContent);
     var holder = figure.querySelector(".chart-plot");
     var data = [spec.x.slice()].concat(spec.series.map(function (s) { return s.values.slice(); }));
-    var grid = {stroke: cssVar("--line", "#ddd"), width: 1};
-    var axis = {stroke: cssVar("--muted", "#666"), grid: grid, ticks: grid};
     var height = opts.height || 200;
     var plot = null;
-    if (window.uPlot) {
+    function build() {
+      if (!window.uPlot) { return; }
+      if (plot) { plot.destroy(); }
+      // Colours come from the CSS variables of the scheme in use: rebuilt when it changes.
+      var grid = {stroke: cssVar("--line", "#ddd"), width: 1};
+      var axis = {stroke: cssVar("--muted", "#666"), grid: grid, ticks: grid};
       plot = new window.uPlot({
         width: Math.max(240, holder.clientWidth || 600), height: height, legend: {show: false},
         cursor: {drag: {x: false, y: false}},
@@ -184,6 +187,10 @@
         }})],
         series: [{}].concat(spec.series.map(seriesOptions))
       }, data, holder);
+    }
+    build();
+    if (window.matchMedia) {
+      window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", build);
     }
     figure.setAttribute("data-points", String(data[0].length));
     var resizeTimer = null;
@@ -213,6 +220,13 @@
   Tessera.sparkline = function (el, series, keep) {
     var data = [[]].concat(series.map(function () { return []; }));
     var plot = null;
+    var resizeTimer = null;
+    window.addEventListener("resize", function () {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(function () {
+        if (plot && el.isConnected) { plot.setSize({width: Math.max(120, el.clientWidth), height: 40}); }
+      }, 150);
+    });
     return {
       push: function (x, values) {
         var n = data[0].length;
