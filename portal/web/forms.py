@@ -111,6 +111,11 @@ class RequestForm(forms.Form):
         self.user = user
         teams = submit_teams(user)
         self.fields["team"].queryset = teams
+        # Another team has other labels, limits and priorities: the form is fetched again for it.
+        self.fields["team"].widget.attrs.update({
+            "hx-get": "/reservations/new/", "hx-trigger": "change", "hx-target": "#request-form",
+            "hx-select": "#request-form", "hx-swap": "outerHTML", "hx-include": "#request-form",
+            "hx-params": "not csrfmiddlewaretoken"})
         mine = list(teams)  # one query; the field's own validation queries again by slug
         first = mine[0] if mine else None
         if first is not None and not self.initial.get("team"):

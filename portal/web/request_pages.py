@@ -47,7 +47,10 @@ def _submit(request, form: RequestForm):
 @login_required
 def new_reservation(request):
     initial = {}
-    if request.GET.get("again"):
+    if request.htmx and request.GET.get("team"):
+        # The team changed: the same values, with that team's labels and limits as the choices.
+        initial = {k: v for k, v in request.GET.items() if k in RequestForm.base_fields}
+    elif request.GET.get("again"):
         initial = initial_from(visible_reservation(request, _int(request.GET["again"])))
     elif request.GET.get("preset"):
         initial = initial_from_preset(_visible_preset(request, _int(request.GET["preset"])))

@@ -168,3 +168,17 @@ def test_another_teams_reservation_is_404_everywhere(alice, people, teams):
     assert b"busybox" not in alice.get("/").content
     theirs.refresh_from_db()
     assert theirs.state == State.PENDING
+
+
+def test_choosing_another_team_brings_its_labels(people, teams, fleet):
+    from portal.tenancy.models import ExclusionGroup, Membership, Role
+
+    Membership.objects.create(user=people["alice"], team=teams["nlp"], role=Role.MEMBER)
+    ExclusionGroup.objects.create(team=teams["nlp"], label="nlp-private")
+    client = Client()
+    client.force_login(people["alice"])
+    first = client.get("/reservations/new/").content.decode()  # nlp: the first of her teams
+    assert 'value="nlp-private"' in first and 'value="secure"' not in first
+    vision = client.get("/reservations/new/", _form(team="vision", memory_gib="6"),
+                        HTTP_HX_REQUEST="true").content.decode()
+    assert 'value="secure"' in vision and "nlp-private" not in vision and 'value="6"' in vision
