@@ -1,5 +1,5 @@
-/* The remote client's CUDA runtime: a libcudart.so.13 (and .12) for programs built with
- * `nvcc -cudart shared`, on the remote client's libcuda.so.1.
+/* The remote client's CUDA runtime: a libcudart.so.13 for programs built with `nvcc -cudart shared`
+ * (CUDA 13), on the remote client's libcuda.so.1.
  *
  * NVIDIA's own libcudart cannot run on a remote driver: it drives the GPU through the driver's private
  * export tables (cuGetExportTable), undocumented interfaces no forwarding library can answer. This one

@@ -321,6 +321,13 @@ static void *copier(void *arg) {
     return NULL;
 }
 
+/* The copier thread's per-thread default stream is not this thread's: a copy on CU_STREAM_PER_THREAD
+ * first waits for what this thread queued there, so it stays ordered after the client's launches. */
+static CUresult order_per_thread(const struct wire_memcpy *a) {
+    return a->stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD ? cuStreamSynchronize(CU_STREAM_PER_THREAD)
+                                                                   : CUDA_SUCCESS;
+}
+
 static void copy_submit(int to_device, uint64_t dev, void *host, size_t n, const struct wire_memcpy *a) {
     pthread_mutex_lock(&copy_mu);
     job = (struct copy_job){1, 1, to_device, (int)a->async, dev, host, n, (CUstream)(uintptr_t)a->stream, CUDA_SUCCESS};
@@ -346,6 +353,7 @@ static int do_memcpy_htod(const struct wire_req *rq) {
     if (rq->bulk != a.bytes) return -1;   /* the framing itself is wrong: drop the client */
     if (!valid_range(a.dst, a.bytes)) r = CUDA_ERROR_INVALID_VALUE, why = "destination is not memory of this share";
     else if (!valid_stream(a.stream)) r = CUDA_ERROR_INVALID_HANDLE, why = "unknown stream";
+    else if ((r = order_per_thread(&a)) != CUDA_SUCCESS) why = "the per-thread stream failed";
     uint64_t done = 0;
     int cur = 0;
     while (done < a.bytes) {
@@ -370,6 +378,8 @@ static int do_memcpy_dtoh(void) {
     memcpy(&a, args, sizeof a);
     if (!valid_range(a.src, a.bytes)) return fail(CUDA_ERROR_INVALID_VALUE, "source is not memory of this share");
     if (!valid_stream(a.stream)) return fail(CUDA_ERROR_INVALID_HANDLE, "unknown stream");
+    CUresult ordered = order_per_thread(&a);
+    if (ordered != CUDA_SUCCESS) return fail(ordered, "the per-thread stream failed");
     struct wire_rep h = {.result = CUDA_SUCCESS, .deferred = (int32_t)deferred, .bulk = a.bytes};
     deferred = CUDA_SUCCESS;
     if (wire_send_all(fd, &h, sizeof h)) return -1;
