@@ -33,7 +33,7 @@ RUN SECRET_KEY=collectstatic-only TESSERA_PROFILE=production ALLOWED_HOSTS=local
     python manage.py collectstatic --noinput -v0
 USER 10001
 EXPOSE 8000
-CMD ["daphne", "--bind", "0.0.0.0", "--port", "8000", "--proxy-headers", "portal.asgi:application"]
+CMD ["python", "-m", "portal.serve", "--bind", "0.0.0.0", "--port", "8000", "--proxy-headers", "portal.asgi:application"]
 
 FROM python AS agent
 COPY --from=preload /src/preload/build/libtessera_preload.so /usr/lib/tessera/libtessera_preload.so
