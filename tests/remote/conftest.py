@@ -204,13 +204,15 @@ class Client:
 
     def env(self) -> dict[str, str]:
         env = base_env()
-        env.update(LD_LIBRARY_PATH=str(CLIENT_LIBS), TESSERA_REMOTE_SERVER=self.server, **self.extra_env)
+        env.update(LD_LIBRARY_PATH=str(CLIENT_LIBS), TESSERA_REMOTE_SERVER=self.server)
+        env.update(self.extra_env)
         if self.token is not None:
             env["TESSERA_REMOTE_TOKEN"] = self.token
         return env
 
     def cmd(self, program: str, *args: object) -> list[str]:
-        return [*ns_prefix(self.netns), str(PROGS / program), *map(str, args)]
+        path = program if "/" in program else str(PROGS / program)
+        return [*ns_prefix(self.netns), path, *map(str, args)]
 
     def run(self, program: str, *args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.cmd(program, *args), env=self.env(), capture_output=True, text=True,

@@ -86,6 +86,18 @@ def test_the_same_binaries_run_locally_on_the_fake_driver(built) -> None:
     assert out["copy_ok"] == "1"
 
 
+def test_many_threads_share_one_connection(gpu_host: GpuHost) -> None:
+    """Eight threads on their own streams copy and launch at once while a ninth asks for memory
+    information: the calls take turns on the process's one connection and every thread gets its bytes."""
+    cap = 256 * MiB
+    r = Client(gpu_host.address, gpu_host.token(memory=cap)).run("mt_prog", image("cubin"), 8, 20)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = parse_kv(r.stdout)
+    assert out["ok"] == "1"
+    assert int(out["free_end"]) == int(out["total"]) == cap
+    assert gpu_host.log.count(": share res-1 on GPU") == 1  # one connection, one worker
+
+
 def test_clients_of_one_share_share_its_memory_cap(gpu_host: GpuHost) -> None:
     cap = 256 * MiB
     token = gpu_host.token(share="res-shared", memory=cap)
@@ -122,7 +134,8 @@ def test_remote_launches_take_the_share_s_time_from_the_broker(built, tmp_path) 
         share = stats["gpus"]["GPU-fake-0"]["shares"]["res-timed"]
         assert share["request"] == pytest.approx(0.3)
         assert share["limit"] == pytest.approx(0.3)
-        assert share["used_total_s"] == pytest.approx(1.0, abs=0.15)  # 200 × 5 ms ran under its tokens
+        # 200 × 5 ms ran under its tokens (a loaded machine oversleeps each fake kernel a little)
+        assert 0.95 <= share["used_total_s"] <= 1.5
         # held to 0.3 of the GPU: 1 s of kernels takes about 3 s (less the first window's allowance)
         assert float(parse_kv(r.stdout)["elapsed_ms"]) > 1800
     finally:

@@ -56,3 +56,13 @@ def test_the_server_side_is_clean_under_asan_and_ubsan(built, tmp_path) -> None:
         host.stop()
     assert "Sanitizer" not in host.log, host.log[-4000:]
     assert "runtime error" not in host.log, host.log[-4000:]
+
+
+def test_the_client_library_is_clean_under_tsan_with_many_threads(gpu_host: GpuHost) -> None:
+    make("remote-sanitize")
+    client = Client(gpu_host.address, gpu_host.token(),
+                    extra_env={"LD_LIBRARY_PATH": str(REMOTE / "tsan"), "TSAN_OPTIONS": "halt_on_error=1 exitcode=66"})
+    r = client.run(str(REMOTE / "tsan" / "mt_prog"), image("cubin"), 6, 10, timeout=300)
+    assert "ThreadSanitizer" not in r.stderr, r.stderr[-4000:]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert parse_kv(r.stdout)["ok"] == "1"
