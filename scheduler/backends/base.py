@@ -12,10 +12,13 @@ Pods for portal reservations
   and carries the same reservation label (a retried task never makes two). A pod of that name for
   another reservation raises `PodConflict`. Raises `TransientBackendError` for anything worth
   retrying (HTTP 5xx, 429, timeouts, connection refused, 409 on a racing create that a re-read
-  does not explain) and `PermanentBackendError` when retrying cannot help (422 invalid manifest,
-  403 forbidden, the node does not exist): the portal then fails the reservation with the message.
-- `unbind(ref, grace_s, reason) -> bool`: delete the pod gracefully; True if something was
-  deleted, False if it was already gone (idempotent, never raises for a missing pod).
+  does not explain, and the 403s that pass: a fresh namespace's ServiceAccount not there yet, a full
+  ResourceQuota) and `PermanentBackendError` when retrying cannot help (422 invalid manifest, a
+  missing RuntimeClass, PodSecurity, RBAC, the node does not exist), its message saying what the
+  operator must fix: the portal then fails the reservation with it.
+- `unbind(ref, grace_s, reason) -> bool`: delete the pod gracefully; True if this call deleted it,
+  False if it was already gone or terminating (idempotent, never raises for a missing pod; a pod
+  already terminating keeps the reason it was first deleted for).
 - `list_pods() -> list[PodStatus]`: every pod carrying `RESERVATION_LABEL`: the ones it created
   and the external pods it bound (kubectl path, `external=True`); reconcile compares these with
   the database.
@@ -37,11 +40,14 @@ reads the same annotation. `env` holds what the container needs: NVIDIA_VISIBLE_
 UUIDs, comma-separated), LD_PRELOAD (`PRELOAD_PATH`, mounted read-only from the node's
 `PRELOAD_HOST_DIR`), TESSERA_GPU_REQUEST, TESSERA_GPU_LIMIT, TESSERA_GPU_MEMORY_LIMIT (``<n>Mi``),
 TESSERA_PRIORITY (high|low), TESSERA_SHARE_ID (the reservation id), TESSERA_BROKER_SOCKET
-(`BROKER_SOCKET`, its directory mounted from the node's `BROKER_HOST_DIR`).
+(`BROKER_SOCKET`, its directory mounted from the node's `BROKER_HOST_DIR`). On Kubernetes the pod
+spec carries none of these: the device plugin's Allocate answers them from the placement annotation
+(the same values), so the spec names no host path.
 
 Pods created with kubectl (KubeShare 2.0 labels, `schedulerName: tessera`)
 --------------------------------------------------------------------------
-- `list_pending_external() -> list[ExternalPod]`: pods with `spec.schedulerName == SCHEDULER_NAME`,
+- `list_pending_external() -> list[ExternalPod]`: pods whose `spec.schedulerName` is one of the
+  backend's scheduler names (`SCHEDULER_NAME`; the kubernetes backend also `kubeshare-scheduler`),
   no `nodeName`, not being deleted; with their namespace, uid, labels and annotations (the portal
   turns the `sharedgpu/*` labels into a reservation and validates them).
 - `bind_external(pod, node, labels, annotations)`: first patch the pod's labels and annotations
@@ -49,7 +55,7 @@ Pods created with kubectl (KubeShare 2.0 labels, `schedulerName: tessera`)
   reads), then POST the Binding subresource. Idempotent: a pod already bound to `node` is
   success; bound elsewhere or gone raises `PodConflict`.
 - `reject_external(pod, reason)`: record a Warning Event (reason `FailedScheduling`, message
-  `reason`) on the pod, which stays pending. Repeating it for the same message may be dropped.
+  `reason`) on the pod, which stays pending. The same message again counts up on that event.
 
 Everything a backend raises derives from `BackendError`.
 """
