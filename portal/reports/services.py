@@ -186,14 +186,9 @@ def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
 
     device_shown = user.is_staff and group_by in DEVICE_GROUPS
     if device_shown:
-        all_gpus = dict(Gpu.objects.values_list("pk", "node__name" if group_by == "node" else
-                                                "model" if group_by == "gpu_model" else "uuid"))
-        for gpu_id, m in sources.gpu_sums(window.since, window.until).items():
-            key = all_gpus.get(gpu_id)
-            if key is None:
-                continue
-            r = rows.get(key) or row(key, key)
-            r.device_busy_hours = (r.device_busy_hours or 0.0) + m["busy"] / 60.0
+        key = {"node": "gpu__node__name", "gpu_model": "gpu__model", "gpu": "gpu__uuid"}[group_by]
+        for k, busy in sources.gpu_busy(window.since, window.until, key).items():
+            (rows.get(k) or row(k, k)).device_busy_hours = busy / 60.0
         for r in rows.values():
             r.device_busy_hours = r.device_busy_hours or 0.0
 

@@ -15,7 +15,6 @@ from portal.telemetry import hours
 from portal.telemetry.models import GpuDay, GpuHour, RollupState, ShareHour
 
 SHARE_MEASURES = tuple(hours.share_minute_sums())
-GPU_MEASURES = tuple(hours.gpu_minute_sums())
 
 
 def split(since: datetime, until: datetime) -> tuple[tuple[datetime, datetime] | None, list[tuple[datetime, datetime]]]:
@@ -54,25 +53,30 @@ def _bucket(field: str, edges: list[datetime] | None):
                 default=Value(len(edges) - 2), output_field=IntegerField())
 
 
-def gpu_sums(since: datetime, until: datetime) -> dict[int, dict]:
-    """gpu_id → device measures (every team's work on it: site admins only). Whole UTC days come
-    from the day rows, the rest from hours and minutes as for shares."""
+def gpu_busy(since: datetime, until: datetime, key: str) -> dict[str, float]:
+    """`key` (a GPU field such as gpu__node__name or gpu__model) → device busy GPU-minutes, every
+    team's work (site admins only). Whole UTC days come from the day rows, the rest from hours and
+    minutes as for shares; the database groups by the key, so a month for 4,000 GPUs sends back
+    one row per node or model, not per GPU and part."""
     folded_hours = RollupState.objects.values_list("hours_rolled_up_to", flat=True).first()
     d0 = hours.ceil_day(since)
     d1 = min(hours.floor_day(until), hours.floor_day(folded_hours)) if folded_hours else d0
     parts, spans = [], [(since, until)]
     if d1 > d0:
-        parts.append(GpuDay.objects.filter(day__gte=d0, day__lt=d1).values("gpu_id")
-                     .annotate(**{f"t_{m}": Sum(m) for m in GPU_MEASURES}))
+        parts.append(GpuDay.objects.filter(day__gte=d0, day__lt=d1).values(key).annotate(t=Sum("busy")))
         spans = [(a, b) for a, b in ((since, d0), (d1, until)) if b > a]
     for since_, until_ in spans:
         folded, minute_spans = split(since_, until_)
         if folded:
-            parts.append(GpuHour.objects.filter(hour__gte=folded[0], hour__lt=folded[1]).values("gpu_id")
-                         .annotate(**{f"t_{m}": Sum(m) for m in GPU_MEASURES}))
+            parts.append(GpuHour.objects.filter(hour__gte=folded[0], hour__lt=folded[1]).values(key)
+                         .annotate(t=Sum("busy")))
         for a, b in minute_spans:
-            parts.append(hours.gpu_minutes(a, b).values("gpu_id").annotate(**_totals(hours.gpu_minute_sums())))
-    return {k[0]: v for k, v in _merge(parts, ("gpu_id",), GPU_MEASURES).items()}
+            parts.append(hours.gpu_minutes(a, b).values(key).annotate(t=hours.gpu_minute_sums()["busy"]))
+    out: dict[str, float] = defaultdict(float)
+    for part in parts:
+        for k, busy in part.values_list(key, "t"):
+            out[k] += busy or 0.0
+    return dict(out)
 
 
 def _fields(by: tuple[str, ...]) -> list[str]:
