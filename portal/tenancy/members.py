@@ -133,8 +133,8 @@ def set_defaults(m: Membership, by: audit.Actor, *, exclusion: str | None, affin
     if errors:
         raise Refused(errors)
     with transaction.atomic():
-        m = Membership.objects.select_for_update().select_related("team", "user", "default_exclusion",
-                                                                  "default_affinity").get(pk=m.pk)
+        m = (Membership.objects.select_for_update(of=("self",))
+             .select_related("team", "user", "default_exclusion", "default_affinity").get(pk=m.pk))
         before = _snapshot(m)
         m.default_exclusion, m.default_affinity = group, label
         m.save(update_fields=["default_exclusion", "default_affinity"])

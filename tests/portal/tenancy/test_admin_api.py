@@ -28,11 +28,16 @@ def test_carol_adds_bob_by_email_changes_role_and_removes_him(client_for, people
     assert "no user 'zed'" in unknown.json()["user"][0]
     pk = r.json()["id"]
     assert carol.patch(f"/api/v1/memberships/{pk}/", {"role": "manager"}, format="json").json()["role"] == "manager"
+    changed = carol.patch(f"/api/v1/memberships/{pk}/", {"default_exclusion": "secure"}, format="json")
+    assert changed.status_code == 200 and changed.json()["default_exclusion"] == "secure"
+    unknown_group = carol.patch(f"/api/v1/memberships/{pk}/", {"default_exclusion": "nope"}, format="json")
+    assert unknown_group.status_code == 400 and "create it first" in unknown_group.json()["default_exclusion"][0]
     assert carol.delete(f"/api/v1/memberships/{pk}/").status_code == 204
     assert not Membership.objects.filter(pk=pk).exists()
     actions = list(AuditEntry.objects.filter(object_type="membership").order_by("id")
                    .values_list("action", "actor_label", "via"))
-    assert actions == [("added", "carol", "api"), ("role changed", "carol", "api"), ("removed", "carol", "api")]
+    assert actions == [("added", "carol", "api"), ("role changed", "carol", "api"),
+                       ("defaults changed", "carol", "api"), ("removed", "carol", "api")]
 
 
 def test_the_only_admin_cannot_leave_or_step_down(client_for, people):
