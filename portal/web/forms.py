@@ -16,6 +16,7 @@ from portal.fleet.model_names import display_model
 from portal.reservations import rules
 from portal.reservations.models import Kind, Reservation
 from portal.tenancy import roles
+from portal.tenancy.members import defaults_for
 from portal.tenancy.models import AffinityLabel, ExclusionGroup, Team
 from portal.tenancy.policy import policy_of
 
@@ -129,6 +130,9 @@ class RequestForm(forms.Form):
         self.fields["affinity"].choices = [("", "No preference")] + [(x, x) for x in labels]
         self.fields["anti_affinity"].choices = [("", "No preference")] + [(x, x) for x in labels]
         self.policy = policy_of(team) if team is not None else None
+        if team is not None:  # the groups a team admin set as this member's defaults (portal.tenancy.members)
+            for name, value in defaults_for(user, team).items():
+                self.fields[name].initial = self.fields[name].initial or value
         if team is not None:
             self.max_priority = 100 if user.is_staff else self.policy.max_priority(roles.role_in(user, team))
             self.max_hours = self.policy.max_duration_s / 3600

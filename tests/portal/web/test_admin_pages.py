@@ -137,3 +137,14 @@ def test_fleet_page_queries_do_not_grow_with_shares(fleet, browser_for, teams, p
         page = admin.get("/fleet/")
     assert len(after.captured_queries) == len(before.captured_queries)
     assert page.content.decode().count('class="slice') == 8
+
+
+def test_member_defaults_prefill_the_request_form(fleet, browser_for, people):
+    m = Membership.objects.get(user=people["alice"])
+    r = browser_for("carol").post(f"/team/vision/members/{m.pk}/defaults/", {"default_exclusion": "secure"})
+    assert r.status_code == 302
+    page = browser_for("alice").get("/reservations/new/").content.decode()
+    assert '<option value="secure" selected>' in page
+    bad = browser_for("carol").post(f"/team/vision/members/{m.pk}/defaults/", {"default_exclusion": "nope"},
+                                    follow=True)
+    assert "has no exclusion group &#x27;nope&#x27;; create it first" in bad.content.decode()
