@@ -15,6 +15,7 @@ from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Count
 from django.http import Http404
+from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
@@ -29,6 +30,7 @@ from portal.tenancy.errors import Refused
 from portal.tenancy.models import Team, TeamPolicy
 
 from . import navigation
+from .fleet_cells import gpu_cell
 from .templatetags.tessera import team_class
 
 NODES_PER_PAGE = 20  # 160 GPUs of 8: within one live socket's 200 groups
@@ -69,14 +71,14 @@ def fleet_rows(nodes: list[dict]) -> list[dict]:
             })
             x += share
             mx += memory
-        g.update(slices=slices, used=x, memory_used=mx, free=max(Decimal(0), 1 - x))
+        g.update(slices=slices, used=x, memory_used=mx)
         by_node[g["node_id"]].append(g)
     for n in nodes:
         n["gpus"] = by_node.get(n["id"], [])
     return nodes
 
 
-def fleet_context(params) -> dict:
+def fleet_context(params, csrf: str = "", back: str = "/fleet/") -> dict:
     model = params.get("model", "").strip()
     name = params.get("node", "").strip()[:253]
     state = params.get("state", "").strip()
@@ -86,13 +88,15 @@ def fleet_context(params) -> dict:
     if state in NodeStatus.values:
         qs = qs.filter(status=state)
     if model:
-        qs = qs.filter(gpus__model=model).distinct()
+        qs = qs.filter(pk__in=Gpu.objects.filter(model=model).values("node_id"))  # a semi-join, no DISTINCT
     page = Paginator(qs.values("id", "name", "status", "status_reason", "last_seen", "labels",
                                "agent_token_hash", "agent_token_created_at"), NODES_PER_PAGE).get_page(
         params.get("page"))
     nodes = fleet_rows(list(page.object_list))
     for n in nodes:
         n["has_token"] = bool(n.pop("agent_token_hash"))
+        for g in n["gpus"]:
+            g["html"] = gpu_cell(g, n["name"], csrf, back)
     counts = dict(Node.objects.values_list("status").annotate(n=Count("id")))
     return {
         "page": page, "nodes": nodes, "models": list(Gpu.objects.values_list("model", flat=True).distinct()
@@ -107,7 +111,7 @@ def fleet_context(params) -> dict:
 @login_required
 def fleet_page(request):
     _staff(request)
-    context = fleet_context(request.GET)
+    context = fleet_context(request.GET, get_token(request), request.get_full_path())
     template = "fleet/_nodes.html" if request.headers.get("HX-Request") else "fleet/fleet.html"
     return render(request, template, context)
 
