@@ -20,6 +20,13 @@ def _labels(value: str) -> frozenset[str]:
     return frozenset([value]) if value else frozenset()
 
 
+def _exclusion(team: str, label: str) -> frozenset[str]:
+    """Exclusion groups belong to a team (portal.tenancy.ExclusionGroup): vision's `secret` and
+    nlp's `secret` are two groups whose workloads must not share a GPU, so the engine sees them
+    as `vision/secret` and `nlp/secret`."""
+    return frozenset([f"{team}/{label}"]) if label else frozenset()
+
+
 class Pending(NamedTuple):
     """What a cycle reads of a waiting reservation (it may read thousands: plain tuples)."""
 
@@ -62,7 +69,7 @@ def to_request(r: Pending) -> core.Request:
         priority=r.priority,
         affinity=_labels(r.affinity),
         anti_affinity=_labels(r.anti_affinity),
-        exclusion=_labels(r.exclusion),
+        exclusion=_exclusion(r.team_slug, r.exclusion),
         group=group,
         created_at=r.created_at.timestamp(),
     )
@@ -78,7 +85,7 @@ def build() -> core.Snapshot:
     for gpu_id, rid, share, memory, priority, team, affinity, anti, exclusion, group in live:
         shares[gpu_id].append(core.Share(
             reservation_id=str(rid), request=float(share), memory_mib=memory, priority=priority, team=team,
-            affinity=_labels(affinity), anti_affinity=_labels(anti), exclusion=_labels(exclusion),
+            affinity=_labels(affinity), anti_affinity=_labels(anti), exclusion=_exclusion(team, exclusion),
             group=group or None,
         ))
     gpus_of: dict[int, list[tuple]] = defaultdict(list)
