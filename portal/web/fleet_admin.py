@@ -53,7 +53,7 @@ def fleet_rows(nodes: list[dict]) -> list[dict]:
         "id", "node_id", "index", "uuid", "model", "model_label", "memory_mib", "healthy", "cordoned",
         "cordon_reason"))
     shares: dict[int, list[tuple]] = defaultdict(list)
-    for row in (Allocation.objects.filter(released_at__isnull=True, gpu_id__in=[g["id"] for g in gpu_rows])
+    for row in (Allocation.objects.filter(released_at__isnull=True, gpu__node_id__in=[n["id"] for n in nodes])
                 .order_by("gpu_id", "reservation_id")
                 .values_list("gpu_id", "reservation_id", "compute_share", "compute_limit", "memory_mib",
                              "reservation__team_id", "reservation__team__slug", "reservation__owner__username",

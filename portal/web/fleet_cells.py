@@ -5,10 +5,16 @@ one templates/fleet/_nodes.html documents."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from .templatetags.tessera import gib, share
+from .templatetags import tessera
+
+# A page repeats the same few shares and sizes hundreds of times: format each value once.
+share = lru_cache(maxsize=4096)(tessera.share)
+gib = lru_cache(maxsize=4096)(tessera.gib)
 
 
 def _slice_title(s: dict) -> str:
