@@ -42,6 +42,13 @@ static CUresult state_error = CUDA_ERROR_NOT_INITIALIZED;
 static CUresult pending;       /* a launch failure reported by the server, for the next synchronizing call */
 static struct wire_hello_rep device;
 static int log_level = 1;      /* 0 error, 1 warn, 2 info, 3 debug */
+/* Buffers used under mu (not on the stack: a program's threads may have small stacks). */
+static char scratch[WIRE_MAX_ARGS];
+static struct {
+    struct wire_req rq;
+    struct wire_launch a;
+    uint8_t area[WIRE_MAX_PARAM_BYTES];
+} launch_msg;
 
 void rlog(int level, const char *fmt, ...) {
     if (level > log_level) return;
@@ -178,7 +185,7 @@ static CUresult ensure_connected(void) {
         close(fd);
         return state_error = CUDA_ERROR_NO_DEVICE;
     }
-    char buf[WIRE_MAX_ARGS];
+    char *buf = scratch;
     if (rep.len && wire_recv_all(fd, buf, rep.len)) {
         close(fd);
         return state_error = CUDA_ERROR_NO_DEVICE;
@@ -227,7 +234,7 @@ static CUresult read_reply(uint32_t op, void *out, uint32_t cap, uint32_t *got, 
         lose(wire_op_name(op), EPROTO);
         return state_error;
     }
-    char msg[WIRE_MAX_ARGS];
+    char *msg = scratch;
     char *dst = rep->result == CUDA_SUCCESS && rep->len <= cap ? out : msg;
     if (rep->len && wire_recv_all(sock, dst, rep->len)) {
         lose(wire_op_name(op), errno);
@@ -377,18 +384,28 @@ struct rfunction *rfunction_get(uint64_t module, const char *name, CUresult *err
     a.module = module;
     if (strlen(name) >= sizeof a.name) return NULL;
     strcpy(a.name, name);
-    uint8_t out[sizeof(struct wire_function_rep) + WIRE_MAX_PARAMS * sizeof(struct wire_param)];
+    size_t outcap = sizeof(struct wire_function_rep) + WIRE_MAX_PARAMS * sizeof(struct wire_param);
+    uint8_t *out = malloc(outcap);
+    if (!out) {
+        *err = CUDA_ERROR_OUT_OF_MEMORY;
+        return NULL;
+    }
     uint32_t got = 0;
-    CUresult r = rcall(OP_GET_FUNCTION, &a, sizeof a, out, sizeof out, &got);
+    CUresult r = rcall(OP_GET_FUNCTION, &a, sizeof a, out, (uint32_t)outcap, &got);
     *err = r ? r : CUDA_ERROR_UNKNOWN;
-    if (r != CUDA_SUCCESS || got < sizeof(struct wire_function_rep)) return NULL;
+    if (r != CUDA_SUCCESS || got < sizeof(struct wire_function_rep)) {
+        free(out);
+        return NULL;
+    }
     struct wire_function_rep fr;
     memcpy(&fr, out, sizeof fr);
     uint32_t n = fr.nparams == WIRE_PARAMS_UNKNOWN ? 0 : fr.nparams;
-    if (n > WIRE_MAX_PARAMS || got != sizeof fr + n * sizeof(struct wire_param)) return NULL;
-    struct rfunction *f = calloc(1, sizeof *f + n * sizeof(struct wire_param));
+    struct rfunction *f = NULL;
+    if (n <= WIRE_MAX_PARAMS && got == sizeof fr + n * sizeof(struct wire_param))
+        f = calloc(1, sizeof *f + n * sizeof(struct wire_param));
     if (!f) {
-        *err = CUDA_ERROR_OUT_OF_MEMORY;
+        free(out);
+        *err = n > WIRE_MAX_PARAMS ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_OUT_OF_MEMORY;
         return NULL;
     }
     *err = CUDA_SUCCESS;
@@ -396,54 +413,65 @@ struct rfunction *rfunction_get(uint64_t module, const char *name, CUresult *err
     f->nparams = fr.nparams;
     snprintf(f->name, sizeof f->name, "%s", name);
     memcpy(f->params, out + sizeof fr, n * sizeof(struct wire_param));
-    for (uint32_t i = 0; i < n; i++)
-        if (f->params[i].offset + f->params[i].size > f->area) f->area = f->params[i].offset + f->params[i].size;
+    free(out);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t end = (uint64_t)f->params[i].offset + f->params[i].size;
+        if (end > WIRE_MAX_PARAM_BYTES) {   /* not a layout any driver accepts: do not trust it */
+            rlog(0, "the GPU server described kernel %s with a parameter beyond %u bytes", name, WIRE_MAX_PARAM_BYTES);
+            free(f);
+            *err = CUDA_ERROR_INVALID_IMAGE;
+            return NULL;
+        }
+        if (end > f->area) f->area = (uint32_t)end;
+    }
     return f;
 }
 
 CUresult rlaunch(const struct rfunction *f, const unsigned grid[3], const unsigned block[3], unsigned shmem,
                  uint64_t stream, void **params, void **extra) {
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
-    struct {
-        struct wire_req rq;
-        struct wire_launch a;
-        uint8_t area[WIRE_MAX_PARAM_BYTES];
-    } m;
-    memset(&m.a, 0, sizeof m.a);
-    m.a.function = f->handle;
-    m.a.stream = stream;
-    memcpy(m.a.grid, grid, sizeof m.a.grid);
-    memcpy(m.a.block, block, sizeof m.a.block);
-    m.a.shmem = shmem;
+    void *buf = NULL;
+    size_t size = 0;
     if (extra) {
-        void *buf = NULL;
-        size_t size = 0;
         for (int i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
             if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf = extra[i + 1];
             else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = extra[i + 1] ? *(size_t *)extra[i + 1] : 0;
             else return rnot_supported("a cuLaunchKernel `extra` option other than the parameter buffer");
         }
         if ((!buf && size) || size > WIRE_MAX_PARAM_BYTES) return CUDA_ERROR_INVALID_VALUE;
-        if (size) memcpy(m.area, buf, size);
-        m.a.param_bytes = (uint32_t)size;
-        m.a.flags = LAUNCH_FROM_EXTRA;
     } else if (f->nparams == WIRE_PARAMS_UNKNOWN) {
         rlog(0, "cannot launch %s with kernelParams: the GPU server could not learn its parameter layout "
                 "(a PTX-only or compressed image on a driver without cuFuncGetParamInfo); pass the `extra` "
                 "parameter buffer instead", f->name);
         return CUDA_ERROR_NOT_SUPPORTED;
-    } else {
-        if (f->nparams && !params) return CUDA_ERROR_INVALID_VALUE;
-        memset(m.area, 0, f->area);
-        for (uint32_t i = 0; i < f->nparams; i++) memcpy(m.area + f->params[i].offset, params[i], f->params[i].size);
-        m.a.param_bytes = f->area;
+    } else if (f->nparams && !params) {
+        return CUDA_ERROR_INVALID_VALUE;
     }
-    m.rq = (struct wire_req){OP_LAUNCH, (uint32_t)sizeof m.a + m.a.param_bytes, 0};
     pthread_mutex_lock(&mu);
     CUresult r = ensure_connected();
-    if (r == CUDA_SUCCESS && wire_send_all(sock, &m, sizeof m.rq + sizeof m.a + m.a.param_bytes)) {
-        lose("cuLaunchKernel", errno);
-        r = state_error;
+    if (r == CUDA_SUCCESS) {
+        struct wire_launch *a = &launch_msg.a;
+        memset(a, 0, sizeof *a);
+        a->function = f->handle;
+        a->stream = stream;
+        memcpy(a->grid, grid, sizeof a->grid);
+        memcpy(a->block, block, sizeof a->block);
+        a->shmem = shmem;
+        if (extra) {
+            if (size) memcpy(launch_msg.area, buf, size);
+            a->param_bytes = (uint32_t)size;
+            a->flags = LAUNCH_FROM_EXTRA;
+        } else {
+            memset(launch_msg.area, 0, f->area);
+            for (uint32_t i = 0; i < f->nparams; i++)
+                memcpy(launch_msg.area + f->params[i].offset, params[i], f->params[i].size);
+            a->param_bytes = f->area;
+        }
+        launch_msg.rq = (struct wire_req){OP_LAUNCH, (uint32_t)sizeof *a + a->param_bytes, 0};
+        if (wire_send_all(sock, &launch_msg, sizeof launch_msg.rq + sizeof *a + a->param_bytes)) {
+            lose("cuLaunchKernel", errno);
+            r = state_error;
+        }
     }
     pthread_mutex_unlock(&mu);
     return r;
