@@ -237,6 +237,7 @@ def main() -> None:
             "command": "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/web/pages.py "
                        f"--requests {args.requests}",
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
+                        "nice": os.nice(0),
                         "load_average_1m_at_end": os.getloadavg()[0]},
             "data": {"reservations_of_alice": world["reservations"], "share_minutes": world["share_minutes"],
                      "minutes_of_measured_reservation": world["target_minutes"], "seed_s": round(seed_s, 1)},
@@ -263,8 +264,11 @@ def main() -> None:
                   f"{results['loaded']['reservation']['first_view_p50_ms']} ms loaded, "
                   f"{results['baseline']['reservation']['first_view_p50_ms']} ms baseline.",
                   f"Machine: {os.cpu_count()} CPUs shared with other work (load average {os.getloadavg()[0]:.1f} at "
-                  f"the end of the run), Python {platform.python_version()}; server time is Django's whole "
-                  "request (middleware, session, queries, templates) in-process, without the network."]
+                  f"the end of the run; this process at nice {os.nice(0)}), Python {platform.python_version()}; "
+                  "server time is Django's whole request (middleware, session, queries, templates) in-process, "
+                  "without the network. CPU p50 is this process's own CPU time per request (not PostgreSQL's, "
+                  "not time spent waiting for a core): where the machine is busy, the part of the wall time "
+                  "that is the page's own work."]
         (RESULTS / "pages.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
     finally:
