@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 from portal.reservations import rules, services
 from portal.reservations.quota import QuotaExceeded
 from portal.tenancy.models import Preset
-from portal.tenancy.policy import request_problems
+from portal.tenancy.policy import max_priority_for, request_problems
 
 from . import preview as previews
 from .forms import RequestForm, in_words, initial_from, initial_from_preset, submit_teams
@@ -91,6 +91,7 @@ def request_preset(request, pk: int):
         team=preset.team, image=preset.image, gpu_request=preset.gpu_request, gpu_limit=preset.gpu_limit,
         gpu_memory_mib=preset.gpu_memory_mib, gpu_model=preset.gpu_model, kind=preset.kind,
         command=list(preset.command or []), max_duration_s=preset.max_duration_s, name="",
+        priority=min(50, max_priority_for(request.user, preset.team)),  # the form's default, within the role's
     )
     try:
         reservation = services.submit(request.user, spec)

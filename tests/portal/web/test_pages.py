@@ -112,9 +112,10 @@ def test_preset_first_and_one_click_request(alice, people, teams):
     assert page.index("Presets") < page.index("Custom request")
     customise = alice.get(f"/reservations/new/?preset={preset.pk}").content.decode()
     assert 'value="24"' in customise and 'value="8"' in customise
+    TeamPolicy.objects.create(team=teams["vision"], max_priority_member=30)
     r = alice.post(f"/reservations/new/preset/{preset.pk}/")
     row = Reservation.objects.get()
-    assert r["Location"] == f"/reservations/{row.pk}/" and row.gpu_memory_mib == 24576
+    assert r["Location"] == f"/reservations/{row.pk}/" and row.gpu_memory_mib == 24576 and row.priority == 30
     assert alice.post(f"/reservations/new/preset/{other.pk}/").status_code == 404
     assert alice.get(f"/reservations/new/?preset={other.pk}").status_code == 404
 
