@@ -44,7 +44,12 @@ from bench.scratch_db import ScratchDatabase  # noqa: E402
 DB = ScratchDatabase("tessera_bench_orchestration")
 REDIS_URL = "redis://127.0.0.1:6379/10"
 RESULTS = ROOT / "bench" / "results" / "orchestration"
-STATE = Path(tempfile.gettempdir()) / "tessera-bench-orchestration-cluster.sqlite3"
+
+
+def state_path() -> Path:
+    """The simulated cluster's state file, named after the database: a benchmark that reuses this
+    module with its own database (bench/kubernetes) must not delete this one's cluster mid-run."""
+    return Path(tempfile.gettempdir()) / f"{DB.name}-cluster.sqlite3"
 
 
 def inventory(path: Path, gpus: int) -> None:
@@ -58,7 +63,7 @@ def inventory(path: Path, gpus: int) -> None:
 
 def env() -> dict[str, str]:
     return dict(os.environ, DATABASE_URL=DB.url, REDIS_URL=REDIS_URL, TESSERA_BACKEND="local",
-                TESSERA_LOCAL_STATE=str(STATE), TESSERA_LOCAL_START_S="0.5", TESSERA_LOCAL_BATCH_S="3600",
+                TESSERA_LOCAL_STATE=str(state_path()), TESSERA_LOCAL_START_S="0.5", TESSERA_LOCAL_BATCH_S="3600",
                 DJANGO_SETTINGS_MODULE="portal.settings", LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT),
                 DEBUG="0")  # as in production: no query log
 
@@ -110,7 +115,7 @@ def cycle_stats(logs: list[Path]) -> dict:
 
 def pod_times() -> dict[str, float]:
     """reservation id → when its pod was created on the simulated cluster (unix seconds)."""
-    with sqlite3.connect(STATE, timeout=30) as db:
+    with sqlite3.connect(state_path(), timeout=30) as db:
         rows = db.execute("SELECT labels, created_at FROM pods").fetchall()
     out = {}
     for labels, created in rows:
@@ -139,7 +144,7 @@ def reset_state() -> None:
     Fence.objects.update_or_create(pk=1, defaults={"accepted": 0, "issued": 0})
     redis.Redis.from_url(REDIS_URL).flushdb()
     for suffix in ("", "-wal", "-shm"):
-        Path(str(STATE) + suffix).unlink(missing_ok=True)
+        Path(str(state_path()) + suffix).unlink(missing_ok=True)
     backend_module._cache.clear()
     backend_module._known_nodes.clear()
     backend_module.get_backend()  # creates the state file with the database's nodes
@@ -178,7 +183,7 @@ def wait_bound(ids: list[int], timeout: float) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     wanted = {str(i) for i in ids}
     while True:
-        with sqlite3.connect(STATE, timeout=30) as db:
+        with sqlite3.connect(state_path(), timeout=30) as db:
             (count,) = db.execute("SELECT count(*) FROM pods").fetchone()
         if count >= len(wanted) or time.monotonic() > deadline:
             times = pod_times()
@@ -356,7 +361,7 @@ def main() -> None:
             if not args.keep_db:
                 DB.drop()
             for suffix in ("", "-wal", "-shm"):
-                Path(str(STATE) + suffix).unlink(missing_ok=True)
+                Path(str(state_path()) + suffix).unlink(missing_ok=True)
     steal, total = (b - a for a, b in zip(steal_at_start, cpu_times(), strict=True))
     write(results, args, workers, steal / max(1, total))
 

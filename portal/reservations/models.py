@@ -3,8 +3,6 @@ of every state transition."""
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -111,11 +109,6 @@ class Reservation(models.Model):
 
     def __str__(self) -> str:
         return f"reservation {self.pk} ({self.state})"
-
-    @property
-    def guaranteed_share(self) -> Decimal:
-        """What this reservation counts against its team's quota (whole cards count 1.0 each)."""
-        return self.gpu_request * self.gpu_count
 
 
 class Allocation(models.Model):

@@ -84,7 +84,7 @@ class BatchWriter:
                     future.set_result(stored)
             log.debug("stored %d batches in %.1f ms", len(items), (loop.time() - started) * 1000)
             # Only after the commit: a browser that re-fetches the state after a gap must find in
-            # the database everything numbered up to the sequence it is told (live.py).
+            # the database everything numbered up to the sequence it is told (live/watching.py).
             self._fanout.put([r.latest for r in results if r.latest is not None])
 
 

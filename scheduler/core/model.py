@@ -101,14 +101,6 @@ class Gpu:
         object.__setattr__(self, "nvlink_peers", frozenset(self.nvlink_peers))
         object.__setattr__(self, "shares", tuple(self.shares))
 
-    @property
-    def used_milli(self) -> int:
-        return sum(to_milli(s.request) for s in self.shares)
-
-    @property
-    def used_memory_mib(self) -> int:
-        return sum(s.memory_mib for s in self.shares)
-
 
 @dataclass(frozen=True)
 class Node:
@@ -287,12 +279,3 @@ class CycleResult:
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     unschedulable: tuple[Unschedulable, ...] = ()
-
-    def placement_for(self, request_id: str) -> Placement | None:
-        for p in self.placements:
-            if p.request_id == request_id:
-                return p
-        for pre in self.preemptions:
-            if pre.request_id == request_id:
-                return pre.placement
-        return None

@@ -161,10 +161,12 @@ def world(transactional_db, settings):
     from decimal import Decimal
 
     from django.contrib.auth import get_user_model
+    from django.db import transaction
 
     from portal.fleet import inventory
     from portal.fleet.models import Gpu, Node
-    from portal.reservations.models import Allocation, Reservation
+    from portal.reservations import rules, services
+    from portal.reservations.models import Reservation
     from portal.reservations.states import State
     from portal.tenancy.models import Membership, Role, Team
 
@@ -182,10 +184,10 @@ def world(transactional_db, settings):
     gpus = {g.index: g for g in Gpu.objects.filter(node=node)}
     reservations = {}
     for slug, owner, index in (("vision", "alice", 0), ("nlp", "bob", 1)):
-        r = Reservation.objects.create(owner=people[owner], team=teams[slug], image="img",
-                                       gpu_request=Decimal("0.5"), gpu_limit=Decimal("0.5"),
-                                       gpu_memory_mib=4096, state=State.RUNNING, node=node)
-        Allocation.objects.create(reservation=r, gpu=gpus[index], compute_share=Decimal("0.5"),
-                                  compute_limit=Decimal("0.5"), memory_mib=4096)
-        reservations[slug] = r
+        with transaction.atomic():  # the cycle it asks for, after the commit, finds nothing to place
+            r = services.submit(people[owner], rules.ReservationSpec(team=teams[slug], image="img",
+                                                                     gpu_request=Decimal("0.5"), gpu_memory_mib=4096))
+            services.place(r.pk, node.pk, [services.NewAllocation(gpus[index].pk, Decimal("0.5"), 4096)])
+            services.move(r.pk, State.PLACED, State.RUNNING, "its pod runs", "test")
+        reservations[slug] = Reservation.objects.get(pk=r.pk)
     return {"teams": teams, "people": people, "node": node, "gpus": gpus, "reservations": reservations}

@@ -9,13 +9,12 @@ import urllib.request
 from decimal import Decimal
 
 import pytest
+from django.db import transaction
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from portal.fleet.services import issue_node_token
-from portal.reservations.events import announce_allocations
-from portal.reservations.models import Allocation, Reservation
-from portal.reservations.states import State
+from portal.reservations import rules, services
 from portal.telemetry.models import ShareSample
 
 from .conftest import session_cookie, wait_for
@@ -105,11 +104,11 @@ def test_new_placements_reach_the_running_agent(portal, agents, world):
     node = world["node"]
     agents.start(node.name, issue_node_token(node), interval=0.2)
     wait_for(lambda: ShareSample.objects.exists(), 30, "the agent's first share readings")
-    r = Reservation.objects.create(owner=world["people"]["alice"], team=world["teams"]["vision"], image="img",
-                                   gpu_request=Decimal("0.25"), gpu_limit=Decimal("0.5"), gpu_memory_mib=2048,
-                                   state=State.RUNNING, node=node)
-    Allocation.objects.create(reservation=r, gpu=world["gpus"][3], compute_share=Decimal("0.25"),
-                              compute_limit=Decimal("0.5"), memory_mib=2048)
-    announce_allocations(node.pk)  # what reservations.services.place does after its commit
+    # Placing it tells the node's agent after the commit (reservations.events.announce_allocations).
+    with transaction.atomic():  # the cycle it asks for, after the commit, finds nothing to place
+        r = services.submit(world["people"]["alice"], rules.ReservationSpec(
+            team=world["teams"]["vision"], image="img", gpu_request=Decimal("0.25"), gpu_limit=Decimal("0.5"),
+            gpu_memory_mib=2048))
+        services.place(r.pk, node.pk, [services.NewAllocation(world["gpus"][3].pk, Decimal("0.25"), 2048)])
     wait_for(lambda: ShareSample.objects.filter(reservation=r, gpu=world["gpus"][3]).exists(), 20,
              "the new share in the agent's readings")

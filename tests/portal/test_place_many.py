@@ -65,11 +65,10 @@ def test_the_number_of_queries_does_not_grow_with_the_batch(fleet, people, teams
 
     gpus = list(Gpu.objects.select_related("node").order_by("pk"))
     counts = {}
+    teams["vision"].quota_gpu_share, teams["vision"].quota_max_gpus = Decimal(10), 100
+    teams["vision"].save()
     for n in (1, 30):
-        # Written directly: the team's quota (4 GPUs) is the API's business, not place_many's.
-        rs = [Reservation.objects.create(owner=people["alice"], team=teams["vision"], image="busybox:1.36",
-                                         gpu_request=Decimal("0.1"), gpu_limit=Decimal("0.1"), gpu_memory_mib=100)
-              for _ in range(n)]
+        rs = [_pending(people, teams, share="0.1", memory=100) for _ in range(n)]
         units = [[_decision(r, gpus[i % len(gpus)], share="0.1", memory=100)] for i, r in enumerate(rs)]
         with CaptureQueriesContext(connection) as queries:
             placed, refused = services.place_many(units, "tester")

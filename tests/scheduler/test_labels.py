@@ -3,7 +3,7 @@ from scheduler.core import Request, Share, Snapshot, schedule
 
 def test_affinity_joins_the_gpu_that_holds_the_label(node):
     snap = Snapshot((node("a", gpus=2), node("b", shares={0: [Share("s", 0.3, affinity="team-x")]})))
-    p = schedule(snap, [Request("r", gpu_request=0.3, affinity="team-x")], "spread").placement_for("r")
+    (p,) = schedule(snap, [Request("r", gpu_request=0.3, affinity="team-x")], "spread").placements
     assert p is not None and p.gpu_uuids == ("b-g0",)
 
 
@@ -27,8 +27,9 @@ def test_exclusion_label_takes_only_its_own_gpus(node):
     result = schedule(
         snap, [Request("plain", gpu_request=0.2), Request("mine", gpu_request=0.2, exclusion="secret")]
     )
-    assert result.placement_for("plain").gpu_uuids == ("a-g1",)
-    assert result.placement_for("mine").gpu_uuids == ("a-g0",)
+    placed = {p.request_id: p.gpu_uuids for p in result.placements}
+    assert placed["plain"] == ("a-g1",)
+    assert placed["mine"] == ("a-g0",)
 
 
 def test_exclusion_never_mixes_with_unlabelled_shares(node):

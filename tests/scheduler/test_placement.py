@@ -4,7 +4,7 @@ from scheduler.core import Node, NodeStatus, Request, Share, Snapshot, feasible_
 
 
 def placed(result, rid):
-    p = result.placement_for(rid)
+    p = next((p for p in result.placements if p.request_id == rid), None)
     assert p is not None, f"{rid} was not placed: {result.unschedulable}"
     return p
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from portal.placement.invariants import live_shares_ok
+from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
 from scheduler.backends import Phase, PodRef
@@ -160,10 +161,13 @@ def test_a_burst_larger_than_one_commit_is_placed_in_batches_and_every_pod_made(
 
     monkeypatch.setattr(cycle.core, "decide", decide)
     monkeypatch.setattr(commit.services, "place_many", place_many)
-    # Written directly, as if 250 users submitted at the same instant (quota aside).
-    ids = [Reservation.objects.create(owner=people["alice"], team=teams["vision"], image="busybox:1.36",
-                                      gpu_request=Decimal("0.05"), gpu_limit=Decimal("0.05"),
-                                      gpu_memory_mib=64).pk for _ in range(250)]
+    # 250 submitted before any cycle runs (their cycle requests wait for a commit that never comes).
+    vision = teams["vision"]
+    vision.quota_gpu_share, vision.quota_memory_mib, vision.quota_max_gpus = Decimal(20), 10**6, 1000
+    vision.save()
+    ids = [services.submit(people["alice"], rules.ReservationSpec(
+        team=teams["vision"], image="busybox:1.36", gpu_request=Decimal("0.05"), gpu_memory_mib=64)).pk
+        for _ in range(250)]
     assert Gpu.objects.count() * 20 >= 250  # 0.05 each: every one fits
     with django_capture_on_commit_callbacks(execute=True):
         tasks.run_cycles("burst")

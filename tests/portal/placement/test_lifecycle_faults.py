@@ -6,10 +6,12 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal
 
+import pytest
 from django.utils import timezone
 
 from portal.fleet.models import Node, NodeStatus
 from portal.placement import binding, expiry, tasks
+from portal.placement import idle as idle_module
 from portal.placement.idle import check_idle
 from portal.placement.reconcile import reconcile
 from portal.reservations.models import Allocation, Kind, Reservation
@@ -32,21 +34,38 @@ def _running(client_for, reservation_body, placement_loop, **body) -> Reservatio
     return r
 
 
+class Clock:
+    """What the lifecycle checks take for now: time passes without writing to the reservations."""
+
+    def __init__(self) -> None:
+        self.at = timezone.now()
+
+    def now(self):
+        return self.at
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(expiry, "timezone", c)
+    monkeypatch.setattr(idle_module, "timezone", c)
+    return c
+
+
 def test_interactive_reservation_is_warned_then_expires_and_its_pod_goes(client_for, reservation_body, cluster,
-                                                                         placement_loop):
+                                                                         placement_loop, clock):
     r = _running(client_for, reservation_body, placement_loop, kind=Kind.INTERACTIVE, gpu_request=0.5,
                  gpu_memory_mib=4096)
     # Interactive without a duration: the team's limit sets its end.
     lasts = r.expires_at - r.placed_at
     assert abs(lasts - timedelta(seconds=r.team.interactive_max_s)) < timedelta(seconds=5)
     # Five minutes left of an eight-hour session: time to warn (once).
-    end = timezone.now() + timedelta(minutes=5)
-    Reservation.objects.filter(pk=r.pk).update(expires_at=end, placed_at=end - lasts)
+    clock.at = r.expires_at - timedelta(minutes=5)
     assert expiry.expire_due(cluster) == (0, 1)
     assert expiry.expire_due(cluster) == (0, 0)
     body = client_for("alice").get(f"/api/v1/reservations/{r.pk}/").json()
     assert body["state"] == "running" and body["expiry_warned_at"] is not None
-    Reservation.objects.filter(pk=r.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    clock.at = r.expires_at + timedelta(seconds=1)
     assert expiry.expire_due(cluster) == (1, 0)
     r.refresh_from_db()
     assert r.state == State.EXPIRED and "end time" in r.state_reason
@@ -54,26 +73,24 @@ def test_interactive_reservation_is_warned_then_expires_and_its_pod_goes(client_
     assert not Allocation.objects.filter(reservation=r, released_at__isnull=True).exists()
 
 
-def _samples(r: Reservation, used: float, minutes: int) -> None:
+def _samples(r: Reservation, used: float, minutes: int, now) -> None:
     gpu = r.allocations.get().gpu
-    now = timezone.now()
     ShareSample.objects.bulk_create(
         ShareSample(reservation=r, gpu=gpu, ts=now - timedelta(seconds=s), used_frac=used)
         for s in range(0, minutes * 60, 10))
 
 
 def test_idle_reservation_is_flagged_and_reclaimed_when_team_says_so(client_for, reservation_body, cluster,
-                                                                     placement_loop, teams):
+                                                                     placement_loop, teams, clock):
     team = teams["vision"]
     team.idle_threshold, team.idle_after_s, team.idle_reclaim = Decimal("0.05"), 600, False
     team.save()
     idle = _running(client_for, reservation_body, placement_loop, gpu_request=0.25, gpu_memory_mib=2048)
     busy = _running(client_for, reservation_body, placement_loop, gpu_request=0.25, gpu_memory_mib=2048)
     unmeasured = _running(client_for, reservation_body, placement_loop, gpu_request=0.25, gpu_memory_mib=2048)
-    Reservation.objects.filter(pk__in=[idle.pk, busy.pk, unmeasured.pk]).update(
-        started_at=timezone.now() - timedelta(hours=1))
-    _samples(idle, 0.01, 12)
-    _samples(busy, 0.20, 12)
+    clock.at = timezone.now() + timedelta(hours=1)  # an hour later, with the last 12 minutes measured
+    _samples(idle, 0.01, 12, clock.at)
+    _samples(busy, 0.20, 12, clock.at)
     assert check_idle(cluster) == (1, 0)
     idle.refresh_from_db()
     assert idle.state == State.RUNNING and idle.idle_since is not None

@@ -10,10 +10,12 @@ from django.utils import timezone
 
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.reservations import services
 from portal.reservations.models import Reservation
 from portal.telemetry import ingest
 from portal.telemetry.models import GpuSample, ShareSample
 from portal.telemetry.services import placements_for_node, recent_utilization
+from scheduler.backends import Phase, PodStatus
 from wire.agent_portal import PORTAL_MESSAGES, parse
 
 from .conftest import hello_for, samples_for
@@ -111,8 +113,9 @@ def test_a_drained_node_stays_drained_when_its_agent_reports(node):
 
 
 def test_placements_for_the_agent_are_the_live_shares_of_its_node(node, placed):
-    Reservation.objects.filter(pk=placed["vision"].pk).update(pod_uid="0f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
-    Reservation.objects.filter(pk=placed["nlp"].pk).update(pod_uid="not-a-kubernetes-uid")
+    for r, uid in ((placed["vision"], "0f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b"), (placed["nlp"], "not-a-kubernetes-uid")):
+        services.record_pod(r.pk, PodStatus(namespace=r.pod_namespace, name=r.pod_name, uid=uid, node=node.name,
+                                            phase=Phase.RUNNING, reservation_id=str(r.pk)))
     # What the agent's own validation accepts.
     message = parse(json.dumps(placements_for_node(node.pk)), PORTAL_MESSAGES)
     got = {(p.reservation, p.gpu_uuid, p.request, p.pod_uid) for p in message.placements}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from django.utils import timezone
 
 from portal.fleet.models import Gpu, Node
-from portal.reservations.models import Allocation
+from portal.reservations import services
+from portal.reservations.states import State
 from portal.telemetry import ingest
 from portal.telemetry.models import GpuSample, ShareSample
 
@@ -47,7 +47,7 @@ def test_a_released_share_stores_nothing_more(node, placed):
     hello = hello_for(node)
     info = ingest.register_hello(node, hello)
     _submit(info, samples_for(node, hello.stream, range(1, 2), shares=[(placed["nlp"].pk, 1, 0.5)]))
-    Allocation.objects.filter(reservation=placed["nlp"]).update(released_at=timezone.now())
+    assert services.release(placed["nlp"].pk, State.SUCCEEDED, "its pod completed", "test")
     _submit(info, samples_for(node, hello.stream, range(2, 3), shares=[(placed["nlp"].pk, 1, 0.5)]))
     assert ShareSample.objects.count() == 1
 
