@@ -3,7 +3,9 @@
  *   tcp_raw serve HOST PORT_FILE          accept one connection; per round: read BYTES, answer one byte;
  *                                          then send BYTES back, for the other direction
  *   tcp_raw send HOST:PORT BYTES REPEATS  prints send_s= and recv_s= (best of REPEATS) */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

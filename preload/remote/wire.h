@@ -15,6 +15,7 @@
 #define WIRE_MAX_MODULE (256ull << 20)  /* a module image (fat binary, cubin, PTX) */
 #define WIRE_MAX_PARAMS 1024u           /* kernel parameters per function */
 #define WIRE_MAX_PARAM_BYTES 32764u     /* the driver's own limit on a kernel's parameter area */
+#define WIRE_MAX_COPY (1ull << 40)      /* one host-to-device copy: more than any device holds */
 #define WIRE_CHUNK (1u << 20)           /* bulk copies move through the server in chunks of this */
 #define WIRE_PARAMS_UNKNOWN 0xffffffffu
 

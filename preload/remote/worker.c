@@ -350,7 +350,9 @@ static int do_memcpy_htod(const struct wire_req *rq) {
     memcpy(&a, args, sizeof a);
     CUresult r = CUDA_SUCCESS;
     const char *why = NULL;
-    if (rq->bulk != a.bytes) return -1;   /* the framing itself is wrong: drop the client */
+    /* the framing itself is wrong, or the copy is larger than any device: drop the client rather than
+     * read an unbounded stream it declared */
+    if (rq->bulk != a.bytes || a.bytes > WIRE_MAX_COPY) return -1;
     if (!valid_range(a.dst, a.bytes)) r = CUDA_ERROR_INVALID_VALUE, why = "destination is not memory of this share";
     else if (!valid_stream(a.stream)) r = CUDA_ERROR_INVALID_HANDLE, why = "unknown stream";
     else if ((r = order_per_thread(&a)) != CUDA_SUCCESS) why = "the per-thread stream failed";
