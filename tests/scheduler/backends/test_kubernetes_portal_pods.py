@@ -97,3 +97,17 @@ def test_a_transient_refusal_is_the_reservations_reason_until_the_pod_is_made(
     assert apiserver.pod(NAMESPACE, r.pod_name) is not None
     assert r.state == "placed" and r.state_reason == "pod created; waiting for it to start"
     assert binding.bind_batch(get_backend(), [r.pk]).bound == 1  # again: adopted, nothing new
+
+
+def test_a_missing_runtime_class_fails_the_reservation_saying_what_the_operator_must_do(
+        workloads, portal_on_kubernetes, apiserver):  # noqa: F811
+    from portal.reservations.models import Reservation
+
+    apiserver.runtime_classes.clear()  # no NVIDIA container toolkit on this cluster
+    r = submit(workloads)
+    portal_on_kubernetes()
+    r = Reservation.objects.get(pk=r.pk)
+    assert r.state == "failed"
+    assert "RuntimeClass nvidia is missing: install the NVIDIA container toolkit" in r.state_reason
+    assert "TESSERA_RUNTIME_CLASS" in r.state_reason
+    assert len(apiserver.calls("POST", rf"^/api/v1/namespaces/{NAMESPACE}/pods$")) == 1  # not retried
