@@ -111,3 +111,22 @@ def test_a_missing_runtime_class_fails_the_reservation_saying_what_the_operator_
     assert "RuntimeClass nvidia is missing: install the NVIDIA container toolkit" in r.state_reason
     assert "TESSERA_RUNTIME_CLASS" in r.state_reason
     assert len(apiserver.calls("POST", rf"^/api/v1/namespaces/{NAMESPACE}/pods$")) == 1  # not retried
+
+
+def test_a_finished_portal_pod_is_kept_for_its_log_then_deleted(workloads, portal_on_kubernetes,  # noqa: F811
+                                                               apiserver, settings):
+    from portal.placement import tasks
+    from portal.reservations.models import Reservation
+
+    r = submit(workloads)
+    portal_on_kubernetes()
+    r.refresh_from_db()
+    apiserver.set_pod_phase(NAMESPACE, r.pod_name, "Succeeded")
+    sync_until(lambda: Reservation.objects.get(pk=r.pk).state == "succeeded")
+    tasks.housekeeping()
+    tasks.reconcile()
+    assert apiserver.pod(NAMESPACE, r.pod_name) is not None  # the reservation page can still read its log
+    settings.TESSERA_KEEP_FINISHED_PODS_S = 0  # an hour later
+    tasks.housekeeping()
+    assert apiserver.pod(NAMESPACE, r.pod_name) is None
+    assert Reservation.objects.get(pk=r.pk).pod_name == ""
