@@ -354,6 +354,46 @@ API cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     return ret(cuMemsetD8Async(U64(p), (unsigned char)v, n, (CUstream)s));
 }
 
+/* ---- pitched memory and 2-D copies (row by row unless the rows are contiguous) ---- */
+API cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, size_t height) {
+    if (!p || !pitch) return ret(CUDA_ERROR_INVALID_VALUE);
+    size_t row = (width + 511) & ~(size_t)511;   /* the widest alignment devices ask of rows */
+    if (height && row > SIZE_MAX / height) return ret(CUDA_ERROR_OUT_OF_MEMORY);
+    *pitch = row;
+    return cudaMalloc(p, row * height);
+}
+static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                          enum cudaMemcpyKind kind, cudaStream_t s, int async) {
+    if (width > dpitch || width > spitch) return ret(CUDA_ERROR_INVALID_VALUE);   /* cudaErrorInvalidPitchValue */
+    if (dpitch == width && spitch == width) return copy(dst, src, width * height, kind, s, async);
+    for (size_t r = 0; r < height; r++) {
+        cudaError_t e = copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind, s, async);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+API cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                             enum cudaMemcpyKind kind) {
+    return copy2d(dst, dpitch, src, spitch, width, height, kind, NULL, 0);
+}
+API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                  size_t height, enum cudaMemcpyKind kind, cudaStream_t s) {
+    return copy2d(dst, dpitch, src, spitch, width, height, kind, s, 1);
+}
+API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
+    if (!a) return ret(CUDA_ERROR_INVALID_VALUE);
+    memset(a, 0, sizeof *a);
+    if (is_device(p)) {
+        a->type = cudaMemoryTypeDevice;
+        a->devicePointer = (void *)p;
+    } else {
+        a->type = cudaMemoryTypeUnregistered;   /* host memory here is never registered with the device */
+        a->device = -2;
+        a->hostPointer = (void *)p;
+    }
+    return cudaSuccess;
+}
+
 /* ---- streams and events ---- */
 API cudaError_t cudaStreamCreate(cudaStream_t *s) { return ret(cuStreamCreate((CUstream *)s, 0)); }
 API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) { return ret(cuStreamCreate((CUstream *)s, flags)); }
@@ -398,6 +438,50 @@ API const char *cudaGetErrorName(cudaError_t e) {
 
 /* ---- refused on a remote share, with a reason (README.md, "What does not work") ---- */
 static cudaError_t refuse(const char *what) { return ret(rnot_supported(what)); }
+/* Host functions on a stream run here, on the caller's thread, once the stream's earlier work is done:
+ * later work on the stream is queued only after they return, so the order CUDA promises holds (the
+ * caller waits for the stream, where CUDA would return at once). */
+API cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
+    if (!fn) return ret(CUDA_ERROR_INVALID_VALUE);
+    cudaError_t e = cudaStreamSynchronize(s);
+    if (e == cudaSuccess) fn(data);
+    return e;
+}
+API cudaError_t cudaStreamAddCallback(cudaStream_t s, cudaStreamCallback_t cb, void *data, unsigned flags) {
+    if (!cb || flags) return ret(CUDA_ERROR_INVALID_VALUE);
+    cudaError_t e = cudaStreamSynchronize(s);
+    cb(s, e, data);
+    return cudaSuccess;
+}
+API cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned flags) {
+    if (flags) return refuse("event record flags (cudaEventRecordExternal)");
+    return cudaEventRecord(e, s);
+}
+/* How the host thread waits (spin, yield, block) means nothing across a network: kept, not forwarded. */
+static unsigned device_flags;
+API cudaError_t cudaSetDeviceFlags(unsigned flags) {
+    device_flags = flags;
+    return cudaSuccess;
+}
+API cudaError_t cudaGetDeviceFlags(unsigned *flags) {
+    if (!flags) return ret(CUDA_ERROR_INVALID_VALUE);
+    *flags = device_flags;
+    return cudaSuccess;
+}
+/* A cache preference is a hint a device may ignore; attributes change what a launch may do. */
+API cudaError_t cudaFuncSetCacheConfig(const void *func, enum cudaFuncCache config) {
+    (void)func; (void)config;
+    return cudaSuccess;
+}
+API cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
+    (void)func; (void)attr; (void)value;
+    return refuse("kernel attributes (cudaFuncSetAttribute)");
+}
+API cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func) {
+    (void)attr; (void)func;
+    return refuse("kernel attributes (cudaFuncGetAttributes)");
+}
+
 API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) { (void)h; (void)p; return refuse("CUDA IPC handles"); }
 API cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned f) { (void)p; (void)h; (void)f; return refuse("CUDA IPC handles"); }
 API cudaError_t cudaGraphCreate(cudaGraph_t *g, unsigned f) { (void)g; (void)f; return refuse("CUDA graphs"); }

@@ -69,6 +69,9 @@ def test_runtime_api_program_runs_on_a_remote_share(gpu_host: GpuHost) -> None:
     assert int(out["prop_total"]) == cap
     assert out["last_error"] == "2"  # cudaGetLastError reports the refused cudaMalloc
     assert out["ipc_text"] == "operation not supported on a remote GPU share"
+    assert out["host_fn_ok"] == "1"  # ran once the stream's kernels were done
+    assert out["pitched_ok"] == "1" and int(out["pitch"]) >= 100
+    assert out["ptr_attr_ok"] == "1"
 
 
 def test_the_same_binaries_run_locally_on_the_fake_driver(built) -> None:

@@ -12,6 +12,8 @@ __global__ void spin(unsigned long long us, float *out, int n) {
 }
 __global__ void empty() {}
 
+static void host_fn(void *flag) { *(int *)flag = 1; }
+
 #define CHECK(call)                                                                       \
     do {                                                                                  \
         cudaError_t e_ = (call);                                                          \
@@ -74,9 +76,26 @@ int main(int argc, char **argv) {
     CHECK(cudaStreamSynchronize(s));
     CHECK(cudaDeviceSynchronize());
     printf("elapsed_ms=%.3f\nasync_copy_ok=%d\n", ms, memcmp(host, back, bytes) == 0);
+    int flag = 0;
+    spin<<<1, 32, 0, s>>>(kernel_us, out, 1);
+    CHECK(cudaLaunchHostFunc(s, host_fn, &flag));
+    printf("host_fn_ok=%d\n", flag);
     CHECK(cudaEventDestroy(e0));
     CHECK(cudaEventDestroy(e1));
     CHECK(cudaStreamDestroy(s));
+
+    size_t pitch = 0;
+    unsigned char *pitched;
+    CHECK(cudaMallocPitch((void **)&pitched, &pitch, 100, 8));
+    CHECK(cudaMemcpy2D(pitched, pitch, host, 100, 100, 8, cudaMemcpyHostToDevice));
+    memset(back, 0, 800);
+    CHECK(cudaMemcpy2D(back, 100, pitched, pitch, 100, 8, cudaMemcpyDeviceToHost));
+    printf("pitch=%zu\npitched_ok=%d\n", pitch, memcmp(host, back, 800) == 0);
+    CHECK(cudaFree(pitched));
+    cudaPointerAttributes attr_dev, attr_host;
+    CHECK(cudaPointerGetAttributes(&attr_dev, a + 10));
+    CHECK(cudaPointerGetAttributes(&attr_host, host));
+    printf("ptr_attr_ok=%d\n", attr_dev.type == cudaMemoryTypeDevice && attr_host.type == cudaMemoryTypeUnregistered);
 
     if (over) {
         void *c = NULL;
