@@ -262,4 +262,4 @@ def team_limits_page(request, slug: str):
 
 
 navigation.register("Fleet", "fleet", allowed=navigation.staff, order=70)
-navigation.register("Teams", "fleet-teams", allowed=navigation.staff, order=72)
+navigation.register("Teams & quotas", "fleet-teams", allowed=navigation.staff, order=72)

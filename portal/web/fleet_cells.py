@@ -33,15 +33,12 @@ def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
         f' <code class="muted" title="as a label value, for sharedgpu/gpu_model">{escape(g["model_label"])}</code>')
     slices = []
     bars = []
-    links = []
     for s in g["slices"]:
         href = f"/reservations/{s['reservation']}/"
         slices.append(f'<a href="{href}" data-reservation="{s["reservation"]}"><title>{escape(_slice_title(s))}'
                       f'</title><rect class="slice {s["cls"]}" x="{s["x"]}" y="0" width="{s["w"]}" height="11">'
                       "</rect></a>")
         bars.append(f'<rect class="mem {s["cls"]}" x="{s["mx"]}" y="14" width="{s["mw"]}" height="6"></rect>')
-        links.append(f'<li><a href="{href}">Reservation {s["reservation"]} of {escape(s["owner"])} '
-                     f'({escape(s["team"])}), {share(s["share"])} of the GPU</a></li>')
     where = f"GPU {idx} on {escape(node)}"
     if g["cordoned"]:
         question, cordon, verb = f"Uncordon {where}? New shares may land there again.", "0", "Uncordon"
@@ -49,7 +46,6 @@ def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
         question, cordon, verb = (f"Cordon {where}? No new shares will land there; its shares keep running.", "1",
                                   "Cordon")
     foot = f"{used} · {memory}" if g["slices"] else "free"
-    hidden = f'<ul class="shares visually-hidden">{"".join(links)}</ul>' if links else ""
     return mark_safe(  # noqa: S308 (every outside value above is escaped or a number)
         f'<li class="{classes}" data-gpu="{g["id"]}" data-index="{idx}">'
         f'<div class="gpu-head"><strong>GPU {idx}</strong> <span class="muted">{escape(g["model"])}</span>'
@@ -61,7 +57,7 @@ def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
         '<rect class="util-cap" x="0" y="23" width="100" height="3"></rect>'
         '<rect class="util" x="0" y="23" width="0" height="3" data-util></rect></svg>'
         f'<div class="gpu-foot"><span>{foot}</span> <span class="muted" data-util-text title="utilization now">—'
-        f"</span></div>{hidden}"
+        "</span></div>"
         f'<form method="post" action="/fleet/gpus/{g["id"]}/cordon/" class="gpu-action" data-confirm="{question}">'
         f'<input type="hidden" name="csrfmiddlewaretoken" value="{escape(csrf)}">'
         f'<input type="hidden" name="next" value="{escape(back)}"><input type="hidden" name="cordon" value="{cordon}">'

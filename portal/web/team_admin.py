@@ -20,6 +20,7 @@ from portal.tenancy.errors import Refused
 from portal.tenancy.models import AffinityLabel, ExclusionGroup, Membership, Preset, Role, TeamPolicy
 
 from . import navigation
+from .templatetags.tessera import gib, share
 
 TABS = [("members", "Members"), ("groups", "Groups & labels"), ("presets", "Presets"), ("policy", "Policy"),
         ("quota", "Quota")]
@@ -364,7 +365,17 @@ def policy_page(request, slug: str):
 @login_required
 def quota_page(request, slug: str):
     team = _team(request, slug)
-    return _page(request, team, "quota", "team/quota.html", {"usage": usage.team_usage(team)})
+    use = usage.team_usage(team)
+    meters = [
+        ("Guaranteed share in use", use.guaranteed_in_use, use.quota_gpu_share,
+         f"{share(use.guaranteed_in_use)} of {share(use.quota_gpu_share)} GPU"),
+        ("GPU memory in use", use.memory_in_use_mib, use.quota_memory_mib,
+         f"{gib(use.memory_in_use_mib)} of {gib(use.quota_memory_mib)}"),
+        ("GPUs in use", use.gpus_in_use, use.quota_max_gpus, f"{use.gpus_in_use} of {use.quota_max_gpus}"),
+    ]
+    beyond = "allowed: priority-0 requests, preemptible" if use.allow_over_quota else "not allowed by the policy"
+    return _page(request, team, "quota", "team/quota.html", {"usage": use, "meters": meters, "beyond": beyond,
+                                                             "opportunistic": f"{share(use.opportunistic_in_use)} GPU"})
 
 
 navigation.register("Team", "team-admin", allowed=navigation.team_admin, order=60, section="/team/")

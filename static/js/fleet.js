@@ -1,9 +1,11 @@
 // The fleet page: live utilization of the GPUs on screen over /ws/live/ (gpu:<id> groups, site
-// admins only). The server draws shares and memory; this file only moves the utilization bar
-// and its text, and follows the list when htmx replaces it (filters, pages).
+// admins only), and the nodes' state, last report and shares fetched again every 30 s while the
+// page is visible. The server draws shares and memory; this file only moves the utilization bar
+// and its text, and follows the list when htmx replaces it (filters, pages, the refresh).
 (function () {
   "use strict";
   var live = null;
+  var REFRESH_MS = 30000;
 
   function gpuIds() {
     var list = document.querySelector("ol.fleet[data-gpus]");
@@ -26,11 +28,24 @@
   function start() {
     var groups = gpuIds();
     if (!groups.length || !window.Tessera || !window.Tessera.Live) { return; }
-    if (live) { live.subscribe(groups); return; }
+    if (live) {
+      live.subscribe(groups);
+      live.refetch(groups);  // redrawn cells start empty: fill them from the current state
+      return;
+    }
     live = new window.Tessera.Live(groups, show);
   }
 
-  document.addEventListener("DOMContentLoaded", start);
+  function refresh() {
+    var nodes = document.getElementById("nodes");
+    if (!nodes || document.hidden || !window.htmx || nodes.querySelector("form:focus-within")) { return; }
+    window.htmx.ajax("GET", window.location.pathname + window.location.search, {target: "#nodes", swap: "innerHTML"});
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    start();
+    setInterval(refresh, REFRESH_MS);
+  });
   document.addEventListener("htmx:afterSwap", function (event) {
     if (event.detail.target && event.detail.target.id === "nodes") { start(); }
   });

@@ -91,9 +91,12 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
     # carol: an exclusion group, with its preview while typing --------------------------------------
     carol.click("nav.tabs >> text=Groups & labels")
     carol.fill("#id_label", "secret")
-    carol.wait_for_selector("#preview >> text=can take a request in `secret`")
+    carol.wait_for_selector("#preview >> text=can take a request in secret")
     carol.click("button:has-text('Create')")
     carol.wait_for_selector("tr[data-group=secret]")
+    carol.fill("#id_label", "open")
+    carol.wait_for_selector("#preview >> text=can take a request in open")
+    shoot(carol, "team-groups")
 
     # carol: idle policy and a preset --------------------------------------------------------------
     carol.click("nav.tabs >> text=Policy")
@@ -147,6 +150,14 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
     secret_gpu = secret.allocations.get().gpu
     open_gpu = open_one.allocations.get().gpu
     assert secret_gpu.node.name == open_gpu.node.name == "t4-node-1" and secret_gpu.pk != open_gpu.pk
+    # carol's preview now names the GPU that holds `secret`, and her quota view shows alice's share
+    carol.click("nav.tabs >> text=Groups & labels")
+    carol.fill("#id_label", "open")
+    carol.wait_for_selector(f"#preview >> text=GPU {secret_gpu.index} on t4-node-1 holds exclusion group secret; "
+                            "a request in open cannot land there")
+    carol.click("nav.tabs >> text=Quota")
+    assert "alice" in carol.inner_text("main")
+    shoot(carol, "team-quota")
 
     # the site admin: the fleet view shows both, on different GPUs ---------------------------------------
     admin = new_page(chromium, errors)
@@ -173,6 +184,8 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
     admin.wait_for_selector("text=Node t4-node-1 is draining")
     node.refresh_from_db()
     assert node.status == "draining"
+    assert admin.inner_text("li[data-node=t4-node-1] [data-node-state]") == "draining"
+    shoot(admin, "fleet-drained")
     bob.click("nav >> text=Request GPU")
     bob.select_option("#id_gpu_model", "")
     bob.fill("#id_gpu_request", "0.25")
@@ -196,6 +209,10 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
     with connect(f"{stack['portal'].ws}/ws/agents/", additional_headers={"Authorization": f"Bearer {new_token}"},
                  open_timeout=10):
         pass
+
+    admin.click("nav >> text=Teams & quotas")
+    admin.wait_for_selector("tr[data-team=vision]")
+    shoot(admin, "fleet-teams")
 
     # the audit log has all of the above -----------------------------------------------------------------
     admin.click("nav >> text=Audit log")

@@ -98,8 +98,8 @@ def test_group_preview_fragment(fleet, browser_for, teams, people):
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
     services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.25"), 1024)])
     page = browser_for("carol").get("/team/vision/groups/preview/", {"kind": "exclusion", "label": "open"})
-    assert "GPU 0 on t4-node-1 holds exclusion group `secure`; a request in `open` cannot land there" in \
-        page.content.decode()
+    assert ("GPU 0 on t4-node-1 holds exclusion group <code>secure</code>; a request in <code>open</code> cannot "
+            "land there") in page.content.decode()
     assert browser_for("bob").get("/team/vision/groups/preview/", {"kind": "exclusion", "label": "x"}).status_code \
         == 404
 
