@@ -168,7 +168,8 @@ def write(rows: list[dict], args, ratio: float, verdict: str) -> None:
     (RESULTS / "fleet.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [
         "# Fleet view: server time of /fleet/", "",
-        f"Command: `{command}`  ", f"When: {meta['when']} on {meta['machine']} (shared with other work)", "",
+        f"Command: `{command}`  ", f"When: {meta['when']} on {meta['machine']}, shared with other work (load average "
+        f"{meta['load_average_1_5_15']} at the end)", "",
         "In-process Django test client as a site admin (routing, queries, template; no network). "
         "About three live shares per GPU; 20 nodes per page.", "",
         "Wall: what the browser waits for (PostgreSQL included). Portal CPU: this process's CPU time per "

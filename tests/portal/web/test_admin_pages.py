@@ -148,3 +148,14 @@ def test_member_defaults_prefill_the_request_form(fleet, browser_for, people):
     bad = browser_for("carol").post(f"/team/vision/members/{m.pk}/defaults/", {"default_exclusion": "nope"},
                                     follow=True)
     assert "has no exclusion group &#x27;nope&#x27;; create it first" in bad.content.decode()
+
+
+def test_changes_in_django_admin_are_audited_too(browser_for, teams, people):
+    people["admin"].is_superuser = True  # Django's admin asks for model permissions
+    people["admin"].save()
+    r = browser_for("admin").post(f"/admin/tenancy/exclusiongroup/{ExclusionGroup.objects.get().pk}/change/",
+                                  {"team": teams["vision"].pk, "label": "renamed-in-admin", "description": ""})
+    assert r.status_code == 302, r.content[:2000]
+    entry = AuditEntry.objects.get(object_type="exclusion")
+    assert (entry.actor_label, entry.via, entry.action, entry.team) == ("admin", "web", "changed", teams["vision"])
+    assert entry.message.startswith("in Django admin:")
