@@ -19,7 +19,19 @@ from django.db import connection
 
 T = TypeVar("T")
 
-_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="telemetry-db")
+
+
+def own_connection() -> None:
+    """Thread initializer: this thread keeps one connection of its own for its life, outside the
+    web requests' pool (DB_POOL_MAX_SIZE): agents' hellos and sample commits never queue behind
+    HTTP requests for a pooled connection, and a long-lived thread does not hold a pool slot."""
+    options = connection.settings_dict.get("OPTIONS", {})
+    if "pool" in options:
+        connection.settings_dict = {**connection.settings_dict,
+                                    "OPTIONS": {k: v for k, v in options.items() if k != "pool"}}
+
+
+_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="telemetry-db", initializer=own_connection)
 
 
 class Stale(Exception):

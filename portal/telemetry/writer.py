@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import IntegrityError, connection
 
 from . import conf
+from .dbthread import own_connection
 from .ingest import Stored, Submission, forget_cache, store_batches
 from .live import Fanout
 
@@ -45,7 +46,8 @@ class BatchWriter:
     def __init__(self) -> None:
         self._queue: asyncio.Queue[tuple[Submission, asyncio.Future]] = asyncio.Queue()
         # One thread: one database connection that stays open, commits in arrival order.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-writer")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-writer",
+                                            initializer=own_connection)
         self._fanout = Fanout()
         self._task = asyncio.get_running_loop().create_task(self._run())
         self.stored_samples = 0

@@ -86,3 +86,28 @@ def test_database_failure_outside_a_view_is_503_too(rf):
         raise ValueError("a bug")
     except ValueError:
         assert server_error(rf.get("/api/v1/teams/")).status_code == 500
+
+
+def test_telemetry_threads_keep_their_own_connection_outside_the_pool(people, tiny_pool):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.contrib.auth import get_user_model
+    from django.db import connection as thread_connection
+
+    from portal.telemetry.dbthread import own_connection
+
+    assert get_user_model().objects.count() == len(people)  # opens the pool
+    connection.close()
+    held = [tiny_pool.getconn() for _ in range(2)]  # the web requests hold every pooled one
+    try:
+        with ThreadPoolExecutor(max_workers=1, initializer=own_connection) as telemetry:
+            def count() -> int:
+                try:
+                    return get_user_model().objects.count()
+                finally:
+                    thread_connection.close()
+
+            assert telemetry.submit(count).result(timeout=10) == len(people)
+    finally:
+        for conn in held:
+            tiny_pool.putconn(conn)
