@@ -41,3 +41,14 @@ def get_backend() -> Backend:
     if key not in _cache:
         _cache[key] = create(name, namespace=settings.TESSERA_NAMESPACE)
     return _cache[key]
+
+
+def forget_backends() -> None:
+    """Close and drop this process's backends (tests and benchmarks that switch clusters)."""
+    for backend in _cache.values():
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    _cache.clear()
+    _known_nodes.clear()
+    _nodes_checked.clear()

@@ -152,11 +152,13 @@ _locks: dict[str, RedisLock | ProcessLock] = {}
 
 
 def forget_locks() -> None:
-    """Close and drop the cached locks (tests that switch Redis databases)."""
+    """Close and drop the cached locks, and forget an in-process request for a cycle (tests that
+    switch Redis databases or start from a clean slate)."""
     for lock in _locks.values():
         if isinstance(lock, RedisLock):
             lock.client.close()
     _locks.clear()
+    ProcessLock._dirty.clear()
 
 
 def cluster_lock() -> RedisLock | ProcessLock:

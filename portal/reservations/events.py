@@ -95,3 +95,10 @@ def _flush_reservations() -> None:
         return
     _pending.reservations = {}
     reservations_changed.send(sender=None, changes=noted)
+
+
+def forget_pending() -> None:
+    """Drop what this thread noted for announcing: a transaction rolled back without running its
+    on_commit callbacks (every test's) leaves its notes behind."""
+    _pending.nodes = set()
+    _pending.reservations = {}

@@ -171,8 +171,7 @@ def stage(transactional_db, own_redis, settings, tmp_path):
         staged.stop_all()
         celery_app.conf.update(**saved)
         celery_app._after_fork()
-        backend_module._cache.clear()
-        backend_module._known_nodes.clear()
+        backend_module.forget_backends()
         forget_locks()
 
 

@@ -11,7 +11,7 @@ from portal.reservations.events import allocations_changed, announce_allocations
 def heard():
     # Earlier tests' transactions are rolled back without running on_commit, which leaves their
     # node ids noted in this thread; start clean.
-    events._pending.nodes = set()
+    events.forget_pending()
     got: list[int] = []
 
     def listener(sender, node_ids, **kwargs):

@@ -1,16 +1,12 @@
 """Fixtures for the preload tests: the library, the fake driver and test programs built with make
-(rebuilt when stale), an environment that loads them, and a share broker run as a real process."""
+(rebuilt when stale) and an environment that loads them. The share broker process they run beside
+the library is tests/agents/broker/process.py."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,66 +90,3 @@ def parse_kv(text: str) -> dict[str, int]:
     return out
 
 
-class BrokerProcess:
-    def __init__(self, socket_path: Path, log_path: Path, *args: str) -> None:
-        self.socket_path = socket_path
-        self.log_path = log_path
-        self.args = args
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> BrokerProcess:
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the life of the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agents.broker", "--socket", str(self.socket_path), "--log-level", "INFO",
-             *self.args],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.socket_path.exists():
-                with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(self.socket_path))
-                    return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"broker did not start:\n{self.log_path.read_text()}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def query(self) -> dict:
-        import json
-
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(str(self.socket_path))
-            s.sendall(b"QUERY\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        assert data.startswith(b"STATS "), data
-        return json.loads(data[6:])
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "broker.sock", tmp_path / "broker.log").start()
-    yield proc
-    proc.stop()

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from .conftest import BrokerProcess, Env
+from tests.agents.broker.process import BrokerProcess
+
+from .conftest import Env
 
 pytestmark = pytest.mark.slow
 

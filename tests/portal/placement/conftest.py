@@ -9,7 +9,7 @@ import redis
 from portal.celery import app as celery_app
 from portal.placement import backend as backend_module
 from portal.placement import tasks
-from portal.placement.locking import ProcessLock, forget_locks
+from portal.placement.locking import forget_locks
 
 
 @pytest.fixture
@@ -21,14 +21,13 @@ def cluster(settings, tmp_path, fleet):
     settings.TESSERA_LOCAL_BATCH_S = 3600
     settings.TESSERA_LOCK_REDIS_URL = ""
     settings.REDIS_URL = ""
-    ProcessLock._dirty.clear()
+    forget_locks()
     eager = celery_app.conf.task_always_eager
     # Binds run in-process, whatever REDIS_URL says (the app reads CELERY_* from the settings).
     celery_app.conf.update(CELERY_TASK_ALWAYS_EAGER=True)
     yield backend_module.get_backend()
     celery_app.conf.update(CELERY_TASK_ALWAYS_EAGER=eager)
-    backend_module._cache.clear()
-    backend_module._known_nodes.clear()
+    backend_module.forget_backends()
     forget_locks()
 
 

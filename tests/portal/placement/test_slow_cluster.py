@@ -18,7 +18,7 @@ from portal.celery import app as celery_app
 from portal.fleet import inventory
 from portal.placement import backend as backend_module
 from portal.placement import tasks
-from portal.placement.locking import ProcessLock
+from portal.placement.locking import forget_locks
 from portal.reservations import rules, services
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
@@ -63,17 +63,15 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, people, tea
     settings.TESSERA_NAMESPACE = "tessera"
     settings.TESSERA_LOCK_REDIS_URL = ""
     settings.REDIS_URL = ""
-    ProcessLock._dirty.clear()
+    forget_locks()
     eager = celery_app.conf.task_always_eager
     celery_app.conf.task_always_eager = True
     inventory.load(INVENTORY)
     for name in inventory_names():
         apiserver.add_node(name)
-    backend_module._cache.clear()
+    backend_module.forget_backends()
     yield apiserver
-    for backend in backend_module._cache.values():
-        backend.close()
-    backend_module._cache.clear()
+    backend_module.forget_backends()
     celery_app.conf.task_always_eager = eager
 
 

@@ -104,8 +104,7 @@ def workers(settings, tmp_path, fleet):
                 p.wait()
         celery_app.conf.update(**saved)
         celery_app._after_fork()
-        backend_module._cache.clear()
-        backend_module._known_nodes.clear()
+        backend_module.forget_backends()
         forget_locks()
         client.flushdb()
 

@@ -34,7 +34,7 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
     from portal.celery import app as celery_app
     from portal.fleet import inventory
     from portal.placement import backend as backend_module
-    from portal.placement.locking import ProcessLock
+    from portal.placement.locking import forget_locks
     from portal.tenancy.models import Team
 
     kubeconfig = tmp_path / "kubeconfig"
@@ -49,7 +49,7 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
     settings.TESSERA_NAMESPACE = "tessera"
     settings.TESSERA_LOCK_REDIS_URL = ""
     settings.REDIS_URL = ""
-    ProcessLock._dirty.clear()
+    forget_locks()
     eager = celery_app.conf.task_always_eager
     celery_app.conf.task_always_eager = True
     inventory.load(INVENTORY)
@@ -57,7 +57,7 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
         apiserver.add_node(node.name)
     Team.objects.create(slug="vision", name="Vision", namespace="team-vision", quota_gpu_share=Decimal("4"),
                         quota_memory_mib=400_000, quota_max_gpus=4, allow_over_quota=True)
-    backend_module._cache.clear()
+    backend_module.forget_backends()
 
     def cycle():
         from portal.placement import tasks
@@ -67,9 +67,7 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
             tasks.run_cycles("test")
 
     yield cycle
-    for backend in backend_module._cache.values():
-        backend.close()
-    backend_module._cache.clear()
+    backend_module.forget_backends()
     celery_app.conf.task_always_eager = eager
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import BrokerProcess
+from tests.agents.broker.process import BrokerProcess
 
 HELLO = b"HELLO v=1 share=%s gpu=GPU-t pid=%d request=0.5 limit=1.0 priority=low\n"
 
@@ -143,7 +143,7 @@ def test_the_command_line_rejects_bad_settings(tmp_path) -> None:
     import subprocess
     import sys
 
-    from .conftest import REPO
+    from tests.agents.broker.process import REPO
 
     result = subprocess.run(
         [sys.executable, "-m", "agents.broker", "--socket", str(tmp_path / "s"), "--min-quota-ms", "80"],
