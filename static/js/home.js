@@ -58,7 +58,9 @@
       if (h.length > 90) { h.shift(); }
       draw(card, id, point);
       var now = card.querySelector("[data-live-now]");
-      if (now) {
+      // The sentence is aria-live: say it at most every 5 s, not at every reading.
+      if (now && (!now.dataset.saidAt || Date.now() - Number(now.dataset.saidAt) > 5000)) {
+        now.dataset.saidAt = String(Date.now());
         now.textContent = "Using " + Math.round(used * 100) + " % of a GPU (request " +
           Math.round(parseFloat(card.getAttribute("data-request")) * 100) + " %, limit " +
           Math.round(parseFloat(card.getAttribute("data-limit")) * 100) + " %)" +

@@ -49,7 +49,9 @@
       if (charts["chart-memory"] && mem !== null) {
         charts["chart-memory"].push(x, [Math.round(mem / 10.24) / 100, Math.round(cap / 10.24) / 100], 600);
       }
-      if (now) {
+      // The sentence is aria-live: say it at most every 5 s, not at every reading.
+      if (now && (!now.dataset.saidAt || Date.now() - Number(now.dataset.saidAt) > 5000)) {
+        now.dataset.saidAt = String(Date.now());
         now.textContent = "Now: " + Math.round(used * 100) + " % of a GPU" + (mem === null ? "" : ", " + gib(mem) +
           " of " + gib(cap)) + ".";
       }
