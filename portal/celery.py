@@ -13,8 +13,6 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
-WORKER_CONN_MAX_AGE_S = 600
-
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
@@ -49,7 +47,9 @@ def _prepare_worker_process(**_) -> None:
     # threads would not survive the prefork pool's fork: workers keep a plain connection instead.
     for alias in connections:
         connections[alias].settings_dict.get("OPTIONS", {}).pop("pool", None)
-    max_age = int(os.environ.get("DB_CONN_MAX_AGE", WORKER_CONN_MAX_AGE_S))
+    from django.conf import settings
+
+    max_age = settings.TESSERA_WORKER_CONN_MAX_AGE_S
     for alias in connections:
         connections[alias].settings_dict["CONN_MAX_AGE"] = max_age
     # Django, the apps and their libraries live as long as the process: keep them out of the

@@ -237,6 +237,10 @@ TESSERA_LOCAL_BATCH_S = float(os.environ.get("TESSERA_LOCAL_BATCH_S", "300"))
 # own single-flight tasks, never in the placement cycle: one that runs longer than this is stopped
 # and the next one starts over, so a hung API server delays only them.
 TESSERA_CLUSTER_TASK_LIMIT_S = float(os.environ.get("TESSERA_CLUSTER_TASK_LIMIT_S", "60"))
+# A finished portal pod is kept this long for the reservation page's log, then deleted.
+TESSERA_KEEP_FINISHED_PODS_S = int(os.environ.get("TESSERA_KEEP_FINISHED_PODS_S", "3600"))
+# Celery workers keep their database connection between tasks this long (DB_CONN_MAX_AGE wins).
+TESSERA_WORKER_CONN_MAX_AGE_S = int(os.environ.get("DB_CONN_MAX_AGE", "600"))
 
 # Telemetry (portal.telemetry.conf has the meaning of each): raw samples kept short, per-minute
 # rollups long; a node silent this long is lost; /metrics scraped with this bearer token.

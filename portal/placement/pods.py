@@ -9,7 +9,6 @@ is released, and its log is what its owner reads next: a kubectl pod is left to 
 from __future__ import annotations
 
 import logging
-import os
 from datetime import timedelta
 
 from django.conf import settings
@@ -27,8 +26,7 @@ FINISHED = (State.SUCCEEDED, State.FAILED)
 
 
 def keep_finished_s() -> int:
-    return int(getattr(settings, "TESSERA_KEEP_FINISHED_PODS_S",
-                       os.environ.get("TESSERA_KEEP_FINISHED_PODS_S", "3600")))
+    return int(settings.TESSERA_KEEP_FINISHED_PODS_S)
 
 
 def delete_pod(backend: Backend, namespace: str, name: str, reason: str, grace_s: int = GRACE_S) -> bool:
