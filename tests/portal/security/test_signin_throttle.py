@@ -36,9 +36,12 @@ def _token(username, password, address="10.0.0.1", **headers):
         "/api/v1/auth/token/", {"username": username, "password": password}, format="json")
 
 
-def test_wrong_password_flood_stops_hashing_and_answers_429(people, limits, counting_hasher):
+def test_wrong_password_flood_stops_hashing_and_answers_429(people, limits, counting_hasher,
+                                                             django_assert_num_queries):
     answers = [_token("alice", f"guess-{i}").status_code for i in range(20)]
     assert answers[:3] == [401] * 3 and set(answers[3:]) == {429}
+    with django_assert_num_queries(0):  # refused before any database work: the flood takes no connection
+        assert _token("alice", "guess-again").status_code == 429
     # Django hashes once per failed attempt (also for unknown users); none after the limit.
     assert counting_hasher.calls <= 3
     r = _token("alice", "pw-alice")
