@@ -160,7 +160,7 @@ class GpuSerializer(serializers.ModelSerializer):
     class Meta:
         model = Gpu
         fields = ["uuid", "node", "index", "model", "model_label", "memory_mib", "nvlink_peers", "numa_node",
-                  "healthy", "allocated_request", "allocated_memory_mib"]
+                  "healthy", "allocated_request", "allocated_memory_mib", "cordoned", "cordon_reason"]
 
 
 class NodeSerializer(serializers.ModelSerializer):

@@ -28,6 +28,9 @@ def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
     classes = "gpu" + (" cordoned" if g["cordoned"] else "") + ("" if g["healthy"] else " unhealthy")
     badges = (' <span class="badge tone-warn">cordoned</span>' if g["cordoned"] else "") + \
         ("" if g["healthy"] else ' <span class="badge tone-bad">unhealthy</span>')
+    # Why it is cordoned (a site admin's reason, or a GPU its agent reported that awaits approval).
+    reason = f'<small class="cordon-reason">{escape(g["cordon_reason"])}</small>' if g["cordoned"] and \
+        g["cordon_reason"] else ""
     used, memory = share(g["used"]), gib(g["memory_used"])
     label = "" if g.get("model_label", g["model"]) == g["model"] else (
         f' <code class="muted" title="as a label value, for sharedgpu/gpu_model">{escape(g["model_label"])}</code>')
@@ -57,7 +60,7 @@ def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
         '<rect class="util-cap" x="0" y="23" width="100" height="3"></rect>'
         '<rect class="util" x="0" y="23" width="0" height="3" data-util></rect></svg>'
         f'<div class="gpu-foot"><span>{foot}</span> <span class="muted" data-util-text title="utilization now">—'
-        "</span></div>"
+        f"</span></div>{reason}"
         f'<form method="post" action="/fleet/gpus/{g["id"]}/cordon/" class="gpu-action" data-confirm="{question}">'
         f'<input type="hidden" name="csrfmiddlewaretoken" value="{escape(csrf)}">'
         f'<input type="hidden" name="next" value="{escape(back)}"><input type="hidden" name="cordon" value="{cordon}">'

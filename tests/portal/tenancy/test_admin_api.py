@@ -141,6 +141,8 @@ def test_cordoned_gpu_leaves_the_placement_snapshot(fleet, client_for):
                                     format="json").json()["cordoned"] is True
     t4 = next(n for n in snapshot.build().nodes if n.name == "t4-node-1")
     assert [g.index for g in t4.gpus] == [0]
+    listed = client_for("alice").get("/api/v1/gpus/", {"node__name": "t4-node-1"}).json()["results"]
+    assert [(g["index"], g["cordoned"], g["cordon_reason"]) for g in listed] == [(0, False, ""), (1, True, "fan noise")]
     client_for("admin").delete(f"/api/v1/gpus/{gpu.uuid}/cordon/")
     t4 = next(n for n in snapshot.build().nodes if n.name == "t4-node-1")
     assert [g.index for g in t4.gpus] == [0, 1]

@@ -111,9 +111,10 @@ def test_drain_cordon_and_token_from_the_fleet_page(fleet, browser_for):
     node.refresh_from_db()
     assert node.status == "draining"
     gpu = Gpu.objects.get(node=node, index=0)
-    admin.post(f"/fleet/gpus/{gpu.pk}/cordon/", {"cordon": "1"})
+    admin.post(f"/fleet/gpus/{gpu.pk}/cordon/", {"cordon": "1", "reason": "fan noise"})
     gpu.refresh_from_db()
     assert gpu.cordoned
+    assert '<small class="cordon-reason">fan noise</small>' in admin.get("/fleet/?node=t4").content.decode()
     page = admin.post("/fleet/nodes/t4-node-1/token/", {"action": "issue"})
     assert page["Cache-Control"].startswith("max-age=0") or "no-cache" in page["Cache-Control"]
     key = page.content.decode().split('data-token')[0].rsplit('value="', 1)[1].split('"')[0]
