@@ -103,6 +103,7 @@ class PolicySerializer(StrictTypesMixin, serializers.Serializer):
     max_priority_member = serializers.IntegerField(required=False)
     max_priority_admin = serializers.IntegerField(required=False)
     allow_over_quota = serializers.BooleanField(required=False)
+    allow_remote = serializers.BooleanField(required=False, help_text="Requests may use a share of another node's GPU")
 
 
 class LimitsSerializer(StrictTypesMixin, serializers.Serializer):

@@ -76,6 +76,11 @@ class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
     group_threshold = serializers.DecimalField(**SHARE, required=False, allow_null=True,
                                                min_value=Decimal("0.001"), max_value=Decimal("1"))
     max_duration_s = serializers.IntegerField(min_value=60, max_value=30 * 86400, required=False, allow_null=True)
+    remote_allowed = serializers.BooleanField(
+        required=False, default=False,
+        help_text="May run on a share of a GPU on another node, if the team's policy allows remote shares")
+    client_node = serializers.CharField(source="client_node.name", read_only=True, default=None, allow_null=True,
+                                        help_text="Where the pod of a remote share runs (its GPU is on `node`)")
     allocations = serializers.SerializerMethodField()
 
     class Meta:
@@ -86,11 +91,13 @@ class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
             "opportunistic", "requeue_on_preempt", "affinity", "anti_affinity", "exclusion",
             "group_name", "group_headcount", "group_threshold", "max_duration_s", "expires_at",
             "state", "state_reason", "node", "allocations",
+            "remote_allowed", "sharing", "sharing_reason", "client_node",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
             "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
         ]
         read_only_fields = [
             "id", "owner", "opportunistic", "expires_at", "state", "state_reason", "node",
+            "sharing", "sharing_reason", "client_node",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
             "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
         ]

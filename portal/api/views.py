@@ -46,7 +46,8 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
     filterset_class = ReservationFilter
 
     def get_queryset(self):
-        return Reservation.objects.visible_to(self.request.user).select_related("team", "owner", "node") \
+        return Reservation.objects.visible_to(self.request.user) \
+            .select_related("team", "owner", "node", "client_node") \
             .prefetch_related(Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node")))
 
     def perform_create(self, serializer):

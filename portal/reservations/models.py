@@ -24,6 +24,12 @@ class Source(models.TextChoices):
     KUBECTL = "kubectl", "kubectl pod"
 
 
+class Sharing(models.TextChoices):
+    EXCLUSIVE = "exclusive", "Exclusive GPU"
+    LOCAL = "local", "Local share"
+    REMOTE = "remote", "Remote share"
+
+
 class ReservationQuerySet(models.QuerySet):
     def visible_to(self, user) -> ReservationQuerySet:
         """The reservations of the teams `user` may see (all, for staff): pages, API and reports agree."""
@@ -50,6 +56,9 @@ class Reservation(models.Model):
     # Accepted beyond the team's quota (priority 0): not counted in the quota, preemptible.
     opportunistic = models.BooleanField(default=False)
     requeue_on_preempt = models.BooleanField(default=False)
+    # The request may run on a share of a GPU on another node (preload/remote), if its team's policy
+    # allows it (portal.tenancy.policy); placement then chooses exclusive, local or remote.
+    remote_allowed = models.BooleanField(default=False)
 
     affinity = models.CharField(max_length=63, blank=True)
     anti_affinity = models.CharField(max_length=63, blank=True)
@@ -65,6 +74,12 @@ class Reservation(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)
     node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # How the placement shares its GPU (scheduler.core.remote), and why, in words. A remote share's
+    # GPU is on `node` (its allocations are there) and its pod runs on `client_node`.
+    sharing = models.CharField(max_length=16, choices=Sharing.choices, blank=True)
+    sharing_reason = models.CharField(max_length=300, blank=True)
+    client_node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
 
     # Where the request came from; kubectl ones are bound to the user's own pod.
     source = models.CharField(max_length=16, choices=Source.choices, default=Source.PORTAL)

@@ -57,6 +57,7 @@ class ReservationSpec:
     group_threshold: Decimal | None = None
     max_duration_s: int | None = None
     requeue_on_preempt: bool = False
+    remote_allowed: bool = False
 
     def models(self) -> list[str]:
         return [m for m in self.gpu_model.split("|") if m] if self.gpu_model else []
@@ -131,6 +132,10 @@ def check(spec: ReservationSpec) -> None:
         most = largest_node_gpu_count()
         if spec.gpu_count > most:
             bad("gpu_count", f"no node has {spec.gpu_count} GPUs (the largest has {most})")
+
+    if spec.remote_allowed and (spec.gpu_count != 1 or spec.gpu_request >= ONE):
+        # scheduler.core.remote: an exclusive GPU always runs where its pod runs
+        bad("remote_allowed", "only a share of one GPU (below 1) can be remote; whole GPUs run where the pod runs")
 
     if not (0 <= spec.priority <= 100):
         bad("priority", "must be between 0 (opportunistic) and 100")

@@ -167,6 +167,11 @@ class TeamPolicy(models.Model):
     )
     max_priority_member = models.PositiveSmallIntegerField(default=100, validators=[MaxValueValidator(100)])
     max_priority_admin = models.PositiveSmallIntegerField(default=100, validators=[MaxValueValidator(100)])
+    # Off by default: a remote share sends the workload's GPU calls and data over the network to
+    # another node, which a team should choose knowingly (preload/remote/README.md).
+    allow_remote = models.BooleanField(
+        default=False, help_text="Members may let a request use a share of a GPU on another node (remote share)."
+    )
     # Set by site admins: what the team's admins may choose.
     limit_duration_s = models.PositiveIntegerField(
         default=LONGEST_DURATION_S, validators=[MinValueValidator(60), MaxValueValidator(LONGEST_DURATION_S)],

@@ -44,6 +44,7 @@ class Policy:
     max_priority_admin: int
     allow_over_quota: bool  # priority-0 requests beyond the quota run opportunistically
     limits: Limits
+    allow_remote: bool = False  # requests may ask for a share of a GPU on another node
 
     def max_priority(self, role: str | None) -> int:
         """The highest priority someone with `role` may give a request (managers submit nothing)."""
@@ -79,6 +80,7 @@ def policy_of(team: Team) -> Policy:
         max_priority_admin=min(row.max_priority_admin, limits.priority),
         allow_over_quota=team.allow_over_quota and limits.allow_over_quota,
         limits=limits,
+        allow_remote=row.allow_remote,
     )
 
 
@@ -91,10 +93,14 @@ def max_priority_for(user, team: Team) -> int:
     return policy_of(team).max_priority(roles.role_in(user, team))
 
 
-def request_problems(user, team: Team, *, priority: int | None, max_duration_s: int | None) -> dict[str, list[str]]:
+def request_problems(user, team: Team, *, priority: int | None, max_duration_s: int | None,
+                     remote_allowed: bool = False) -> dict[str, list[str]]:
     """What in a request breaks the team's policy, per field (empty: nothing)."""
     policy = policy_of(team)
     errors: dict[str, list[str]] = {}
+    if remote_allowed and not policy.allow_remote:
+        errors["remote_allowed"] = [f"team {team.slug} does not allow remote GPU shares; "
+                                    "ask a team admin to allow them, or leave this off"]
     ceiling = max_priority_for(user, team)
     if priority is not None and priority > ceiling:
         errors["priority"] = [f"team {team.slug} lets you use priority up to {ceiling}; ask a team admin for more"]
@@ -106,7 +112,7 @@ def request_problems(user, team: Team, *, priority: int | None, max_duration_s: 
 
 # Team-admin fields: (name, where it is stored).
 TEAM_FIELDS = ("interactive_max_s", "idle_threshold", "idle_after_s", "idle_reclaim", "allow_over_quota")
-POLICY_FIELDS = ("max_duration_s", "max_priority_member", "max_priority_admin")
+POLICY_FIELDS = ("max_duration_s", "max_priority_member", "max_priority_admin", "allow_remote")
 LIMIT_FIELDS = ("limit_duration_s", "limit_priority", "limit_idle_after_s", "limit_idle_threshold",
                 "limit_require_reclaim", "limit_allow_over_quota")
 

@@ -103,9 +103,13 @@ class RequestForm(forms.Form):
     group_headcount = forms.IntegerField(min_value=1, max_value=1024, required=False, label="Headcount")
     group_threshold = forms.DecimalField(min_value=Decimal("0.01"), max_value=1, decimal_places=2, required=False,
                                          label="Start when this fraction is placed")
+    remote_allowed = forms.BooleanField(
+        required=False, label="May use a GPU on another node (remote share)",
+        help_text="When no node has room for the pod and the share, the pod may run on another node and use "
+                  "the share over the network. Only for shares below one GPU; the team's policy must allow it.")
 
     ADVANCED = ("priority", "exclusion", "affinity", "anti_affinity", "group_name", "group_headcount",
-                "group_threshold")
+                "group_threshold", "remote_allowed")
 
     def __init__(self, *args, user, models: list[str], **kwargs):
         super().__init__(*args, **kwargs)
@@ -144,6 +148,9 @@ class RequestForm(forms.Form):
                 self.fields["priority"].initial = self.max_priority
             self.fields["hours"].help_text = f"Blank: the team's default. Team {team.slug} allows up to " \
                                              f"{self.max_hours:g} h."
+            if not self.policy.allow_remote:
+                self.fields["remote_allowed"].help_text = f"Team {team.slug} does not allow remote shares."
+                self.fields["remote_allowed"].disabled = True
 
     def _chosen_team(self, teams: list[Team]) -> Team | None:
         slug = self.data.get("team") if self.is_bound else self.initial.get("team")
@@ -183,6 +190,9 @@ class RequestForm(forms.Form):
             self.add_error("hours", f"Team {self.team.slug} allows at most {self.max_hours:g} h.")
         if data.get("group_name") and not data.get("group_headcount"):
             self.add_error("group_headcount", "A pod group needs a headcount.")
+        if data.get("remote_allowed") and ((count and count > 1) or (share is not None and share >= 1)):
+            self.add_error("remote_allowed", "Only a share below one GPU can be remote: lower the share or "
+                                             "leave this off.")
         return data
 
     def spec(self) -> rules.ReservationSpec:
@@ -203,6 +213,7 @@ class RequestForm(forms.Form):
             group_headcount=d.get("group_headcount") if d.get("group_name") else None,
             group_threshold=d.get("group_threshold") if d.get("group_name") else None,
             max_duration_s=int(hours * 3600) if hours is not None else None,
+            remote_allowed=bool(d.get("remote_allowed")),
         )
 
     def add_rule_errors(self, errors: dict[str, list[str]]) -> None:
@@ -224,6 +235,7 @@ def initial_from(reservation: Reservation) -> dict:
         "priority": reservation.priority, "exclusion": reservation.exclusion, "affinity": reservation.affinity,
         "anti_affinity": reservation.anti_affinity, "group_name": reservation.group_name,
         "group_headcount": reservation.group_headcount, "group_threshold": reservation.group_threshold,
+        "remote_allowed": reservation.remote_allowed,
     }
 
 

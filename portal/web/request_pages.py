@@ -31,7 +31,8 @@ def _presets(user) -> list[Preset]:
 def _submit(request, form: RequestForm):
     """Submit a valid form; returns the reservation, or None with the errors on the form."""
     spec = form.spec()
-    problems = request_problems(request.user, spec.team, priority=spec.priority, max_duration_s=spec.max_duration_s)
+    problems = request_problems(request.user, spec.team, priority=spec.priority, max_duration_s=spec.max_duration_s,
+                                remote_allowed=spec.remote_allowed)
     if problems:
         form.add_rule_errors(problems)
         return None

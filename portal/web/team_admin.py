@@ -322,19 +322,20 @@ def policy_page(request, slug: str):
         "idle_after_min": f"{current.idle_after_s / 60:g}",
         "idle_action": "reclaim" if current.idle_reclaim else "warn",
         "max_priority_member": current.max_priority_member, "max_priority_admin": current.max_priority_admin,
-        "allow_over_quota": current.allow_over_quota,
+        "allow_over_quota": current.allow_over_quota, "allow_remote": current.allow_remote,
     }
     errors: dict[str, list[str]] = {}
     status = 200
     if request.method == "POST":
         form = {k: request.POST.get(k, "").strip() for k in form}
         form["allow_over_quota"] = request.POST.get("allow_over_quota") == "on"
+        form["allow_remote"] = request.POST.get("allow_remote") == "on"
         changes: dict = {
             "max_duration_s": _seconds_from_hours(form["max_duration_h"], "max_duration_s", errors),
             "interactive_max_s": _seconds_from_hours(form["interactive_max_h"], "interactive_max_s", errors),
             "idle_reclaim": form["idle_action"] == "reclaim",
             "max_priority_member": form["max_priority_member"], "max_priority_admin": form["max_priority_admin"],
-            "allow_over_quota": form["allow_over_quota"],
+            "allow_over_quota": form["allow_over_quota"], "allow_remote": form["allow_remote"],
         }
         if changes["interactive_max_s"] is None and "interactive_max_s" not in errors:
             errors["interactive_max_s"] = ["give a default duration in hours"]

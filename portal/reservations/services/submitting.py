@@ -42,7 +42,7 @@ def submit(user, spec: rules.ReservationSpec, source: str = Source.PORTAL, pod: 
     rules.check(spec)  # also coerces the numbers in spec
     if source != Source.KUBECTL:
         problems = policy.request_problems(user, spec.team, priority=spec.priority,
-                                           max_duration_s=spec.max_duration_s)
+                                           max_duration_s=spec.max_duration_s, remote_allowed=spec.remote_allowed)
         if problems:
             raise rules.RuleViolation(problems)
     share = spec.gpu_request * spec.gpu_count
