@@ -28,7 +28,8 @@ def measured_utilization(reservation_ids: list[int], since: datetime) -> dict[in
 
 def check_idle(backend: Backend, measure: Measure = measured_utilization) -> tuple[int, int]:
     """Flag reservations whose measured use stayed under their team's threshold for the team's
-    time; end them when the team reclaims idle ones. Returns (flagged, reclaimed)."""
+    time; end them at a later check, still idle, when the team reclaims idle ones. Returns
+    (flagged, reclaimed)."""
     now = timezone.now()
     flagged = reclaimed = 0
     running = list(Reservation.objects.filter(state=State.RUNNING, started_at__isnull=False).select_related("team"))
@@ -45,8 +46,11 @@ def check_idle(backend: Backend, measure: Measure = measured_utilization) -> tup
             if per_gpu >= float(r.team.idle_threshold):
                 services.flag_idle(r.pk, False, now)
                 continue
-            flagged += services.flag_idle(r.pk, True, now)
-            if r.team.idle_reclaim:
+            newly = services.flag_idle(r.pk, True, now)
+            flagged += newly
+            # Warn, then reclaim: the first check that finds it idle only flags it (the owner sees
+            # the flag); a later check that still finds it idle ends it.
+            if r.team.idle_reclaim and not newly:
                 why = (f"reclaimed: used {per_gpu:.1%} of its GPU over the last {seconds // 60} min, under "
                        f"team {r.team.slug}'s idle threshold of {float(r.team.idle_threshold):.1%}")
                 if services.move(r.pk, State.RUNNING, State.EXPIRED, why, ACTOR):
