@@ -146,8 +146,9 @@ def bench_requests(fake, latency_s: float) -> dict:
 
         def kubectl_pod(finish: str) -> None:
             name = f"user-{finish}"
+            # As the webhook leaves it: marked with an empty reservation label (deploy/portal/webhook.yaml).
             server.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team",
-                               "labels": {"sharedgpu/gpu_request": "0.5"}},
+                               "labels": {"sharedgpu/gpu_request": "0.5", "tessera.io/reservation": ""}},
                                "spec": {"schedulerName": "kubeshare-scheduler",
                                         "containers": [{"name": "c", "image": "x"}]}})
             share = GpuShare("GPU-00000000-0000-4000-8000-000000000001", 1, 0.5, 0.5, 4096)

@@ -62,6 +62,8 @@ def reconcile(backend: Backend) -> ReconcileReport:
             continue  # bound kubectl pod of a reservation requeued meanwhile: handled by the cycle
         if pod.deleting or (pod.namespace, pod.name) in kept:
             continue  # terminating already, or finished and kept
+        if pod.external and pod.reservation_id is None:
+            continue  # a kubectl pod the webhook marked, not placed yet: the user's request itself
         if backend.unbind(pod.ref, GRACE_S, "no live reservation for this pod"):
             report.deleted.append(f"{pod.namespace}/{pod.name}")
     for rid, r in live.items():

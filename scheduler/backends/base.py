@@ -21,7 +21,9 @@ Pods for portal reservations
   already terminating keeps the reason it was first deleted for).
 - `list_pods() -> list[PodStatus]`: every pod carrying `RESERVATION_LABEL`: the ones it created
   and the external pods it bound (kubectl path, `external=True`); reconcile compares these with
-  the database.
+  the database. On Kubernetes the webhook marks kubectl pods with an empty `RESERVATION_LABEL` at
+  creation: such a pod's reservation comes from its placement annotation once bound, and is None
+  while it waits (the user's request itself, never an orphan).
 - `list_nodes() -> list[NodeCondition]`: readiness of each cluster node (reconcile notices nodes
   that went NotReady while no watch was running).
 - `poll(timeout_s) -> list[ClusterEvent]`: block at most `timeout_s` for what happened since the
@@ -50,9 +52,10 @@ Pods created with kubectl (KubeShare 2.0 labels, `schedulerName: tessera`)
   backend's scheduler names (`SCHEDULER_NAME`; the kubernetes backend also `kubeshare-scheduler`),
   no `nodeName`, not being deleted; with their namespace, uid, labels and annotations (the portal
   turns the `sharedgpu/*` labels into a reservation and validates them).
-- `bind_external(pod, node, labels, annotations)`: first patch the pod's labels and annotations
-  (`external_binding` gives them: the reservation label, and the placement the device plugin
-  reads), then POST the Binding subresource. Idempotent: a pod already bound to `node` is
+- `bind_external(pod, node, labels, annotations)`: POST the Binding subresource carrying the
+  annotations (`external_binding` gives them: the placement the device plugin reads; the API
+  server puts a Binding's annotations on the pod with its node); a pod the webhook did not mark
+  gets its labels and annotations patched first. Idempotent: a pod already bound to `node` is
   success; bound elsewhere or gone raises `PodConflict`.
 - `reject_external(pod, reason)`: record a Warning Event (reason `FailedScheduling`, message
   `reason`) on the pod, which stays pending. The same message again counts up on that event.

@@ -242,13 +242,18 @@ class KubernetesBackend:
         if bound_to:
             self._check_bound(pod, node, bound_to)
             return
-        patch = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
+        marked = RESERVATION_LABEL in ((current.get("metadata") or {}).get("labels") or {})
         try:
-            # The placement goes on first: the device plugin reads it as soon as the kubelet sees the pod.
-            self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name, pod.namespace, patch)
+            if not marked:
+                # No webhook marked it at creation, so the watch (which selects RESERVATION_LABEL)
+                # would not see it: the labels go on first, in their own write.
+                patch = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
+                self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name, pod.namespace, patch)
+            # The placement rides on the Binding: the API server puts it on the pod with its node, in
+            # one write, so the device plugin finds it as soon as the kubelet sees the pod.
             # Read as raw JSON: the client's model for Binding cannot parse the Status the server answers.
             self._raw("bind pod", self.api.core.create_namespaced_pod_binding, pod.name, pod.namespace,
-                      binding_manifest(pod.namespace, pod.name, node))
+                      binding_manifest(pod.namespace, pod.name, node, annotations))
         except NotFound as exc:
             raise PodConflict(f"pod {pod.namespace}/{pod.name} is gone") from exc
         except Conflict:

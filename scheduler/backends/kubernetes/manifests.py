@@ -8,6 +8,7 @@ over the wire.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from typing import Any
 from ..base import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    PLACEMENT_ANNOTATION,
     RESERVATION_LABEL,
     SCHEDULER_NAME,
     ExternalPod,
@@ -117,11 +119,17 @@ def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
     }
 
 
-def binding_manifest(namespace: str, name: str, node: str) -> dict[str, Any]:
+def binding_manifest(namespace: str, name: str, node: str,
+                     annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The Binding of a pod to a node. The API server copies a Binding's annotations onto the pod
+    in the same write that sets its node (pkg/registry/core/pod/storage: setPodHostAndAnnotations)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": metadata,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
 
@@ -179,18 +187,30 @@ def pod_status(obj: Mapping[str, Any]) -> PodStatus:
     status = obj.get("status") or {}
     labels = meta.get("labels") or {}
     reason, message = _why(status)
+    external = labels.get(MANAGED_BY_LABEL) != MANAGED_BY
     return PodStatus(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
         node=spec.get("nodeName") or None,
         phase=_phase(status.get("phase")),
-        reservation_id=labels.get(RESERVATION_LABEL),
+        reservation_id=labels.get(RESERVATION_LABEL) or (_placed_reservation(meta) if external else None),
         reason=reason,
         message=message,
         deleting=bool(meta.get("deletionTimestamp")),
-        external=labels.get(MANAGED_BY_LABEL) != MANAGED_BY,
+        external=external,
     )
+
+
+def _placed_reservation(meta: Mapping[str, Any]) -> str | None:
+    """The reservation of a kubectl pod the webhook marked (`RESERVATION_LABEL` present, empty) and
+    that was bound with its placement annotation; None while it waits."""
+    text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+    try:
+        rid = json.loads(text).get("reservation") if text else None
+    except (ValueError, AttributeError):
+        return None
+    return str(rid) if isinstance(rid, str | int) and str(rid) else None
 
 
 def node_condition(obj: Mapping[str, Any]) -> NodeCondition:

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..base import MANAGED_BY, MANAGED_BY_LABEL
+from ..base import MANAGED_BY, MANAGED_BY_LABEL, RESERVATION_LABEL
 from .manifests import SHARE_RESOURCE, scheduler_names
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,15 @@ def wants_share(pod: Mapping[str, Any], names: Sequence[str] | None = None) -> b
 
 
 def share_patch(pod: Mapping[str, Any], names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """JSON Patch operations that give each container of a KubeShare pod one share slot."""
+    """JSON Patch operations that give each container of a KubeShare pod one share slot, and mark
+    the pod with an empty `RESERVATION_LABEL`: the backend's pod watch (which selects that label)
+    follows it from the start, and its binding then needs one write (the Binding carries the
+    placement; the reservation is read from it)."""
     if not wants_share(pod, names):
         return []
     ops: list[dict[str, Any]] = []
+    if RESERVATION_LABEL not in ((pod.get("metadata") or {}).get("labels") or {}):
+        ops.append({"op": "add", "path": f"/metadata/labels/{_escape(RESERVATION_LABEL)}", "value": ""})
     for i, container in enumerate((pod.get("spec") or {}).get("containers") or ()):
         resources = container.get("resources")
         base = f"/spec/containers/{i}/resources"

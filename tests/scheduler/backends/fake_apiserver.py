@@ -700,6 +700,8 @@ class FakeApiServer:
                 raise ApiError(409, "Conflict", f"pod {name} is already assigned to node {bound!r}")
             obj = copy.deepcopy(obj)
             obj["spec"]["nodeName"] = body["target"]["name"]
+            # As setPodHostAndAnnotations does: the Binding's annotations go onto the pod.
+            obj["metadata"].setdefault("annotations", {}).update((body.get("metadata") or {}).get("annotations") or {})
             # As the real API server does on a binding.
             obj["status"].setdefault("conditions", []).append(
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})

@@ -102,7 +102,11 @@ def test_a_kubectl_pod_is_placed_bound_allocated_and_followed(portal_on_kubernet
     (gpu,) = [a.gpu for a in r.allocations.filter(released_at__isnull=True).select_related("gpu")]
     pod = apiserver.pod("team-vision", "notebook")
     assert pod["spec"]["nodeName"] == r.node.name == "t4-node-1"
-    assert pod["metadata"]["labels"][RESERVATION_LABEL] == str(r.pk)
+    # Marked by the webhook at creation (empty label, so the watch follows it), bound in one write:
+    # the Binding carried the placement onto the pod.
+    assert pod["metadata"]["labels"][RESERVATION_LABEL] == ""
+    assert not apiserver.calls("PATCH", r"/namespaces/team-vision/pods/notebook$")
+    assert len(apiserver.calls("POST", r"/namespaces/team-vision/pods/notebook/binding$")) == 1
     placement = json.loads(pod["metadata"]["annotations"][PLACEMENT_ANNOTATION])
     assert placement["gpus"] == [gpu.uuid] and placement["request"] == 0.5 and placement["memory_mib"] == 4096
 

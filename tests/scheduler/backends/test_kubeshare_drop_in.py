@@ -147,3 +147,20 @@ def test_the_readme_job_is_one_gang_by_group_name_and_its_finished_pods_are_kept
     # Their shares are released; the pods stay for `kubectl logs` until the Job's TTL removes them.
     assert all(apiserver.pod("team-vision", n) is not None for n in names)
     assert not apiserver.calls("DELETE", r"/pods/lstm-g-")
+
+
+def test_a_marked_kubectl_pod_that_waits_is_never_taken_for_an_orphan(gtx_node, apiserver):
+    from portal.placement import tasks
+
+    pod = yaml.safe_load(README_POD)
+    pod["metadata"] |= {"namespace": "team-vision", "name": "typo"}
+    pod["metadata"]["labels"]["sharedgpu/gpu_reqest"] = pod["metadata"]["labels"].pop("sharedgpu/gpu_request")
+    pod["metadata"]["labels"]["sharedgpu/gpu_request"] = "2.5"  # refused: not a whole number of GPUs
+    apiserver.create_pod(pod)
+    assert apiserver.pod("team-vision", "typo")["metadata"]["labels"]["tessera.io/reservation"] == ""
+    gtx_node()
+    tasks.reconcile()  # it carries the label the watch selects, and no reservation: the user's request
+    tasks.sync(0.3)
+    assert apiserver.pod("team-vision", "typo") is not None
+    assert not apiserver.calls("DELETE", r"/pods/typo$")
+    assert len(apiserver.events()) == 1

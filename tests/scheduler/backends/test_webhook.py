@@ -58,14 +58,22 @@ def test_every_container_of_a_kubeshare_pod_asks_for_one_share_slot_and_keeps_it
 
 def test_a_kubeshare_manifest_naming_kubeshare_scheduler_gets_its_slot_and_the_names_are_configurable(monkeypatch):
     pod = kubeshare_pod(schedulerName="kubeshare-scheduler")
-    assert len(share_patch(pod)) == 3
+    assert len(share_patch(pod)) == 4  # the mark, and a slot for each of the 3 containers
     monkeypatch.setenv("TESSERA_SCHEDULER_NAMES", "tessera")
     assert share_patch(pod) == []
 
 
 def test_a_container_that_already_asks_is_left_as_written():
     pod = kubeshare_pod(containers=[{"name": "main", "image": "x", "resources": {"limits": {SHARE_RESOURCE: "2"}}}])
+    assert [op["path"] for op in share_patch(pod)] == ["/metadata/labels/tessera.io~1reservation"]
+    pod["metadata"]["labels"]["tessera.io/reservation"] = ""
     assert share_patch(pod) == []
+
+
+def test_a_kubeshare_pod_is_marked_for_the_watch_with_an_empty_reservation_label():
+    pod = kubeshare_pod()
+    mutated = apply(pod, share_patch(pod))
+    assert mutated["metadata"]["labels"] == {"sharedgpu/gpu_request": "0.5", "tessera.io/reservation": ""}
 
 
 @pytest.mark.parametrize("change", ["other scheduler", "no kubeshare label", "ours"])
