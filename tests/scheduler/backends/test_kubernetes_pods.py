@@ -231,7 +231,12 @@ def test_it_speaks_the_whole_backend_contract(backend):
     assert isinstance(backend, Backend) and backend.name == "kubernetes"
 
 
-def test_bind_many_creates_every_pod_once_side_by_side_and_reports_each_failure_in_place(nodes, backend, pod_spec):
+def test_bind_many_creates_every_pod_once_side_by_side_and_reports_each_failure_in_place(nodes, make_backend,
+                                                                                         pod_spec):
+    # A read timeout far above the answer time: on a loaded machine a 1 s timeout fired, the client
+    # retried while the server still answered the first request, and the count went over the limit.
+    backend = make_backend(retry=dict(attempts=4, base_s=0.01, max_s=0.05, connect_timeout_s=5.0,
+                                      read_timeout_s=30.0))
     specs = [pod_spec(reservation_id=str(i)) for i in range(24)]
     specs[5] = pod_spec(reservation_id="5", node="gpu-node-9")  # no such node: permanent, alone
     nodes.inject("POST", PODS, status=500, times=2)  # retried inside, as for one bind
