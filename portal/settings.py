@@ -237,6 +237,14 @@ TESSERA_LOCAL_BATCH_S = float(os.environ.get("TESSERA_LOCAL_BATCH_S", "300"))
 # own single-flight tasks, never in the placement cycle: one that runs longer than this is stopped
 # and the next one starts over, so a hung API server delays only them.
 TESSERA_CLUSTER_TASK_LIMIT_S = float(os.environ.get("TESSERA_CLUSTER_TASK_LIMIT_S", "60"))
+# Remote GPU shares (scheduler.core.remote, preload/remote): what each portal pod asks of its node
+# (counted against a node's allocatable CPU and memory where the node reports them), how old a
+# measured link may be before placement ignores it, and the links a remote share needs at least.
+TESSERA_POD_CPU_MILLI = int(os.environ.get("TESSERA_POD_CPU_MILLI", "500"))
+TESSERA_POD_MEMORY_MIB = int(os.environ.get("TESSERA_POD_MEMORY_MIB", "1024"))
+TESSERA_LINK_MAX_AGE_S = int(os.environ.get("TESSERA_LINK_MAX_AGE_S", "3600"))
+TESSERA_REMOTE_MIN_MBPS = float(os.environ.get("TESSERA_REMOTE_MIN_MBPS", "1000"))
+TESSERA_REMOTE_MAX_RTT_MS = float(os.environ.get("TESSERA_REMOTE_MAX_RTT_MS", "2"))
 # A finished portal pod is kept this long for the reservation page's log, then deleted.
 TESSERA_KEEP_FINISHED_PODS_S = int(os.environ.get("TESSERA_KEEP_FINISHED_PODS_S", "3600"))
 # Celery workers keep their database connection between tasks this long (DB_CONN_MAX_AGE wins).

@@ -66,3 +66,22 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.index} ({self.model})"
+
+
+class NodeLink(models.Model):
+    """The network from a node (where a pod would run) to a GPU node's remote server, as the first
+    node's agent last measured it (agents/remote/probe.py, the `links` message of wire/PROTOCOL.md).
+    Each report replaces the node's links; placement scores remote shares by them
+    (scheduler.core.remote) and ignores ones older than TESSERA_LINK_MAX_AGE_S."""
+
+    client = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="links_out")
+    gpu_node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="links_in")
+    rtt_ms = models.FloatField()
+    bandwidth_mbps = models.FloatField()
+    measured_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["client", "gpu_node"], name="one_link_per_node_pair")]
+
+    def __str__(self) -> str:
+        return f"{self.client_id} → {self.gpu_node_id}: {self.bandwidth_mbps:g} Mbit/s, {self.rtt_ms:g} ms"

@@ -64,15 +64,20 @@ class BindRow(NamedTuple):
     team_slug: str
     node_id: int
     node_name: str
+    client_node_name: str | None  # a remote share's pod runs there (its GPU is on node_name)
+
+    @property
+    def pod_node(self) -> str:
+        return self.client_node_name or self.node_name
 
 
 BIND_COLUMNS = ("pk", "attempt", "pod_namespace", "pod_name", "pod_uid", "image", "command", "priority", "kind",
-                "source", "team__slug", "node_id", "node__name")
+                "source", "team__slug", "node_id", "node__name", "client_node__name")
 
 
 def pod_spec(r: BindRow, gpus: tuple[GpuShare, ...]) -> PodSpec:
     return make_pod_spec(
-        reservation_id=str(r.pk), attempt=r.attempt, namespace=r.pod_namespace, node=r.node_name,
+        reservation_id=str(r.pk), attempt=r.attempt, namespace=r.pod_namespace, node=r.pod_node,
         team=r.team_slug, image=r.image, command=tuple(r.command), gpus=gpus, priority=r.priority, kind=r.kind,
         simulated_duration_s=float(settings.TESSERA_LOCAL_BATCH_S) if r.kind == Kind.BATCH else None,
     )
@@ -122,7 +127,7 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
         if r.source == Source.KUBECTL:
             labels, annotations = external_binding(str(r.pk), r.team_slug, gpus, r.priority)
             try:
-                backend.bind_external(PodRef(r.pod_namespace, r.pod_name), r.node_name, labels, annotations)
+                backend.bind_external(PodRef(r.pod_namespace, r.pod_name), r.pod_node, labels, annotations)
                 outcomes.append((r, None))
             except BackendError as exc:
                 outcomes.append((r, exc))

@@ -25,6 +25,7 @@ from portal.reservations import services
 from portal.reservations.models import Reservation
 from portal.reservations.states import IllegalTransition
 from scheduler import core
+from scheduler.core.remote import SharingChoice, SharingMode
 
 from . import snapshot
 from .locking import Lease, fence
@@ -59,11 +60,22 @@ class CycleReport:
         return ", ".join(f"{name} {s:.3f}" for name, s in self.phases.items())
 
 
-def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int]) -> services.Placing:
+def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int],
+             remote: SharingChoice | None = None) -> services.Placing:
     share = Decimal(str(p.share)).quantize(MILLI)
-    return services.Placing(int(p.request_id), node_ids[p.node],
-                            tuple(services.NewAllocation(gpu_ids[u], share, p.memory_mib) for u in p.gpu_uuids),
-                            f"placed on {p.node} ({', '.join(p.gpu_uuids)})")
+    allocations = tuple(services.NewAllocation(gpu_ids[u], share, p.memory_mib) for u in p.gpu_uuids)
+    if remote is not None:
+        return services.Placing(int(p.request_id), node_ids[p.node], allocations,
+                                f"placed on {remote.pod_node}, using GPU {remote.gpu_index} of {p.node} remotely",
+                                SharingMode.REMOTE, remote.reason, node_ids[remote.pod_node])
+    if p.share >= 1:
+        mode = SharingMode.EXCLUSIVE
+        why = f"{'whole GPUs' if len(p.gpu_indexes) > 1 else 'a whole GPU'} " \
+              f"({', '.join(map(str, p.gpu_indexes))}) on {p.node}, where the pod runs"
+    else:
+        mode, why = SharingMode.LOCAL, f"a {p.share:g} share of GPU {p.gpu_indexes[0]} on {p.node}, where the pod runs"
+    return services.Placing(int(p.request_id), node_ids[p.node], allocations,
+                            f"placed on {p.node} ({', '.join(p.gpu_uuids)})", mode, why)
 
 
 def _evict(victim_id: int, by: snapshot.Pending, report: CycleReport, evicted: list[Eviction]) -> None:
@@ -89,6 +101,7 @@ class Batches:
         self.node_ids: dict[str, int] | None = None
         self.gpu_ids: dict[str, int] = {}
         self.seconds = 0.0  # spent committing
+        self.remote: dict[str, SharingChoice] = {}  # request id → its remote share (portal.placement.remote)
 
     def add(self, decision: tuple[core.Placement, ...] | core.Preemption) -> bool:
         """Queue a decision (a placement or a gang's placements, or a preemption); commits when
@@ -134,7 +147,8 @@ class Batches:
             evicted: list[Eviction] = []
             for placements, victims in units:
                 try:
-                    placings = [_placing(p, self.node_ids, self.gpu_ids) for p in placements]
+                    placings = [_placing(p, self.node_ids, self.gpu_ids, self.remote.get(p.request_id))
+                                for p in placements]
                 except KeyError as exc:  # the node or GPU left the database since the snapshot
                     self._lost_race(placements, f"{exc} is gone")
                     continue

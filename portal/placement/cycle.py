@@ -16,7 +16,7 @@ from portal.reservations import services
 from portal.reservations.events import announcements_held
 from scheduler import core
 
-from . import memo, snapshot
+from . import memo, remote, snapshot
 from .commit import Batches, CycleReport, OnBind
 from .locking import Lease
 from .queue import read_queue, update_queue
@@ -74,6 +74,8 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
                 break
         else:
             batches.commit()
+            # What the engine left waiting may use a share of a GPU on another node.
+            unschedulable -= remote.place_remote(remote.candidates(requests, rows, unschedulable), batches)
         decided = time.perf_counter()
     announced = time.perf_counter()
     report.phases |= {"engine": decided - deciding - batches.seconds, "commit": batches.seconds,

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import datetime
 from decimal import Decimal
 from typing import NamedTuple
 
-from portal.fleet.models import Gpu, Node
+from django.conf import settings
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from portal.fleet.models import Gpu, Node, NodeLink
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.quota import usage_of
-from portal.reservations.states import State
-from portal.tenancy.models import Team
+from portal.reservations.states import HOLDS_GPU, State
+from portal.tenancy.models import Team, TeamPolicy
 from scheduler import core
+from scheduler.core.remote import Link
 
 
 def _labels(value: str) -> frozenset[str]:
@@ -46,6 +51,7 @@ class Pending(NamedTuple):
     group_threshold: Decimal | None
     created_at: datetime
     state_reason: str
+    remote_allowed: bool
 
 
 def pending(ids: list[int]) -> list[Pending]:
@@ -72,7 +78,32 @@ def to_request(r: Pending) -> core.Request:
         exclusion=_exclusion(r.team_slug, r.exclusion),
         group=group,
         created_at=r.created_at.timestamp(),
+        # The pod's own needs, on the node it runs on (for a remote share: not the GPU's node).
+        cpu_milli=settings.TESSERA_POD_CPU_MILLI,
+        memory_mib=settings.TESSERA_POD_MEMORY_MIB,
     )
+
+
+def remote_teams() -> set[str]:
+    """The teams whose policy lets their requests use remote shares."""
+    return set(TeamPolicy.objects.filter(allow_remote=True).values_list("team__slug", flat=True))
+
+
+def links() -> dict[tuple[str, str], Link]:
+    """(node a pod would run on, GPU node) → the link its agent measured lately (portal.fleet.NodeLink)."""
+    fresh = timezone.now() - timezone.timedelta(seconds=settings.TESSERA_LINK_MAX_AGE_S)
+    return {(c, g): Link(c, g, rtt, mbps) for c, g, rtt, mbps in NodeLink.objects.filter(measured_at__gte=fresh)
+            .values_list("client__name", "gpu_node__name", "rtt_ms", "bandwidth_mbps")}
+
+
+def _pods_per_node() -> Counter:
+    """node id → pods of reservations holding a GPU there (a remote share's pod is on its client node)."""
+    return Counter(Reservation.objects.filter(state__in=HOLDS_GPU, node__isnull=False)
+                   .values_list(Coalesce("client_node_id", "node_id"), flat=True))
+
+
+def _free(allocatable: int, pods: int, per_pod: int) -> int | None:
+    return max(0, allocatable - pods * per_pod) if allocatable else None  # 0: the node did not say, never a reason
 
 
 def build() -> core.Snapshot:
@@ -94,15 +125,17 @@ def build() -> core.Snapshot:
             "pk", "node_id", "uuid", "index", "model", "memory_mib", "nvlink_peers", "numa_node"):
         gpus_of[row[1]].append(row)
     nodes = []
-    for node_id, name, labels, status in Node.objects.order_by("name").values_list("pk", "name", "labels", "status"):
+    pods = _pods_per_node()
+    for node_id, name, labels, status, cpu, memory in Node.objects.order_by("name").values_list(
+            "pk", "name", "labels", "status", "cpu_milli", "memory_mib"):
         gpus = gpus_of.get(node_id, [])
         by_uuid = {g[2]: g[3] for g in gpus}
         nodes.append(core.Node(
             name=name,
             labels=dict(labels),
             status=core.NodeStatus(status),
-            cpu_milli_free=None,
-            memory_mib_free=None,
+            cpu_milli_free=_free(cpu, pods[node_id], settings.TESSERA_POD_CPU_MILLI),
+            memory_mib_free=_free(memory, pods[node_id], settings.TESSERA_POD_MEMORY_MIB),
             gpus=tuple(
                 core.Gpu(uuid=uuid, index=index, model=model, memory_mib=memory,
                          nvlink_peers=frozenset(by_uuid[p] if isinstance(p, str) else p

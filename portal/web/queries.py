@@ -30,7 +30,7 @@ CHART_POINTS = 240  # a chart over a reservation's whole life: buckets at most t
 def with_placement(qs):
     """Reservations with their node, team and live allocations (GPU and model) in three queries."""
     live = Allocation.objects.filter(released_at__isnull=True).select_related("gpu").order_by("gpu__index")
-    return qs.select_related("team", "node", "owner").prefetch_related(
+    return qs.select_related("team", "node", "client_node", "owner").prefetch_related(
         Prefetch("allocations", queryset=live, to_attr="live_allocations"))
 
 

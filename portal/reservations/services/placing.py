@@ -47,6 +47,11 @@ class Placing:
     node_id: int
     allocations: tuple[NewAllocation, ...]
     reason: str = "placed"
+    # How the GPU is shared (Reservation.sharing) and why; a remote share's pod runs on
+    # `client_node_id` and its GPU is on `node_id` (scheduler.core.remote).
+    sharing: str = ""
+    sharing_reason: str = ""
+    client_node_id: int | None = None
 
 
 # Only the fields placing reads and writes: a batch locks hundreds of rows; others load on access.
@@ -91,7 +96,8 @@ def place_many(units: Sequence[Sequence[Placing]], actor=SCHEDULER
     with transaction.atomic():
         reservations = {r.pk: r for r in Reservation.objects.select_for_update(of=("self",)).select_related("team")
                         .only(*PLACING_FIELDS).filter(pk__in={p.reservation_id for p in placings}).order_by("pk")}
-        nodes = {n.pk: n for n in Node.objects.filter(pk__in={p.node_id for p in placings}).only("name", "status")}
+        node_ids = {p.node_id for p in placings} | {p.client_node_id for p in placings if p.client_node_id}
+        nodes = {n.pk: n for n in Node.objects.filter(pk__in=node_ids).only("name", "status")}
         gpu_ids = sorted({a.gpu_id for p in placings for a in p.allocations})
         gpus = {g.pk: g for g in Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk")
                 .only("node_id", "uuid", "memory_mib")}
@@ -133,6 +139,11 @@ def _check_unit(unit: Sequence[Placing], reservations: dict[int, Reservation], n
         if node is None or node.status != NodeStatus.READY:
             raise CapacityConflict(f"node {node.name if node else p.node_id} is "
                                    f"{node.status if node else 'gone'}")
+        if p.client_node_id is not None:  # a remote share: its pod's node must take pods too
+            client = nodes.get(p.client_node_id)
+            if client is None or client.status != NodeStatus.READY:
+                raise CapacityConflict(f"node {client.name if client else p.client_node_id} is "
+                                       f"{client.status if client else 'gone'}")
         if not p.allocations:
             raise CapacityConflict(f"reservation {p.reservation_id}: a placement needs at least one GPU")
         for a in p.allocations:
@@ -158,6 +169,7 @@ def _write(accepted: list[Placing], reservations: dict[int, Reservation], actor)
         r.attempt += 1
         r.expires_at = ends_at(r, now)
         r.state_reason = p.reason[:500]
+        r.sharing, r.sharing_reason, r.client_node_id = p.sharing, p.sharing_reason[:300], p.client_node_id
         # The pod that runs it: ours are named for the attempt; a kubectl one is the user's pod.
         if r.source == Source.PORTAL:
             r.pod_namespace, r.pod_name = namespace, pod_name(r.pk, r.attempt)
@@ -170,7 +182,7 @@ def _write(accepted: list[Placing], reservations: dict[int, Reservation], actor)
             "estimated_start": None, "idle_since": None, "expiry_warned_at": None}
     portal = [r for r in rows if r.source == Source.PORTAL]
     kubectl = [r for r in rows if r.source != Source.PORTAL]
-    varying = ["node", "attempt", "expires_at", "state_reason"]
+    varying = ["node", "attempt", "expires_at", "state_reason", "sharing", "sharing_reason", "client_node"]
     update_rows(portal, [*varying, "pod_name"], same | {"pod_namespace": namespace, "pod_uid": ""})
     update_rows(kubectl, varying, same)
     for r in rows:
