@@ -35,6 +35,9 @@ MAX_PROCESSES_PER_SAMPLE = 512
 MAX_SHARES_PER_SAMPLE = 512
 MAX_PLACEMENTS = 1024
 MAX_NVLINK_PEERS = 18
+MAX_LINKS = 64  # measured links in one `links` message (GPU nodes one node's agent probes)
+MAX_RTT_MS = 60_000.0
+MAX_BANDWIDTH_MBPS = 10_000_000.0  # 10 Tbit/s, far above any link
 MAX_ERROR_MESSAGE_CHARS = 1024
 # What an agent sends at most (token bucket): a steady rate and a burst. The portal allows at
 # least PORTAL_MIN_ALLOWED_* so an agent that keeps to its side never trips the flood guard.
@@ -194,6 +197,28 @@ class Samples(_Message):
         return self
 
 
+class LinkReading(_Strict):
+    gpu_node: NodeName
+    rtt_ms: Annotated[float, Field(gt=0.0, le=MAX_RTT_MS, allow_inf_nan=False, strict=False)]
+    bandwidth_mbps: Annotated[float, Field(ge=0.0, le=MAX_BANDWIDTH_MBPS, allow_inf_nan=False, strict=False)]
+    ts_ms: Annotated[StrictInt, Field(ge=MIN_TS_MS, le=MAX_TS_MS)]
+
+
+class Links(_Message):
+    """The network from this node to GPU nodes' remote servers (agents/remote/probe.py): the
+    complete set the agent measured lately, replacing what the portal had for this node."""
+
+    type: Literal["links"]
+    links: Annotated[list[LinkReading], Field(max_length=MAX_LINKS)]
+
+    @model_validator(mode="after")
+    def _one_per_node(self) -> Links:
+        names = [link.gpu_node for link in self.links]
+        if len(set(names)) != len(names):
+            raise ValueError("links: the same gpu_node twice")
+        return self
+
+
 class Welcome(_Message):
     type: Literal["welcome"]
     node: NodeName
@@ -250,7 +275,7 @@ class Error(_Message):
     ref_seq: Annotated[StrictInt, Field(ge=1, le=MAX_SEQ)] | None = None
 
 
-AGENT_MESSAGES: dict[str, type[_Message]] = {"hello": Hello, "samples": Samples, "error": Error}
+AGENT_MESSAGES: dict[str, type[_Message]] = {"hello": Hello, "samples": Samples, "links": Links, "error": Error}
 PORTAL_MESSAGES: dict[str, type[_Message]] = {
     "welcome": Welcome,
     "ack": Ack,

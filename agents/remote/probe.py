@@ -140,6 +140,15 @@ class LinkTable:
     def report(self) -> list[dict]:
         return [asdict(link) for link in sorted(self.links.values(), key=lambda link: link.gpu_node)]
 
+    def message(self) -> str:
+        """The wire `links` message (wire/PROTOCOL.md 4.3) for the portal: every link measured now,
+        the complete set (a link that stopped answering is left out, so the portal drops it)."""
+        from wire.agent_portal import MAX_LINKS, Links, encode
+
+        links = [{"gpu_node": q.gpu_node, "rtt_ms": max(q.rtt_ms, 0.001), "bandwidth_mbps": q.bandwidth_mbps,
+                  "ts_ms": int(q.measured_at * 1000)} for q in sorted(self.links.values(), key=lambda q: q.gpu_node)]
+        return encode(Links.model_validate({"v": 1, "type": "links", "links": links[:MAX_LINKS]}, strict=False))
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

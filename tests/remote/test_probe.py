@@ -90,3 +90,23 @@ def test_the_link_table_probes_one_node_at_a_time_and_slowly() -> None:
     assert table.refresh() is None
     now[0] = 61 + 700
     assert table.refresh() is not None
+
+
+def test_the_link_table_reports_to_the_portal_in_the_wire_links_message() -> None:
+    from wire.agent_portal import AGENT_MESSAGES, Links, parse
+
+    def prober(address: str, gpu_node: str) -> LinkQuality:
+        if gpu_node == "gpu-b":
+            raise ProbeError("cannot probe 10.0.0.2:7470: refused")
+        return LinkQuality(gpu_node, 0.0004, 9400.5, 1_790_000_000.0)
+
+    table = LinkTable({"gpu-a": "10.0.0.1:7470", "gpu-b": "10.0.0.2:7470"}, interval_s=600, prober=prober,
+                      clock=lambda: 1000.0, rng=random.Random(1))
+    table._due = dict.fromkeys(table._due, 0.0)  # both due now
+    table.refresh()
+    table.refresh()
+    message = parse(table.message(), AGENT_MESSAGES)  # what the portal's consumer accepts
+    assert isinstance(message, Links)
+    [link] = message.links  # the node that did not answer is left out: the portal drops its link
+    assert (link.gpu_node, link.bandwidth_mbps, link.ts_ms) == ("gpu-a", 9400.5, 1_790_000_000_000)
+    assert link.rtt_ms == 0.001  # a loopback-fast round trip still counts as a positive one

@@ -12,6 +12,7 @@ import re
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from portal.fleet.links import LinksRefused, store_links
 from portal.fleet.services import node_for_token
 from portal.telemetry import conf, dbthread, ingest, ticker
 from portal.telemetry.ratelimit import TokenBucket
@@ -22,6 +23,7 @@ from wire.agent_portal import (
     TOKEN_PATTERN,
     Error,
     Hello,
+    Links,
     ProtocolError,
     Samples,
     error_message,
@@ -128,6 +130,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._fatal("unexpected_message", f"{message.type} before hello; send hello first", CLOSE_POLICY)
         elif isinstance(message, Samples):
             await self._on_samples(message)
+        elif isinstance(message, Links):
+            await self._on_links(message)
         elif isinstance(message, Error):
             log.info("agent of %s refused a message: %s %s", self.node.name, message.code, message.message)
 
@@ -190,6 +194,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         await self.send(json.dumps({"v": 1, "type": "ack", "stream": message.stream, "seq": stored.ack_seq},
                                    separators=(",", ":")))
+
+    async def _on_links(self, message: Links) -> None:
+        """Measured links for remote GPU shares (PROTOCOL.md 4.3): stored whole, or refused whole."""
+        try:
+            await dbthread.run(store_links, self.node, message, within=8.0)
+        except LinksRefused as exc:
+            await self.send(error_message("invalid_message", f"links: {exc}"))
+        except Exception:
+            # Not stored now: the agent sends its links again at its next refresh.
+            log.exception("storing the links of %s failed", self.node.name)
+            await self.send(error_message("internal", "the portal could not store the links; send them later"))
 
     async def _send_placements(self) -> None:
         try:

@@ -1,0 +1,39 @@
+"""Measured links between nodes, as agents report them (wire `links`, agents/remote/probe.py).
+
+One writer: `store_links` replaces a node's links with its agent's latest report, in one
+transaction, so placement (portal.placement.snapshot.links) never sees half of a report. A report
+is bounded by the wire protocol (MAX_LINKS); one naming an unknown node or the sender itself is
+refused whole, with the field at fault.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.db import transaction
+
+from wire.agent_portal import Links
+
+from .models import Node, NodeLink
+
+
+class LinksRefused(ValueError):
+    """The report names a node the portal does not know, or the sender's own node."""
+
+
+def store_links(node: Node, report: Links) -> int:
+    """Replace `node`'s links with `report`'s; returns how many are stored."""
+    names = [link.gpu_node for link in report.links]
+    known = dict(Node.objects.filter(name__in=names).values_list("name", "pk"))
+    for i, name in enumerate(names):
+        if name == node.name:
+            raise LinksRefused(f"links[{i}].gpu_node: {name} is this node; a link joins two nodes")
+        if name not in known:
+            raise LinksRefused(f"links[{i}].gpu_node: no node {name!r} in the portal's fleet")
+    rows = [NodeLink(client_id=node.pk, gpu_node_id=known[link.gpu_node], rtt_ms=link.rtt_ms,
+                     bandwidth_mbps=link.bandwidth_mbps, measured_at=datetime.fromtimestamp(link.ts_ms / 1000, UTC))
+            for link in report.links]
+    with transaction.atomic():
+        NodeLink.objects.filter(client_id=node.pk).delete()
+        NodeLink.objects.bulk_create(rows)
+    return len(rows)
