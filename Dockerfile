@@ -10,6 +10,7 @@ FROM nvidia/cuda:12.6.3-devel-ubuntu20.04 AS preload
 WORKDIR /src
 COPY preload/Makefile preload/
 COPY preload/src preload/src
+COPY preload/remote preload/remote
 RUN make -C preload CUDA_HOME=/usr/local/cuda
 
 FROM python:3.11.7-slim-bookworm AS python
@@ -37,6 +38,10 @@ CMD ["python", "-m", "portal.serve", "--bind", "0.0.0.0", "--port", "8000", "--p
 
 FROM python AS agent
 COPY --from=preload /src/preload/build/libtessera_preload.so /usr/lib/tessera/libtessera_preload.so
+# Remote GPU shares: the server and its worker (deploy/agent/node-plugins.yaml), the client libraries.
+COPY --from=preload /src/preload/build/remote/tessera-remote-server /src/preload/build/remote/tessera-remote-worker \
+    /usr/lib/tessera/remote/
+COPY --from=preload /src/preload/build/remote/client /usr/lib/tessera/remote/client
 # The agent reads NVML and /proc of the host and the broker serves a host socket: run as the
 # manifests say (deploy/agent/), not as a fixed user here.
 CMD ["tessera-agent", "--help"]

@@ -245,6 +245,10 @@ TESSERA_POD_MEMORY_MIB = int(os.environ.get("TESSERA_POD_MEMORY_MIB", "1024"))
 TESSERA_LINK_MAX_AGE_S = int(os.environ.get("TESSERA_LINK_MAX_AGE_S", "3600"))
 TESSERA_REMOTE_MIN_MBPS = float(os.environ.get("TESSERA_REMOTE_MIN_MBPS", "1000"))
 TESSERA_REMOTE_MAX_RTT_MS = float(os.environ.get("TESSERA_REMOTE_MAX_RTT_MS", "2"))
+# The GPU nodes' remote-server secrets, one file per node name (portal.placement.share_tokens), and
+# how long a share token lives (a pod restarted after that needs a new placement).
+TESSERA_REMOTE_SECRETS_DIR = os.environ.get("TESSERA_REMOTE_SECRETS_DIR", "")
+TESSERA_REMOTE_TOKEN_TTL_S = int(os.environ.get("TESSERA_REMOTE_TOKEN_TTL_S", str(30 * 86400)))
 # A finished portal pod is kept this long for the reservation page's log, then deleted.
 TESSERA_KEEP_FINISHED_PODS_S = int(os.environ.get("TESSERA_KEEP_FINISHED_PODS_S", "3600"))
 # Celery workers keep their database connection between tasks this long (DB_CONN_MAX_AGE wins).

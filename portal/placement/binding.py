@@ -32,6 +32,8 @@ from scheduler.backends import (
 )
 from scheduler.backends.base import external_binding
 
+from . import share_tokens
+
 log = logging.getLogger(__name__)
 ACTOR = "system:placement"
 
@@ -76,10 +78,14 @@ BIND_COLUMNS = ("pk", "attempt", "pod_namespace", "pod_name", "pod_uid", "image"
 
 
 def pod_spec(r: BindRow, gpus: tuple[GpuShare, ...]) -> PodSpec:
+    remote = None
+    if r.client_node_name:  # a remote share: the pod reaches its GPU on node_name over the network
+        remote = share_tokens.remote_env(str(r.pk), r.node_name, gpus[0], r.priority)
     return make_pod_spec(
         reservation_id=str(r.pk), attempt=r.attempt, namespace=r.pod_namespace, node=r.pod_node,
         team=r.team_slug, image=r.image, command=tuple(r.command), gpus=gpus, priority=r.priority, kind=r.kind,
         simulated_duration_s=float(settings.TESSERA_LOCAL_BATCH_S) if r.kind == Kind.BATCH else None,
+        remote_env=remote,
     )
 
 
@@ -119,10 +125,17 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
         pk__in=list(reservation_ids), state=State.PLACED, node__isnull=False).order_by().values_list(*BIND_COLUMNS))}
     shares = shares_of(list(rows))
     work = [(rows[pk], shares[pk]) for pk in sorted(rows) if pk in shares]
-    ours = [(r, gpus) for r, gpus in work if r.source != Source.KUBECTL]
-    outcomes: list[tuple[BindRow, PodStatus | BackendError | None]] = list(zip(
-        [r for r, _ in ours], backend.bind_many([pod_spec(r, gpus) for r, gpus in ours]) if ours else [],
-        strict=True))
+    outcomes: list[tuple[BindRow, PodStatus | BackendError | None]] = []
+    specs: list[tuple[BindRow, PodSpec]] = []
+    for r, gpus in work:
+        if r.source == Source.KUBECTL:
+            continue
+        try:
+            specs.append((r, pod_spec(r, gpus)))
+        except PermanentBackendError as exc:  # e.g. a remote share's GPU node has no secret
+            outcomes.append((r, exc))
+    if specs:
+        outcomes += zip([r for r, _ in specs], backend.bind_many([spec for _, spec in specs]), strict=True)
     for r, gpus in work:
         if r.source == Source.KUBECTL:
             labels, annotations = external_binding(str(r.pk), r.team_slug, gpus, r.priority)

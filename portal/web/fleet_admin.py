@@ -57,14 +57,15 @@ def fleet_rows(nodes: list[dict]) -> list[dict]:
                 .order_by("gpu_id", "reservation_id")
                 .values_list("gpu_id", "reservation_id", "compute_share", "compute_limit", "memory_mib",
                              "reservation__team_id", "reservation__team__slug", "reservation__owner__username",
-                             "reservation__state")):
+                             "reservation__state", "reservation__client_node__name")):
         shares[row[0]].append(row[1:])
     for g in gpu_rows:
         x = mx = Decimal(0)
         slices = []
-        for rid, share, limit, memory, team_id, slug, owner, state in shares.get(g["id"], ()):
+        for rid, share, limit, memory, team_id, slug, owner, state, remote_from in shares.get(g["id"], ()):
             slices.append({
                 "reservation": rid, "team": slug, "owner": owner, "state": state, "share": share, "limit": limit,
+                "remote_from": remote_from,  # a remote share: its pod runs on that node (scheduler.core.remote)
                 "memory_mib": memory, "cls": team_class(team_id),
                 "x": _pct(x, 1), "w": _pct(share, 1), "mx": _pct(mx, g["memory_mib"]),
                 "mw": _pct(memory, g["memory_mib"]),

@@ -19,8 +19,9 @@ gib = lru_cache(maxsize=4096)(tessera.gib)
 
 def _slice_title(s: dict) -> str:
     limit = f"–{share(s['limit'])}" if s["limit"] != s["share"] else ""
+    remote = f", remote from {s['remote_from']}" if s.get("remote_from") else ""
     return (f"#{s['reservation']} {s['owner']} ({s['team']}): {share(s['share'])}{limit} of the GPU, "
-            f"{gib(s['memory_mib'])}, {s['state']}")
+            f"{gib(s['memory_mib'])}, {s['state']}{remote}")
 
 
 def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
@@ -49,6 +50,12 @@ def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
         question, cordon, verb = (f"Cordon {where}? No new shares will land there; its shares keep running.", "1",
                                   "Cordon")
     foot = f"{used} · {memory}" if g["slices"] else "free"
+    # Remote shares said in words: the pod runs on another node and uses this GPU over the network.
+    remote = "".join(
+        f'<li><a href="/reservations/{s["reservation"]}/">#{s["reservation"]}</a> remote: '
+        f'{escape(s["remote_from"])} → GPU {idx}</li>' for s in g["slices"] if s.get("remote_from"))
+    if remote:
+        reason += f'<ul class="remote-shares" aria-label="Remote shares of {where}">{remote}</ul>'
     return mark_safe(  # noqa: S308 (every outside value above is escaped or a number)
         f'<li class="{classes}" data-gpu="{g["id"]}" data-index="{idx}">'
         f'<div class="gpu-head"><strong>GPU {idx}</strong> <span class="muted">{escape(g["model"])}</span>'

@@ -83,6 +83,9 @@ PRELOAD_HOST_DIR = "/opt/tessera/lib"
 PRELOAD_PATH = "/opt/tessera/lib/libtessera_preload.so"
 BROKER_HOST_DIR = "/run/tessera"
 BROKER_SOCKET = "/run/tessera/broker.sock"
+# Remote shares (preload/remote): the client libraries on every node, the GPU nodes' server port.
+REMOTE_CLIENT_DIR = "/opt/tessera/remote/client"
+REMOTE_SERVER_PORT = 7470
 
 # Reservations at or above this priority get the broker's "high" class; below it "low".
 HIGH_PRIORITY_FROM = 50
@@ -277,6 +280,18 @@ def share_env(reservation_id: str, gpus: tuple[GpuShare, ...], priority: int) ->
     }
 
 
+def remote_share_env(reservation_id: str, server: str, token: str) -> dict[str, str]:
+    """A remote share's variables (preload/remote/README.md): the client libraries instead of a
+    driver, the GPU node's server and the share token. No GPU is visible here; the share's cap and
+    compute time come from the token's claims, enforced on the GPU node."""
+    return {
+        "LD_LIBRARY_PATH": REMOTE_CLIENT_DIR,
+        "TESSERA_REMOTE_SERVER": server,
+        "TESSERA_REMOTE_TOKEN": token,
+        "TESSERA_SHARE_ID": reservation_id,
+    }
+
+
 def external_binding(reservation_id: str, team: str, gpus: tuple[GpuShare, ...],
                      priority: int) -> tuple[dict[str, str], dict[str, str]]:
     """(labels, annotations) to patch onto a kubectl pod before binding it."""
@@ -287,14 +302,16 @@ def external_binding(reservation_id: str, team: str, gpus: tuple[GpuShare, ...],
 def make_pod_spec(*, reservation_id: str, attempt: int, namespace: str, node: str, team: str, image: str,
                   command: tuple[str, ...], gpus: tuple[GpuShare, ...], priority: int, kind: str,
                   extra_env: Mapping[str, str] | None = None,
-                  simulated_duration_s: float | None = None) -> PodSpec:
+                  simulated_duration_s: float | None = None,
+                  remote_env: Mapping[str, str] | None = None) -> PodSpec:
     """A complete, deterministic spec: the same inputs always give the same pod."""
     if not gpus:
         raise ValueError("gpus: a pod needs at least one GPU share")
     if attempt < 1:
         raise ValueError("attempt: counts from 1")
     env = dict(extra_env or {})
-    env.update(share_env(reservation_id, gpus, priority))  # ours win: a user cannot lift the cap
+    # ours win: a user cannot lift the cap (a remote share's is in its token)
+    env.update(remote_env if remote_env is not None else share_env(reservation_id, gpus, priority))
     labels = {RESERVATION_LABEL: reservation_id, TEAM_LABEL: team, MANAGED_BY_LABEL: MANAGED_BY}
     annotations = {PLACEMENT_ANNOTATION: placement_annotation(reservation_id, gpus, priority)}
     return PodSpec(

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from django.test import Client
 from django.utils import timezone
 
+from agents.remote import tokens
 from portal.fleet.models import Node, NodeLink
 from portal.placement import memo
 from portal.placement.invariants import live_shares_ok
@@ -39,8 +41,12 @@ def _submit(client, body) -> int:
 
 
 def test_cpu_only_node_runs_a_remote_share_over_the_best_link(settings, client_for, reservation_body, teams, people,
-                                                              cluster, placement_loop):
+                                                              cluster, placement_loop, tmp_path):
     _near, _far, t4 = _fleet_with_cpu_nodes(settings, cluster)
+    secret = b"t4-node-1 secret, 32 bytes long.."
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "t4-node-1").write_bytes(secret + b"\n")
+    settings.TESSERA_REMOTE_SECRETS_DIR = str(tmp_path / "secrets")
     TeamPolicy.objects.create(team=teams["vision"], allow_remote=True)
     alice = client_for("alice")
     rid = _submit(alice, reservation_body(gpu_request=0.25, gpu_memory_mib=4096, gpu_model="T4",
@@ -58,6 +64,16 @@ def test_cpu_only_node_runs_a_remote_share_over_the_best_link(settings, client_f
     r = Reservation.objects.get(pk=rid)
     pod = {p.name: p for p in cluster.list_pods()}[r.pod_name]
     assert pod.node == "cpu-near"  # the pod runs where there is room for it; its GPU is on t4-node-1
+    # The client pod gets the client libraries, the GPU node's server and a token for exactly this share.
+    env = cluster.pod_env(PodRef(r.pod_namespace, r.pod_name))
+    assert env["TESSERA_REMOTE_SERVER"] == "t4-node-1:7470"
+    assert env["LD_LIBRARY_PATH"] == "/opt/tessera/remote/client" and env["TESSERA_SHARE_ID"] == str(rid)
+    assert "NVIDIA_VISIBLE_DEVICES" not in env and "LD_PRELOAD" not in env  # no GPU on this node
+    terms, _expires = tokens.verify(secret, env["TESSERA_REMOTE_TOKEN"])
+    assert (terms.share, terms.gpu, terms.memory_bytes, terms.request) == (str(rid), alloc["gpu_uuid"], 4096 << 20,
+                                                                          0.25)
+    with pytest.raises(tokens.TokenError):
+        tokens.verify(b"another node's secret, 32 bytes", env["TESSERA_REMOTE_TOKEN"])
     assert live_shares_ok() == []
 
     # Not allowed remote: it waits, saying why.
@@ -70,6 +86,14 @@ def test_cpu_only_node_runs_a_remote_share_over_the_best_link(settings, client_f
     html = page.get(f"/reservations/{rid}/").content.decode()
     assert "Remote share:" in html and "used remotely from cpu-near" in html
     assert "Pod runs on" in html and "cpu-near" in html and "GPU node" in html
+
+    # The fleet view shows it as a remote share: client node → GPU.
+    admin = Client()
+    admin.force_login(people["admin"])
+    fleet = admin.get("/fleet/?node=t4-node-1").content.decode()
+    gpu_index = r.sharing_reason.split("share of GPU ")[1].split(" ")[0]
+    assert (f'<li><a href="/reservations/{rid}/">#{rid}</a> remote: cpu-near → GPU {gpu_index}</li>') in fleet
+    assert f"#{rid} alice (vision): 0.25 of the GPU, 4 GiB, running, remote from cpu-near" in fleet
 
 
 def test_remote_waits_when_the_team_does_not_allow_it_or_no_link_is_good(settings, client_for, reservation_body,
@@ -106,3 +130,18 @@ def test_local_placements_say_how_they_share(client_for, reservation_body, clust
     assert b.sharing == "exclusive" and b.sharing_reason.startswith("a whole GPU (")
     env = cluster.pod_env(PodRef(a.pod_namespace, a.pod_name))
     assert env["TESSERA_SHARE_ID"] == str(share)
+
+
+def test_a_gpu_node_without_a_secret_fails_the_remote_share_saying_what_to_add(settings, client_for, reservation_body,
+                                                                              teams, cluster, placement_loop,
+                                                                              tmp_path):
+    _fleet_with_cpu_nodes(settings, cluster)
+    settings.TESSERA_REMOTE_SECRETS_DIR = str(tmp_path)
+    TeamPolicy.objects.create(team=teams["vision"], allow_remote=True)
+    rid = _submit(client_for("alice"), reservation_body(gpu_request=0.25, gpu_memory_mib=4096, gpu_model="T4",
+                                                        remote_allowed=True))
+    placement_loop()
+    r = Reservation.objects.get(pk=rid)
+    assert r.state == State.FAILED
+    assert f"no remote-share secret for node t4-node-1 in {tmp_path}: add the key t4-node-1" in r.state_reason
+    assert live_shares_ok() == []

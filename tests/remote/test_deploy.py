@@ -1,0 +1,54 @@
+"""The remote server runs in the node DaemonSet as the portal expects: on the port the portal's
+share tokens send clients to, with this node's own secret from the Secret the portal reads too,
+with flags the server accepts, from the agent image (deploy/agent/node-plugins.yaml)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+from scheduler.backends.base import REMOTE_SERVER_PORT
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "deploy" / "agent" / "node-plugins.yaml"
+
+
+def _node_daemonset() -> dict:
+    [ds] = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d["kind"] == "DaemonSet"]
+    return ds
+
+
+def test_the_remote_server_runs_in_the_node_daemonset_with_its_own_nodes_secret():
+    ds = _node_daemonset()
+    kubernetes_validate.validate(ds, "1.34.0", strict=True)
+    spec = ds["spec"]["template"]["spec"]
+    [server] = [c for c in spec["containers"] if c["name"] == "remote-server"]
+    args = dict(zip(server["args"][::2], server["args"][1::2], strict=True))
+    # Only flags the server parses (preload/remote/server.c), each with a value.
+    known = set(re.findall(r'!strcmp\(k, "(--[a-z-]+)"\)', (ROOT / "preload/remote/server.c").read_text()))
+    assert set(args) <= known and {"--listen", "--secret-file", "--worker"} <= set(args)
+    assert args["--listen"] == f"0.0.0.0:{REMOTE_SERVER_PORT}"
+    assert [p["hostPort"] for p in server["ports"]] == [REMOTE_SERVER_PORT]  # the node's address:7470
+    mount = next(m for m in server["volumeMounts"] if m["name"] == "remote-secrets")
+    assert args["--secret-file"] == f"{mount['mountPath']}/$(NODE_NAME)"
+    env = {e["name"]: e for e in server["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    [volume] = [v for v in spec["volumes"] if v["name"] == "remote-secrets"]
+    assert volume["secret"]["secretName"] == "tessera-remote-secrets"
+    # The workers talk to this node's broker like local shares do.
+    assert env["TESSERA_BROKER_SOCKET"]["value"] == "/run/tessera/broker.sock"
+    assert {"name": "broker", "mountPath": "/run/tessera"} in server["volumeMounts"]
+    assert server["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_the_agent_image_holds_the_server_and_worker_the_manifest_runs():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    containers = _node_daemonset()["spec"]["template"]["spec"]["containers"]
+    server = next(c for c in containers if c["name"] == "remote-server")
+    assert server["command"] == ["/usr/lib/tessera/remote/tessera-remote-server"]
+    assert "COPY preload/remote preload/remote" in dockerfile  # `make -C preload` builds remote/ too
+    assert re.search(r"COPY --from=preload /src/preload/build/remote/tessera-remote-server "
+                     r"/src/preload/build/remote/tessera-remote-worker \\\s+/usr/lib/tessera/remote/", dockerfile)
