@@ -52,3 +52,16 @@ def test_the_agent_image_holds_the_server_and_worker_the_manifest_runs():
     assert "COPY preload/remote preload/remote" in dockerfile  # `make -C preload` builds remote/ too
     assert re.search(r"COPY --from=preload /src/preload/build/remote/tessera-remote-server "
                      r"/src/preload/build/remote/tessera-remote-worker \\\s+/usr/lib/tessera/remote/", dockerfile)
+
+
+def test_the_workers_sign_tokens_with_the_same_secrets_the_servers_check():
+    config = next(d for d in yaml.safe_load_all((ROOT / "deploy/portal/config.yaml").read_text()) if d)["data"]
+    [workers] = [d for d in yaml.safe_load_all((ROOT / "deploy/portal/workers.yaml").read_text()) if d]
+    kubernetes_validate.validate(workers, "1.34.0", strict=True)
+    spec = workers["spec"]["template"]["spec"]
+    [volume] = [v for v in spec["volumes"] if v["name"] == "remote-secrets"]
+    server_volume = next(v for v in _node_daemonset()["spec"]["template"]["spec"]["volumes"]
+                         if v["name"] == "remote-secrets")
+    assert volume["secret"]["secretName"] == server_volume["secret"]["secretName"]
+    [mount] = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "remote-secrets"]
+    assert mount["mountPath"] == config["TESSERA_REMOTE_SECRETS_DIR"]
