@@ -20,6 +20,7 @@ from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource
 from agents.inventory import InventoryError, load_inventory, pick_node
 from agents.placements import PlacementTable
+from agents.remote.probe import LinkTable
 from agents.share_usage import BrokerUsage
 from agents.stream import websocket_url
 from wire.agent_portal import NODE_NAME_PATTERN, TOKEN_PATTERN
@@ -89,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to read processes' cgroups to find their pods (default /proc)")
     parser.add_argument("--broker-socket", metavar="PATH", type=Path,
                         help="the node's share broker socket, to report the GPU time each share used")
+    parser.add_argument("--remote-server", metavar="NODE=HOST:PORT", action="append", default=[],
+                        help="a GPU node's remote-share server to probe and report the link to (repeatable)")
     parser.add_argument("--seed", type=int, help="random seed of the simulated GPUs (with --simulate)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -159,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.broker_socket is not None:
             share_usage = BrokerUsage(args.broker_socket, {d.uuid for d in source.devices()})
 
+    servers: dict[str, str] = {}
+    for item in args.remote_server:
+        gpu_node, _, address = item.partition("=")
+        host, _, port = address.rpartition(":")
+        if not re.fullmatch(NODE_NAME_PATTERN, gpu_node) or not host or not port.isdigit() or gpu_node in servers:
+            parser.error(f"--remote-server {item!r}: give NODE=HOST:PORT, each GPU node once")
+        servers[gpu_node] = address
     settings = AgentSettings(
         url=url,
         token=token,
@@ -168,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         backoff_cap_s=args.backoff_max,
     )
     try:
-        agent = Agent(settings, source, placements, resolver, share_usage)
+        agent = Agent(settings, source, placements, resolver, share_usage,
+                      links=LinkTable(servers) if servers else None)
     except (ValueError, ValidationError) as exc:
         # e.g. more GPUs than the protocol carries, or a GPU name NVML reports oddly
         print(f"tessera-agent: this node cannot be described in protocol v1: {exc}", file=sys.stderr)

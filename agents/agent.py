@@ -16,6 +16,7 @@ from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource
 from agents.pacing import Backoff
 from agents.placements import PlacementTable
+from agents.remote.probe import LinkTable
 from agents.sampling import Sampler
 from agents.share_usage import BrokerUsage
 from agents.stream import PortalStream
@@ -40,6 +41,7 @@ class AgentSettings:
     backoff_cap_s: float = 30.0
     stable_after_s: float = 10.0
     drain_timeout_s: float = 3.0  # on shutdown, how long to wait for the portal to ack what is left
+    link_check_s: float = 5.0  # how often the link table is asked whether a probe is due
 
 
 class Agent:
@@ -50,8 +52,10 @@ class Agent:
         placements: PlacementTable,
         resolver: CgroupResolver | None = None,
         share_usage: BrokerUsage | None = None,
+        links: LinkTable | None = None,
     ) -> None:
         self.settings = settings
+        self.links = links  # remote GPU shares: the network to GPU nodes' servers, reported to the portal
         self.source = source
         self.placements = placements
         self.stream_id = str(uuid.uuid4())
@@ -125,11 +129,24 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), next_at - now)
 
+    async def _link_loop(self, stop: asyncio.Event) -> None:
+        """Probe one due link at a time (bounded, slow: LinkTable) off the event loop; report the
+        whole table to the portal after each probe."""
+        while not stop.is_set():
+            try:
+                if await asyncio.to_thread(self.links.refresh) is not None:
+                    self.stream.set_links(self.links.message())
+            except Exception:
+                log.exception("probing the links to GPU nodes failed; trying again later")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.link_check_s)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Sample and stream until `stop` is set; then try briefly to deliver what is buffered."""
         stream_stop = asyncio.Event()
         sampling = asyncio.create_task(self._sample_loop(stop))
         streaming = asyncio.create_task(self.stream.run(stream_stop))
+        probing = asyncio.create_task(self._link_loop(stop)) if self.links is not None else None
         try:
             await stop.wait()
             await sampling
@@ -143,5 +160,7 @@ class Agent:
             _, pending = await asyncio.wait({streaming}, timeout=self.settings.drain_timeout_s + 5.0)
             for task in pending:
                 task.cancel()
-            await asyncio.gather(sampling, streaming, return_exceptions=True)
+            if probing is not None:
+                probing.cancel()
+            await asyncio.gather(sampling, streaming, *([probing] if probing else []), return_exceptions=True)
             self.source.close()

@@ -127,9 +127,15 @@ class PortalStream:
         self._ws_log.addFilter(_RedactToken(token))
         self._wake = asyncio.Event()
         self._in_flight: deque[int] = deque()  # last seq of each unacknowledged batch
+        self.links: str | None = None  # the latest `links` message (agents.remote.probe.LinkTable)
 
     def wake(self) -> None:
         """New samples are in the buffer."""
+        self._wake.set()
+
+    def set_links(self, text: str) -> None:
+        """New measured links for the portal (wire `links`): sent once per session and on change."""
+        self.links = text
         self._wake.set()
 
     # -- the reconnect loop ------------------------------------------------------------------------
@@ -239,8 +245,13 @@ class PortalStream:
         return entries[-1].seq, text
 
     async def _send_loop(self, ws: ClientConnection, sent_upto: int) -> None:
+        links_sent = None  # a new session sends the links again: the portal may have lost them
         while True:
             self._wake.clear()
+            if self.links is not None and self.links != links_sent and self.rate.wait_time() <= 0:
+                self.rate.take()
+                links_sent = self.links
+                await ws.send(links_sent)
             if len(self._in_flight) >= MAX_UNACKED_BATCHES:
                 await self._wake.wait()
                 continue

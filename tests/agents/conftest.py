@@ -24,7 +24,7 @@ from agents.agent import Agent, AgentSettings
 from agents.gpus.simulated import SimulatedSource
 from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
-from wire.agent_portal import AGENT_MESSAGES, PROTOCOL_VERSION, Hello, Samples, parse
+from wire.agent_portal import AGENT_MESSAGES, PROTOCOL_VERSION, Hello, Links, Samples, parse
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_INVENTORY = REPO / "deploy" / "inventory" / "demo.yaml"
@@ -40,6 +40,7 @@ class FakePortal:
     streams: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> seq -> sample
     arrivals: list[int] = field(default_factory=list)  # every seq received, in order, duplicates included
     errors_from_agent: list[dict[str, Any]] = field(default_factory=list)
+    links: list[Links] = field(default_factory=list)  # `links` messages (remote GPU shares)
     refused: list[str] = field(default_factory=list)  # agent messages that failed validation
     first_messages: list[dict[str, Any]] = field(default_factory=list)  # pushed right after welcome
     fail_store_at: int | None = None  # the batch holding this seq fails once, as with a database outage
@@ -119,6 +120,9 @@ class FakePortal:
                     batch = parse(raw, AGENT_MESSAGES)
                 except ValueError as exc:
                     self.refused.append(str(exc))
+                    continue
+                if isinstance(batch, Links):
+                    self.links.append(batch)
                     continue
                 assert isinstance(batch, Samples)
                 if self.fail_store_at is not None and any(s.seq == self.fail_store_at for s in batch.samples):

@@ -61,6 +61,8 @@ def test_the_console_script_points_at_the_cli():
         (["--portal", "http://x", "--token", "t", "--simulate", DEMO, "--node", "t4-node-1",
           "--broker-socket", "/run/b.sock"], {}, "--broker-socket does not apply with --simulate"),
         (["--portal", "http://x", "--token", "t", "--node", "Bad_Name"], {}, "not a Kubernetes node name"),
+        (["--portal", "http://x", "--token", "t", "--simulate", DEMO, "--node", "t4-node-1",
+          "--remote-server", "gpu-1:7470"], {}, "--remote-server 'gpu-1:7470': give NODE=HOST:PORT"),
     ],
 )
 def test_bad_arguments_are_refused_with_a_clear_message(args, env, says):

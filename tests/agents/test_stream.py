@@ -205,3 +205,29 @@ async def test_a_batch_the_portal_could_not_store_is_sent_again_after_reconnecti
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "portal reports internal: database unavailable" in logged
     assert "received 1011 (internal error) database unavailable" in logged
+
+
+async def test_the_agent_reports_the_links_it_measures_once_per_session_and_on_change(portal, agent_tools):
+    from agents.remote.probe import LinkQuality, LinkTable
+
+    make_agent, running = agent_tools
+    agent = make_agent(portal.url)
+    measured = iter([9000.0, 9000.0, 4000.0] + [4000.0] * 1000)
+
+    def prober(address: str, gpu_node: str) -> LinkQuality:
+        return LinkQuality(gpu_node, 0.3, next(measured), 1_790_000_000.0)
+
+    agent.links = LinkTable({"t4-node-1": "10.0.0.7:7470"}, interval_s=0.2, prober=prober)
+    agent.settings.link_check_s = 0.05
+    async with running(agent):
+        await portal.wait_for(lambda: any(m.links[0].bandwidth_mbps == 4000.0 for m in portal.links))
+        await portal.kill()
+        count = len(portal.links)
+        await portal.start()
+        await portal.wait_for(lambda: len(portal.links) > count)  # the new session gets them again
+    assert portal.refused == []
+    first = portal.links[0]
+    assert [(link.gpu_node, link.rtt_ms, link.bandwidth_mbps) for link in first.links] == [("t4-node-1", 0.3, 9000.0)]
+    # An unchanged table is not sent again within a session: 9000 twice made one message.
+    before_kill = [m.links[0].bandwidth_mbps for m in portal.links[:count]]
+    assert before_kill[:2] == [9000.0, 4000.0]
