@@ -295,6 +295,7 @@ def main() -> int:
     parser.add_argument("--think", type=float, default=1.0, help="mean pause of a user between rounds, s")
     parser.add_argument("--pool", type=int, default=20, help="DB_POOL_MAX_SIZE of the portal process")
     parser.add_argument("--note", default="", help="a line for the results (e.g. why the run is short)")
+    parser.add_argument("--name", default="results", help="results file name in bench/results/load/")
     args = parser.parse_args()
     try:
         result = run(args.users, args.agents, args.seconds, args.warmup, args.think, args.pool)
@@ -307,8 +308,8 @@ def main() -> int:
                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), "users": args.users, "agents": args.agents,
                    "note": args.note})
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "results.md").write_text(_markdown(result))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(_markdown(result))
     print(_markdown(result))
     return 0
 
