@@ -34,6 +34,22 @@ def store_links(node: Node, report: Links) -> int:
                      bandwidth_mbps=link.bandwidth_mbps, measured_at=datetime.fromtimestamp(link.ts_ms / 1000, UTC))
             for link in report.links]
     with transaction.atomic():
+        before = {g: (rtt, mbps) for g, rtt, mbps in NodeLink.objects.select_for_update()
+                  .filter(client_id=node.pk).values_list("gpu_node_id", "rtt_ms", "bandwidth_mbps")}
         NodeLink.objects.filter(client_id=node.pk).delete()
         NodeLink.objects.bulk_create(rows)
+        if _may_place_more(before, {r.gpu_node_id: (r.rtt_ms, r.bandwidth_mbps) for r in rows}):
+            from portal.placement import memo
+
+            memo.bump_on_commit()
     return len(rows)
+
+
+def _may_place_more(before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]) -> bool:
+    """A new link, or one much better than before, may let a waiting request go remote: placement
+    must look again at what it skipped (portal.placement.memo). Small changes, most reports, do not."""
+    for gpu_node, (rtt, mbps) in after.items():
+        old = before.get(gpu_node)
+        if old is None or rtt < 0.8 * old[0] or mbps > 1.25 * old[1]:
+            return True
+    return False

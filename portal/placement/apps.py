@@ -55,8 +55,9 @@ class PlacementConfig(AppConfig):
 
         from portal.fleet.models import Gpu, Node
         from portal.reservations.models import StateTransition
-        from portal.tenancy.models import Team
+        from portal.tenancy.models import Team, TeamPolicy
 
-        for model in (StateTransition, Node, Gpu, Team):
+        # A team policy may now allow remote shares: what waits may go remote.
+        for model in (StateTransition, Node, Gpu, Team, TeamPolicy):
             post_save.connect(_capacity_maybe_freed, sender=model, dispatch_uid=f"placement-capacity-{model.__name__}")
         worker_ready.connect(_reconcile_on_start, dispatch_uid="placement-reconcile-on-start", weak=False)

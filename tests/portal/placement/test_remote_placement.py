@@ -145,3 +145,30 @@ def test_a_gpu_node_without_a_secret_fails_the_remote_share_saying_what_to_add(s
     assert r.state == State.FAILED
     assert f"no remote-share secret for node t4-node-1 in {tmp_path}: add the key t4-node-1" in r.state_reason
     assert live_shares_ok() == []
+
+
+def test_a_link_reported_later_places_a_request_the_cycle_had_set_aside(settings, client_for, reservation_body,
+                                                                        teams, cluster, placement_loop, lock_redis,
+                                                                        tmp_path, django_capture_on_commit_callbacks):
+    from portal.fleet.links import store_links
+    from wire.agent_portal import Links
+
+    settings.TESSERA_LOCK_REDIS_URL = lock_redis  # the memo of what did not fit lives in Redis
+    settings.TESSERA_REMOTE_SECRETS_DIR = str(tmp_path)
+    (tmp_path / "t4-node-1").write_text("t4-node-1 secret, 32 bytes long..")
+    near, _far, _t4 = _fleet_with_cpu_nodes(settings, cluster)
+    NodeLink.objects.all().delete()  # nothing measured yet
+    TeamPolicy.objects.create(team=teams["vision"], allow_remote=True)
+    rid = _submit(client_for("alice"), reservation_body(gpu_request=0.25, gpu_memory_mib=4096, gpu_model="T4",
+                                                        remote_allowed=True))
+    placement_loop()
+    assert Reservation.objects.get(pk=rid).state == State.PENDING
+    assert str(rid) in memo.load()[1]  # set aside until something changes
+    now_ms = int(timezone.now().timestamp() * 1000)
+    report = Links.model_validate({"v": 1, "type": "links", "links": [
+        {"gpu_node": "t4-node-1", "rtt_ms": 0.2, "bandwidth_mbps": 20000.0, "ts_ms": now_ms}]})
+    with django_capture_on_commit_callbacks(execute=True):  # as when the agent's report commits
+        store_links(near, report)
+    placement_loop()
+    r = Reservation.objects.get(pk=rid)
+    assert (r.state, r.sharing, r.client_node_id) == (State.RUNNING, "remote", near.pk), r.state_reason
