@@ -345,9 +345,13 @@ class LocalBackend:
         lines = [f"{at(created)} [simulated] scheduled {ref.namespace}/{ref.name} on {node}",
                  f"{at(created)} [simulated] pulling image {image}"]
         if start is not None and start <= now and phase != str(Phase.PENDING):
-            lines.append(f"{at(start)} [simulated] started: GPU {env.get('NVIDIA_VISIBLE_DEVICES', '?')}, share "
-                         f"{env.get('TESSERA_GPU_REQUEST', '?')} (limit {env.get('TESSERA_GPU_LIMIT', '?')}), "
-                         f"memory cap {env.get('TESSERA_GPU_MEMORY_LIMIT', '?')}")
+            if "TESSERA_REMOTE_SERVER" in env:  # a remote share: its terms are in the token, its GPU elsewhere
+                lines.append(f"{at(start)} [simulated] started: remote share through "
+                             f"{env['TESSERA_REMOTE_SERVER']} (client libraries in {env.get('LD_LIBRARY_PATH', '?')})")
+            else:
+                lines.append(f"{at(start)} [simulated] started: GPU {env.get('NVIDIA_VISIBLE_DEVICES', '?')}, share "
+                             f"{env.get('TESSERA_GPU_REQUEST', '?')} (limit {env.get('TESSERA_GPU_LIMIT', '?')}), "
+                             f"memory cap {env.get('TESSERA_GPU_MEMORY_LIMIT', '?')}")
             stop = min(now, end) if end is not None else now
             if phase in (str(Phase.FAILED), str(Phase.SUCCEEDED)):
                 stop = min(stop, now)

@@ -74,6 +74,8 @@ def test_cpu_only_node_runs_a_remote_share_over_the_best_link(settings, client_f
                                                                           0.25)
     with pytest.raises(tokens.TokenError):
         tokens.verify(b"another node's secret, 32 bytes", env["TESSERA_REMOTE_TOKEN"])
+    log = cluster.pod_log(PodRef(r.pod_namespace, r.pod_name))
+    assert "started: remote share through t4-node-1:7470 (client libraries in /opt/tessera/remote/client)" in log
     assert live_shares_ok() == []
 
     # Not allowed remote: it waits, saying why.
