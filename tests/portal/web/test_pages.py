@@ -145,6 +145,8 @@ def test_reservation_page_extend_cancel_and_request_again(alice, people, teams):
     ok = alice.post(f"/reservations/{r.pk}/extend/", {"hours": "2"}, HTTP_HX_REQUEST="true").content.decode()
     r.refresh_from_db()
     assert r.max_duration_s == 3 * 3600 and "extended by 2 h to 3 h" in ok
+    assert 'hx-swap-oob="beforeend:#toasts"' in ok and "Extended by 2 h." in ok  # its toast comes with the fragment
+    assert "Extended by 2 h." not in alice.get("/reservations/new/").content.decode()  # not again on the next page
     again = alice.get(f"/reservations/new/?again={r.pk}").content.decode()
     assert 'value="img"' in again and 'value="2"' in again and "Request again" in again
     alice.post(f"/reservations/{r.pk}/cancel/")
