@@ -7,13 +7,15 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from channels.testing import WebsocketCommunicator
 from django.db import transaction
 
 from portal.fleet.models import Gpu, Node
 from portal.reservations import rules, services
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
-from portal.telemetry import ingest
+from portal.telemetry import dbthread, ingest, writer
+from portal.telemetry.consumers import AgentConsumer
 from wire.agent_portal import Hello, Samples
 
 
@@ -23,6 +25,31 @@ def _fresh_ingest_cache():
     ingest.forget_cache()
     yield
     ingest.forget_cache()
+
+
+@pytest.fixture
+def memory_layer(settings):
+    """The agent consumer in-process: an in-memory channel layer, no Redis, no ticker."""
+    from channels.layers import channel_layers
+
+    settings.REDIS_URL = ""
+    settings.TESSERA_TELEMETRY_TICKER = False
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+    # The consumer's database threads keep their connections; the test database must be dropped.
+    dbthread.close_connections()
+    writer.close_connections()
+
+
+async def agent_socket(token: str) -> WebsocketCommunicator:
+    """A connected ws/agents/ socket presenting the node token `token`."""
+    communicator = WebsocketCommunicator(AgentConsumer.as_asgi(), "/ws/agents/",
+                                         headers=[(b"authorization", f"Bearer {token}".encode())])
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
 
 
 @pytest.fixture

@@ -7,44 +7,18 @@ import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 
 from portal.fleet.services import issue_node_token
-from portal.telemetry import dbthread, writer
-from portal.telemetry.consumers import AgentConsumer
 from portal.telemetry.models import AgentStream
 
-from .conftest import hello_for, samples_for
+from .conftest import agent_socket, hello_for, samples_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-@pytest.fixture(autouse=True)
-def _memory_layer(settings):
-    from channels.layers import channel_layers
-
-    settings.REDIS_URL = ""
-    settings.TESSERA_TELEMETRY_TICKER = False
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    channel_layers.backends.clear()
-    yield
-    channel_layers.backends.clear()
-    # The consumer's database threads keep their connections; the test database must be dropped.
-    dbthread.close_connections()
-    writer.close_connections()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.usefixtures("memory_layer")]
 
 
 @pytest.fixture
 def token(node):
     return issue_node_token(node)
-
-
-async def _agent(token: str) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(AgentConsumer.as_asgi(), "/ws/agents/",
-                                         headers=[(b"authorization", f"Bearer {token}".encode())])
-    connected, _ = await communicator.connect()
-    assert connected
-    return communicator
 
 
 async def _next(communicator, kind: str) -> dict:
@@ -61,7 +35,7 @@ async def _hello(communicator, node) -> tuple[str, dict]:
 
 
 async def test_samples_before_hello_are_refused_and_close(node, token):
-    communicator = await _agent(token)
+    communicator = await agent_socket(token)
     stream = str(uuid.uuid4())
     batch = await sync_to_async(samples_for)(node, stream, range(1, 2))
     await communicator.send_to(text_data=batch.model_dump_json())
@@ -71,7 +45,7 @@ async def test_samples_before_hello_are_refused_and_close(node, token):
 
 
 async def test_a_second_hello_is_refused(node, token):
-    communicator = await _agent(token)
+    communicator = await agent_socket(token)
     await _hello(communicator, node)
     await _next(communicator, "placements")
     hello = await sync_to_async(hello_for)(node)
@@ -80,7 +54,7 @@ async def test_a_second_hello_is_refused(node, token):
 
 
 async def test_replays_are_acked_and_stored_once_and_wrong_streams_refused(node, token):
-    communicator = await _agent(token)
+    communicator = await agent_socket(token)
     stream, welcome = await _hello(communicator, node)
     assert welcome["acked_seq"] == 0
     for seqs in (range(1, 4), range(2, 6)):
@@ -100,9 +74,9 @@ async def test_replays_are_acked_and_stored_once_and_wrong_streams_refused(node,
 
 
 async def test_a_newer_connection_of_the_node_supersedes_the_older(node, token):
-    old = await _agent(token)
+    old = await agent_socket(token)
     await _hello(old, node)
-    new = await _agent(token)
+    new = await agent_socket(token)
     await _hello(new, node)
     while True:
         output = await old.receive_output(timeout=5)

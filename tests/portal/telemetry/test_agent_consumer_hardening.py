@@ -5,38 +5,18 @@ from __future__ import annotations
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 
 from portal.fleet.services import issue_node_token
-from portal.telemetry import dbthread, ingest, writer
-from portal.telemetry.consumers import AgentConsumer
+from portal.telemetry import ingest
 from wire.agent_portal import AGENT_MESSAGES, ProtocolError, parse
 
-from .conftest import hello_for
+from .conftest import agent_socket, hello_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-@pytest.fixture(autouse=True)
-def _memory_layer(settings):
-    from channels.layers import channel_layers
-
-    settings.REDIS_URL = ""
-    settings.TESSERA_TELEMETRY_TICKER = False
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    channel_layers.backends.clear()
-    yield
-    channel_layers.backends.clear()
-    dbthread.close_connections()
-    writer.close_connections()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.usefixtures("memory_layer")]
 
 
-async def _agent(node) -> WebsocketCommunicator:
-    token = await sync_to_async(issue_node_token)(node)
-    communicator = WebsocketCommunicator(AgentConsumer.as_asgi(), "/ws/agents/",
-                                         headers=[(b"authorization", f"Bearer {token}".encode())])
-    assert (await communicator.connect())[0]
-    return communicator
+async def _agent(node):
+    return await agent_socket(await sync_to_async(issue_node_token)(node))
 
 
 async def _close_code(communicator) -> int:

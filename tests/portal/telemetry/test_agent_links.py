@@ -8,32 +8,15 @@ import time
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 
 from portal.fleet.models import Node, NodeLink
 from portal.fleet.services import issue_node_token
 from portal.placement import snapshot
-from portal.telemetry import dbthread, writer
-from portal.telemetry.consumers import AgentConsumer
 from wire.agent_portal import MAX_LINKS
 
-from .conftest import hello_for
+from .conftest import agent_socket, hello_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-@pytest.fixture(autouse=True)
-def _memory_layer(settings):
-    from channels.layers import channel_layers
-
-    settings.REDIS_URL = ""
-    settings.TESSERA_TELEMETRY_TICKER = False
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    channel_layers.backends.clear()
-    yield
-    channel_layers.backends.clear()
-    dbthread.close_connections()
-    writer.close_connections()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.usefixtures("memory_layer")]
 
 
 async def _next(communicator, kind: str) -> dict:
@@ -57,9 +40,7 @@ def _stored() -> dict:
 async def test_links_are_stored_replaced_and_read_by_placement(node):
     cpu = await sync_to_async(Node.objects.create)(name="cpu-1", cpu_milli=8000, memory_mib=32768)
     token = await sync_to_async(issue_node_token)(cpu)
-    communicator = WebsocketCommunicator(AgentConsumer.as_asgi(), "/ws/agents/",
-                                         headers=[(b"authorization", f"Bearer {token}".encode())])
-    assert (await communicator.connect())[0]
+    communicator = await agent_socket(token)
     hello = await sync_to_async(hello_for)(cpu)
     await communicator.send_to(text_data=hello.model_dump_json())
     await _next(communicator, "welcome")
