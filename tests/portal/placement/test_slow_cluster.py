@@ -6,7 +6,6 @@ the API server nothing at all. The measured times are printed (run with -s); no 
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 import time
 from decimal import Decimal
@@ -18,10 +17,10 @@ from portal.celery import app as celery_app
 from portal.fleet import inventory
 from portal.placement import backend as backend_module
 from portal.placement import tasks
-from portal.placement.locking import forget_locks
 from portal.reservations import rules, services
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
+from tests.scheduler.backends.portal_on_fake_cluster import point_portal_at
 
 ROOT = Path(__file__).resolve().parents[3]
 INVENTORY = ROOT / "deploy" / "inventory" / "demo.yaml"
@@ -51,19 +50,7 @@ def apiserver():
 def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, people, teams):
     """The portal with TESSERA_BACKEND=kubernetes, its kubeconfig pointing at the fake API server;
     Celery tasks in-process; the demo fleet's nodes on both sides."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": apiserver.url}}],
-        "users": [{"name": "tessera", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tessera"}}]}))
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    settings.TESSERA_BACKEND = "kubernetes"
-    settings.TESSERA_NAMESPACE = "tessera"
-    settings.TESSERA_LOCK_REDIS_URL = ""
-    settings.REDIS_URL = ""
-    forget_locks()
+    point_portal_at(apiserver, settings, tmp_path, monkeypatch)
     eager = celery_app.conf.task_always_eager
     celery_app.conf.task_always_eager = True
     inventory.load(INVENTORY)

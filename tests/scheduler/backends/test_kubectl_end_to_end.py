@@ -21,6 +21,7 @@ from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
 from scheduler.backends.base import PLACEMENT_ANNOTATION, RESERVATION_LABEL
 from scheduler.backends.kubernetes.webhook import share_patch
+from tests.scheduler.backends.portal_on_fake_cluster import point_portal_at
 
 pytestmark = pytest.mark.django_db
 
@@ -34,22 +35,9 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
     from portal.celery import app as celery_app
     from portal.fleet import inventory
     from portal.placement import backend as backend_module
-    from portal.placement.locking import forget_locks
     from portal.tenancy.models import Team
 
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": apiserver.url}}],
-        "users": [{"name": "tessera", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tessera"}}]}))
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    settings.TESSERA_BACKEND = "kubernetes"
-    settings.TESSERA_NAMESPACE = "tessera"
-    settings.TESSERA_LOCK_REDIS_URL = ""
-    settings.REDIS_URL = ""
-    forget_locks()
+    point_portal_at(apiserver, settings, tmp_path, monkeypatch)
     eager = celery_app.conf.task_always_eager
     celery_app.conf.task_always_eager = True
     inventory.load(INVENTORY)
