@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "logline.h"
 #include "image.h"
 #include "remote_client.h"
 #include "wire.h"
@@ -53,16 +54,10 @@ static struct {
 void rlog(int level, const char *fmt, ...) {
     if (level > log_level) return;
     static const char *names[] = {"error", "warn", "info", "debug"};
-    char line[900];
-    int n = snprintf(line, sizeof line, "tessera-remote[%d] %s: ", (int)getpid(), names[level]);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    logline_write(900, "tessera-remote", names[level], fmt, ap);
     va_end(ap);
-    size_t len = strlen(line);
-    line[len++] = '\n';
-    ssize_t ignored = write(STDERR_FILENO, line, len);
-    (void)ignored;
 }
 
 CUresult rnot_supported(const char *what) {

@@ -26,6 +26,7 @@
 
 #include <cuda.h>
 
+#include "logline.h"
 #include "wire.h"
 
 #define MAX_GPUS 16
@@ -38,16 +39,10 @@ static size_t secret_len;
 
 static void slog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void slog(const char *fmt, ...) {
-    char line[700];
-    int n = snprintf(line, sizeof line, "tessera-remote-server[%d] ", (int)getpid());
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    logline_write(700, "tessera-remote-server", NULL, fmt, ap);
     va_end(ap);
-    size_t len = strlen(line);
-    line[len++] = '\n';
-    ssize_t ignored = write(STDERR_FILENO, line, len);
-    (void)ignored;
 }
 
 static void usage(const char *why) {

@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "logline.h"
 #include "image.h"
 #include "wire.h"
 
@@ -93,16 +94,10 @@ static CUresult deferred;   /* first failure of a one-way launch since the last 
 
 static void wlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void wlog(const char *fmt, ...) {
-    char line[600];
-    int n = snprintf(line, sizeof line, "tessera-remote-worker[%d] ", (int)getpid());
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    logline_write(600, "tessera-remote-worker", NULL, fmt, ap);
     va_end(ap);
-    size_t len = strlen(line);
-    line[len++] = '\n';
-    ssize_t ignored = write(STDERR_FILENO, line, len);
-    (void)ignored;
 }
 
 /* ---- handle tables: open addressing on the handle value ---- */

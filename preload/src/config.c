@@ -1,6 +1,7 @@
 /* Configuration from the environment and logging.
  * Invalid values never leave a process uncapped: each falls back to the strictest safe reading. */
 #include "tessera.h"
+#include "logline.h"
 
 #include <errno.h>
 #include <math.h>
@@ -26,17 +27,10 @@ uint64_t now_ns(void) {
 void tlog(int level, const char *fmt, ...) {
     if (level > g_cfg.log_level) return;
     static const char *names[] = {"error", "warn", "info", "debug"};
-    char line[1024];
-    int n = snprintf(line, sizeof line, "tessera-preload[%d] %s: ", (int)getpid(), names[level]);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    logline_write(1024, "tessera-preload", names[level], fmt, ap);
     va_end(ap);
-    size_t len = strlen(line);
-    line[len++] = '\n';
-    /* one write so lines from many threads and processes do not interleave */
-    ssize_t ignored = write(STDERR_FILENO, line, len);
-    (void)ignored;
 }
 
 int parse_bytes(const char *text, uint64_t *out) {
