@@ -5,7 +5,6 @@ and (optionally) the node's share broker, and client hosts in network namespaces
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agents.remote.tokens import ShareTerms, issue
+from tests.agents.broker.process import query_broker
 
 REPO = Path(__file__).resolve().parents[2]
 PRELOAD = REPO / "preload"
@@ -70,18 +70,7 @@ class Broker:
     proc: subprocess.Popen
 
     def query(self) -> dict:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(str(self.socket_path))
-            s.sendall(b"QUERY\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        assert data.startswith(b"STATS "), data
-        return json.loads(data[6:])
+        return query_broker(self.socket_path)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -56,17 +56,22 @@ class BrokerProcess:
         return self.log_path.read_text(errors="replace")
 
     def query(self) -> dict:
-        import json
+        return query_broker(self.socket_path)
 
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(str(self.socket_path))
-            s.sendall(b"QUERY\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        assert data.startswith(b"STATS "), data
-        return json.loads(data[6:])
+
+def query_broker(socket_path: Path) -> dict:
+    """The broker's STATS answer to QUERY on its socket."""
+    import json
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(socket_path))
+        s.sendall(b"QUERY\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    assert data.startswith(b"STATS "), data
+    return json.loads(data[6:])
