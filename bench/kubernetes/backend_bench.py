@@ -15,7 +15,6 @@ read the ratios. Results: bench/results/kubernetes/backend.{md,json}.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import shutil
@@ -35,26 +34,13 @@ from agents.deviceplugin import api_pb2, api_pb2_grpc  # noqa: E402
 from agents.deviceplugin.pods import KubernetesPods, PodFinder  # noqa: E402
 from agents.deviceplugin.server import DevicePluginService, PluginConfig, PluginRunner  # noqa: E402
 from agents.gpus.base import GpuDevice  # noqa: E402
+from bench.kubernetes.fake_cluster import fake_apiserver_module, pct  # noqa: E402
 from scheduler.backends import GpuShare, PodEvent, PodRef, make_pod_spec  # noqa: E402
 from scheduler.backends.base import external_binding  # noqa: E402
 from scheduler.backends.kubernetes import KubernetesBackend  # noqa: E402
 from scheduler.backends.kubernetes.manifests import pod_manifest  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "kubernetes"
-
-
-def fake_apiserver_module():
-    spec = importlib.util.spec_from_file_location(
-        "fake_apiserver", ROOT / "tests" / "scheduler" / "backends" / "fake_apiserver.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fake_apiserver"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def spec(i: int, node: str = "gpu-node-1"):

@@ -19,7 +19,6 @@ Results: bench/results/kubernetes/bind_throughput.{json,md}.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -33,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.kubernetes.fake_cluster import fake_apiserver_module, pct  # noqa: E402
 from scheduler.backends import GpuShare, PodRef, make_pod_spec  # noqa: E402
 from scheduler.backends.base import external_binding  # noqa: E402
 from scheduler.backends.kubernetes import KubernetesBackend  # noqa: E402
@@ -40,20 +40,6 @@ from scheduler.backends.kubernetes.manifests import pod_manifest  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "kubernetes"
 NODES = 125
-
-
-def fake_apiserver_module():
-    spec = importlib.util.spec_from_file_location(
-        "fake_apiserver", ROOT / "tests" / "scheduler" / "backends" / "fake_apiserver.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fake_apiserver"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def spec(i: int, namespace: str = "tessera"):

@@ -38,8 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "kubernetes"))
-from bind_throughput import _kind, fake_apiserver_module  # noqa: E402
+from bind_throughput import _kind  # noqa: E402
 
+from bench.kubernetes.fake_cluster import fake_apiserver_module  # noqa: E402
 from bench.orchestration import bound_latency as orch  # noqa: E402
 from bench.scratch_db import ScratchDatabase  # noqa: E402
 
