@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from .conftest import BrokerProcess, Env
+from tests.agents.broker.process import BrokerProcess
+
+from .conftest import Env
 
 pytestmark = pytest.mark.slow
 

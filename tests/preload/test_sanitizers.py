@@ -7,7 +7,9 @@ import subprocess
 
 import pytest
 
-from .conftest import BUILD, BrokerProcess, Env, GiB, make, parse_kv
+from tests.agents.broker.process import BrokerProcess
+
+from .conftest import BUILD, Env, GiB, make, parse_kv
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from .conftest import LIBRARY, BrokerProcess, Env, fake_env
+from tests.agents.broker.process import BrokerProcess
+
+from .conftest import LIBRARY, Env, fake_env
 
 SECONDS = 20.0
 KERNEL_US = 1000
