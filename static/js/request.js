@@ -8,6 +8,18 @@
     var preview = document.getElementById("preview");
     form.addEventListener("htmx:beforeRequest", function () { preview.setAttribute("aria-busy", "true"); });
     form.addEventListener("htmx:afterRequest", function () { preview.removeAttribute("aria-busy"); });
+    // Choosing a team fetches the form again with that team's choices; choosing the team it already
+    // shows must not, or what the user types meanwhile is replaced by the values sent with that request.
+    var remember = function () {
+      var team = document.getElementById("id_team");
+      if (team) { team.setAttribute("data-loaded-team", team.value); }
+    };
+    remember();
+    document.body.addEventListener("htmx:afterSettle", remember);
+    document.body.addEventListener("htmx:confirm", function (evt) {
+      var el = evt.detail.elt;
+      if (el && el.id === "id_team" && el.value === el.getAttribute("data-loaded-team")) { evt.preventDefault(); }
+    });
     var share = form.querySelector("#id_gpu_request");
     var limit = form.querySelector("#id_gpu_limit");
     if (share && limit) {
