@@ -105,12 +105,16 @@ class _RedisStore:
 
 
 _store: _MemoryStore | _RedisStore | None = None
+_store_url: str | None = None
 _store_lock = threading.Lock()
 
 
 def store() -> _MemoryStore | _RedisStore:
-    global _store
+    """The store for the Redis that settings name now: one made for another (a process whose
+    settings changed, as the test suite's do) would count watchers nobody sends to."""
+    global _store, _store_url
+    url = settings.REDIS_URL or None
     with _store_lock:
-        if _store is None:
-            _store = _RedisStore(settings.REDIS_URL) if settings.REDIS_URL else _MemoryStore()
+        if _store is None or _store_url != url:
+            _store, _store_url = (_RedisStore(url) if url else _MemoryStore()), url
         return _store
