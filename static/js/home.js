@@ -11,6 +11,7 @@
   var MEMORY = [{key: "memory", label: "used"}, {key: "limit", label: "cap", dash: true}];
   var history = {};  // reservation id -> [[x, used, memFrac], ...] (kept across card swaps)
   var sparks = {};   // reservation id -> {compute, memory}
+  var said = {};     // reservation id -> the last live sentence (a swapped-in card starts with it)
   var list;
 
   function cardOf(id) { return document.getElementById("reservation-" + id); }
@@ -23,6 +24,8 @@
     sparks[id] = {compute: window.Tessera.sparkline(compute, COMPUTE, 90),
                   memory: window.Tessera.sparkline(memory, MEMORY, 90)};
     (history[id] || []).forEach(function (p) { draw(card, id, p); });
+    var now = card.querySelector("[data-live-now]");
+    if (now && said[id]) { now.textContent = said[id]; }
   }
 
   function draw(card, id, p) {
@@ -61,7 +64,7 @@
       // The sentence is aria-live: say it at most every 5 s, not at every reading.
       if (now && (!now.dataset.saidAt || Date.now() - Number(now.dataset.saidAt) > 5000)) {
         now.dataset.saidAt = String(Date.now());
-        now.textContent = "Using " + Math.round(used * 100) + " % of a GPU (request " +
+        now.textContent = said[id] = "Using " + Math.round(used * 100) + " % of a GPU (request " +
           Math.round(parseFloat(card.getAttribute("data-request")) * 100) + " %, limit " +
           Math.round(parseFloat(card.getAttribute("data-limit")) * 100) + " %)" +
           (e.mem === null ? "" : " · " + gib(e.mem) + " of " + gib(cap) + " memory");
