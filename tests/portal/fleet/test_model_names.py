@@ -78,3 +78,13 @@ def test_the_form_takes_either_name(people, nvml_fleet):
                            user=people["alice"], models=[A100, "T4"])
         assert form.is_valid(), form.errors
         assert form.cleaned_data["gpu_model"] == A100
+
+
+def test_a_preset_takes_the_label_safe_name_and_stores_the_display_name(teams, people, nvml_fleet):
+    from portal.audit import services as audit
+    from portal.tenancy import presets
+
+    preset = presets.create_preset(teams["vision"], audit.web(people["carol"]), {
+        "name": "A100 notebook", "gpu_model": "NVIDIA-A100-SXM4-80GB", "gpu_request": "0.25",
+        "gpu_memory_mib": 16384, "image": "jupyter/base-notebook:latest"})
+    assert preset.gpu_model == A100  # what the request form and the engine match on
