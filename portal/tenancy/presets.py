@@ -67,7 +67,8 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
         team=team, image=str(merged["image"]), gpu_request=merged["gpu_request"],
         gpu_memory_mib=merged["gpu_memory_mib"], gpu_limit=merged.get("gpu_limit"),
         # Either name of a model (the label-safe "NVIDIA-A100-SXM4-80GB" too), stored as the engine knows it.
-        gpu_model=display_model(str(merged.get("gpu_model") or "")), kind=str(merged.get("kind") or ""), command=command,
+        gpu_model=display_model(str(merged.get("gpu_model") or "")), kind=str(merged.get("kind") or ""),
+        command=command,
         max_duration_s=merged.get("max_duration_s"), priority=0,
     )
     try:
