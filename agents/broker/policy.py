@@ -48,12 +48,13 @@ class BrokerSettings:
 
 
 @dataclass
-class Share:
-    """One reservation on one GPU: its terms and the GPU time it used."""
+class ShareAccount:
+    """The broker's account of one share (one reservation on one GPU): its terms and the GPU time it
+    used. (`scheduler.core.Share` is the engine's view of a placed share: its terms and labels.)"""
 
     share_id: str
-    request: float
-    limit: float
+    gpu_request: float
+    gpu_limit: float
     high_priority: bool
     joined_s: float
     quota_s: float
@@ -83,15 +84,15 @@ class Share:
 
     def budget(self, now: float, settings: BrokerSettings) -> float:
         """GPU seconds this share may still use in its window."""
-        return self.limit * self.effective_window(now, settings) - self.window_used(now, settings.window_s)
+        return self.gpu_limit * self.effective_window(now, settings) - self.window_used(now, settings.window_s)
 
     def eligible_at(self, now: float, need_s: float, settings: BrokerSettings) -> float:
         """The earliest time its budget reaches ``need_s``: as its window grows, or old usage leaves it."""
         used = self.window_used(now, settings.window_s)
-        grown = self.joined_s + (used + need_s) / self.limit
+        grown = self.joined_s + (used + need_s) / self.gpu_limit
         if grown - self.joined_s <= settings.window_s:
             return max(grown, now)
-        allowed = self.limit * settings.window_s - need_s
+        allowed = self.gpu_limit * settings.window_s - need_s
         for end, seconds in self._entries:
             used -= seconds
             if used <= allowed:
@@ -113,7 +114,7 @@ class Client:
     """One process of a share."""
 
     client_id: int
-    share: Share
+    share: ShareAccount
     pid: int
     waiting_since: float | None = None
     holding: bool = False
@@ -135,7 +136,7 @@ class GpuScheduler:
     def __init__(self, gpu: str, settings: BrokerSettings) -> None:
         self.gpu = gpu
         self.settings = settings
-        self.shares: dict[str, Share] = {}
+        self.shares: dict[str, ShareAccount] = {}
         self.clients: dict[int, Client] = {}
         self.holder: Client | None = None
         self.revocations = 0
@@ -148,20 +149,20 @@ class GpuScheduler:
             raise ValueError(f"share {share_id}: need 0 < request <= limit <= 1, got {request}, {limit}")
         share = self.shares.get(share_id)
         if share is None:
-            share = Share(share_id, request, limit, high, now, self.settings.initial_quota_s)
+            share = ShareAccount(share_id, request, limit, high, now, self.settings.initial_quota_s)
             self.shares[share_id] = share
-        share.request, share.limit, share.high_priority, share.defined = request, limit, high, True
+        share.gpu_request, share.gpu_limit, share.high_priority, share.defined = request, limit, high, True
 
     def add_client(
         self, client_id: int, share_id: str, request: float, limit: float, high: bool, pid: int, now: float
     ) -> Client:
         share = self.shares.get(share_id)
         if share is None:
-            share = Share(share_id, request, limit, high, now, self.settings.initial_quota_s)
+            share = ShareAccount(share_id, request, limit, high, now, self.settings.initial_quota_s)
             self.shares[share_id] = share
         elif share.clients == 0 and not share.defined:
             # a share that comes back may come back with new terms; its history stays
-            share.request, share.limit, share.high_priority = request, limit, high
+            share.gpu_request, share.gpu_limit, share.high_priority = request, limit, high
         share.clients += 1
         client = Client(client_id, share, pid)
         self.clients[client_id] = client
@@ -171,7 +172,7 @@ class GpuScheduler:
         share = self.shares.get(share_id)
         if share is None or not (share.clients or share.defined):
             return False
-        return (share.request, share.limit, share.high_priority) != (request, limit, high)
+        return (share.gpu_request, share.gpu_limit, share.high_priority) != (request, limit, high)
 
     def remove_client(self, client_id: int, now: float) -> None:
         client = self.clients.pop(client_id, None)
@@ -227,7 +228,7 @@ class GpuScheduler:
     def _high_present(self) -> bool:
         return any(s.high_priority and s.clients for s in self.shares.values())
 
-    def _quantum(self, share: Share, high_present: bool) -> float:
+    def _quantum(self, share: ShareAccount, high_present: bool) -> float:
         """The quantum this share would get now, its budget aside."""
         if not share.high_priority and high_present:
             return min(share.quota_s, self.settings.low_quota_s)
@@ -255,8 +256,8 @@ class GpuScheduler:
             # A share whose budget holds only a sliver of its quantum waits for a whole one while another
             # can run: each grant costs a hand-off of idle GPU. (Half the window's allowance counts as
             # whole, or a small share would never have one.)
-            whole = min(self._quantum(share, high_present), share.limit * weff / 2)
-            below_request = share.window_used(now, settings.window_s) / (share.request * weff)
+            whole = min(self._quantum(share, high_present), share.gpu_limit * weff / 2)
+            below_request = share.window_used(now, settings.window_s) / (share.gpu_request * weff)
             key = (0 if share.high_priority else 1, budget < whole, below_request, client.waiting_since)
             if best_key is None or key < best_key:
                 best, best_key = client, key
@@ -277,8 +278,8 @@ class GpuScheduler:
     def snapshot(self, now: float) -> dict[str, dict[str, object]]:
         return {
             share.share_id: {
-                "request": share.request,
-                "limit": share.limit,
+                "request": share.gpu_request,
+                "limit": share.gpu_limit,
                 "priority": "high" if share.high_priority else "low",
                 "clients": share.clients,
                 "used_total_s": round(share.used_total_s, 6),

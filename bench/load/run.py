@@ -94,7 +94,7 @@ def _invariants() -> dict:
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM (SELECT gpu_id FROM reservations_allocation WHERE released_at IS NULL "
-                       "GROUP BY gpu_id HAVING sum(compute_share) > 1.0001) over")
+                       "GROUP BY gpu_id HAVING sum(gpu_request) > 1.0001) over")
         over = cursor.fetchone()[0]
         cursor.execute("SELECT count(*) FROM (SELECT reservation_id, gpu_id FROM reservations_allocation "
                        "WHERE released_at IS NULL GROUP BY reservation_id, gpu_id HAVING count(*) > 1) dup")

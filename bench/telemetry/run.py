@@ -87,8 +87,8 @@ def _setup(inventory: Path, tokens: Path, shares_per_node: int) -> dict:
             r = Reservation.objects.create(owner=user, team=team, image="bench", gpu_request=Decimal("0.5"),
                                            gpu_limit=Decimal("0.5"), gpu_memory_mib=1024, state=State.RUNNING,
                                            node=node)
-            Allocation.objects.create(reservation=r, gpu=gpu, compute_share=Decimal("0.5"),
-                                      compute_limit=Decimal("0.5"), memory_mib=1024)
+            Allocation.objects.create(reservation=r, gpu=gpu, gpu_request=Decimal("0.5"),
+                                      gpu_limit=Decimal("0.5"), gpu_memory_mib=1024)
     tokens.write_text("\n".join(token_lines) + "\n")
     from django.conf import settings
     from django.contrib.sessions.backends.db import SessionStore

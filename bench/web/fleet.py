@@ -83,8 +83,8 @@ def populate(nodes: int, shares_per_gpu: int = 3) -> dict:
                         node_id=g.node_id)
             for k, g in enumerate(g for g in gpus for _ in range(shares_per_gpu))], batch_size=2000)
         Allocation.objects.bulk_create([
-            Allocation(reservation=r, gpu=gpus[k // shares_per_gpu], compute_share=share, compute_limit=Decimal("0.5"),
-                       memory_mib=4096) for k, r in enumerate(reservations)], batch_size=2000)
+            Allocation(reservation=r, gpu=gpus[k // shares_per_gpu], gpu_request=share, gpu_limit=Decimal("0.5"),
+                       gpu_memory_mib=4096) for k, r in enumerate(reservations)], batch_size=2000)
     with connection.cursor() as c:
         c.execute("ANALYZE")
     return {"nodes": nodes, "gpus": len(gpus), "shares": len(reservations), "admin": admin}

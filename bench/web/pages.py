@@ -88,8 +88,8 @@ def seed() -> dict:
         Reservation.objects.filter(pk=r.pk).update(created_at=start - timedelta(seconds=30), placed_at=start,
                                                    finished_at=end if state not in ("running", "pending") else None)
         if gpu is not None and state == "running":
-            Allocation.objects.create(reservation=r, gpu=gpu, compute_share=Decimal("0.25"),
-                                      compute_limit=Decimal("0.5"), memory_mib=8192)
+            Allocation.objects.create(reservation=r, gpu=gpu, gpu_request=Decimal("0.25"),
+                                      gpu_limit=Decimal("0.5"), gpu_memory_mib=8192)
         rows.append(r)
         if gpu is not None:
             spans.append((r, start, end, gpu))

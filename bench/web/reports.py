@@ -105,8 +105,8 @@ def generate(now: datetime, rng: random.Random) -> dict:
     reservations = Reservation.objects.bulk_create(reservations, batch_size=1000)
     allocations = []
     for r, (created, _placed, _end, share) in zip(reservations, spans, strict=False):
-        allocations.append(Allocation(reservation=r, gpu=gpus[rng.randrange(len(gpus))], compute_share=share,
-                                      compute_limit=Decimal("1.0"), memory_mib=4096))
+        allocations.append(Allocation(reservation=r, gpu=gpus[rng.randrange(len(gpus))], gpu_request=share,
+                                      gpu_limit=Decimal("1.0"), gpu_memory_mib=4096))
         r.created_at = created
     Reservation.objects.bulk_update(reservations[:RESERVATIONS], ["created_at"], batch_size=1000)
     allocations = Allocation.objects.bulk_create(allocations, batch_size=1000)
@@ -124,7 +124,7 @@ def generate(now: datetime, rng: random.Random) -> dict:
             SELECT reservation_id, gpu_id, team_id, m, 60, 60 * v, v FROM (
                 SELECT a.reservation_id, a.gpu_id, r.team_id, m,
                        CASE WHEN r.id %% 5 = 0 THEN random() * 0.04
-                            ELSE LEAST(1.0, a.compute_share * random() * 1.6) END AS v
+                            ELSE LEAST(1.0, a.gpu_request * random() * 1.6) END AS v
                 FROM reservations_allocation a JOIN reservations_reservation r ON r.id = a.reservation_id
                 CROSS JOIN LATERAL generate_series(date_trunc('minute', a.created_at),
                                                    COALESCE(a.released_at, %s) - interval '1 minute',

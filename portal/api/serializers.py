@@ -49,12 +49,12 @@ class AllocationSerializer(serializers.ModelSerializer):
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
     gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
     node = serializers.CharField(source="gpu.node.name", read_only=True)
-    compute_share = serializers.DecimalField(**SHARE, read_only=True)
-    compute_limit = serializers.DecimalField(**SHARE, read_only=True)
+    gpu_request = serializers.DecimalField(**SHARE, read_only=True)
+    gpu_limit = serializers.DecimalField(**SHARE, read_only=True)
 
     class Meta:
         model = Allocation
-        fields = ["gpu_uuid", "gpu_index", "node", "compute_share", "compute_limit", "memory_mib"]
+        fields = ["gpu_uuid", "gpu_index", "node", "gpu_request", "gpu_limit", "gpu_memory_mib"]
 
 
 class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):

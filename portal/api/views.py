@@ -138,9 +138,9 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         if not self.request.user.is_staff:
             live &= Q(allocations__reservation__team__in=roles.visible_teams(self.request.user))
         return Gpu.objects.select_related("node").annotate(
-            allocated_request=Coalesce(Sum("allocations__compute_share", filter=live),
+            allocated_request=Coalesce(Sum("allocations__gpu_request", filter=live),
                                        Value(0), output_field=DecimalField(max_digits=6, decimal_places=3)),
-            allocated_memory_mib=Coalesce(Sum("allocations__memory_mib", filter=live), Value(0),
+            allocated_memory_mib=Coalesce(Sum("allocations__gpu_memory_mib", filter=live), Value(0),
                                           output_field=IntegerField()),
         ).order_by("node__name", "index")
 

@@ -44,9 +44,9 @@ def shares_of(reservation_ids: Iterable[int]) -> dict[int, tuple[GpuShare, ...]]
     for rid, uuid, index, share, limit, memory in (
             Allocation.objects.filter(reservation_id__in=reservation_ids, released_at__isnull=True)
             .order_by("reservation_id", "gpu__index")
-            .values_list("reservation_id", "gpu__uuid", "gpu__index", "compute_share", "compute_limit", "memory_mib")):
-        out.setdefault(rid, []).append(GpuShare(uuid=uuid, index=index, request=float(share),
-                                                limit=float(max(limit, share)), memory_mib=memory))
+            .values_list("reservation_id", "gpu__uuid", "gpu__index", "gpu_request", "gpu_limit", "gpu_memory_mib")):
+        out.setdefault(rid, []).append(GpuShare(uuid=uuid, index=index, gpu_request=float(share),
+                                                gpu_limit=float(max(limit, share)), gpu_memory_mib=memory))
     return {rid: tuple(gpus) for rid, gpus in out.items()}
 
 

@@ -62,18 +62,19 @@ class CycleReport:
 
 def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int],
              remote: SharingChoice | None = None) -> services.Placing:
-    share = Decimal(str(p.share)).quantize(MILLI)
-    allocations = tuple(services.NewAllocation(gpu_ids[u], share, p.memory_mib) for u in p.gpu_uuids)
+    share = Decimal(str(p.gpu_request)).quantize(MILLI)
+    allocations = tuple(services.NewAllocation(gpu_ids[u], share, p.gpu_memory_mib) for u in p.gpu_uuids)
     if remote is not None:
         return services.Placing(int(p.request_id), node_ids[p.node], allocations,
                                 f"placed on {remote.pod_node}, using GPU {remote.gpu_index} of {p.node} remotely",
                                 SharingMode.REMOTE, remote.reason, node_ids[remote.pod_node])
-    if p.share >= 1:
+    if p.gpu_request >= 1:
         mode = SharingMode.EXCLUSIVE
         why = f"{'whole GPUs' if len(p.gpu_indexes) > 1 else 'a whole GPU'} " \
               f"({', '.join(map(str, p.gpu_indexes))}) on {p.node}, where the pod runs"
     else:
-        mode, why = SharingMode.LOCAL, f"a {p.share:g} share of GPU {p.gpu_indexes[0]} on {p.node}, where the pod runs"
+        mode = SharingMode.LOCAL
+        why = f"a {p.gpu_request:g} share of GPU {p.gpu_indexes[0]} on {p.node}, where the pod runs"
     return services.Placing(int(p.request_id), node_ids[p.node], allocations,
                             f"placed on {p.node} ({', '.join(p.gpu_uuids)})", mode, why)
 

@@ -15,7 +15,7 @@ def live_shares_ok() -> list[str]:
     problems = []
     totals: dict[int, list] = defaultdict(lambda: [Decimal(0), 0])
     for gpu_id, share, memory in Allocation.objects.filter(released_at__isnull=True).values_list(
-            "gpu_id", "compute_share", "memory_mib"):
+            "gpu_id", "gpu_request", "gpu_memory_mib"):
         totals[gpu_id][0] += share
         totals[gpu_id][1] += memory
     cards = dict(Gpu.objects.filter(pk__in=totals).values_list("pk", "memory_mib"))

@@ -41,7 +41,8 @@ def candidates(requests: list[core.Request], rows: dict[str, snapshot.Pending], 
 
 def _with_share(snap: core.Snapshot, request: core.Request, choice: SharingChoice) -> core.Snapshot:
     """The snapshot with `choice` taken: the share on its GPU, the pod's CPU and memory on its node."""
-    share = core.Share(reservation_id=request.id, request=request.gpu_request, memory_mib=request.gpu_memory_mib,
+    share = core.Share(reservation_id=request.id, gpu_request=request.gpu_request,
+                       gpu_memory_mib=request.gpu_memory_mib,
                        priority=request.priority, team=request.team, affinity=request.affinity,
                        anti_affinity=request.anti_affinity, exclusion=request.exclusion)
     nodes = []

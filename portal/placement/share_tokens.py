@@ -35,8 +35,9 @@ def secret_for(node: str) -> bytes:
 
 def remote_env(reservation_id: str, gpu_node: str, gpu: GpuShare, priority: int) -> dict[str, str]:
     """The client pod's variables: the server on `gpu_node` and a token for exactly this share."""
-    terms = ShareTerms(share=reservation_id, gpu=gpu.uuid, memory_bytes=gpu.memory_mib << 20,
-                       request=gpu.request, limit=max(gpu.limit, gpu.request), priority=broker_priority(priority))
+    terms = ShareTerms(share=reservation_id, gpu=gpu.uuid, memory_bytes=gpu.gpu_memory_mib << 20,
+                       request=gpu.gpu_request, limit=max(gpu.gpu_limit, gpu.gpu_request),
+                       priority=broker_priority(priority))
     try:
         token = issue(secret_for(gpu_node), terms, ttl_s=settings.TESSERA_REMOTE_TOKEN_TTL_S)
     except TokenError as exc:

@@ -111,11 +111,11 @@ def build() -> core.Snapshot:
     Read as plain values, not model instances: a cycle reads the whole fleet every time."""
     shares: dict[int, list[core.Share]] = defaultdict(list)
     live = Allocation.objects.filter(released_at__isnull=True).values_list(
-        "gpu_id", "reservation_id", "compute_share", "memory_mib", "reservation__priority", "reservation__team__slug",
+        "gpu_id", "reservation_id", "gpu_request", "gpu_memory_mib", "reservation__priority", "reservation__team__slug",
         "reservation__affinity", "reservation__anti_affinity", "reservation__exclusion", "reservation__group_name")
     for gpu_id, rid, share, memory, priority, team, affinity, anti, exclusion, group in live:
         shares[gpu_id].append(core.Share(
-            reservation_id=str(rid), request=float(share), memory_mib=memory, priority=priority, team=team,
+            reservation_id=str(rid), gpu_request=float(share), gpu_memory_mib=memory, priority=priority, team=team,
             affinity=_labels(affinity), anti_affinity=_labels(anti), exclusion=_exclusion(team, exclusion),
             group=group or None,
         ))

@@ -61,7 +61,7 @@ def now(team_ids: list[int]) -> dict:
     live = defaultdict(lambda: [0.0, 0, set(), 0.0])  # gpu → [share, memory, exclusion labels, our share]
     ours = set(team_ids)
     for gpu_id, share, mib, label, team_id in (Allocation.objects.filter(released_at__isnull=True)
-                                               .values_list("gpu_id", "compute_share", "memory_mib",
+                                               .values_list("gpu_id", "gpu_request", "gpu_memory_mib",
                                                             "reservation__exclusion", "reservation__team_id")):
         g = live[gpu_id]
         g[0] += float(share)

@@ -147,7 +147,7 @@ def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     allocations = list(
         Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=window.since),
                                   created_at__lt=window.until, reservation__team_id__in=team_ids)
-        .values_list("reservation_id", "gpu_id", "compute_share", "created_at", "released_at"))
+        .values_list("reservation_id", "gpu_id", "gpu_request", "created_at", "released_at"))
     shares = sources.share_sums(window.since, window.until, team_ids, ("reservation_id", "gpu_id"))
     rids = {a[0] for a in allocations} | {k[0] for k in shares}
     gpu_ids = {a[1] for a in allocations} | {k[1] for k in shares}

@@ -26,7 +26,7 @@ class ReservationAdmin(admin.ModelAdmin):
 
 @admin.register(Allocation)
 class AllocationAdmin(admin.ModelAdmin):
-    list_display = ("reservation", "gpu", "compute_share", "memory_mib", "created_at", "released_at")
+    list_display = ("reservation", "gpu", "gpu_request", "gpu_memory_mib", "created_at", "released_at")
 
 
 @admin.register(StateTransition)

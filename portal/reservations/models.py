@@ -131,9 +131,9 @@ class Allocation(models.Model):
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
-    compute_share = models.DecimalField(max_digits=4, decimal_places=3)
-    compute_limit = models.DecimalField(max_digits=4, decimal_places=3)
-    memory_mib = models.PositiveIntegerField()
+    gpu_request = models.DecimalField(max_digits=4, decimal_places=3)
+    gpu_limit = models.DecimalField(max_digits=4, decimal_places=3)
+    gpu_memory_mib = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 
@@ -147,7 +147,7 @@ class Allocation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.reservation_id} on {self.gpu_id}: {self.compute_share}"
+        return f"{self.reservation_id} on {self.gpu_id}: {self.gpu_request}"
 
 
 class StateTransition(models.Model):

@@ -52,7 +52,7 @@ class TelemetryCollector:
 
         allocations = list(
             Allocation.objects.filter(released_at__isnull=True)
-            .values("reservation_id", "gpu_id", "compute_share", "compute_limit", "memory_mib",
+            .values("reservation_id", "gpu_id", "gpu_request", "gpu_limit", "gpu_memory_mib",
                     team=F("reservation__team__slug"))
         )
         used = latest_share_readings({a["reservation_id"] for a in allocations})
@@ -76,10 +76,10 @@ class TelemetryCollector:
             if gpu is None:
                 continue
             labels = [str(a["reservation_id"]), a["team"], gpu.uuid, gpu.node.name]
-            alloc.add_metric(labels, float(a["compute_share"]))
-            limit.add_metric(labels, float(a["compute_limit"]))
-            mem_alloc.add_metric(labels, a["memory_mib"])
-            team_alloc[a["team"]] += float(a["compute_share"])
+            alloc.add_metric(labels, float(a["gpu_request"]))
+            limit.add_metric(labels, float(a["gpu_limit"]))
+            mem_alloc.add_metric(labels, a["gpu_memory_mib"])
+            team_alloc[a["team"]] += float(a["gpu_request"])
             reading = used.get((a["reservation_id"], a["gpu_id"]))
             if reading is not None:
                 used_g.add_metric(labels, reading["used_frac"])

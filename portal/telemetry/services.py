@@ -63,7 +63,7 @@ def placements_for_node(node_id: int) -> dict:
     """The `placements` message body for a node's agent: every live share on its GPUs."""
     rows = (Allocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True)
             .select_related("gpu").order_by("reservation_id", "gpu__index")
-            .values_list("reservation_id", "gpu__uuid", "compute_share", "compute_limit", "memory_mib",
+            .values_list("reservation_id", "gpu__uuid", "gpu_request", "gpu_limit", "gpu_memory_mib",
                          "reservation__pod_uid"))
     placements = [
         {"reservation": str(reservation), "gpu_uuid": gpu_uuid, "request": float(share),

@@ -55,7 +55,7 @@ def fleet_rows(nodes: list[dict]) -> list[dict]:
     shares: dict[int, list[tuple]] = defaultdict(list)
     for row in (Allocation.objects.filter(released_at__isnull=True, gpu__node_id__in=[n["id"] for n in nodes])
                 .order_by("gpu_id", "reservation_id")
-                .values_list("gpu_id", "reservation_id", "compute_share", "compute_limit", "memory_mib",
+                .values_list("gpu_id", "reservation_id", "gpu_request", "gpu_limit", "gpu_memory_mib",
                              "reservation__team_id", "reservation__team__slug", "reservation__owner__username",
                              "reservation__state", "reservation__client_node__name")):
         shares[row[0]].append(row[1:])

@@ -95,8 +95,8 @@ def free_capacity() -> list[ModelCapacity]:
     """Per GPU model, what could be placed now: healthy, uncordoned cards on ready nodes."""
     live = Q(allocations__released_at__isnull=True)
     rows = (Gpu.objects.filter(healthy=True, cordoned=False, node__status=NodeStatus.READY)
-            .annotate(taken=Sum("allocations__compute_share", filter=live),
-                      memory_taken=Sum("allocations__memory_mib", filter=live),
+            .annotate(taken=Sum("allocations__gpu_request", filter=live),
+                      memory_taken=Sum("allocations__gpu_memory_mib", filter=live),
                       holders=Count("allocations", filter=live))
             .values_list("model", "memory_mib", "taken", "memory_taken", "holders"))
     by_model: dict[str, list] = {}

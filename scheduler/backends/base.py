@@ -127,9 +127,9 @@ class GpuShare:
 
     uuid: str
     index: int
-    request: float
-    limit: float
-    memory_mib: int
+    gpu_request: float
+    gpu_limit: float
+    gpu_memory_mib: int
 
 
 @dataclass(frozen=True)
@@ -258,9 +258,9 @@ def placement_annotation(reservation_id: str, gpus: tuple[GpuShare, ...], priori
     return json.dumps({
         "reservation": reservation_id,
         "gpus": [g.uuid for g in gpus],
-        "request": first.request,
-        "limit": first.limit,
-        "memory_mib": first.memory_mib,
+        "request": first.gpu_request,
+        "limit": first.gpu_limit,
+        "memory_mib": first.gpu_memory_mib,
         "priority": broker_priority(priority),
     }, separators=(",", ":"), sort_keys=True)
 
@@ -271,9 +271,9 @@ def share_env(reservation_id: str, gpus: tuple[GpuShare, ...], priority: int) ->
     return {
         "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
         "LD_PRELOAD": PRELOAD_PATH,
-        "TESSERA_GPU_REQUEST": f"{first.request:g}",
-        "TESSERA_GPU_LIMIT": f"{first.limit:g}",
-        "TESSERA_GPU_MEMORY_LIMIT": f"{first.memory_mib}Mi",
+        "TESSERA_GPU_REQUEST": f"{first.gpu_request:g}",
+        "TESSERA_GPU_LIMIT": f"{first.gpu_limit:g}",
+        "TESSERA_GPU_MEMORY_LIMIT": f"{first.gpu_memory_mib}Mi",
         "TESSERA_PRIORITY": broker_priority(priority),
         "TESSERA_SHARE_ID": reservation_id,
         "TESSERA_BROKER_SOCKET": BROKER_SOCKET,

@@ -8,7 +8,7 @@ Data in (frozen dataclasses, `scheduler.core.model`):
   memory_mib_free=None)`
   (None: not tracked, never a reason to refuse)
 - `Gpu(uuid, index, model, memory_mib, nvlink_peers=frozenset[int], numa_node=0, shares=())`
-- `Share(reservation_id, request, memory_mib, priority, team, affinity, anti_affinity, exclusion, group)`:
+- `Share(reservation_id, gpu_request, gpu_memory_mib, priority, team, affinity, anti_affinity, exclusion, group)`:
   a share already on a GPU (a multi-GPU reservation appears once per GPU, same reservation_id)
 - `TeamUsage(quota_gpus, used_gpus)`: optional, for fair-share ordering only (quota is the portal's)
 - `Request(id, team, gpu_request, gpu_limit, gpu_memory_mib, gpu_count, gpu_model, priority,
@@ -20,7 +20,7 @@ Data in (frozen dataclasses, `scheduler.core.model`):
 Entry points:
 - `schedule(snapshot, pending, policy="tessera", *, preemption=True, typical=None, seed=0,
   aging_s=300) -> CycleResult(policy, placements, preemptions, unschedulable)`
-  - `Placement(request_id, node, gpu_uuids, gpu_indexes, share, memory_mib, score, group)`
+  - `Placement(request_id, node, gpu_uuids, gpu_indexes, gpu_request, gpu_memory_mib, score, group)`
   - `Preemption(request_id, victims: tuple[reservation_id], placement)`: evict, then bind
   - `Unschedulable(request_id, reasons: tuple[Reason(code, message, count)])`
 - `decide(...)` (same arguments): the same decisions one at a time, in queue order, as they are

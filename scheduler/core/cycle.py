@@ -37,7 +37,7 @@ def _workload(snapshot: Snapshot, pending: Iterable[Request]) -> list[Request]:
     for node in snapshot.nodes:
         for gpu in node.gpus:
             for s in gpu.shares:
-                out.append(Request(id=s.reservation_id, gpu_request=s.request, gpu_model=gpu.model))
+                out.append(Request(id=s.reservation_id, gpu_request=s.gpu_request, gpu_model=gpu.model))
     return out
 
 
@@ -48,8 +48,8 @@ def _placement(state: ClusterState, req: Request, choice: Choice) -> Placement:
         node=state.node_names[i],
         gpu_uuids=tuple(state.gpu_uuids[i][j] for j in choice.slots),
         gpu_indexes=tuple(state.gpu_indexes[i][j] for j in choice.slots),
-        share=req.gpu_request if req.gpu_count else 0.0,
-        memory_mib=req.gpu_memory_mib,
+        gpu_request=req.gpu_request if req.gpu_count else 0.0,
+        gpu_memory_mib=req.gpu_memory_mib,
         score=choice.score,
         group=req.group.name if req.group else None,
     )

@@ -67,8 +67,8 @@ class Share:
     """A share already placed on a GPU (running or reserved)."""
 
     reservation_id: str
-    request: float
-    memory_mib: int = 0
+    gpu_request: float
+    gpu_memory_mib: int = 0
     priority: int = 0
     team: str = ""
     affinity: frozenset[str] = frozenset()
@@ -77,10 +77,10 @@ class Share:
     group: str | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.request <= 1.0:
-            raise ValueError(f"share {self.reservation_id}: request {self.request} must be in (0, 1]")
-        if self.memory_mib < 0:
-            raise ValueError(f"share {self.reservation_id}: memory_mib must not be negative")
+        if not 0 < self.gpu_request <= 1.0:
+            raise ValueError(f"share {self.reservation_id}: gpu_request {self.gpu_request} must be in (0, 1]")
+        if self.gpu_memory_mib < 0:
+            raise ValueError(f"share {self.reservation_id}: gpu_memory_mib must not be negative")
         for name in ("affinity", "anti_affinity", "exclusion"):
             object.__setattr__(self, name, _labels(getattr(self, name)))
 
@@ -248,8 +248,8 @@ class Placement:
     node: str
     gpu_uuids: tuple[str, ...]
     gpu_indexes: tuple[int, ...]
-    share: float  # per GPU
-    memory_mib: int  # per GPU
+    gpu_request: float  # per GPU
+    gpu_memory_mib: int  # per GPU
     score: float = 0.0
     group: str | None = None
 

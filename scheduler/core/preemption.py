@@ -12,7 +12,7 @@ from __future__ import annotations
 from .engine import Choice
 from .filters import feasible
 from .model import MILLI, Request
-from .state import ClusterState, Placed
+from .state import ClusterState, Holding
 
 
 def may_evict(share, req: Request) -> bool:
@@ -25,7 +25,7 @@ def may_evict(share, req: Request) -> bool:
 
 def _slot_victims(
     state: ClusterState, req: Request, node: int, slot: int, by_slot: dict
-) -> list[Placed] | None:
+) -> list[Holding] | None:
     """Lowest-priority-first victims on one slot that make room for one GPU's worth of `req`."""
     shares = by_slot.get((node, slot), [])
     if req.whole and not all(may_evict(p.share, req) for p in shares):
@@ -38,7 +38,7 @@ def _slot_victims(
         return None
     chosen = list(clash)
     for p in chosen:
-        free, mem = free + p.milli, mem + p.memory_mib
+        free, mem = free + p.milli, mem + p.gpu_memory_mib
     rest = sorted(
         (p for p in shares if p not in chosen and may_evict(p.share, req)),
         key=lambda p: (p.share.priority, -p.milli),
@@ -47,13 +47,13 @@ def _slot_victims(
         if free >= need and mem >= req.gpu_memory_mib:
             break
         chosen.append(p)
-        free, mem = free + p.milli, mem + p.memory_mib
+        free, mem = free + p.milli, mem + p.gpu_memory_mib
     if free >= need and mem >= req.gpu_memory_mib:
         return chosen
     return None
 
 
-def _clashes(p: Placed, req: Request) -> bool:
+def _clashes(p: Holding, req: Request) -> bool:
     s = p.share
     if req.anti_affinity & s.anti_affinity:
         return True
@@ -63,7 +63,7 @@ def _clashes(p: Placed, req: Request) -> bool:
 def find_preemption(state: ClusterState, req: Request) -> tuple[Choice, tuple[str, ...]] | None:
     if req.priority <= 0 or req.gpu_count == 0:
         return None
-    by_slot: dict[tuple[int, int], list[Placed]] = {}
+    by_slot: dict[tuple[int, int], list[Holding]] = {}
     for p in state.placed.values():
         if p.share.reservation_id in state.reserved_now:
             continue  # decisions of this cycle are not running yet: never victims

@@ -40,14 +40,14 @@ class GpuLabels:
 
 
 @dataclass(frozen=True)
-class Placed:
+class Holding:
     """What a share took, so that it can be given back (rollback, preemption)."""
 
     share: Share
     node: int
     gpus: tuple[int, ...]
     milli: int
-    memory_mib: int
+    gpu_memory_mib: int
     cpu_milli: int
     node_memory_mib: int
 
@@ -110,7 +110,7 @@ class ClusterState:
         # Every GPU holding shares has a record; label filters only look when some share is labelled.
         self.labels: dict[tuple[int, int], GpuLabels] = {}
         self.labelled_shares = 0
-        self.placed: dict[str, Placed] = {}
+        self.placed: dict[str, Holding] = {}
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
         self.group_nodes: dict[str, Counter[int]] = {}
 
@@ -136,14 +136,14 @@ class ClusterState:
             for j, gpu in enumerate(gpus):
                 for share in gpu.shares:
                     # Existing shares were admitted elsewhere; record them even if they over-commit.
-                    state.free[i, j] -= to_milli(share.request)
-                    state.mem_free[i, j] -= share.memory_mib
+                    state.free[i, j] -= to_milli(share.gpu_request)
+                    state.mem_free[i, j] -= share.gpu_memory_mib
                     state._label(i, j).add(share)
                     state.labelled_shares += _is_labelled(share)
                     rec = state.placed.get(share.reservation_id)
                     gpus_of = (*rec.gpus, j) if rec else (j,)
-                    state.placed[share.reservation_id] = Placed(
-                        share, i, gpus_of, to_milli(share.request), share.memory_mib, 0, 0
+                    state.placed[share.reservation_id] = Holding(
+                        share, i, gpus_of, to_milli(share.gpu_request), share.gpu_memory_mib, 0, 0
                     )
                     if share.group:
                         state.group_nodes.setdefault(share.group, Counter())[i] += 1
@@ -171,32 +171,32 @@ class ClusterState:
         return mask
 
     # ---- changes ------------------------------------------------------------------------------
-    def reserve(self, request: Request, node: int, gpus: tuple[int, ...]) -> Placed:
+    def reserve(self, request: Request, node: int, gpus: tuple[int, ...]) -> Holding:
         """Take a request's share on `gpus` of `node`. The caller has checked that it fits."""
         share = share_of(request)
         milli = request.milli if request.gpu_count > 0 else 0
-        rec = Placed(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
+        rec = Holding(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
         self._apply(rec, -1)
         self.placed[request.id] = rec
         self.reserved_now.add(request.id)
         return rec
 
-    def release(self, reservation_id: str) -> Placed:
+    def release(self, reservation_id: str) -> Holding:
         rec = self.placed.pop(reservation_id)
         self.reserved_now.discard(reservation_id)
         self._apply(rec, +1)
         return rec
 
-    def restore(self, rec: Placed) -> None:
+    def restore(self, rec: Holding) -> None:
         """Put back a share released earlier (a rolled-back preemption)."""
         self._apply(rec, -1)
         self.placed[rec.share.reservation_id] = rec
 
-    def _apply(self, rec: Placed, sign: int) -> None:
+    def _apply(self, rec: Holding, sign: int) -> None:
         i = rec.node
         for j in rec.gpus:
             self.free[i, j] += sign * rec.milli
-            self.mem_free[i, j] += sign * rec.memory_mib
+            self.mem_free[i, j] += sign * rec.gpu_memory_mib
             self._label(i, j).add(rec.share, -sign)
             self.labelled_shares -= sign * _is_labelled(rec.share)
             if self.labels[(i, j)].shares <= 0:
@@ -216,8 +216,8 @@ class ClusterState:
 def share_of(request: Request) -> Share:
     return Share(
         reservation_id=request.id,
-        request=request.gpu_request if request.gpu_count > 0 else 1.0,
-        memory_mib=request.gpu_memory_mib,
+        gpu_request=request.gpu_request if request.gpu_count > 0 else 1.0,
+        gpu_memory_mib=request.gpu_memory_mib,
         priority=request.priority,
         team=request.team,
         affinity=request.affinity,

@@ -64,7 +64,7 @@ def test_demo_runs_a_reservation_and_stops_cleanly(tmp_path):
             return r if r["state"] == "running" else None
 
         r = wait_for(running, 90, "the reservation to run")
-        assert r["node"] and r["allocations"][0]["compute_share"] == 0.3
+        assert r["node"] and r["allocations"][0]["gpu_request"] == 0.3
     finally:
         os.killpg(demo.pid, signal.SIGINT)
         try:

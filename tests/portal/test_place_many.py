@@ -52,7 +52,7 @@ def test_places_many_and_writes_everything(fleet, people, teams):
         last = StateTransition.objects.filter(reservation=r).latest("id")
         assert (last.from_state, last.to_state, last.actor_label) == (State.PENDING, State.PLACED, "tester")
     live = Allocation.objects.filter(released_at__isnull=True)
-    assert sorted(live.values_list("gpu_id", "compute_share", "compute_limit", "memory_mib")) == [
+    assert sorted(live.values_list("gpu_id", "gpu_request", "gpu_limit", "gpu_memory_mib")) == [
         (g0.pk, Decimal("0.500"), Decimal("0.500"), 1000)] * 2 + [(g1.pk, Decimal("0.500"), Decimal("0.500"), 1000)] * 2
     assert live.filter(created_at__isnull=True).count() == 0
 
@@ -185,13 +185,13 @@ def test_update_and_insert_rows_round_trip_values(fleet, people, teams):
     assert dict(Reservation.objects.filter(pk__in=[r.pk for r in rs]).values_list("pk", "pod_uid")) == {
         rs[0].pk: f"uid-{rs[0].pk}", rs[1].pk: "", rs[2].pk: f"uid-{rs[2].pk}"}
     g0 = _gpu("t4-node-1", 0)
-    assert insert_rows(Allocation, ["reservation", "gpu", "compute_share", "compute_limit", "memory_mib"],
+    assert insert_rows(Allocation, ["reservation", "gpu", "gpu_request", "gpu_limit", "gpu_memory_mib"],
                        [(rs[0].pk, g0.pk, Decimal("0.125"), Decimal("0.5"), 7)],
                        same={"created_at": now, "released_at": None}) == 1
-    assert Allocation.objects.get(reservation=rs[0]).compute_share == Decimal("0.125")
+    assert Allocation.objects.get(reservation=rs[0]).gpu_request == Decimal("0.125")
     # A constraint broken by a bulk write is Django's IntegrityError, and only its savepoint is lost.
     with pytest.raises(IntegrityError), transaction.atomic():
-        insert_rows(Allocation, ["reservation", "gpu", "compute_share", "compute_limit", "memory_mib"],
+        insert_rows(Allocation, ["reservation", "gpu", "gpu_request", "gpu_limit", "gpu_memory_mib"],
                     [(rs[0].pk, g0.pk, Decimal("0.125"), Decimal("0.5"), 7)],
                     same={"created_at": now, "released_at": None})
     assert Allocation.objects.filter(reservation=rs[0]).count() == 1

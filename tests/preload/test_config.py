@@ -30,7 +30,7 @@ def effective_share(env: Env) -> tuple[str, tuple[float, float, str] | None]:
         ("nan", "nan", (0.01, 0.01), "is not a share"),
     ],
 )
-def test_compute_share_reading(capped: Env, request_, limit, expected, message) -> None:
+def test_gpu_request_reading(capped: Env, request_, limit, expected, message) -> None:
     stderr, share = effective_share(capped.with_(TESSERA_GPU_REQUEST=request_, TESSERA_GPU_LIMIT=limit))
     assert share is not None, stderr
     assert share[:2] == pytest.approx(expected)

@@ -45,4 +45,4 @@ def test_gang_minimum_rounds_up():
 
 def test_share_request_out_of_range_is_refused():
     with pytest.raises(ValueError, match="request"):
-        Share("s", request=1.2)
+        Share("s", gpu_request=1.2)

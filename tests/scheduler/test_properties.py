@@ -98,7 +98,7 @@ def test_decisions_never_break_the_rules(snap, pending, policy):
         for g in n.gpus:
             for s in g.shares:
                 on_gpu[g.uuid].append(
-                    (s.reservation_id, to_milli(s.request), s.memory_mib, s.exclusion, s.anti_affinity)
+                    (s.reservation_id, to_milli(s.gpu_request), s.gpu_memory_mib, s.exclusion, s.anti_affinity)
                 )
                 priority_of[s.reservation_id] = s.priority
                 team_of[s.reservation_id] = s.team

@@ -34,8 +34,8 @@ class NewAllocation:
     """One GPU of a placement: the share of it (and memory) the reservation will hold."""
 
     gpu_id: int
-    share: Decimal
-    memory_mib: int
+    gpu_request: Decimal
+    gpu_memory_mib: int
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def place_many(units: Sequence[Sequence[Placing]], actor=SCHEDULER
                 .only("node_id", "uuid", "memory_mib")}
         taken = {gpu_id: [share, memory] for gpu_id, share, memory in
                  Allocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True).values("gpu_id")
-                 .annotate(share=Sum("compute_share"), memory=Sum("memory_mib"))
+                 .annotate(share=Sum("gpu_request"), memory=Sum("gpu_memory_mib"))
                  .values_list("gpu_id", "share", "memory")}
         accepted: list[Placing] = []
         claimed: set[int] = set()
@@ -151,7 +151,7 @@ def _check_unit(unit: Sequence[Placing], reservations: dict[int, Reservation], n
             if gpu is None or gpu.node_id != node.pk:
                 raise CapacityConflict(f"GPU {a.gpu_id} is not on node {node.name}")
             share, memory = adds.get(a.gpu_id, (Decimal(0), 0))
-            share, memory = share + a.share, memory + a.memory_mib
+            share, memory = share + a.gpu_request, memory + a.gpu_memory_mib
             used_share, used_memory = taken.get(a.gpu_id, (Decimal(0), 0))
             if used_share + share > 1 or used_memory + memory > gpu.memory_mib:
                 raise CapacityConflict(f"GPU {gpu.uuid} no longer has room for this share")
@@ -174,8 +174,8 @@ def _write(accepted: list[Placing], reservations: dict[int, Reservation], actor)
         if r.source == Source.PORTAL:
             r.pod_namespace, r.pod_name = namespace, pod_name(r.pk, r.attempt)
     # Written as plain rows, not through bulk_create/bulk_update: see portal.bulk for the cost.
-    insert_rows(Allocation, ["reservation", "gpu", "compute_share", "compute_limit", "memory_mib"], [
-        (r.pk, a.gpu_id, a.share, r.gpu_limit if r.gpu_count == 1 else a.share, a.memory_mib)
+    insert_rows(Allocation, ["reservation", "gpu", "gpu_request", "gpu_limit", "gpu_memory_mib"], [
+        (r.pk, a.gpu_id, a.gpu_request, r.gpu_limit if r.gpu_count == 1 else a.gpu_request, a.gpu_memory_mib)
         for p, r in zip(accepted, rows, strict=True) for a in sorted(p.allocations, key=lambda a: a.gpu_id)
     ], same={"created_at": now, "released_at": None})
     same = {"state": State.PLACED, "placed_at": now, "updated_at": now, "queue_position": None,

@@ -36,7 +36,8 @@ def place(apiserver, name, reservation, gpu=0, request=0.25, limit=0.5, memory_m
     backend = KubernetesBackend(host=apiserver.url)
     try:
         labels, annotations = external_binding(reservation, "vision", (GpuShare(
-            uuid=GPUS[gpu].uuid, index=gpu, request=request, limit=limit, memory_mib=memory_mib),), priority)
+            uuid=GPUS[gpu].uuid, index=gpu, gpu_request=request, gpu_limit=limit, gpu_memory_mib=memory_mib),),
+            priority)
         backend.bind_external(PodRef(namespace, name), NODE, labels, annotations)
     finally:
         backend.close()
@@ -93,7 +94,7 @@ def test_allocate_gives_the_container_its_gpu_share_preload_and_broker(plugin, k
 
 def test_a_pod_the_portal_creates_gets_the_same_share_from_allocate_as_its_reservation(plugin, kubelet, apiserver):
     apiserver.add_namespace("tessera-workloads", {"pod-security.kubernetes.io/enforce": "baseline"})
-    gpus = (GpuShare(uuid=GPUS[1].uuid, index=1, request=0.3, limit=0.6, memory_mib=4096),)
+    gpus = (GpuShare(uuid=GPUS[1].uuid, index=1, gpu_request=0.3, gpu_limit=0.6, gpu_memory_mib=4096),)
     spec = make_pod_spec(reservation_id="31", attempt=1, namespace="tessera-workloads", node=NODE, team="vision",
                          image="ghcr.io/example/train:1", command=("python", "train.py"), gpus=gpus, priority=70,
                          kind="batch")

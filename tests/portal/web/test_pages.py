@@ -92,8 +92,8 @@ def test_preview_says_why_it_would_wait_and_where_in_the_queue(alice, people, fl
         held = Reservation.objects.create(owner=people["bob"], team=teams["nlp"], image="i", gpu_request=Decimal(1),
                                           gpu_limit=Decimal(1), gpu_memory_mib=1024, state=State.RUNNING,
                                           node=gpu.node, expires_at=ends)
-        Allocation.objects.create(reservation=held, gpu=gpu, compute_share=Decimal(1), compute_limit=Decimal(1),
-                                  memory_mib=1024)
+        Allocation.objects.create(reservation=held, gpu=gpu, gpu_request=Decimal(1), gpu_limit=Decimal(1),
+                                  gpu_memory_mib=1024)
     body = alice.get("/reservations/new/preview/", _form(gpu_model="T4", memory_gib="4")).content.decode()
     assert 'data-fits="no"' in body and "Queue position</dt><dd>1</dd>" in body and "in 2 h 59 min" in body
     assert "Not enough free compute" in body or "No GPU fits" in body, body

@@ -57,8 +57,8 @@ def backend(make_backend):
 
 def spec_for(reservation_id="42", attempt=1, node="gpu-node-1", namespace="tessera", team="vision",
              kind="batch", gpus=None, priority=10, command=("python", "train.py")):
-    gpus = gpus or (GpuShare(uuid="GPU-0a1b2c3d-0000-4000-8000-000000000001", index=0, request=0.25,
-                             limit=0.5, memory_mib=8192),)
+    gpus = gpus or (GpuShare(uuid="GPU-0a1b2c3d-0000-4000-8000-000000000001", index=0, gpu_request=0.25,
+                             gpu_limit=0.5, gpu_memory_mib=8192),)
     return make_pod_spec(reservation_id=reservation_id, attempt=attempt, namespace=namespace, node=node,
                          team=team, image="ghcr.io/example/train:1.0", command=command, gpus=gpus,
                          priority=priority, kind=kind, extra_env={"EPOCHS": "3"})

@@ -24,8 +24,8 @@ def user_pod(name="notebook", namespace="team-vision", scheduler="tessera", node
 
 
 def placement(reservation_id="77"):
-    share = GpuShare(uuid="GPU-0a1b2c3d-0000-4000-8000-000000000002", index=1, request=0.5, limit=1.0,
-                     memory_mib=4096)
+    share = GpuShare(uuid="GPU-0a1b2c3d-0000-4000-8000-000000000002", index=1, gpu_request=0.5, gpu_limit=1.0,
+                     gpu_memory_mib=4096)
     return external_binding(reservation_id, "vision", (share,), priority=10)
 
 
