@@ -12,6 +12,7 @@ from portal.audit import services as audit
 from portal.reservations.events import request_cycle
 from portal.tenancy.models import hash_secret
 
+from .events import announce_nodes
 from .models import Gpu, LostCause, Node, NodeStatus
 
 
@@ -31,6 +32,7 @@ def _set_status(node_id: int, status: str, reason: str, actor, action: str) -> N
             audit.record(_as_actor(actor), object_type="node", object_id=node.pk, object_repr=node.name,
                          action=action, before=before, after={"status": status, "status_reason": node.status_reason})
             request_cycle(f"node {node.name} {status}")
+            announce_nodes([node.pk])
     return node
 
 
@@ -42,6 +44,18 @@ def drain(node_id: int, actor, reason: str = "") -> Node:
 
 def undrain(node_id: int, actor, reason: str = "") -> Node:
     return _set_status(node_id, NodeStatus.READY, reason, actor, "undrained")
+
+
+REASON_MAX = 200  # a node's or GPU's reason, as Node.status_reason and Gpu.cordon_reason hold it
+
+
+def cordon_reason_problem(reason: str) -> str | None:
+    """What is wrong with a site admin's reason for cordoning a GPU (None: nothing)."""
+    if not reason.strip():
+        return "say why (the reason is shown on the GPU and kept in the audit log)"
+    if len(reason) > REASON_MAX:
+        return f"the reason is {len(reason)} characters long; keep it to {REASON_MAX}"
+    return None
 
 
 def set_cordon(gpu_id: int, actor, cordoned: bool, reason: str = "") -> Gpu:
@@ -59,6 +73,7 @@ def set_cordon(gpu_id: int, actor, cordoned: bool, reason: str = "") -> Gpu:
                          action="cordoned" if cordoned else "uncordoned", before=before,
                          after={"cordoned": cordoned, "cordon_reason": reason})
             request_cycle(f"GPU {gpu.uuid} {'cordoned' if cordoned else 'uncordoned'}")
+            announce_nodes([gpu.node_id])
     return gpu
 
 
@@ -132,6 +147,7 @@ def mark_lost(node_id: int, cause: str, reason: str) -> bool:
         node.status, node.status_reason, node.lost_cause = NodeStatus.LOST, reason[:200], cause
         node.save(update_fields=["status", "status_reason", "lost_cause"])
         request_cycle(f"node {node.name} lost")
+        announce_nodes([node.pk])
     return True
 
 
@@ -146,6 +162,7 @@ def mark_back(node_id: int, cause: str = LostCause.AGENT_SILENT) -> bool:
         node.status, node.status_reason, node.lost_cause = NodeStatus.READY, "", ""
         node.save(update_fields=["status", "status_reason", "lost_cause"])
         request_cycle(f"node {node.name} back")
+        announce_nodes([node.pk])
     return True
 
 

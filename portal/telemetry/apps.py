@@ -7,4 +7,4 @@ class TelemetryConfig(AppConfig):
     verbose_name = "GPU telemetry"
 
     def ready(self) -> None:
-        from . import live_reservations, signals  # noqa: F401  (connect the push receivers)
+        from . import live_fleet, live_reservations, signals  # noqa: F401  (connect the push receivers)

@@ -17,7 +17,11 @@ from .services import latest_gpu_readings, latest_share_readings
 MAX_STATE_GROUPS = 200
 
 
-def _group_state(group: live.Group) -> dict:
+def _group_state(group: live.Group, seq: int) -> dict:
+    if group.kind == "fleet":
+        # No state to send: "every node may have changed up to `seq`" (the page re-reads the rows
+        # it shows unless it was drawn at that seq or later).
+        return {"type": "nodes", "data": {"all": True, "seq": seq}}
     if group.kind == "gpu":
         reading = latest_gpu_readings([group.id]).get(group.id)
         return {"type": "gpu", "data": reading}
@@ -40,20 +44,20 @@ def live_state(request: HttpRequest) -> JsonResponse:
     names = [n for n in raw.split(",") if n]
     if not names or len(names) > MAX_STATE_GROUPS or set(request.GET) - {"groups"}:
         return JsonResponse({"detail": f"groups: 1 to {MAX_STATE_GROUPS} comma-separated group names "
-                                       "(gpu:<id>, team:<id>, reservation:<id>), and no other parameter"},
+                                       "(gpu:<id>, team:<id>, reservation:<id>, fleet), and no other parameter"},
                             status=400)
     refused, visible = {}, []
     for name in dict.fromkeys(names):
         group = live.parse_group(name)
         if group is None:
-            refused[name] = "not a group name: gpu:<id>, team:<id> or reservation:<id>"
+            refused[name] = "not a group name: gpu:<id>, team:<id>, reservation:<id> or fleet"
         elif not live.may_see(request.user, group):
             refused[name] = "not found or not visible to you"
         else:
             visible.append(group)
     # The counters first: whatever was published up to them is already in the database.
     seqs = live.store().current_seqs([g.name for g in visible])
-    groups = {g.name: {"seq": seqs[g.name], **_group_state(g)} for g in visible}
+    groups = {g.name: {"seq": seqs[g.name], **_group_state(g, seqs[g.name])} for g in visible}
     return JsonResponse({"groups": groups, "refused": refused})
 
 

@@ -23,6 +23,7 @@ urlpatterns = [
     path("fleet/nodes/<str:name>/undrain/", fleet_admin.node_undrain, name="fleet-node-undrain"),
     path("fleet/nodes/<str:name>/token/", fleet_admin.node_token, name="fleet-node-token"),
     path("fleet/gpus/<int:pk>/cordon/", fleet_admin.gpu_cordon, name="fleet-gpu-cordon"),
+    path("fleet/rows/", fleet_admin.fleet_rows_page, name="fleet-rows"),
     path("fleet/teams/", fleet_admin.teams_page, name="fleet-teams"),
     path("fleet/teams/<slug:slug>/", fleet_admin.team_limits_page, name="fleet-team"),
     path("audit/", audit.audit_page, name="audit"),

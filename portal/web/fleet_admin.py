@@ -14,17 +14,19 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Count
-from django.http import Http404
-from django.middleware.csrf import get_token
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_POST
+from django.views.decorators.gzip import gzip_page
+from django.views.decorators.http import require_GET, require_POST
 
 from portal.audit import services as audit
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations.models import Allocation
 from portal.reservations.quota import usage_of
+from portal.telemetry import live
+from portal.telemetry.live.groups import FLEET
 from portal.tenancy import policy, teams
 from portal.tenancy.errors import Refused
 from portal.tenancy.models import Team, TeamPolicy
@@ -79,7 +81,28 @@ def fleet_rows(nodes: list[dict]) -> list[dict]:
     return nodes
 
 
-def fleet_context(params, csrf: str = "", back: str = "/fleet/") -> dict:
+def _summary() -> dict:
+    counts = dict(Node.objects.values_list("status").annotate(n=Count("id")))
+    return {"counts": {s: counts.get(s, 0) for s in NodeStatus.values}, "total": sum(counts.values())}
+
+
+def _draw(nodes: list[dict]) -> list[dict]:
+    nodes = fleet_rows(nodes)
+    for n in nodes:
+        n["has_token"] = bool(n.pop("agent_token_hash"))
+        for g in n["gpus"]:
+            g["html"] = gpu_cell(g, n["name"])
+    return nodes
+
+
+NODE_FIELDS = ("id", "name", "status", "status_reason", "last_seen", "labels", "agent_token_hash",
+               "agent_token_created_at")
+
+
+def fleet_context(params, back: str = "/fleet/") -> dict:
+    # The live counter first: whatever the `fleet` group announced up to it is in what is read
+    # below, so the page need not re-read its rows when its socket says "up to this seq".
+    live_seq = live.store().current_seqs([FLEET])[FLEET]
     model = params.get("model", "").strip()
     name = params.get("node", "").strip()[:253]
     state = params.get("state", "").strip()
@@ -90,31 +113,50 @@ def fleet_context(params, csrf: str = "", back: str = "/fleet/") -> dict:
         qs = qs.filter(status=state)
     if model:
         qs = qs.filter(pk__in=Gpu.objects.filter(model=model).values("node_id"))  # a semi-join, no DISTINCT
-    page = Paginator(qs.values("id", "name", "status", "status_reason", "last_seen", "labels",
-                               "agent_token_hash", "agent_token_created_at"), NODES_PER_PAGE).get_page(
-        params.get("page"))
-    nodes = fleet_rows(list(page.object_list))
-    for n in nodes:
-        n["has_token"] = bool(n.pop("agent_token_hash"))
-        for g in n["gpus"]:
-            g["html"] = gpu_cell(g, n["name"], csrf, back)
-    counts = dict(Node.objects.values_list("status").annotate(n=Count("id")))
+    page = Paginator(qs.values(*NODE_FIELDS), NODES_PER_PAGE).get_page(params.get("page"))
+    nodes = _draw(list(page.object_list))
     return {
+        **_summary(), "live_seq": live_seq, "back": back, "reason_max": fleet_services.REASON_MAX,
         "page": page, "nodes": nodes, "models": list(Gpu.objects.values_list("model", flat=True).distinct()
                                                      .order_by("model")),
         "filters": {"model": model, "node": name, "state": state}, "states": NodeStatus.choices,
-        "counts": {s: counts.get(s, 0) for s in NodeStatus.values}, "total": sum(counts.values()),
         "gpu_ids": [g["id"] for n in nodes for g in n["gpus"]],
         "teams": Team.objects.order_by("slug"),
     }
 
 
+# Compressed (~340 KB of repetitive markup → a tenth of it), unlike the portal as a whole. BREACH
+# needs a secret that stays the same across responses in a compressed body that also reflects
+# attacker input (the filters here): the only secret on these pages is the CSRF token, which
+# Django masks afresh in every response, and GZipMiddleware pads each body with random bytes.
+# Pages that show a secret once (a node's new agent token, an API token) are never compressed,
+# so no site-wide GZipMiddleware.
+@gzip_page
 @login_required
 def fleet_page(request):
     _staff(request)
-    context = fleet_context(request.GET, get_token(request), request.get_full_path())
+    context = fleet_context(request.GET, request.get_full_path())
     template = "fleet/_nodes.html" if request.headers.get("HX-Request") else "fleet/fleet.html"
     return render(request, template, context)
+
+
+MAX_ROWS = 100
+
+
+@gzip_page
+@login_required
+@require_GET
+def fleet_rows_page(request):
+    """GET /fleet/rows/?ids=3,7&next=/fleet/?page=2 → the rows of those nodes as the page draws
+    them, and the summary: what fleet.js swaps in when the `fleet` live group names nodes."""
+    _staff(request)
+    raw = [i for i in request.GET.get("ids", "").split(",") if i]
+    if not raw or len(raw) > MAX_ROWS or not all(i.isdigit() and len(i) < 19 for i in raw):
+        return HttpResponseBadRequest(f"ids: 1 to {MAX_ROWS} node ids, comma-separated")
+    back = request.GET.get("next", "")
+    nodes = _draw(list(Node.objects.filter(pk__in={int(i) for i in raw}).order_by("name").values(*NODE_FIELDS)))
+    return render(request, "fleet/_rows.html", {**_summary(), "nodes": nodes,
+                                                "back": back if back.startswith("/fleet/") else "/fleet/"})
 
 
 def _back(request):
@@ -149,8 +191,14 @@ def gpu_cordon(request, pk: int):
     _staff(request)
     gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=pk)
     cordon = request.POST.get("cordon") == "1"
-    fleet_services.set_cordon(gpu.pk, audit.web(request.user), cordon, request.POST.get("reason", "")[:200])
     what = f"GPU {gpu.index} on {gpu.node.name}"
+    reason = " ".join(request.POST.get("reason", "").split())  # one line, as it is shown
+    if cordon:
+        problem = fleet_services.cordon_reason_problem(reason)
+        if problem:
+            messages.error(request, f"{what} was not cordoned: {problem}")
+            return _back(request)
+    fleet_services.set_cordon(gpu.pk, audit.web(request.user), cordon, reason if cordon else "")
     messages.success(request, f"{what} is cordoned: no new shares; its shares keep running." if cordon
                      else f"{what} takes new shares again.")
     return _back(request)

@@ -24,7 +24,7 @@ def _slice_title(s: dict) -> str:
             f"{gib(s['memory_mib'])}, {s['state']}{remote}")
 
 
-def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
+def gpu_cell(g: dict, node: str) -> SafeString:
     idx = g["index"]
     classes = "gpu" + (" cordoned" if g["cordoned"] else "") + ("" if g["healthy"] else " unhealthy")
     badges = (' <span class="badge tone-warn">cordoned</span>' if g["cordoned"] else "") + \
@@ -44,11 +44,6 @@ def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
                       "</rect></a>")
         bars.append(f'<rect class="mem {s["cls"]}" x="{s["mx"]}" y="14" width="{s["mw"]}" height="6"></rect>')
     where = f"GPU {idx} on {escape(node)}"
-    if g["cordoned"]:
-        question, cordon, verb = f"Uncordon {where}? New shares may land there again.", "0", "Uncordon"
-    else:
-        question, cordon, verb = (f"Cordon {where}? No new shares will land there; its shares keep running.", "1",
-                                  "Cordon")
     foot = f"{used} · {memory}" if g["slices"] else "free"
     # Remote shares said in words: the pod runs on another node and uses this GPU over the network.
     remote = "".join(
@@ -68,8 +63,7 @@ def gpu_cell(g: dict, node: str, csrf: str, back: str) -> SafeString:
         '<rect class="util" x="0" y="23" width="0" height="3" data-util></rect></svg>'
         f'<div class="gpu-foot"><span>{foot}</span> <span class="muted" data-util-text title="utilization now">—'
         f"</span></div>{reason}"
-        f'<form method="post" action="/fleet/gpus/{g["id"]}/cordon/" class="gpu-action" data-confirm="{question}">'
-        f'<input type="hidden" name="csrfmiddlewaretoken" value="{escape(csrf)}">'
-        f'<input type="hidden" name="next" value="{escape(back)}"><input type="hidden" name="cordon" value="{cordon}">'
-        f'<button type="submit" class="link">{verb}</button></form></li>'
+        # One dialog on the page holds the form (and the only CSRF token): it asks for the reason.
+        f'<button type="button" class="link gpu-action" data-cordon="{"0" if g["cordoned"] else "1"}" '
+        f'data-where="{where}">{"Uncordon" if g["cordoned"] else "Cordon"}</button></li>'
     )

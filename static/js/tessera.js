@@ -63,7 +63,7 @@
 
   // ---- Live socket ---------------------------------------------------------------------------
   // One WebSocket to /ws/live/ (the session cookie authenticates), subscriptions to groups
-  // ("gpu:<id>", "team:<id>", "reservation:<id>", "user:<id>") and per-group sequence numbers.
+  // ("gpu:<id>", "team:<id>", "reservation:<id>", "fleet") and per-group sequence numbers.
   // A gap (the server may drop messages for a slow browser) or a reconnect re-fetches the
   // group's current state from /telemetry/live/state/ and ignores anything older than it.
   function Live(groups, onUpdate) {
@@ -117,6 +117,17 @@
     this.groups = this.groups.concat(fresh);
     if (this.socket && this.socket.readyState === 1) {
       this.socket.send(JSON.stringify({subscribe: fresh}));
+    }
+  };
+
+  Live.prototype.unsubscribe = function (groups) {
+    var self = this;
+    var gone = groups.filter(function (g) { return self.groups.indexOf(g) >= 0; });
+    if (!gone.length) { return; }
+    this.groups = this.groups.filter(function (g) { return gone.indexOf(g) < 0; });
+    gone.forEach(function (g) { delete self.seq[g]; });
+    if (this.socket && this.socket.readyState === 1) {
+      this.socket.send(JSON.stringify({unsubscribe: gone}));
     }
   };
 

@@ -128,7 +128,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         for name in dict.fromkeys(names):
             group = live.parse_group(name)
             if group is None:
-                refused[name] = "not a group name: gpu:<id>, team:<id> or reservation:<id>"
+                refused[name] = "not a group name: gpu:<id>, team:<id>, reservation:<id> or fleet"
             elif name in self.groups_joined:
                 allowed.append(name)
             elif len(self.groups_joined) >= self.MAX_GROUPS:

@@ -1,9 +1,11 @@
 """Live groups: their names, and who may join which.
 
 `gpu:<id>` (the GPU's own numbers: staff only, since a card's load includes other teams' work; the
-same rule as the utilization reports), `team:<id>` (the shares of a team's reservations: its
-members, in any role, and staff) and `reservation:<id>` (as its team). GPU messages carry no
-share; team and reservation messages carry only that team's shares.
+same rule as the utilization reports), `fleet` (which nodes changed in the fleet view: a node's
+state, a GPU cordoned, shares placed or released; staff only, like the page), `team:<id>` (the
+shares of a team's reservations: its members, in any role, and staff) and `reservation:<id>` (as
+its team). GPU messages carry no share; team and reservation messages carry only that team's
+shares; fleet messages carry node ids only (the page fetches the rows).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from portal.fleet.models import Gpu
 from portal.reservations.models import Reservation
 from portal.tenancy import roles
 
-GROUP_PATTERN = re.compile(r"^(gpu|team|reservation):([1-9][0-9]{0,17})$")
+GROUP_PATTERN = re.compile(r"^(?:(gpu|team|reservation):([1-9][0-9]{0,17})|(fleet))$")
+FLEET = "fleet"
 
 
 @dataclass(frozen=True)
@@ -25,25 +28,29 @@ class Group:
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.id}"
+        return self.kind if self.kind == FLEET else f"{self.kind}:{self.id}"
 
     @property
     def channel_group(self) -> str:
         # Channels group names allow only ASCII letters, digits, hyphens, underscores and periods.
-        return f"live.{self.kind}.{self.id}"
+        return "live.fleet" if self.kind == FLEET else f"live.{self.kind}.{self.id}"
 
 
 def parse_group(name: object) -> Group | None:
     if not isinstance(name, str):
         return None
     m = GROUP_PATTERN.match(name)
-    return Group(m.group(1), int(m.group(2))) if m else None
+    if m is None:
+        return None
+    return Group(FLEET, 0) if m.group(3) else Group(m.group(1), int(m.group(2)))
 
 
 def may_see(user, group: Group) -> bool:
     """Whether `user` may receive `group`'s messages (re-checked while subscribed)."""
     if not user.is_authenticated or not user.is_active:
         return False
+    if group.kind == FLEET:
+        return user.is_staff  # the whole fleet, every team's shares: site admins only
     if group.kind == "gpu":
         return user.is_staff and Gpu.objects.filter(pk=group.id).exists()
     if user.is_staff:

@@ -81,3 +81,56 @@ async def test_a_flooding_browser_is_closed(people):
         if output["type"] == "websocket.close":
             break
     assert output["code"] == 4429
+
+
+async def test_only_site_admins_may_watch_the_fleet(people):
+    for name in ("alice", "carol", "dave"):  # a member, a team admin, a manager
+        communicator = await _open(people[name])
+        assert (await communicator.connect())[0]
+        await communicator.send_json_to({"subscribe": ["fleet"]})
+        answer = await communicator.receive_json_from()
+        assert answer["groups"] == [] and answer["refused"] == {"fleet": "not found or not visible to you"}, name
+        await communicator.disconnect()
+    communicator = await _open(people["admin"])
+    assert (await communicator.connect())[0]
+    await communicator.send_json_to({"subscribe": ["fleet"]})
+    assert (await communicator.receive_json_from())["groups"] == ["fleet"]
+    await communicator.disconnect()
+
+
+async def test_the_fleet_group_hears_a_node_drained_lost_and_a_share_placed(people, teams, fleet):
+    from decimal import Decimal
+
+    from django.db import transaction
+
+    from portal.audit import services as audit
+    from portal.fleet import services as fleet_services
+    from portal.fleet.models import Gpu, LostCause, Node
+    from portal.reservations import rules, services
+
+    node = await sync_to_async(Node.objects.get)(name="a100-node-1")
+    other = await sync_to_async(Node.objects.get)(name="t4-node-1")
+    communicator = await _open(people["admin"])
+    assert (await communicator.connect())[0]
+    await communicator.send_json_to({"subscribe": ["fleet"]})
+    assert (await communicator.receive_json_from())["groups"] == ["fleet"]
+
+    await sync_to_async(fleet_services.drain)(node.pk, audit.web(people["admin"]), "disk swap")
+    first = await communicator.receive_json_from(timeout=5)
+    assert (first["type"], first["data"]["changed"]) == ("nodes", [node.pk])
+    await sync_to_async(fleet_services.mark_lost)(other.pk, LostCause.AGENT_SILENT, "no agent report for 30 s")
+    second = await communicator.receive_json_from(timeout=5)
+    assert second["data"]["changed"] == [other.pk] and second["seq"] == first["seq"] + 1
+
+    def place() -> Node:
+        gpu = Gpu.objects.filter(node__status="ready").select_related("node").first()
+        with transaction.atomic():  # the cycle the submit asks for, after commit, finds it placed
+            r = services.submit(people["alice"], rules.ReservationSpec(
+                team=teams["vision"], image="img", gpu_request=Decimal("0.25"), gpu_memory_mib=1024))
+            services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.25"), 1024)])
+        return gpu.node
+
+    ready = await sync_to_async(place)()
+    third = await communicator.receive_json_from(timeout=5)
+    assert third["data"]["changed"] == [ready.pk]
+    await communicator.disconnect()

@@ -1,6 +1,7 @@
 """Team-admin, fleet and audit pages: who may open them (others' teams 404, other roles 403),
 what a form does, and that the fleet page's queries do not grow with the fleet."""
 
+import gzip
 from decimal import Decimal
 
 import pytest
@@ -9,6 +10,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from portal.audit.models import AuditEntry
+from portal.fleet import services as services_fleet
 from portal.fleet.models import Gpu, Node
 from portal.fleet.services import node_for_token
 from portal.reservations import rules, services
@@ -121,6 +123,52 @@ def test_drain_cordon_and_token_from_the_fleet_page(fleet, browser_for):
     assert node_for_token(key).name == "t4-node-1"
     assert {e.action for e in AuditEntry.objects.filter(via="web")} == {"drained", "cordoned", "created"}
     assert browser_for("carol").post("/fleet/nodes/t4-node-1/undrain/").status_code == 403
+
+
+def test_cordoning_a_gpu_from_the_page_asks_for_a_reason_which_is_audited(fleet, browser_for):
+    admin = browser_for("admin")
+    gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
+    url = f"/fleet/gpus/{gpu.pk}/cordon/"
+    for reason, problem in (("", "say why"), ("   ", "say why"), ("x" * 201, "keep it to 200")):
+        answer = admin.post(url, {"cordon": "1", "reason": reason, "next": "/fleet/?node=t4"}, follow=True)
+        assert "GPU 0 on t4-node-1 was not cordoned: " in answer.content.decode()
+        assert problem in answer.content.decode()
+    gpu.refresh_from_db()
+    assert not gpu.cordoned and not AuditEntry.objects.filter(object_type="gpu").exists()
+    admin.post(url, {"cordon": "1", "reason": " fan\nnoise  ", "next": "/fleet/?node=t4"})
+    gpu.refresh_from_db()
+    assert gpu.cordoned and gpu.cordon_reason == "fan noise"
+    entry = AuditEntry.objects.get(object_type="gpu")
+    assert (entry.action, entry.actor_label, entry.after["cordon_reason"]) == ("cordoned", "admin", "fan noise")
+    admin.post(url, {"cordon": "0", "next": "/fleet/"})  # uncordoning needs no reason
+    gpu.refresh_from_db()
+    assert not gpu.cordoned and gpu.cordon_reason == ""
+    page = admin.get("/fleet/?node=t4-node-1").content.decode()
+    assert '<dialog id="cordon-dialog"' in page and 'maxlength="200"' in page
+    assert page.count('name="csrfmiddlewaretoken"') < 10  # one cordon form for the page, not one per GPU
+
+
+def test_the_rows_of_changed_nodes_as_the_page_draws_them(fleet, browser_for):
+    admin = browser_for("admin")
+    t4 = Node.objects.get(name="t4-node-1")
+    a100 = Node.objects.get(name="a100-node-1")
+    services_fleet.drain(t4.pk, "admin", "disk swap")
+    body = admin.get("/fleet/rows/", {"ids": f"{t4.pk},{a100.pk}", "next": "/fleet/?page=1"}).content.decode()
+    assert body.count('<li class="node') == 2 and f'data-node-id="{t4.pk}"' in body
+    assert 'class="node state-draining" data-node="t4-node-1"' in body and "disk swap" in body
+    assert 'name="next" value="/fleet/?page=1"' in body and "1 draining" in body
+    assert admin.get("/fleet/rows/", {"ids": "1,x"}).status_code == 400
+    assert admin.get("/fleet/rows/", {"ids": ",".join(["1"] * 101)}).status_code == 400
+    assert browser_for("carol").get("/fleet/rows/", {"ids": str(t4.pk)}).status_code == 403
+
+
+def test_the_fleet_page_is_compressed_and_a_shown_once_token_is_not(fleet, browser_for):
+    admin = browser_for("admin")
+    page = admin.get("/fleet/", HTTP_ACCEPT_ENCODING="gzip, deflate, br")
+    assert page["Content-Encoding"] == "gzip" and "Accept-Encoding" in page["Vary"]
+    assert gzip.decompress(page.content).decode().count("data-gpu=") == Gpu.objects.count()
+    token = admin.post("/fleet/nodes/t4-node-1/token/", {"action": "issue"}, HTTP_ACCEPT_ENCODING="gzip")
+    assert "Content-Encoding" not in token and b"data-token" in token.content
 
 
 def test_fleet_page_queries_do_not_grow_with_shares(fleet, browser_for, teams, people):
