@@ -14,10 +14,10 @@ from django.utils import timezone
 
 from portal.fleet import inventory
 from portal.fleet.models import Gpu
-from portal.reservations import rules, services
 from portal.reservations.models import Allocation
 from portal.telemetry.models import ShareMinute
 from portal.tenancy.models import Membership, Role, Team
+from tests.reservations import clock_at, ended, placed, submitted
 
 pytestmark = pytest.mark.browser
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -40,13 +40,15 @@ def world(chromium, transactional_db, settings):
     start = (timezone.now() - timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
 
     def held(who, team, model, share, hours, used):
-        r = services.submit(users[who], rules.ReservationSpec(team=team, image="busybox:1", gpu_request=share,
-                                                              gpu_limit="1.0", gpu_memory_mib=1024, gpu_model=model))
-        if not Allocation.objects.filter(reservation=r).exists():  # placed on submit when no worker runs
-            gpu = Gpu.objects.filter(model=model).exclude(allocations__released_at__isnull=True).first()
-            services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal(share), 1024)])
+        with clock_at(start):
+            r = submitted(users[who], team, image="busybox:1", gpu_request=share, gpu_limit="1.0",
+                          gpu_memory_mib=1024, gpu_model=model)
+            if not Allocation.objects.filter(reservation=r).exists():  # placed on submit when no worker runs
+                gpu = Gpu.objects.filter(model=model).exclude(allocations__released_at__isnull=True).first()
+                placed(r, gpu, Decimal(share), 1024)
+        with clock_at(start + timedelta(hours=hours)):
+            ended(r)
         allocation = Allocation.objects.get(reservation=r)
-        Allocation.objects.filter(pk=allocation.pk).update(created_at=start, released_at=start + timedelta(hours=hours))
         ShareMinute.objects.bulk_create([
             ShareMinute(reservation=r, gpu_id=allocation.gpu_id, team_id=team.pk, minute=start + timedelta(minutes=m),
                         samples=60, used_sum=60 * used(m), used_max=used(m)) for m in range(hours * 60)])

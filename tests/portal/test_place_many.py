@@ -178,7 +178,7 @@ def test_update_and_insert_rows_round_trip_values(fleet, people, teams):
         ("a", 3, now), ("b ' quote", None, now), ("c ☃", 1, now)]
     assert update_rows([], ["state_reason"]) == 0
     # Compare-and-set: a row whose pod_name moved on (requeued meanwhile) keeps its uid.
-    Reservation.objects.filter(pk=rs[1].pk).update(pod_name="tessera-r-2")
+    assert update_rows([Reservation(pk=rs[1].pk, pod_name="tessera-r-2")], ["pod_name"]) == 1
     for r in rs:
         r.pod_uid = f"uid-{r.pk}"
     assert update_rows(rs, ["pod_uid"], match=["pod_name"]) == 2
@@ -206,9 +206,10 @@ def test_the_same_on_sqlite(tmp_path):
         call_command("migrate", verbosity=0)
         from decimal import Decimal
         from django.contrib.auth import get_user_model
+        from django.db import transaction
         from portal.fleet import inventory
         from portal.fleet.models import Gpu
-        from portal.reservations import services
+        from portal.reservations import rules, services
         from portal.reservations.models import Allocation, Reservation, StateTransition
         from portal.tenancy.models import Membership, Team
         inventory.load(os.environ["INVENTORY"])
@@ -217,16 +218,20 @@ def test_the_same_on_sqlite(tmp_path):
         user = get_user_model().objects.create_user("u")
         Membership.objects.create(user=user, team=team)
         g = Gpu.objects.order_by("pk").first()
-        # Written directly: submit() would ask for a placement cycle, which runs in process here.
-        rs = [Reservation.objects.create(owner=user, team=team, image="busybox:1.36", gpu_request=Decimal("0.5"),
-                                         gpu_limit=Decimal("0.5"), gpu_memory_mib=100) for _ in range(3)]
-        units = [[services.Placing(r.pk, g.node_id, (services.NewAllocation(g.pk, Decimal("0.5"), 100),), f"on {r.pk}")]
-                 for r in rs]
-        placed, refused = services.place_many(units, "sqlite-test")
-        print(len(placed), sorted(refused) == [rs[2].pk])
-        print(Allocation.objects.filter(gpu=g, released_at__isnull=True).count(),
-              StateTransition.objects.filter(to_state="placed").count(),
-              sorted(Reservation.objects.filter(pk__in=[p.pk for p in placed]).values_list("state_reason", flat=True)))
+        # One transaction: the placement cycle that submit() asks for runs in process here, after
+        # the commit, when what is printed has been read.
+        with transaction.atomic():
+            rs = [services.submit(user, rules.ReservationSpec(team=team, image="busybox:1.36",
+                                                              gpu_request=Decimal("0.5"), gpu_memory_mib=100))
+                  for _ in range(3)]
+            units = [[services.Placing(r.pk, g.node_id, (services.NewAllocation(g.pk, Decimal("0.5"), 100),),
+                                       f"on {r.pk}")] for r in rs]
+            placed, refused = services.place_many(units, "sqlite-test")
+            print(len(placed), sorted(refused) == [rs[2].pk])
+            print(Allocation.objects.filter(gpu=g, released_at__isnull=True).count(),
+                  StateTransition.objects.filter(to_state="placed").count(),
+                  sorted(Reservation.objects.filter(pk__in=[p.pk for p in placed]).values_list("state_reason",
+                                                                                              flat=True)))
     """)
     env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
                DJANGO_SETTINGS_MODULE="portal.settings", INVENTORY=str(ROOT / "deploy" / "inventory" / "demo.yaml"),

@@ -10,8 +10,8 @@ from django.utils import timezone
 from portal.fleet.models import Gpu
 from portal.reports.overview import percentile, why_waiting
 from portal.reservations import rules, services
-from portal.reservations.models import Reservation
 from portal.telemetry.models import RollupState, ShareMinute
+from tests.reservations import clock_at
 
 URL = "/api/v1/reports/overview/"
 
@@ -64,10 +64,10 @@ def test_a_fitting_request_makes_the_leftover_partly_allocated(client_for, fleet
 
 
 def test_waiting_requests_oldest_and_why(client_for, fleet_now, teams, people):
-    Reservation.objects.filter(pk=fleet_now["waiting"].pk).update(created_at=timezone.now() - timedelta(hours=2))
     other = submit(people, teams, "bob", "nlp", "0.5")
     services.note_pending_reason(other.pk, "over team nlp's quota of 1.5 GPUs")
-    waiting = client_for("dave").get(URL).json()["waiting"]
+    with clock_at(timezone.now() + timedelta(hours=2)):  # alice's request has waited two hours
+        waiting = client_for("dave").get(URL).json()["waiting"]
     assert waiting["count"] == 1 and waiting["by_reason"] == {"no fit": 1}  # nlp's wait is not dave's
     assert 7190 <= waiting["oldest_wait_s"] <= 7300
     assert waiting["oldest"][0]["owner"] == "alice" and waiting["oldest"][0]["why"] == "no fit"
@@ -84,10 +84,12 @@ def test_why_waiting_classes(reason, why):
 
 def test_queueing_delay_percentiles(client_for, fleet, teams, people):
     now = timezone.now()
-    for wait_s in (60, 120, 300):
-        r = submit(people, teams, "alice", "vision", "0.1")
-        Reservation.objects.filter(pk=r.pk).update(created_at=now - timedelta(hours=1, seconds=wait_s),
-                                                   placed_at=now - timedelta(hours=1))
+    gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
+    for wait_s in (60, 120, 300):  # submitted, then placed an hour ago after waiting wait_s
+        with clock_at(now - timedelta(hours=1, seconds=wait_s)):
+            r = submit(people, teams, "alice", "vision", "0.1")
+        with clock_at(now - timedelta(hours=1)):
+            place(r, gpu, "0.1")
     (vision,) = [q for q in client_for("dave").get(URL).json()["queueing"]]
     # Linear between ranks: p50 = 120 s; p90 = 120 + 0.8 × (300 - 120) = 264 s.
     assert vision == {"team": "vision", "placed": 3, "p50_wait_s": 120.0, "p90_wait_s": 264.0}

@@ -12,10 +12,9 @@ import pytest
 from django.utils import timezone
 
 from portal.fleet.models import Gpu
-from portal.reservations import rules, services
-from portal.reservations.models import Allocation, Reservation
 from portal.telemetry import hours
 from portal.telemetry.models import GpuDay, GpuMinute, RollupState, ShareHour, ShareMinute
+from tests.reservations import clock_at, ended, placed, submitted
 
 URL = "/api/v1/reports/usage/"
 T0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)  # a fixed past Monday: windows never touch "now"
@@ -25,14 +24,14 @@ def gpu(node, index=0):
     return Gpu.objects.get(node__name=node, index=index)
 
 
-def hold(people, teams, who, team, on, share, start, end=None, opportunistic=False, limit=None):
+def hold(people, teams, who, team, on, share, start, end=None, limit=None, priority=50):
     """A reservation of `who` holding `share` of GPU `on` from start to end (None: still held)."""
-    r = services.submit(people[who], rules.ReservationSpec(team=teams[team], image="busybox:1", gpu_request=share,
-                                                           gpu_limit=limit or share, gpu_memory_mib=100))
-    services.place(r.pk, on.node_id, [services.NewAllocation(on.pk, Decimal(share), 100)])
-    Allocation.objects.filter(reservation=r).update(created_at=start, released_at=end)
-    if opportunistic:
-        Reservation.objects.filter(pk=r.pk).update(opportunistic=True)
+    with clock_at(start):
+        r = placed(submitted(people[who], teams[team], image="busybox:1", gpu_request=share, gpu_limit=limit or share,
+                             gpu_memory_mib=100, priority=priority), on)
+    if end is not None:
+        with clock_at(end):
+            ended(r)
     return r
 
 
@@ -120,8 +119,10 @@ def test_minutes_without_measurements_are_not_idle(client_for, fleet, teams, peo
 
 
 def test_opportunistic_hours(client_for, fleet, teams, people):
-    hold(people, teams, "alice", "vision", gpu("t4-node-1"), "0.5", T0, T0 + timedelta(hours=2), opportunistic=True)
     hold(people, teams, "alice", "vision", gpu("t4-node-1", 1), "0.5", T0, T0 + timedelta(hours=2))
+    teams["vision"].quota_gpu_share = Decimal(0)  # over its quota, a priority-0 request runs opportunistically
+    teams["vision"].save()
+    hold(people, teams, "alice", "vision", gpu("t4-node-1"), "0.5", T0, T0 + timedelta(hours=2), priority=0)
     row = by_key(report(client_for("dave")))["vision"]
     assert row["allocated_gpu_hours"] == 2.0 and row["opportunistic_gpu_hours"] == 1.0
 

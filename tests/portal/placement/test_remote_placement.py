@@ -101,17 +101,23 @@ def test_cpu_only_node_runs_a_remote_share_over_the_best_link(settings, client_f
 def test_remote_waits_when_the_team_does_not_allow_it_or_no_link_is_good(settings, client_for, reservation_body,
                                                                          teams, cluster, placement_loop):
     near, far, _t4 = _fleet_with_cpu_nodes(settings, cluster)
-    alice = client_for("alice")
-    rid = _submit(alice, reservation_body(gpu_request=0.25, gpu_memory_mib=4096, gpu_model="T4"))
+    carol = client_for("carol")  # vision's team admin
+
+    def allow_remote(allowed: bool) -> None:
+        answer = carol.patch("/api/v1/teams/vision/policy/", {"allow_remote": allowed}, format="json")
+        assert answer.status_code == 200, answer.content
+
+    allow_remote(True)
+    rid = _submit(client_for("alice"), reservation_body(gpu_request=0.25, gpu_memory_mib=4096, gpu_model="T4",
+                                                        remote_allowed=True))
     # The team turned remote shares off after the request was admitted with them allowed.
-    Reservation.objects.filter(pk=rid).update(remote_allowed=True)
+    allow_remote(False)
     placement_loop()
     assert Reservation.objects.get(pk=rid).state == State.PENDING
 
-    TeamPolicy.objects.create(team=teams["vision"], allow_remote=True)
+    allow_remote(True)
     NodeLink.objects.filter(client=near).update(measured_at=timezone.now() - timedelta(days=1))  # stale
     NodeLink.objects.filter(client=far).update(bandwidth_mbps=100)  # too slow for a remote share
-    Reservation.objects.filter(pk=rid).update(state_reason="")
     memo.bump()  # what was known not to fit is looked at again
     placement_loop()
     r = Reservation.objects.get(pk=rid)

@@ -5,6 +5,7 @@ they are reclaimed."""
 from portal.fleet.models import Gpu
 from portal.reservations.models import Reservation
 from portal.tenancy.models import ExclusionGroup
+from tests.reservations import clock_at
 
 
 def test_same_group_name_in_two_teams_does_not_share_a_gpu(client_for, reservation_body, teams, cluster,
@@ -42,13 +43,15 @@ def test_idle_reservation_is_warned_before_it_is_reclaimed(client_for, reservati
     rid = client_for("alice").post("/api/v1/reservations/", reservation_body(gpu_request=0.25, gpu_memory_mib=2048),
                                    format="json").json()["id"]
     placement_loop()
-    Reservation.objects.filter(pk=rid).update(started_at=timezone.now() - timedelta(hours=1))
 
     def measure(ids, since):
         return dict.fromkeys(ids, 0.01)
 
-    assert check_idle(cluster, measure) == (1, 0)  # warned: flagged idle, still running
+    hour_later = timezone.now() + timedelta(hours=1)  # running an hour, idle all along
+    with clock_at(hour_later):
+        assert check_idle(cluster, measure) == (1, 0)  # warned: flagged idle, still running
     r = Reservation.objects.get(pk=rid)
     assert r.state == State.RUNNING and r.idle_since is not None
-    assert check_idle(cluster, measure) == (0, 1)  # still idle at the next check: reclaimed
+    with clock_at(hour_later + timedelta(minutes=1)):
+        assert check_idle(cluster, measure) == (0, 1)  # still idle at the next check: reclaimed
     assert Reservation.objects.get(pk=rid).state == State.EXPIRED

@@ -1,17 +1,16 @@
 """The data scientist's pages, server side: home, request (presets, custom form, preview),
 reservation page (extend, cancel, log, request again), and tenancy on every page and fragment."""
 
-from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from django.test import Client
-from django.utils import timezone
 
 from portal.reservations import rules, services
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
 from portal.tenancy.models import Preset, TeamPolicy
+from tests.reservations import running, submitted
 
 
 @pytest.fixture
@@ -85,15 +84,11 @@ def test_preview_follows_the_fields(alice):
 
 def test_preview_says_why_it_would_wait_and_where_in_the_queue(alice, people, fleet, teams):
     """Both T4s taken by nlp work that ends in 3 h: a T4 request waits, first in the queue."""
-    from portal.reservations.models import Allocation
-
-    ends = timezone.now() + timedelta(hours=3)
+    teams["nlp"].quota_gpu_share = Decimal(2)  # room in nlp's quota for two whole T4s
+    teams["nlp"].save()
     for gpu in fleet.filter(model="T4"):
-        held = Reservation.objects.create(owner=people["bob"], team=teams["nlp"], image="i", gpu_request=Decimal(1),
-                                          gpu_limit=Decimal(1), gpu_memory_mib=1024, state=State.RUNNING,
-                                          node=gpu.node, expires_at=ends)
-        Allocation.objects.create(reservation=held, gpu=gpu, gpu_request=Decimal(1), gpu_limit=Decimal(1),
-                                  gpu_memory_mib=1024)
+        running(submitted(people["bob"], teams["nlp"], image="i", gpu_request=Decimal(1), gpu_memory_mib=1024,
+                          max_duration_s=3 * 3600), gpu)
     body = alice.get("/reservations/new/preview/", _form(gpu_model="T4", memory_gib="4")).content.decode()
     assert 'data-fits="no"' in body and "Queue position</dt><dd>1</dd>" in body and "in 2 h 59 min" in body
     assert "Not enough free compute" in body or "No GPU fits" in body, body
@@ -131,15 +126,14 @@ def test_home_shows_my_cards_quota_and_free_capacity(alice, people, teams):
     assert alice.get(f"/reservations/{teammate.pk}/card/").status_code == 200  # a teammate's is visible
 
 
-def test_reservation_page_extend_cancel_and_request_again(alice, people, teams):
+def test_reservation_page_extend_cancel_and_request_again(alice, people, teams, fleet):
     TeamPolicy.objects.create(team=teams["vision"], max_duration_s=4 * 3600)
-    now = timezone.now()
-    r = Reservation.objects.create(owner=people["alice"], team=teams["vision"], image="img", kind="interactive",
-                                   gpu_request=Decimal("0.5"), gpu_limit=Decimal("0.5"), gpu_memory_mib=2048,
-                                   state=State.RUNNING, placed_at=now, max_duration_s=3600,
-                                   expires_at=now + timedelta(hours=1), pod_namespace="tessera", pod_name="r1-1")
+    r = running(submitted(people["alice"], teams["vision"], image="img", kind="interactive",
+                          gpu_request=Decimal("0.5"), gpu_memory_mib=2048, max_duration_s=3600),
+                fleet.filter(model="A100-80GB").first())
     page = alice.get(f"/reservations/{r.pk}/").content.decode()
-    assert "chart-compute" in page and "Timeline" in page and "kubectl port-forward -n tessera pod/r1-1" in page
+    assert "chart-compute" in page and "Timeline" in page
+    assert f"kubectl port-forward -n {r.pod_namespace} pod/{r.pod_name}" in page and r.pod_name
     refused = alice.post(f"/reservations/{r.pk}/extend/", {"hours": "5"}, HTTP_HX_REQUEST="true").content.decode()
     assert "allows reservations of at most 4 h" in refused
     ok = alice.post(f"/reservations/{r.pk}/extend/", {"hours": "2"}, HTTP_HX_REQUEST="true").content.decode()

@@ -7,18 +7,18 @@ from decimal import Decimal
 from django.core.cache import cache
 from django.utils import timezone
 
-from portal.reservations.models import Reservation
 from portal.telemetry.models import RollupState, ShareMinute, ShareSample
 from portal.web.queries import usage_series
+from tests.reservations import clock_at, running, submitted
 
 
 def test_rollups_and_raw_samples_make_one_series(people, teams, fleet):
     cache.clear()
     gpu = fleet.first()
     now = timezone.now().replace(second=30, microsecond=0)
-    r = Reservation.objects.create(owner=people["alice"], team=teams["vision"], image="i", state="running",
-                                   gpu_request=Decimal("0.25"), gpu_limit=Decimal("0.5"), gpu_memory_mib=8192,
-                                   placed_at=now - timedelta(minutes=10))
+    with clock_at(now - timedelta(minutes=10)):  # placed and running for ten minutes
+        r = running(submitted(people["alice"], teams["vision"], image="i", gpu_request=Decimal("0.25"),
+                              gpu_limit=Decimal("0.5"), gpu_memory_mib=8192), gpu)
     rolled_to = now.replace(second=0) - timedelta(minutes=2)
     RollupState.objects.create(rolled_up_to=rolled_to)
     for i in range(1, 9):  # minutes placed+1 .. rolled_to: used 0.2, memory 2048 then 4096
