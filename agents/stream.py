@@ -233,7 +233,9 @@ class PortalStream:
 
     # -- one session's two directions --------------------------------------------------------------
 
-    def _batch(self, after_seq: int) -> tuple[int, str] | None:
+    def next_batch(self, after_seq: int) -> tuple[int, str] | None:
+        """The `samples` message of what the buffer holds after `after_seq` (as much as one may
+        carry) and the last seq in it; None when nothing is there."""
         entries = self.buffer.after(after_seq, MAX_SAMPLES_PER_BATCH, MAX_MESSAGE_BYTES - ENVELOPE_RESERVE)
         if not entries:
             return None
@@ -255,7 +257,7 @@ class PortalStream:
             if len(self._in_flight) >= MAX_UNACKED_BATCHES:
                 await self._wake.wait()
                 continue
-            batch = self._batch(sent_upto)
+            batch = self.next_batch(sent_upto)
             if batch is None:
                 await self._wake.wait()
                 continue

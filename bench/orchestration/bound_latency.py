@@ -145,8 +145,7 @@ def reset_state() -> None:
     redis.Redis.from_url(REDIS_URL).flushdb()
     for suffix in ("", "-wal", "-shm"):
         Path(str(state_path()) + suffix).unlink(missing_ok=True)
-    backend_module._cache.clear()
-    backend_module._known_nodes.clear()
+    backend_module.forget_backends()
     backend_module.get_backend()  # creates the state file with the database's nodes
 
 

@@ -21,11 +21,19 @@ _nodes_checked: dict[tuple, float] = {}
 NODES_EVERY_S = 5.0  # how often the simulated cluster looks for new nodes in the database
 
 
-def get_backend() -> Backend:
+def _key() -> tuple:
+    """This process's backend for the current settings (a forked worker builds its own)."""
     name = settings.TESSERA_BACKEND
     if name == "local":
+        return (os.getpid(), name, settings.TESSERA_LOCAL_STATE, float(settings.TESSERA_LOCAL_START_S))
+    return (os.getpid(), name, settings.TESSERA_NAMESPACE)
+
+
+def get_backend() -> Backend:
+    name = settings.TESSERA_BACKEND
+    key = _key()
+    if name == "local":
         state, start = settings.TESSERA_LOCAL_STATE, float(settings.TESSERA_LOCAL_START_S)
-        key = (os.getpid(), name, state, start)
         backend = _cache.get(key)
         if backend is None:
             backend = _cache[key] = create("local", state_path=state, start_delay_s=start)
@@ -37,10 +45,15 @@ def get_backend() -> Backend:
                 _known_nodes[key] = nodes
             _nodes_checked[key] = time.monotonic()
         return backend
-    key = (os.getpid(), name, settings.TESSERA_NAMESPACE)
     if key not in _cache:
         _cache[key] = create(name, namespace=settings.TESSERA_NAMESPACE)
     return _cache[key]
+
+
+def use_backend(backend: Backend) -> None:
+    """Act through `backend` for the current settings until `forget_backends`: for callers that
+    build it with options the settings do not carry (short retries in tests, benchmarks)."""
+    _cache[_key()] = backend
 
 
 def forget_backends() -> None:

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 MAX_SUBMISSIONS_PER_COMMIT = 1000
 
 
-def _store_in_thread(submissions: list[Submission]) -> list[Stored]:
+def store(submissions: list[Submission]) -> list[Stored]:
+    """Store one commit's batches (blocking: the writer runs it in its thread)."""
     try:
         try:
             return store_batches(submissions)
@@ -72,7 +73,7 @@ class BatchWriter:
                 items.append(self._queue.get_nowait())
             last_start = started = loop.time()
             try:
-                results = await loop.run_in_executor(self._executor, _store_in_thread, [s for s, _ in items])
+                results = await loop.run_in_executor(self._executor, store, [s for s, _ in items])
             except Exception as exc:
                 log.exception("storing %d sample batches failed", len(items))
                 for _, future in items:

@@ -71,6 +71,11 @@ def register(label: str, url_name: str, *, allowed: Rule = signed_in, order: int
     _entries[label] = Entry(label, url_name, allowed, order, section)
 
 
+def unregister(label: str) -> None:
+    """Remove an entry (no error when there is none)."""
+    _entries.pop(label, None)
+
+
 def _url(entry: Entry) -> str | None:
     if entry.url_name.startswith("/"):
         return entry.url_name

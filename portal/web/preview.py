@@ -103,6 +103,13 @@ def _fleet_snapshot() -> core.Snapshot:
     return built
 
 
+def forget_snapshot() -> None:
+    """The next preview reads the fleet again (a process whose fleet was replaced: tests)."""
+    global _snapshot
+    with _snapshot_lock:
+        _snapshot = None
+
+
 def _queue_place(priority: int) -> tuple[int, datetime | None]:
     ahead = Reservation.objects.filter(state=State.PENDING, priority__gte=priority).count()
     position = ahead + 1

@@ -9,7 +9,8 @@ pushes them, so nothing here pretends to measure anything.
 Extra calls, for the simulation and the tests (not part of the `Backend` protocol):
 `add_nodes`, `set_node_ready` (a node goes NotReady: its pods fail with reason NodeLost),
 `create_external` / `delete_external` (what `kubectl apply` / `kubectl delete` would do),
-`fail_pod`, `kubernetes_events` (the Events `reject_external` recorded).
+`fail_pod`, `kubernetes_events` (the Events `reject_external` recorded), `pod_env` and
+`pod_annotations` (what a pod was made with), `history` (every change, whoever polled it).
 """
 
 from __future__ import annotations
@@ -324,6 +325,20 @@ class LocalBackend:
         if row is None:
             raise KeyError(f"no pod {ref.namespace}/{ref.name}")
         return json.loads(row[0])
+
+    def pod_annotations(self, ref: PodRef) -> dict[str, str]:
+        with self._lock:
+            row = self._db.execute("SELECT annotations FROM pods WHERE namespace = ? AND name = ?",
+                                   (ref.namespace, ref.name)).fetchone()
+        if row is None:
+            raise KeyError(f"no pod {ref.namespace}/{ref.name}")
+        return json.loads(row[0])
+
+    def history(self) -> list[ClusterEvent]:
+        """Every event the cluster has sent, oldest first, whether or not a consumer polled it."""
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM events ORDER BY seq").fetchall()
+        return [_event(json.loads(body)) for (body,) in rows]
 
     def pod_log(self, ref: PodRef, tail_lines: int = 200) -> str | None:
         """The simulated pod's log, written from what the simulation knows (when it was created,

@@ -67,6 +67,10 @@ class FakePortal:
         self._server = None
 
     @property
+    def listening(self) -> bool:
+        return self._server is not None
+
+    @property
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws/agents/"
 
@@ -153,7 +157,7 @@ async def portal() -> AsyncIterator[FakePortal]:
     fake = FakePortal()
     await fake.start()
     yield fake
-    if fake._server is not None:
+    if fake.listening:
         with contextlib.suppress(Exception):
             await fake.kill()
 

@@ -81,7 +81,7 @@ def test_what_the_agent_actually_sends_passes_validation(demo_inventory):
         buffer.append(*sampler.take())
     stream = PortalStream(url="ws://x/", token="t", hello="", node=node.name, stream_id=STREAM,
                           buffer=buffer, placements=table)
-    last_seq, text = stream._batch(0)
+    last_seq, text = stream.next_batch(0)
     message = parse(text, AGENT_MESSAGES)
     assert isinstance(message, Samples) and last_seq == 5
     assert len(message.samples[0].gpus) == 8

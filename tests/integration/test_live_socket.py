@@ -22,14 +22,14 @@ from .conftest import session_cookie, wait_for
 pytestmark = pytest.mark.timeout(120)
 
 
-def _browser(portal, user):
+def live_socket(portal, user):
     headers = {"Origin": portal.url}
     if user is not None:
         headers["Cookie"] = session_cookie(user)
     return connect(f"{portal.ws}/ws/live/", additional_headers=headers, open_timeout=10, close_timeout=2)
 
 
-def _collect(ws, seconds: float) -> list[dict]:
+def collect(ws, seconds: float) -> list[dict]:
     out, deadline = [], time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -39,7 +39,7 @@ def _collect(ws, seconds: float) -> list[dict]:
     return out
 
 
-def _subscribe(ws, names: list[str]) -> dict:
+def subscribe(ws, names: list[str]) -> dict:
     ws.send(json.dumps({"subscribe": names}))
     while True:
         message = json.loads(ws.recv(timeout=10))
@@ -49,7 +49,7 @@ def _subscribe(ws, names: list[str]) -> dict:
 
 def test_anonymous_browser_is_refused(portal, world):
     with pytest.raises(InvalidStatus) as refused:
-        _browser(portal, None)
+        live_socket(portal, None)
     assert refused.value.response.status_code == 403
 
 
@@ -61,16 +61,16 @@ def test_each_user_receives_only_what_their_team_may_see(portal, agents, world):
     gpu0, gpu1 = world["gpus"][0], world["gpus"][1]
     everything = [f"team:{vision.pk}", f"team:{nlp.pk}", f"reservation:{r_vision.pk}",
                   f"reservation:{r_nlp.pk}", f"gpu:{gpu0.pk}", f"gpu:{gpu1.pk}", "gpu:0", "team:x"]
-    with _browser(portal, world["people"]["alice"]) as alice, _browser(portal, world["people"]["bob"]) as bob, \
-            _browser(portal, world["people"]["admin"]) as admin:
-        got = _subscribe(alice, everything)
+    with live_socket(portal, world["people"]["alice"]) as alice, live_socket(portal, world["people"]["bob"]) as bob, \
+            live_socket(portal, world["people"]["admin"]) as admin:
+        got = subscribe(alice, everything)
         assert got["groups"] == [f"team:{vision.pk}", f"reservation:{r_vision.pk}"]
         # A card's own load includes other teams' work: GPU groups are for staff.
         assert set(got["refused"]) == {f"team:{nlp.pk}", f"reservation:{r_nlp.pk}", f"gpu:{gpu0.pk}",
                                        f"gpu:{gpu1.pk}", "gpu:0", "team:x"}
-        assert set(_subscribe(bob, everything)["groups"]) == {f"team:{nlp.pk}", f"reservation:{r_nlp.pk}"}
-        assert len(_subscribe(admin, everything)["groups"]) == 6
-        seen = {name: _collect(ws, 3.0) for name, ws in (("alice", alice), ("bob", bob), ("admin", admin))}
+        assert set(subscribe(bob, everything)["groups"]) == {f"team:{nlp.pk}", f"reservation:{r_nlp.pk}"}
+        assert len(subscribe(admin, everything)["groups"]) == 6
+        seen = {name: collect(ws, 3.0) for name, ws in (("alice", alice), ("bob", bob), ("admin", admin))}
 
     def shares(messages):
         return [s for m in messages if m.get("type") == "shares" for s in m["data"]["shares"]]

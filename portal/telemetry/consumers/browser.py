@@ -147,7 +147,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         removed while the page stays open)."""
         while True:
             await asyncio.sleep(self.RECHECK_S)
-            if not await database_sync_to_async(self._still_signed_in)():
+            if not await database_sync_to_async(self.still_signed_in)():
                 await self._answer(type="signed_out", message="your session ended; sign in again")
                 await self.close(CLOSE_SIGNED_OUT)
                 return
@@ -162,7 +162,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 await self._answer(type="revoked", groups=lost)
             await live.store().watch(list(self.groups_joined))
 
-    def _still_signed_in(self) -> bool:
+    def still_signed_in(self) -> bool:
         """The session still exists and still names this user, who may still sign in (active;
         not a demo user outside demo mode): Django's own check of a request's session, again."""
         from importlib import import_module

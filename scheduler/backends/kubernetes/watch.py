@@ -87,6 +87,11 @@ class ClusterWatch:
         """The pod as the running watch last saw it (None when not watching, or not seen)."""
         return self._pods.get((namespace, name)) if self.running else None
 
+    def undelivered(self) -> list[ClusterEvent]:
+        """What the next `drain` would return now, left in place (to wait until the watch has seen a change)."""
+        with self._arrived:
+            return list(self._pending.values())
+
     def drain(self, timeout_s: float) -> list[ClusterEvent]:
         """What changed since the last call (latest event per object, oldest change first), waiting at
         most `timeout_s` for something to happen."""

@@ -3,13 +3,11 @@ queue positions, preemption and gangs."""
 
 from __future__ import annotations
 
-import json
-
 from portal.placement.invariants import live_shares_ok
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
-from scheduler.backends import Phase, PodRef
+from scheduler.backends import Phase, PodEvent, PodRef
 
 
 def _submit(client, body) -> int:
@@ -89,10 +87,9 @@ def test_high_priority_preempts_opportunistic_which_is_requeued(client_for, rese
     [gone] = victim_pods - pods
     urgent_pod = Reservation.objects.get(pk=urgent).pod_name
     assert urgent_pod in pods
-    history = [json.loads(body)["pod"] | {"deleted": json.loads(body)["deleted"]}
-               for (body,) in cluster._db.execute("SELECT body FROM events ORDER BY seq") if '"pod"' in body]
-    deleted_at = next(i for i, e in enumerate(history) if e["name"] == gone and e["deleted"])
-    created_at = next(i for i, e in enumerate(history) if e["name"] == urgent_pod)
+    history = [(e.pod.name, e.deleted) for e in cluster.history() if isinstance(e, PodEvent)]
+    deleted_at = next(i for i, (name, deleted) in enumerate(history) if name == gone and deleted)
+    created_at = next(i for i, (name, _) in enumerate(history) if name == urgent_pod)
     assert deleted_at < created_at
     placement_loop()
     assert Reservation.objects.get(pk=urgent).state == State.RUNNING

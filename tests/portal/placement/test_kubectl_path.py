@@ -32,8 +32,7 @@ def test_kubectl_pod_is_placed_bound_and_runs(cluster, placement_loop, teams):
     assert bound.external and bound.node == "t4-node-1" and bound.reservation_id == str(r.pk)
     assert cluster.list_pending_external() == []
     # The device plugin reads the placement from the pod's annotation.
-    annotations = cluster._db.execute("SELECT annotations FROM pods WHERE name = 'train-1'").fetchone()[0]
-    placement = json.loads(json.loads(annotations)[PLACEMENT_ANNOTATION])
+    placement = json.loads(cluster.pod_annotations(PodRef(bound.namespace, bound.name))[PLACEMENT_ANNOTATION])
     assert placement["gpus"] == [r.allocations.get().gpu.uuid] and placement["request"] == 0.5
 
 

@@ -128,14 +128,14 @@ def test_placements_for_the_agent_are_the_live_shares_of_its_node(node, placed):
 
 @pytest.mark.django_db(transaction=True)  # foreign keys are checked at commit
 def test_a_reservation_deleted_after_it_was_seen_does_not_block_storage(node, placed):
-    from portal.telemetry.writer import _store_in_thread
+    from portal.telemetry.writer import store
 
     hello = hello_for(node)
     info = ingest.register_hello(node, hello)
     r = placed["vision"].pk
-    _store_in_thread([ingest.Submission(info, samples_for(node, hello.stream, range(1, 2), shares=[(r, 0, 0.3)]))])
+    store([ingest.Submission(info, samples_for(node, hello.stream, range(1, 2), shares=[(r, 0, 0.3)]))])
     Reservation.objects.filter(pk=r).delete()  # the process still remembers it
-    stored = _store_in_thread([ingest.Submission(info, samples_for(node, hello.stream, range(2, 3),
+    stored = store([ingest.Submission(info, samples_for(node, hello.stream, range(2, 3),
                                                                    shares=[(r, 0, 0.3)]))])
     assert stored[0].ack_seq == 2
     assert GpuSample.objects.filter(seq=2).count() == 8 and not ShareSample.objects.exists()

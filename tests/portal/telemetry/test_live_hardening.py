@@ -37,13 +37,13 @@ def _memory_layer_and_quick_rechecks(settings, monkeypatch):
 def rechecks(monkeypatch):
     """How many times any connection's background task has looked at the database."""
     calls = []
-    original = LiveConsumer._still_signed_in
+    original = LiveConsumer.still_signed_in
 
     def counted(self):
         calls.append(1)
         return original(self)
 
-    monkeypatch.setattr(LiveConsumer, "_still_signed_in", counted)
+    monkeypatch.setattr(LiveConsumer, "still_signed_in", counted)
     return calls
 
 

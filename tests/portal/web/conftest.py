@@ -6,6 +6,6 @@ def _fresh_preview_snapshot():
     """The preview keeps the fleet snapshot for two seconds per process; each test has its own fleet."""
     from portal.web import preview
 
-    preview._snapshot = None
+    preview.forget_snapshot()
     yield
-    preview._snapshot = None
+    preview.forget_snapshot()

@@ -5,7 +5,6 @@ events, sweeps and reconciles see the pod terminating afterwards."""
 
 from __future__ import annotations
 
-import os
 from decimal import Decimal
 
 import pytest
@@ -30,9 +29,9 @@ def workloads(portal_on_kubernetes, apiserver, settings):  # noqa: F811 - the fi
 
     apiserver.add_namespace(NAMESPACE, {"pod-security.kubernetes.io/enforce": "baseline"})
     settings.TESSERA_NAMESPACE = NAMESPACE
-    backend_module._cache[(os.getpid(), "kubernetes", NAMESPACE)] = KubernetesBackend(
+    backend_module.use_backend(KubernetesBackend(
         host=apiserver.url, namespace=NAMESPACE, watch_timeout_s=5,
-        retry=dict(attempts=2, base_s=0.01, max_s=0.02, connect_timeout_s=1.0, read_timeout_s=2.0))
+        retry=dict(attempts=2, base_s=0.01, max_s=0.02, connect_timeout_s=1.0, read_timeout_s=2.0)))
     alice = get_user_model().objects.create_user("alice", password="pw-alice")
     Membership.objects.create(user=alice, team=Team.objects.get(slug="vision"), role=Role.MEMBER)
     return alice

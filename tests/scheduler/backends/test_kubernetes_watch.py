@@ -125,7 +125,7 @@ def test_a_late_poll_reports_the_current_state_not_a_replay_of_history(nodes, ba
     nodes.set_pod_phase("tessera", "tessera-r42-1", "Succeeded")
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:  # until the watch thread has seen all four changes
-        pending = list(backend.watch._pending.values())
+        pending = backend.watch.undelivered()
         if any(isinstance(e, PodEvent) and e.pod.phase == Phase.SUCCEEDED for e in pending) and any(
                 isinstance(e, NodeEvent) and e.node.ready for e in pending):
             break
