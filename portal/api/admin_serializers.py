@@ -100,6 +100,7 @@ class PolicySerializer(StrictTypesMixin, serializers.Serializer):
     idle_threshold = serializers.DecimalField(max_digits=4, decimal_places=3, coerce_to_string=False, required=False)
     idle_after_s = serializers.IntegerField(required=False)
     idle_reclaim = serializers.BooleanField(required=False, help_text="false: warn only")
+    idle_warning_s = serializers.IntegerField(required=False, help_text="Warned this long before the reclaim")
     max_priority_member = serializers.IntegerField(required=False)
     max_priority_admin = serializers.IntegerField(required=False)
     allow_over_quota = serializers.BooleanField(required=False)
@@ -110,6 +111,7 @@ class LimitsSerializer(StrictTypesMixin, serializers.Serializer):
     limit_duration_s = serializers.IntegerField(required=False)
     limit_priority = serializers.IntegerField(required=False)
     limit_idle_after_s = serializers.IntegerField(required=False, allow_null=True)
+    limit_idle_warning_s = serializers.IntegerField(required=False, allow_null=True)
     limit_idle_threshold = serializers.DecimalField(max_digits=4, decimal_places=3, coerce_to_string=False,
                                                     required=False)
     limit_require_reclaim = serializers.BooleanField(required=False)

@@ -1,5 +1,6 @@
-"""Idle reservations: flagged when their measured use stays under the team's threshold for the
-team's time, and ended when the team reclaims idle ones."""
+"""Idle reservations: flagged (the owner warned) when their measured use stays under the team's
+threshold for the team's time, and ended when the team reclaims idle ones and the team's warning
+period has passed with the reservation still idle."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def measured_utilization(reservation_ids: list[int], since: datetime) -> dict[in
 
 def check_idle(backend: Backend, measure: Measure = measured_utilization) -> tuple[int, int]:
     """Flag reservations whose measured use stayed under their team's threshold for the team's
-    time; end them at a later check, still idle, when the team reclaims idle ones. Returns
-    (flagged, reclaimed)."""
+    time; end them at a check at least the team's warning period after the flag, still idle, when
+    the team reclaims idle ones. Returns (flagged, reclaimed)."""
     now = timezone.now()
     flagged = reclaimed = 0
     running = list(Reservation.objects.filter(state=State.RUNNING, started_at__isnull=False).select_related("team"))
@@ -48,11 +49,15 @@ def check_idle(backend: Backend, measure: Measure = measured_utilization) -> tup
                 continue
             newly = services.flag_idle(r.pk, True, now)
             flagged += newly
-            # Warn, then reclaim: the first check that finds it idle only flags it (the owner sees
-            # the flag); a later check that still finds it idle ends it.
-            if r.team.idle_reclaim and not newly:
+            # Warn, then reclaim: the check that finds it idle flags it (the owner is warned, and
+            # sees when the reclaim comes: services.idle_reclaim_at); a check at least the team's
+            # warning period later that still finds it idle ends it. Used meanwhile: the flag goes,
+            # and so does the warning.
+            reclaim_at = None if newly else services.idle_reclaim_at(r.idle_since, r.team)
+            if reclaim_at is not None and reclaim_at <= now:
                 why = (f"reclaimed: used {per_gpu:.1%} of its GPU over the last {seconds // 60} min, under "
-                       f"team {r.team.slug}'s idle threshold of {float(r.team.idle_threshold):.1%}")
+                       f"team {r.team.slug}'s idle threshold of {float(r.team.idle_threshold):.1%}, and still idle "
+                       f"{r.team.idle_warning_s // 60} min after the warning")
                 if services.move(r.pk, State.RUNNING, State.EXPIRED, why, ACTOR):
                     reclaimed += 1
                     delete_quietly(backend, r.pod_namespace, r.pod_name, "reclaimed while idle")

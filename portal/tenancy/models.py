@@ -47,6 +47,11 @@ class Team(models.Model):
     )
     idle_after_s = models.PositiveIntegerField(default=1800, help_text="Idle this long → flagged idle.")
     idle_reclaim = models.BooleanField(default=False, help_text="End idle reservations (else flag only).")
+    # The owner is warned when the reservation is flagged idle; reclaim waits this long after it.
+    idle_warning_s = models.PositiveIntegerField(
+        default=900, validators=[MinValueValidator(60), MaxValueValidator(86400)],
+        help_text="Warned this long before an idle reservation is reclaimed.",
+    )
     requeue_on_node_lost = models.BooleanField(
         default=True, help_text="A lost node's reservations are requeued (else they fail)."
     )
@@ -156,7 +161,8 @@ class TeamPolicy(models.Model):
 
     The rest of a team's policy stays on Team, where lifecycle reads it: `interactive_max_s` (the
     default duration of interactive reservations given none), `idle_threshold`, `idle_after_s`,
-    `idle_reclaim` (warn then reclaim, or warn only) and `allow_over_quota`. Read the whole policy
+    `idle_reclaim` (warn then reclaim, or warn only), `idle_warning_s` (how long after the warning
+    the reclaim comes) and `allow_over_quota`. Read the whole policy
     through portal.tenancy.policy.policy_of(team); a team without a row has the defaults below.
     """
 
@@ -182,6 +188,10 @@ class TeamPolicy(models.Model):
     )
     limit_idle_after_s = models.PositiveIntegerField(
         null=True, blank=True, help_text="The longest idle time the team may allow before acting (blank: any)."
+    )
+    limit_idle_warning_s = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The longest warning the team may give before reclaiming an idle reservation (blank: any).",
     )
     limit_idle_threshold = models.DecimalField(
         max_digits=4, decimal_places=3, default=Decimal("0"),

@@ -28,6 +28,7 @@ class Limits:
     idle_after_s: int | None
     idle_threshold: Decimal
     require_reclaim: bool
+    idle_warning_s: int | None  # the longest warning before a reclaim the team may give (None: any)
     allow_over_quota: bool
 
 
@@ -40,6 +41,7 @@ class Policy:
     idle_threshold: Decimal  # using less than this fraction of a GPU counts as idle
     idle_after_s: int  # idle this long: warned, then reclaimed when idle_reclaim
     idle_reclaim: bool  # False: warn only
+    idle_warning_s: int  # warned (flagged idle) this long before the reclaim, if still idle
     max_priority_member: int
     max_priority_admin: int
     allow_over_quota: bool  # priority-0 requests beyond the quota run opportunistically
@@ -69,13 +71,15 @@ def policy_of(team: Team) -> Policy:
     row = _row(team)
     limits = Limits(duration_s=row.limit_duration_s, priority=row.limit_priority,
                     idle_after_s=row.limit_idle_after_s, idle_threshold=row.limit_idle_threshold,
-                    require_reclaim=row.limit_require_reclaim, allow_over_quota=row.limit_allow_over_quota)
+                    require_reclaim=row.limit_require_reclaim, allow_over_quota=row.limit_allow_over_quota,
+                    idle_warning_s=row.limit_idle_warning_s)
     return Policy(
         max_duration_s=min(row.max_duration_s or limits.duration_s, limits.duration_s),
         interactive_max_s=team.interactive_max_s,
         idle_threshold=team.idle_threshold,
         idle_after_s=team.idle_after_s,
         idle_reclaim=team.idle_reclaim,
+        idle_warning_s=team.idle_warning_s,
         max_priority_member=min(row.max_priority_member, limits.priority),
         max_priority_admin=min(row.max_priority_admin, limits.priority),
         allow_over_quota=team.allow_over_quota and limits.allow_over_quota,
@@ -111,10 +115,13 @@ def request_problems(user, team: Team, *, priority: int | None, max_duration_s: 
 
 
 # Team-admin fields: (name, where it is stored).
-TEAM_FIELDS = ("interactive_max_s", "idle_threshold", "idle_after_s", "idle_reclaim", "allow_over_quota")
+TEAM_FIELDS = ("interactive_max_s", "idle_threshold", "idle_after_s", "idle_reclaim", "idle_warning_s",
+               "allow_over_quota")
 POLICY_FIELDS = ("max_duration_s", "max_priority_member", "max_priority_admin", "allow_remote")
 LIMIT_FIELDS = ("limit_duration_s", "limit_priority", "limit_idle_after_s", "limit_idle_threshold",
-                "limit_require_reclaim", "limit_allow_over_quota")
+                "limit_require_reclaim", "limit_allow_over_quota", "limit_idle_warning_s")
+# A warning must leave the owner time to act, and a reclaim must come within a day of it.
+IDLE_WARNING_MIN_S, IDLE_WARNING_MAX_S = 60, 86400
 
 
 def _int(value, name: str, errors: dict, *, low: int, high: int, blank_ok: bool = False) -> int | None:
@@ -183,6 +190,11 @@ def set_policy(team: Team, by: audit.Actor, changes: dict) -> Policy:
                 and values["idle_after_s"] > row.limit_idle_after_s):
             errors.setdefault("idle_after_s", []).append(
                 f"the site admins want idle reservations acted on within {row.limit_idle_after_s} s")
+        if ("idle_warning_s" in values and row.limit_idle_warning_s is not None
+                and values["idle_warning_s"] > row.limit_idle_warning_s):
+            errors.setdefault("idle_warning_s", []).append(
+                f"the site admins want idle reservations reclaimed within {row.limit_idle_warning_s} s of the "
+                "warning")
         if "idle_threshold" in values and values["idle_threshold"] < row.limit_idle_threshold:
             errors.setdefault("idle_threshold", []).append(
                 f"the site admins set the lowest idle threshold to {row.limit_idle_threshold}")
@@ -228,6 +240,8 @@ def set_limits(team: Team, by: audit.Actor, changes: dict) -> Policy:
                 follow[name] = merged["limit_priority"]
         if merged["limit_idle_after_s"] is not None and team.idle_after_s > merged["limit_idle_after_s"]:
             follow["idle_after_s"] = merged["limit_idle_after_s"]
+        if merged["limit_idle_warning_s"] is not None and team.idle_warning_s > merged["limit_idle_warning_s"]:
+            follow["idle_warning_s"] = merged["limit_idle_warning_s"]
         if team.idle_threshold < merged["limit_idle_threshold"]:
             follow["idle_threshold"] = merged["limit_idle_threshold"]
         if merged["limit_require_reclaim"] and not team.idle_reclaim:
@@ -243,6 +257,10 @@ def _parse(changes: dict, errors: dict) -> dict:
     for name, value in changes.items():
         if name in ("max_duration_s", "limit_idle_after_s"):  # blank: no limit of the team's own
             parsed = _int(value, name, errors, low=60, high=LONGEST_DURATION_S, blank_ok=True)
+        elif name == "limit_idle_warning_s":
+            parsed = _int(value, name, errors, low=IDLE_WARNING_MIN_S, high=IDLE_WARNING_MAX_S, blank_ok=True)
+        elif name == "idle_warning_s":
+            parsed = _int(value, name, errors, low=IDLE_WARNING_MIN_S, high=IDLE_WARNING_MAX_S)
         elif name in ("interactive_max_s", "limit_duration_s", "idle_after_s"):
             parsed = _int(value, name, errors, low=60, high=LONGEST_DURATION_S)
         elif name in ("max_priority_member", "max_priority_admin", "limit_priority"):

@@ -255,7 +255,8 @@ def teams_page(request):
                   status=status)
 
 
-LIMIT_FORM = ("limit_duration_h", "limit_priority", "limit_idle_after_min", "limit_idle_threshold_pct")
+LIMIT_FORM = ("limit_duration_h", "limit_priority", "limit_idle_after_min", "limit_idle_threshold_pct",
+              "limit_idle_warning_min")
 
 
 @login_required
@@ -269,6 +270,7 @@ def team_limits_page(request, slug: str):
             "limit_duration_h": f"{limits.duration_s / 3600:g}", "limit_priority": str(limits.priority),
             "limit_idle_after_min": f"{limits.idle_after_s / 60:g}" if limits.idle_after_s else "",
             "limit_idle_threshold_pct": f"{float(limits.idle_threshold) * 100:g}",
+            "limit_idle_warning_min": f"{limits.idle_warning_s / 60:g}" if limits.idle_warning_s else "",
             "limit_require_reclaim": limits.require_reclaim, "limit_allow_over_quota": limits.allow_over_quota}
     errors: dict[str, list[str]] = {}
     status = 200
@@ -279,7 +281,8 @@ def team_limits_page(request, slug: str):
         changes = {"limit_priority": form["limit_priority"], "limit_require_reclaim": form["limit_require_reclaim"],
                    "limit_allow_over_quota": form["limit_allow_over_quota"]}
         for key, field, unit in (("limit_duration_h", "limit_duration_s", 3600),
-                                 ("limit_idle_after_min", "limit_idle_after_s", 60)):
+                                 ("limit_idle_after_min", "limit_idle_after_s", 60),
+                                 ("limit_idle_warning_min", "limit_idle_warning_s", 60)):
             if not form[key]:
                 changes[field] = None
                 continue

@@ -290,7 +290,7 @@ def preset_delete(request, slug: str, pk: int):
 # Policy --------------------------------------------------------------------------------------
 
 POLICY_FIELDS = ("max_duration_s", "interactive_max_s", "idle_threshold", "idle_after_s", "idle_reclaim",
-                 "max_priority_member", "max_priority_admin", "allow_over_quota")
+                 "idle_warning_s", "max_priority_member", "max_priority_admin", "allow_over_quota")
 
 
 def _hours(seconds) -> str:
@@ -321,6 +321,7 @@ def policy_page(request, slug: str):
         "idle_threshold_pct": f"{float(current.idle_threshold) * 100:g}",
         "idle_after_min": f"{current.idle_after_s / 60:g}",
         "idle_action": "reclaim" if current.idle_reclaim else "warn",
+        "idle_warning_min": f"{current.idle_warning_s / 60:g}",
         "max_priority_member": current.max_priority_member, "max_priority_admin": current.max_priority_admin,
         "allow_over_quota": current.allow_over_quota, "allow_remote": current.allow_remote,
     }
@@ -343,10 +344,11 @@ def policy_page(request, slug: str):
             changes["idle_threshold"] = float(form["idle_threshold_pct"]) / 100
         except ValueError:
             errors["idle_threshold"] = ["a percentage, e.g. 5"]
-        try:
-            changes["idle_after_s"] = round(float(form["idle_after_min"]) * 60)
-        except ValueError:
-            errors["idle_after_s"] = ["a number of minutes, e.g. 30"]
+        for field, key, example in (("idle_after_s", "idle_after_min", 30), ("idle_warning_s", "idle_warning_min", 15)):
+            try:
+                changes[field] = round(float(form[key]) * 60)
+            except ValueError:
+                errors[field] = [f"a number of minutes, e.g. {example}"]
         if not errors:
             try:
                 policy.set_policy(team, audit.web(request.user), changes)

@@ -4,7 +4,7 @@ queue, that one sits idle, that one was warned of its end."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from portal.bulk import update_rows
 from portal.reservations.events import announce_reservations
@@ -33,12 +33,25 @@ def set_queue_positions(positions: Iterable[tuple[int, int, datetime | None]]) -
 
 
 def flag_idle(reservation_id: int, idle: bool, now: datetime) -> bool:
-    """Mark a running reservation idle since `now` (kept if already idle), or not idle any more.
-    Returns whether the mark changed."""
+    """Mark a running reservation idle since `now` (kept if already idle): its owner is warned, and
+    its page says when it is reclaimed (idle_reclaim_at). Or not idle any more. Returns whether the
+    mark changed; a change is announced to the browsers that watch the reservation."""
     rows = Reservation.objects.filter(pk=reservation_id, state=State.RUNNING)
     if idle:
-        return bool(rows.filter(idle_since__isnull=True).update(idle_since=now))
-    return bool(rows.filter(idle_since__isnull=False).update(idle_since=None))
+        changed = bool(rows.filter(idle_since__isnull=True).update(idle_since=now))
+    else:
+        changed = bool(rows.filter(idle_since__isnull=False).update(idle_since=None))
+    if changed:
+        announce_reservations(dict(rows.values_list("pk", "team_id")))
+    return changed
+
+
+def idle_reclaim_at(idle_since: datetime | None, team) -> datetime | None:
+    """When a reservation idle since `idle_since` is reclaimed if it stays idle: the team's
+    warning period after the warning (the flag). None: not idle, or the team only warns."""
+    if idle_since is None or not team.idle_reclaim:
+        return None
+    return idle_since + timedelta(seconds=team.idle_warning_s)
 
 
 def warn_expiry(reservation_id: int, now: datetime) -> bool:

@@ -150,3 +150,11 @@ def until(moment: datetime | None) -> str:
         return ""
     delta = (moment - timezone.now()).total_seconds()
     return f"in {human_duration(delta)}" if delta >= 0 else f"{human_duration(-delta)} ago"
+
+
+@register.filter
+def idle_reclaim_at(reservation) -> datetime | None:
+    """When an idle reservation is reclaimed if it stays idle (None: not idle, or warn only)."""
+    from portal.reservations.services import idle_reclaim_at as reclaim_at
+
+    return reclaim_at(reservation.idle_since, reservation.team)

@@ -98,10 +98,49 @@ def test_idle_reservation_is_flagged_and_reclaimed_when_team_says_so(client_for,
     assert Reservation.objects.get(pk=unmeasured.pk).idle_since is None  # no data is not idleness
     team.idle_reclaim = True
     team.save()
+    assert check_idle(cluster) == (0, 0)  # reclaim comes only after the warning period
+    clock.at += timedelta(seconds=team.idle_warning_s)
+    _samples(idle, 0.01, 12, clock.at)
+    _samples(busy, 0.20, 12, clock.at)
     assert check_idle(cluster) == (0, 1)
     idle.refresh_from_db()
     assert idle.state == State.EXPIRED and "reclaimed" in idle.state_reason and "1.0%" in idle.state_reason
+    assert "15 min after the warning" in idle.state_reason
     assert Reservation.objects.get(pk=busy.pk).state == State.RUNNING
+
+
+def test_idle_reclaim_waits_the_teams_warning_period_and_use_meanwhile_cancels_it(
+        client_for, reservation_body, cluster, placement_loop, teams, people, clock):
+    from portal.audit import services as audit
+    from portal.reservations import services
+    from portal.tenancy import policy
+
+    team = teams["vision"]
+    policy.set_policy(team, audit.web(people["carol"]), {"idle_threshold": "0.05", "idle_after_s": 600,
+                                                         "idle_reclaim": True, "idle_warning_s": 1800})
+    team.refresh_from_db()
+    idle = _running(client_for, reservation_body, placement_loop, gpu_request=0.25, gpu_memory_mib=2048)
+    woken = _running(client_for, reservation_body, placement_loop, gpu_request=0.25, gpu_memory_mib=2048)
+    clock.at = timezone.now() + timedelta(hours=1)
+    for r in (idle, woken):
+        _samples(r, 0.01, 12, clock.at)
+    assert check_idle(cluster) == (2, 0)  # both warned
+    idle.refresh_from_db()
+    warned_at = idle.idle_since
+    assert services.idle_reclaim_at(warned_at, team) == warned_at + timedelta(minutes=30)
+    # 29 minutes on, still idle: not yet
+    clock.at = warned_at + timedelta(minutes=29)
+    for r in (idle, woken):
+        _samples(r, 0.01, 12, clock.at)
+    assert check_idle(cluster) == (0, 0)
+    # the owner of `woken` uses it again: the warning goes with the flag
+    _samples(woken, 0.5, 12, clock.at + timedelta(minutes=1))
+    _samples(idle, 0.01, 12, clock.at + timedelta(minutes=1))
+    clock.at += timedelta(minutes=1)
+    assert check_idle(cluster) == (0, 1)
+    assert Reservation.objects.get(pk=idle.pk).state == State.EXPIRED
+    woken.refresh_from_db()
+    assert woken.state == State.RUNNING and woken.idle_since is None
 
 
 def test_lost_node_requeues_or_fails_by_team_policy(client_for, reservation_body, cluster, placement_loop, teams):

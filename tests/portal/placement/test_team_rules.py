@@ -35,6 +35,7 @@ def test_idle_reservation_is_warned_before_it_is_reclaimed(client_for, reservati
     from django.utils import timezone
 
     from portal.placement.idle import check_idle
+    from portal.reservations import services
     from portal.reservations.states import State
 
     team = teams["vision"]
@@ -53,5 +54,8 @@ def test_idle_reservation_is_warned_before_it_is_reclaimed(client_for, reservati
     r = Reservation.objects.get(pk=rid)
     assert r.state == State.RUNNING and r.idle_since is not None
     with clock_at(hour_later + timedelta(minutes=1)):
-        assert check_idle(cluster, measure) == (0, 1)  # still idle at the next check: reclaimed
+        assert check_idle(cluster, measure) == (0, 0)  # still idle at the next check: within the warning period
+    assert services.idle_reclaim_at(r.idle_since, team) == r.idle_since + timedelta(seconds=team.idle_warning_s)
+    with clock_at(r.idle_since + timedelta(seconds=team.idle_warning_s)):
+        assert check_idle(cluster, measure) == (0, 1)  # still idle when the warning period is over: reclaimed
     assert Reservation.objects.get(pk=rid).state == State.EXPIRED

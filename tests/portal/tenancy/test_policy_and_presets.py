@@ -77,3 +77,23 @@ def test_preset_is_checked_like_a_request(fleet, teams, people):
     presets.delete_preset(preset, audit.web(people["carol"]))
     assert list(AuditEntry.objects.order_by("id").values_list("action", flat=True)) == [
         "created", "changed", "deleted"]
+
+
+def test_idle_warning_period_is_kept_within_the_site_admins_limit(teams, people):
+    vision = teams["vision"]
+    assert policy.policy_of(vision).idle_warning_s == 900  # 15 min unless the team says otherwise
+    policy.set_policy(vision, audit.web(people["carol"]), {"idle_warning_s": 3600})
+    policy.set_limits(vision, audit.api(people["admin"]), {"limit_idle_warning_s": 1800})
+    vision.refresh_from_db()
+    assert vision.idle_warning_s == 1800  # pushed down to the new limit
+    with pytest.raises(Refused) as exc:
+        policy.set_policy(vision, audit.web(people["carol"]), {"idle_warning_s": 2400, "idle_after_s": 600})
+    assert exc.value.errors == {"idle_warning_s": [
+        "the site admins want idle reservations reclaimed within 1800 s of the warning"]}
+    with pytest.raises(Refused) as exc:
+        policy.set_policy(vision, audit.web(people["carol"]), {"idle_warning_s": 30})
+    assert exc.value.errors == {"idle_warning_s": ["must be between 60 and 86400"]}
+    vision.refresh_from_db()
+    assert (vision.idle_warning_s, vision.idle_after_s) == (1800, 1800)
+    entries = AuditEntry.objects.filter(object_type="policy").order_by("id")
+    assert entries.last().after["idle_warning_s"] == 1800 and entries.last().after["limit_idle_warning_s"] == 1800

@@ -2,6 +2,7 @@
 what a form does, and that the fleet page's queries do not grow with the fleet."""
 
 import gzip
+import re
 from decimal import Decimal
 
 import pytest
@@ -82,15 +83,48 @@ def test_preset_form_and_policy_form(fleet, browser_for, teams):
     assert Preset.objects.get().max_duration_s == 5400
     r = browser_for("carol").post("/team/vision/policy/", {
         "max_duration_h": "8", "interactive_max_h": "4", "idle_threshold_pct": "10", "idle_after_min": "15",
-        "idle_action": "warn", "max_priority_member": "40", "max_priority_admin": "60", "allow_over_quota": "on"})
+        "idle_action": "warn", "idle_warning_min": "20", "max_priority_member": "40", "max_priority_admin": "60",
+        "allow_over_quota": "on"})
     assert r.status_code == 302
     teams["vision"].refresh_from_db()
     assert teams["vision"].idle_threshold == Decimal("0.100") and teams["vision"].idle_after_s == 900
+    assert teams["vision"].idle_warning_s == 1200
     assert teams["vision"].idle_reclaim is False
     r = browser_for("carol").post("/team/vision/policy/", {
         "max_duration_h": "8", "interactive_max_h": "10", "idle_threshold_pct": "10", "idle_after_min": "15",
-        "idle_action": "warn", "max_priority_member": "40", "max_priority_admin": "60"})
+        "idle_action": "warn", "idle_warning_min": "20", "max_priority_member": "40", "max_priority_admin": "60"})
     assert r.status_code == 400 and "must not exceed the maximum duration" in r.content.decode()
+    r = browser_for("carol").post("/team/vision/policy/", {
+        "max_duration_h": "8", "interactive_max_h": "4", "idle_threshold_pct": "10", "idle_after_min": "15",
+        "idle_action": "reclaim", "idle_warning_min": "", "max_priority_member": "40", "max_priority_admin": "60"})
+    assert r.status_code == 400 and "a number of minutes, e.g. 15" in r.content.decode()
+
+
+def test_the_reservation_page_says_when_an_idle_reservation_is_reclaimed(fleet, browser_for, teams, people):
+    from django.db import transaction
+    from django.utils import timezone
+
+    from portal.reservations.states import State
+
+    vision = teams["vision"]
+    gpu = Gpu.objects.filter(node__name="t4-node-1").first()
+    with transaction.atomic():
+        r = services.submit(people["alice"], rules.ReservationSpec(team=vision, image="img",
+                                                                     gpu_request=Decimal("0.25"), gpu_memory_mib=1024))
+        services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.25"), 1024)])
+        services.move(r.pk, State.PLACED, State.RUNNING, "its pod runs", "test")
+    vision.idle_reclaim, vision.idle_warning_s = True, 1800
+    vision.save()
+    page = browser_for("alice").get(f"/reservations/{r.pk}/").content.decode()
+    assert "idle-notice" not in page
+    assert services.flag_idle(r.pk, True, timezone.now())
+    page = browser_for("alice").get(f"/reservations/{r.pk}/").content.decode()
+    assert "threshold of 5.0 % of its GPU. It is reclaimed <time" in page
+    assert re.search(r">in (29|30) min</time> \(\d\d:\d\d\) unless it is used again", page)
+    vision.idle_reclaim = False
+    vision.save()
+    assert "The team only warns: it keeps running." in browser_for("alice").get(f"/reservations/{r.pk}/").content \
+        .decode()
 
 
 def test_group_preview_fragment(fleet, browser_for, teams, people):
