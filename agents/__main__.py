@@ -18,7 +18,9 @@ from agents import __version__
 from agents.agent import DEFAULT_BUFFER_SECONDS, Agent, AgentSettings
 from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource
+from agents.gpus.none import NoGpuSource
 from agents.inventory import InventoryError, load_inventory, pick_node
+from agents.node_resources import ResourcesError, allocatable
 from agents.placements import PlacementTable
 from agents.remote.probe import LinkTable
 from agents.share_usage import BrokerUsage
@@ -44,6 +46,8 @@ examples:
   tessera-agent --portal https://tessera.example.org --token-file /etc/tessera/token
   python -m agents --portal http://127.0.0.1:8000 --token T \
       --simulate deploy/inventory/demo.yaml --node t4-node-1
+  tessera-agent --portal https://tessera.example.org --token-file /etc/tessera/token --no-gpus \
+      --remote-server gpu-node-1=10.0.0.11:7470
 """
 
 
@@ -55,6 +59,19 @@ def _bounded_float(low: float, high: float):  # type: ignore[no-untyped-def]
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{value:g} is out of range ({low:g} to {high:g})")
+        return value
+
+    return parse
+
+
+def _bounded_int(low: int, high: int):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({low} to {high})")
         return value
 
     return parse
@@ -78,6 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "which inventory node to simulate")
     parser.add_argument("--simulate", metavar="INVENTORY", type=Path,
                         help="simulate the GPUs of a node from an inventory YAML instead of using NVML")
+    parser.add_argument("--no-gpus", action="store_true",
+                        help="a node without GPUs: no NVML; report the node, its CPU and memory and the links "
+                             "to GPU nodes (--remote-server), for the remote shares its pods may use")
+    parser.add_argument("--reserved-cpu", metavar="MILLICORES", type=_bounded_int(0, 1_000_000), default=0,
+                        help="CPU kept for the system, not offered to pods (default 0; set the kubelet's "
+                             "kube-reserved + system-reserved)")
+    parser.add_argument("--reserved-memory", metavar="MIB", type=_bounded_int(0, 16_777_216), default=100,
+                        help="memory kept for the system, in MiB (default 100, the kubelet's eviction threshold; "
+                             "add its kube-reserved + system-reserved)")
     parser.add_argument("--interval", metavar="SECONDS", type=_bounded_float(0.1, 60.0), default=1.0,
                         help="seconds between samples (default 1)")
     parser.add_argument("--buffer-seconds", metavar="SECONDS",
@@ -91,7 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--broker-socket", metavar="PATH", type=Path,
                         help="the node's share broker socket, to report the GPU time each share used")
     parser.add_argument("--remote-server", metavar="NODE=HOST:PORT", action="append", default=[],
-                        help="a GPU node's remote-share server to probe and report the link to (repeatable)")
+                        help="a GPU node's remote-share server to probe and report the link to (repeatable; "
+                             "besides these, the agent probes the GPU nodes the portal names)")
+    parser.add_argument("--probe-interval", metavar="SECONDS", type=_bounded_float(1.0, 86_400.0), default=600.0,
+                        help="how often each link to a GPU node is measured again (default 600; a probe moves "
+                             "at most 16 MiB)")
     parser.add_argument("--seed", type=int, help="random seed of the simulated GPUs (with --simulate)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -116,6 +146,13 @@ def _read_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
     return token
 
 
+def _node_name(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    node_name = args.node or os.environ.get("NODE_NAME") or socket.gethostname().lower()
+    if not re.fullmatch(NODE_NAME_PATTERN, node_name):
+        parser.error(f"node name {node_name!r} is not a Kubernetes node name; pass --node")
+    return node_name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -128,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seed only applies with --simulate")
     if args.broker_socket is not None and args.simulate is not None:
         parser.error("--broker-socket does not apply with --simulate (simulated shares report their own use)")
+    if args.no_gpus and (args.simulate is not None or args.broker_socket is not None):
+        parser.error("--no-gpus is a node without GPUs: it takes neither --simulate nor --broker-socket")
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -136,7 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     source: GpuSource
     resolver: CgroupResolver | None = None
     share_usage: BrokerUsage | None = None
-    if args.simulate is not None:
+    resources: dict[str, int] | None = None
+    if args.simulate is None:
+        try:  # the inventory says a simulated node's CPU and memory; a real one measures its own
+            resources = allocatable(args.proc_root, args.reserved_cpu, args.reserved_memory)
+        except ResourcesError as exc:
+            parser.error(f"this node's CPU and memory: {exc}")
+    if args.no_gpus:
+        node_name = _node_name(parser, args)
+        placements = PlacementTable(set())
+        source = NoGpuSource()
+    elif args.simulate is not None:
         from agents.gpus.simulated import SimulatedSource
 
         try:
@@ -149,9 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from agents.gpus.nvml import GpuSourceError, NvmlSource
 
-        node_name = args.node or os.environ.get("NODE_NAME") or socket.gethostname().lower()
-        if not re.fullmatch(NODE_NAME_PATTERN, node_name):
-            parser.error(f"node name {node_name!r} is not a Kubernetes node name; pass --node")
+        node_name = _node_name(parser, args)
         try:
             source = NvmlSource()
         except GpuSourceError as exc:
@@ -179,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         agent = Agent(settings, source, placements, resolver, share_usage,
-                      links=LinkTable(servers) if servers else None)
+                      # a real node probes the servers given here and those the portal names
+                      links=LinkTable(servers, interval_s=args.probe_interval)
+                      if servers or args.simulate is None else None,
+                      resources=resources)
     except (ValueError, ValidationError) as exc:
         # e.g. more GPUs than the protocol carries, or a GPU name NVML reports oddly
         print(f"tessera-agent: this node cannot be described in protocol v1: {exc}", file=sys.stderr)

@@ -20,7 +20,7 @@ from agents.remote.probe import LinkTable
 from agents.sampling import Sampler
 from agents.share_usage import BrokerUsage
 from agents.stream import PortalStream
-from wire.agent_portal import MAX_GPUS_PER_NODE, PROTOCOL_VERSION, Hello, encode
+from wire.agent_portal import MAX_GPUS_PER_NODE, PROTOCOL_VERSION, Hello, Welcome, encode
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class Agent:
         resolver: CgroupResolver | None = None,
         share_usage: BrokerUsage | None = None,
         links: LinkTable | None = None,
+        resources: dict[str, int] | None = None,
     ) -> None:
         self.settings = settings
         self.links = links  # remote GPU shares: the network to GPU nodes' servers, reported to the portal
@@ -83,6 +84,7 @@ class Agent:
                 }
                 for d in devices
             ],
+            resources=resources,  # the node's allocatable CPU and memory (agents.node_resources)
         )
         self.buffer = SampleBuffer(
             max_samples=max(1, math.ceil(settings.buffer_seconds / settings.interval_s)),
@@ -100,6 +102,16 @@ class Agent:
             backoff=Backoff(settings.backoff_base_s, settings.backoff_cap_s),
             stable_after_s=settings.stable_after_s,
         )
+        if links is not None:
+            self.stream.on_welcome = self._servers_named
+
+    def _servers_named(self, welcome: Welcome) -> None:
+        """The portal named the GPU nodes' servers to probe (each session: they change as nodes come
+        and go); a link dropped with its server must leave the portal's table too."""
+        if welcome.remote_servers is None or self.links is None:
+            return
+        if self.links.offer({s.node: s.address for s in welcome.remote_servers}):
+            self.stream.set_links(self.links.message())
 
     async def _sample_loop(self, stop: asyncio.Event) -> None:
         interval = self.settings.interval_s

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from http import HTTPStatus
 from urllib.parse import urlsplit, urlunsplit
 
@@ -128,6 +129,7 @@ class PortalStream:
         self._wake = asyncio.Event()
         self._in_flight: deque[int] = deque()  # last seq of each unacknowledged batch
         self.links: str | None = None  # the latest `links` message (agents.remote.probe.LinkTable)
+        self.on_welcome: Callable[[Welcome], None] | None = None  # e.g. the servers to probe it names
 
     def wake(self) -> None:
         """New samples are in the buffer."""
@@ -185,6 +187,8 @@ class PortalStream:
         ) as ws:
             await ws.send(self.hello)
             welcome = await self._await_welcome(ws)
+            if self.on_welcome is not None:
+                self.on_welcome(welcome)
             self.buffer.ack(welcome.acked_seq)
             if self.buffer.last_seq is not None and welcome.acked_seq > self.buffer.last_seq:
                 log.warning("portal acknowledged seq %d, beyond our last sample %d",

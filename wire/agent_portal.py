@@ -52,6 +52,8 @@ MAX_SEQ = 2**53 - 1  # stays exact in every JSON implementation
 MIN_TS_MS = 1_500_000_000_000  # 2017-07-14
 MAX_TS_MS = 4_102_444_800_000  # 2100-01-01
 MAX_MEMORY_MIB = 4_194_304  # 4 TiB, far above any GPU
+MAX_NODE_CPU_MILLI = 16_384_000  # 16,384 CPUs, far above any node
+MAX_NODE_MEMORY_MIB = 268_435_456  # 256 TiB, far above any node
 MAX_PID = 4_194_304  # Linux pid_max ceiling
 
 NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"  # Kubernetes node name (DNS subdomain)
@@ -61,6 +63,8 @@ POD_UID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 CONTAINER_ID_PATTERN = r"^[0-9a-f]{64}$"
 STREAM_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 VERSION_PATTERN = r"^[0-9A-Za-z.+-]{1,32}$"
+# host:port of a remote-share server: an IPv4 address or DNS name, or an IPv6 address in brackets.
+SERVER_ADDRESS_PATTERN = r"^(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?):[0-9]{1,5}$"
 
 ERROR_CODES = (
     "bad_json",  # not a JSON object
@@ -113,15 +117,24 @@ class GpuInfo(_Strict):
         return self
 
 
+class NodeResources(_Strict):
+    """What the node offers pods (its allocatable CPU and memory), counted by placement."""
+
+    cpu_milli: Annotated[StrictInt, Field(ge=1, le=MAX_NODE_CPU_MILLI)]
+    memory_mib: Annotated[StrictInt, Field(ge=1, le=MAX_NODE_MEMORY_MIB)]
+
+
 class Hello(_Message):
     type: Literal["hello"]
     node: NodeName
     stream: StreamId
     agent_version: Annotated[str, Field(pattern=VERSION_PATTERN)]
-    source: Literal["nvml", "simulated"]
+    source: Literal["nvml", "simulated", "none"]
     driver_version: Annotated[str, Field(min_length=1, max_length=64)] | None
     interval_ms: Annotated[StrictInt, Field(ge=10, le=60_000)]
     gpus: Annotated[list[GpuInfo], Field(max_length=MAX_GPUS_PER_NODE)]
+    # Absent from agents before 0.2 and from simulated ones (the inventory says it there).
+    resources: NodeResources | None = None
 
     @model_validator(mode="after")
     def _gpus_consistent(self) -> Hello:
@@ -219,11 +232,20 @@ class Links(_Message):
         return self
 
 
+class RemoteServer(_Strict):
+    """A GPU node's remote-share server an agent may probe (agents/remote/probe.py)."""
+
+    node: NodeName
+    address: Annotated[str, Field(pattern=SERVER_ADDRESS_PATTERN, max_length=300)]
+
+
 class Welcome(_Message):
     type: Literal["welcome"]
     node: NodeName
     stream: StreamId
     acked_seq: Annotated[StrictInt, Field(ge=0, le=MAX_SEQ)]
+    # Only in answer to a hello with `resources` (agents that measure links; older ones would refuse it).
+    remote_servers: Annotated[list[RemoteServer], Field(max_length=MAX_LINKS)] | None = None
 
 
 class Ack(_Message):

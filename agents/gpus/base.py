@@ -61,7 +61,7 @@ class Reading:
 
 
 class GpuSource(Protocol):
-    kind: Literal["nvml", "simulated"]
+    kind: Literal["nvml", "simulated", "none"]
 
     def devices(self) -> list[GpuDevice]:
         """The node's GPUs, discovered once at start."""

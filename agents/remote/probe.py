@@ -18,6 +18,7 @@ import socket
 import statistics
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -112,6 +113,7 @@ class LinkTable:
 
     def __init__(self, servers: dict[str, str], interval_s: float = 600.0, prober=probe,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+        self.fixed = dict(servers)  # given on the command line: always probed, never replaced
         self.servers = dict(servers)  # GPU node name → host:port of its remote server
         self.interval_s = interval_s
         self.prober = prober
@@ -120,21 +122,51 @@ class LinkTable:
         self.links: dict[str, LinkQuality] = {}
         self.errors: dict[str, str] = {}
         self._due = {node: clock() + self.rng.uniform(0, interval_s / 10) for node in self.servers}
+        # offer() runs on the agent's event loop, refresh() in a worker thread.
+        self._lock = threading.Lock()
+
+    def offer(self, servers: dict[str, str]) -> bool:
+        """The servers the portal names (its welcome): they replace the ones it named before; the
+        command line's stay and win. A new server is probed soon; a server no longer named loses
+        its link. Returns True when a link was dropped (the portal must hear the smaller set)."""
+        with self._lock:
+            wanted = {**servers, **self.fixed}
+            dropped = False
+            for node in list(self.servers):
+                if node not in wanted:
+                    del self.servers[node]
+                    self._due.pop(node, None)
+                    self.errors.pop(node, None)
+                    dropped = self.links.pop(node, None) is not None or dropped
+            for node, address in wanted.items():
+                if self.servers.get(node) != address:
+                    self.servers[node] = address
+                    self._due[node] = self.clock() + self.rng.uniform(0, self.interval_s / 10)
+            return dropped
 
     def refresh(self) -> str | None:
         """Probes the most overdue GPU node, if any is due; returns its name."""
-        now = self.clock()
-        due = [node for node, when in self._due.items() if when <= now]
-        if not due:
-            return None
-        node = min(due, key=self._due.__getitem__)
-        try:
-            self.links[node] = self.prober(self.servers[node], gpu_node=node)
-            self.errors.pop(node, None)
+        with self._lock:
+            now = self.clock()
+            due = [node for node, when in self._due.items() if when <= now]
+            if not due:
+                return None
+            node = min(due, key=self._due.__getitem__)
+            address = self.servers[node]
+        try:  # outside the lock: a probe takes seconds
+            quality, error = self.prober(address, gpu_node=node), None
         except (ProbeError, ValueError) as exc:
-            self.links.pop(node, None)  # a link that does not answer is not a candidate
-            self.errors[node] = str(exc)
-        self._due[node] = now + self.interval_s * self.rng.uniform(0.9, 1.1)
+            quality, error = None, str(exc)
+        with self._lock:
+            if self.servers.get(node) != address:
+                return node  # replaced or dropped meanwhile: this measure is of nothing we probe now
+            if quality is not None:
+                self.links[node] = quality
+                self.errors.pop(node, None)
+            else:
+                self.links.pop(node, None)  # a link that does not answer is not a candidate
+                self.errors[node] = error or ""
+            self._due[node] = now + self.interval_s * self.rng.uniform(0.9, 1.1)
         return node
 
     def report(self) -> list[dict]:
@@ -145,8 +177,10 @@ class LinkTable:
         the complete set (a link that stopped answering is left out, so the portal drops it)."""
         from wire.agent_portal import MAX_LINKS, Links, encode
 
+        with self._lock:
+            measured = sorted(self.links.values(), key=lambda q: q.gpu_node)
         links = [{"gpu_node": q.gpu_node, "rtt_ms": max(q.rtt_ms, 0.001), "bandwidth_mbps": q.bandwidth_mbps,
-                  "ts_ms": int(q.measured_at * 1000)} for q in sorted(self.links.values(), key=lambda q: q.gpu_node)]
+                  "ts_ms": int(q.measured_at * 1000)} for q in measured]
         return encode(Links.model_validate({"v": 1, "type": "links", "links": links[:MAX_LINKS]}, strict=False))
 
 

@@ -12,9 +12,30 @@ from datetime import UTC, datetime
 
 from django.db import transaction
 
-from wire.agent_portal import Links
+from scheduler.backends.base import REMOTE_SERVER_PORT
+from wire.agent_portal import MAX_LINKS, Links
 
-from .models import Node, NodeLink
+from .models import Node, NodeLink, NodeStatus
+
+
+def server_address(name: str, address: str | None) -> str:
+    """Where pods and agents on other nodes reach node `name`'s remote-share server: the node's
+    InternalIP as the cluster reports it (`Node.address`; the server listens on that port of the
+    node, hostPort in deploy/agent/node-plugins.yaml). Node names are not resolvable in most
+    clusters' DNS; only where the cluster reported no address (the local backend) the name stands in."""
+    host = address or name
+    return f"[{host}]:{REMOTE_SERVER_PORT}" if ":" in host else f"{host}:{REMOTE_SERVER_PORT}"
+
+
+def remote_servers_for(node: Node) -> list[dict[str, str]]:
+    """The GPU nodes' servers `node`'s agent should probe (wire `welcome.remote_servers`): every
+    other node with a GPU that is not lost, at most MAX_LINKS, those already measured first (so a
+    fleet above the bound keeps its links) and then by name."""
+    measured = set(NodeLink.objects.filter(client=node).values_list("gpu_node_id", flat=True))
+    rows = (Node.objects.filter(gpus__isnull=False).exclude(pk=node.pk).exclude(status=NodeStatus.LOST)
+            .distinct().order_by("name").values_list("pk", "name", "address"))
+    rows = sorted(rows, key=lambda row: row[0] not in measured)[:MAX_LINKS]
+    return [{"node": name, "address": server_address(name, address)} for _, name, address in rows]
 
 
 class LinksRefused(ValueError):

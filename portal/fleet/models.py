@@ -29,6 +29,9 @@ class Node(models.Model):
     lost_cause = models.CharField(max_length=24, choices=LostCause.choices, blank=True)
     cpu_milli = models.PositiveIntegerField(default=0, help_text="Allocatable CPU in millicores (0: unknown)")
     memory_mib = models.PositiveBigIntegerField(default=0, help_text="Allocatable memory (0: unknown)")
+    # Where pods on other nodes reach this node (remote shares' server): its InternalIP as the
+    # cluster reports it; empty where the cluster says nothing (the local backend): then its name.
+    address = models.GenericIPAddressField(null=True, blank=True, help_text="InternalIP the cluster reports")
     last_seen = models.DateTimeField(null=True, blank=True)
     # The node agent's credential: only a hash is kept (manage.py node_token shows the key once).
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)

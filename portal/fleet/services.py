@@ -129,6 +129,30 @@ def apply_inventory(nodes: list[dict]) -> tuple[int, int]:
     return len(nodes), gpu_total
 
 
+# What the cluster and the agents say about a node besides its GPUs: its address and allocatable
+# CPU and memory. Written only when they change (the watch repeats nodes every few minutes).
+
+
+def record_addresses(addresses: dict[str, str]) -> int:
+    """node name → the address the cluster reports for it ("" for none). Returns the rows changed."""
+    changed = 0
+    for name, address in addresses.items():
+        changed += Node.objects.filter(name=name).exclude(address=address or None).update(address=address or None)
+    return changed
+
+
+def record_resources(node_id: int, cpu_milli: int, memory_mib: int) -> bool:
+    """The node's allocatable CPU and memory as its agent reports them (placement counts pods
+    against them: the engine's NodeCpu/NodeMemory filters, remote shares' client nodes). A change
+    requests a placement cycle. Returns True when it changed."""
+    with transaction.atomic():
+        updated = Node.objects.filter(pk=node_id).exclude(cpu_milli=cpu_milli, memory_mib=memory_mib) \
+            .update(cpu_milli=cpu_milli, memory_mib=memory_mib)
+        if updated:
+            request_cycle(f"node {node_id} reported {cpu_milli}m CPU and {memory_mib} MiB allocatable")
+    return bool(updated)
+
+
 # Node loss, one writer for both causes (portal.telemetry: an agent fell silent; the placement
 # app's cluster events: the cluster reports the node NotReady). The cause is a field.
 

@@ -67,6 +67,7 @@ class BindRow(NamedTuple):
     node_id: int
     node_name: str
     client_node_name: str | None  # a remote share's pod runs there (its GPU is on node_name)
+    node_address: str | None  # the GPU node's address as the cluster reports it (None: unknown)
 
     @property
     def pod_node(self) -> str:
@@ -74,13 +75,13 @@ class BindRow(NamedTuple):
 
 
 BIND_COLUMNS = ("pk", "attempt", "pod_namespace", "pod_name", "pod_uid", "image", "command", "priority", "kind",
-                "source", "team__slug", "node_id", "node__name", "client_node__name")
+                "source", "team__slug", "node_id", "node__name", "client_node__name", "node__address")
 
 
 def pod_spec(r: BindRow, gpus: tuple[GpuShare, ...]) -> PodSpec:
     remote = None
     if r.client_node_name:  # a remote share: the pod reaches its GPU on node_name over the network
-        remote = share_tokens.remote_env(str(r.pk), r.node_name, gpus[0], r.priority)
+        remote = share_tokens.remote_env(str(r.pk), r.node_name, r.node_address, gpus[0], r.priority)
     return make_pod_spec(
         reservation_id=str(r.pk), attempt=r.attempt, namespace=r.pod_namespace, node=r.pod_node,
         team=r.team_slug, image=r.image, command=tuple(r.command), gpus=gpus, priority=r.priority, kind=r.kind,

@@ -96,6 +96,8 @@ def apply_node(backend: Backend, cond: NodeCondition) -> None:
     node = Node.objects.filter(name=cond.name).first()
     if node is None:
         return
+    if cond.address and cond.address != node.address:  # where remote shares' pods reach its server
+        fleet.record_addresses({cond.name: cond.address})
     if not cond.ready:
         reason = "the cluster reports the node not ready" + (f": {cond.reason}" if cond.reason else "")
         fleet.mark_lost(node.pk, LostCause.CLUSTER_NOT_READY, reason)

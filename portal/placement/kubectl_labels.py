@@ -13,6 +13,9 @@ Labels (all values are strings, as Kubernetes requires):
 | `sharedgpu/group_headcount` | gang size | required with a group |
 | `sharedgpu/group_threshold` | fraction of the gang that must be placed together, 0 < t ≤ 1 | 1 |
 
+`sharedgpu/remote` (the name a remote-share switch would have) is refused with what to do
+instead: see REMOTE_REFUSED.
+
 Note 1: NVML's name with dashes for spaces, as KubeShare writes it (`NVIDIA-A100-SXM4-80GB` for
 "NVIDIA A100-SXM4-80GB"); a display name that is a valid label value is accepted too.
 
@@ -43,6 +46,11 @@ PREFIX = "sharedgpu/"
 KNOWN = frozenset({"gpu_request", "gpu_limit", "gpu_mem", "gpu_model", "priority", "pod_group_name",
                    "group_name", "group_headcount", "group_threshold"})
 DEFAULT_PRIORITY = 0  # KubeShare's: a pod that names no priority is opportunistic
+# Remote GPU shares need what only the pod's creation can give (an init container with the client
+# libraries, their volume, the server and token in the env; no tessera.io/gpu-share slot), and a
+# pod's spec cannot change once created: the kubectl path places locally only (README, "Remote").
+REMOTE_REFUSED = ("remote GPU shares are not available to kubectl pods (their spec cannot receive the client "
+                  "libraries once created): remove the label, or request through the portal with remote_allowed")
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _UNITS = {None: 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
           "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
@@ -70,7 +78,9 @@ def spec_from_pod(pod: ExternalPod) -> ReservationSpec:
     def bad(name: str, message: str) -> None:
         errors.setdefault(PREFIX + name, []).append(message)
 
-    for unknown in sorted(set(labels) - KNOWN):
+    if "remote" in labels:
+        bad("remote", REMOTE_REFUSED)
+    for unknown in sorted(set(labels) - KNOWN - {"remote"}):
         bad(unknown, f"unknown label; Tessera reads {', '.join(PREFIX + k for k in sorted(KNOWN))}")
     team = team_for_namespace(pod.namespace)
     if team is None:

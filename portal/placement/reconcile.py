@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from portal.fleet import services as fleet
 from portal.fleet.models import Node, NodeStatus
 from portal.reservations import services
 from portal.reservations.models import Reservation, Source
@@ -79,6 +80,8 @@ def reconcile(backend: Backend) -> ReconcileReport:
             services.release(rid, State.FAILED, f"its pod {r.pod_name} disappeared from the cluster", ACTOR)
             report.failed.append(rid)
     db_nodes = {n.name: n for n in Node.objects.all()}
+    fleet.record_addresses({c.name: c.address for c in conditions
+                            if c.address and c.name in db_nodes and db_nodes[c.name].address != c.address})
     for cond in conditions:
         node = db_nodes.get(cond.name)
         if node is None:

@@ -15,8 +15,9 @@ from pathlib import Path
 from django.conf import settings
 
 from agents.remote.tokens import ShareTerms, TokenError, issue
+from portal.fleet.links import server_address
 from scheduler.backends import GpuShare, PermanentBackendError
-from scheduler.backends.base import REMOTE_SERVER_PORT, broker_priority, remote_share_env
+from scheduler.backends.base import broker_priority, remote_share_env
 
 
 def secret_for(node: str) -> bytes:
@@ -33,7 +34,8 @@ def secret_for(node: str) -> bytes:
     return secret
 
 
-def remote_env(reservation_id: str, gpu_node: str, gpu: GpuShare, priority: int) -> dict[str, str]:
+def remote_env(reservation_id: str, gpu_node: str, address: str | None, gpu: GpuShare,
+               priority: int) -> dict[str, str]:
     """The client pod's variables: the server on `gpu_node` and a token for exactly this share."""
     terms = ShareTerms(share=reservation_id, gpu=gpu.uuid, memory_bytes=gpu.gpu_memory_mib << 20,
                        request=gpu.gpu_request, limit=max(gpu.gpu_limit, gpu.gpu_request),
@@ -42,4 +44,4 @@ def remote_env(reservation_id: str, gpu_node: str, gpu: GpuShare, priority: int)
         token = issue(secret_for(gpu_node), terms, ttl_s=settings.TESSERA_REMOTE_TOKEN_TTL_S)
     except TokenError as exc:
         raise PermanentBackendError(f"cannot issue the share token: {exc}") from None
-    return remote_share_env(reservation_id, f"{gpu_node}:{REMOTE_SERVER_PORT}", token)
+    return remote_share_env(reservation_id, server_address(gpu_node, address), token)

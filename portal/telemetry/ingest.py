@@ -1,4 +1,5 @@
-"""Storing what agents send: the hello (stream, GPU inventory, node seen) and sample batches.
+"""Storing what agents send: the hello (stream, GPU inventory, the node's CPU and memory, node
+seen) and sample batches.
 
 `store_batches` takes the batches of many connections at once and writes them in one
 transaction: at 500 nodes × 1 Hz, one commit per batch would cost more than the rows themselves.
@@ -24,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
+from portal.fleet import links
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations.models import Allocation
@@ -55,6 +57,8 @@ class StreamInfo:
     node_name: str
     acked_seq: int
     gpu_ids: dict[str, int]  # GPU UUID → Gpu pk, for the GPUs of this node
+    # The GPU nodes' servers its agent should probe (welcome.remote_servers); None: not for this agent.
+    remote_servers: list[dict[str, str]] | None = None
 
 
 @dataclass
@@ -104,10 +108,14 @@ def register_hello(node: Node, hello: Hello) -> StreamInfo:
         Node.objects.filter(pk=node.pk).update(last_seen=now)
     if status == NodeStatus.LOST:
         fleet_services.mark_back(node.pk)
+    if hello.resources is not None:  # bounded by the protocol; a node says only its own
+        fleet_services.record_resources(node.pk, hello.resources.cpu_milli, hello.resources.memory_mib)
     with _cache.lock:
         _cache.last_seen_written[node.pk] = time.monotonic()
+    # Agents that report the node's resources measure links too (and know the welcome's field).
+    servers = links.remote_servers_for(node) if hello.resources is not None else None
     return StreamInfo(stream_pk=stream.pk, node_id=node.pk, node_name=node.name,
-                      acked_seq=stream.last_seq, gpu_ids=gpu_ids)
+                      acked_seq=stream.last_seq, gpu_ids=gpu_ids, remote_servers=servers)
 
 
 def reconcile_gpus(node: Node, hello: Hello) -> dict[str, int]:

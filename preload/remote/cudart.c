@@ -25,6 +25,16 @@
 #include "remote_client.h"
 #include "wire.h"
 
+/* The runtime's ABI (cudaDeviceProp's layout, the launch entry points) is the one of the headers it
+ * is built against; its soname must say that major, or programs of another CUDA load the wrong one
+ * (the Makefile passes the soname's major; see remote/README.md). */
+#if defined(TESSERA_CUDART_SONAME_MAJOR) && CUDART_VERSION / 1000 != TESSERA_CUDART_SONAME_MAJOR
+#error "libcudart.so.N must be built against CUDA N's headers: set CUDA_HOME to that toolkit"
+#endif
+#if CUDA_VERSION < 12080 /* older headers lack it; the client libcuda.so.1 (driver.c) exports it */
+CUresult CUDAAPI cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b);
+#endif
+
 #define API __attribute__((visibility("default")))
 #define U64(h) ((uint64_t)(uintptr_t)(h))
 

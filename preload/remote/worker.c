@@ -58,6 +58,7 @@ static int load_driver(void) {
 #define cuCtxSetCurrent p_cuCtxSetCurrent
 #define cuDeviceTotalMem_v2 p_cuDeviceTotalMem_v2
 #define cuDeviceGetName p_cuDeviceGetName
+#undef cuDeviceGetUuid_v2 /* CUDA 12 headers define it to itself */
 #define cuDeviceGetUuid_v2 p_cuDeviceGetUuid_v2
 #define cuDeviceGetAttribute p_cuDeviceGetAttribute
 #define cuMemGetInfo_v2 p_cuMemGetInfo_v2

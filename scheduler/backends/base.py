@@ -83,7 +83,8 @@ PRELOAD_HOST_DIR = "/opt/tessera/lib"
 PRELOAD_PATH = "/opt/tessera/lib/libtessera_preload.so"
 BROKER_HOST_DIR = "/run/tessera"
 BROKER_SOCKET = "/run/tessera/broker.sock"
-# Remote shares (preload/remote): the client libraries on every node, the GPU nodes' server port.
+# Remote shares (preload/remote): where a remote share's pod finds the client libraries (on
+# Kubernetes an emptyDir an init container fills from the agent image), the GPU nodes' server port.
 REMOTE_CLIENT_DIR = "/opt/tessera/remote/client"
 REMOTE_SERVER_PORT = 7470
 
@@ -151,6 +152,9 @@ class PodSpec:
     annotations: tuple[tuple[str, str], ...]
     # Local backend only: how long a simulated batch pod runs before it succeeds (None: until deleted).
     simulated_duration_s: float | None = None
+    # A remote share (preload/remote): the pod runs on a node without the GPU, with the client
+    # libraries instead of a driver; `env` holds the server address and the share token.
+    remote: bool = False
 
     @property
     def ref(self) -> PodRef:
@@ -183,6 +187,9 @@ class NodeCondition:
     name: str
     ready: bool
     reason: str = ""
+    # The node's address as the cluster reports it (Kubernetes: status.addresses InternalIP), which
+    # other nodes' pods reach it by; "" when the cluster does not say (the local backend).
+    address: str = ""
 
 
 @dataclass(frozen=True)
@@ -319,4 +326,5 @@ def make_pod_spec(*, reservation_id: str, attempt: int, namespace: str, node: st
         team=team, image=image, command=tuple(command), gpus=tuple(gpus), priority=priority, kind=kind,
         env=tuple(sorted(env.items())), labels=tuple(sorted(labels.items())),
         annotations=tuple(sorted(annotations.items())), simulated_duration_s=simulated_duration_s,
+        remote=remote_env is not None,
     )

@@ -63,6 +63,14 @@ def test_the_console_script_points_at_the_cli():
         (["--portal", "http://x", "--token", "t", "--node", "Bad_Name"], {}, "not a Kubernetes node name"),
         (["--portal", "http://x", "--token", "t", "--simulate", DEMO, "--node", "t4-node-1",
           "--remote-server", "gpu-1:7470"], {}, "--remote-server 'gpu-1:7470': give NODE=HOST:PORT"),
+        (["--portal", "http://x", "--token", "t", "--no-gpus", "--simulate", DEMO], {},
+         "--no-gpus is a node without GPUs: it takes neither --simulate nor --broker-socket"),
+        (["--portal", "http://x", "--token", "t", "--no-gpus", "--reserved-cpu", "-5"], {},
+         "--reserved-cpu: -5 is out of range"),
+        (["--portal", "http://x", "--token", "t", "--no-gpus", "--node", "n1", "--reserved-memory", "16777216"], {},
+         "this node's CPU and memory: nothing left for pods"),
+        (["--portal", "http://x", "--token", "t", "--no-gpus", "--node", "n1", "--proc-root", "/nonexistent"], {},
+         "this node's CPU and memory: cannot read /nonexistent/meminfo"),
     ],
 )
 def test_bad_arguments_are_refused_with_a_clear_message(args, env, says):

@@ -262,3 +262,28 @@ def test_the_fast_and_the_careful_validation_agree(data):
     except ProtocolError:
         fast = None
     assert fast == slow
+
+
+def test_a_hello_without_gpus_carries_the_nodes_resources_within_bounds():
+    hello = {"v": 1, "type": "hello", "node": "cpu-node-1", "stream": STREAM, "agent_version": "0.1.0",
+             "source": "none", "driver_version": None, "interval_ms": 10000, "gpus": [],
+             "resources": {"cpu_milli": 64000, "memory_mib": 257_000}}
+    parsed = parse(json.dumps(hello), AGENT_MESSAGES)
+    assert parsed.gpus == [] and parsed.resources.cpu_milli == 64000
+    for bad, says in (({"cpu_milli": 0, "memory_mib": 1}, "cpu_milli"),
+                      ({"cpu_milli": 1000, "memory_mib": 2**40}, "memory_mib"),
+                      ({"cpu_milli": "4", "memory_mib": 1024}, "cpu_milli"),
+                      ({"cpu_milli": 1000}, "memory_mib")):
+        with pytest.raises(ProtocolError, match=says):
+            parse(json.dumps({**hello, "resources": bad}), AGENT_MESSAGES)
+
+
+def test_a_welcome_names_servers_by_address_and_port_only():
+    welcome = {"v": 1, "type": "welcome", "node": "cpu-node-1", "stream": STREAM, "acked_seq": 0,
+               "remote_servers": [{"node": "gpu-1", "address": "10.0.0.11:7470"},
+                                  {"node": "gpu-2", "address": "[fd00::2]:7470"}]}
+    assert len(parse(json.dumps(welcome), PORTAL_MESSAGES).remote_servers) == 2
+    for address in ("10.0.0.11", "a b:7470", "host:port", "x" * 300 + ":1"):
+        bad = {**welcome, "remote_servers": [{"node": "gpu-1", "address": address}]}
+        with pytest.raises(ProtocolError, match="address"):
+            parse(json.dumps(bad), PORTAL_MESSAGES)

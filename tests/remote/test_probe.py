@@ -110,3 +110,27 @@ def test_the_link_table_reports_to_the_portal_in_the_wire_links_message() -> Non
     [link] = message.links  # the node that did not answer is left out: the portal drops its link
     assert (link.gpu_node, link.bandwidth_mbps, link.ts_ms) == ("gpu-a", 9400.5, 1_790_000_000_000)
     assert link.rtt_ms == 0.001  # a loopback-fast round trip still counts as a positive one
+
+
+def test_the_portals_servers_replace_its_earlier_ones_and_the_command_lines_stay() -> None:
+    now = [0.0]
+    probed: list[tuple[str, str]] = []
+
+    def prober(address: str, gpu_node: str) -> LinkQuality:
+        probed.append((gpu_node, address))
+        return LinkQuality(gpu_node, 0.2, 9000.0, 0.0)
+
+    table = LinkTable({"gpu-a": "10.0.0.1:7470"}, interval_s=600, prober=prober, clock=lambda: now[0],
+                      rng=random.Random(1))
+    # The portal names gpu-b and gpu-a at another address: the command line's gpu-a wins.
+    assert table.offer({"gpu-a": "10.9.9.9:7470", "gpu-b": "10.0.0.2:7470"}) is False
+    now[0] = 61
+    while table.refresh() is not None:
+        pass
+    assert sorted(probed) == [("gpu-a", "10.0.0.1:7470"), ("gpu-b", "10.0.0.2:7470")]
+    # A later session no longer names gpu-b (its node left): its link goes, and the caller resends.
+    assert table.offer({"gpu-c": "10.0.0.3:7470"}) is True
+    assert [link["gpu_node"] for link in table.report()] == ["gpu-a"]
+    now[0] = 200
+    assert table.refresh() == "gpu-c" and ("gpu-c", "10.0.0.3:7470") in probed
+    assert [link["gpu_node"] for link in table.report()] == ["gpu-a", "gpu-c"]

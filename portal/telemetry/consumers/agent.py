@@ -171,8 +171,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # An older connection of the same node gives way (close 4409); then this one joins.
         await self.channel_layer.group_send(group, {"type": "agent.superseded", "by": self.channel_name})
         await self.channel_layer.group_add(group, self.channel_name)
-        await self.send(json.dumps({"v": 1, "type": "welcome", "node": hello.node, "stream": hello.stream,
-                                    "acked_seq": self.info.acked_seq}, separators=(",", ":")))
+        welcome = {"v": 1, "type": "welcome", "node": hello.node, "stream": hello.stream,
+                   "acked_seq": self.info.acked_seq}
+        if self.info.remote_servers is not None:
+            welcome["remote_servers"] = self.info.remote_servers
+        await self.send(json.dumps(welcome, separators=(",", ":")))
         await self._send_placements()
 
     async def _on_samples(self, message: Samples) -> None:

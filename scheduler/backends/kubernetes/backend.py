@@ -31,6 +31,7 @@ from ..base import (
 )
 from .api import BIND_CONCURRENCY, Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
 from .manifests import (
+    DEFAULT_CLIENT_IMAGE,
     binding_manifest,
     check_labels,
     event_manifest,
@@ -72,6 +73,8 @@ class KubernetesBackend:
       None or "" to leave it out, for clusters whose default runtime is already NVIDIA's)
     - `scheduler_names`: the `schedulerName`s of the kubectl pods Tessera places (default:
       $TESSERA_SCHEDULER_NAMES, else "tessera,kubeshare-scheduler", so KubeShare manifests run as they are)
+    - `client_image`: the image whose init container gives a remote share's pod the client libraries
+      (default: $TESSERA_REMOTE_CLIENT_IMAGE, else the agent image `tessera/agent:0.1.0`)
     - `namespace`: where the portal puts reservation pods (each `PodSpec` carries its own; kept for
       reference). Lists and watches are cluster-wide: kubectl pods live in the teams' namespaces.
     """
@@ -86,7 +89,7 @@ class KubernetesBackend:
                  kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None,
                  retry: RetryPolicy | Mapping[str, Any] | None = None, watch_timeout_s: int = 60,
                  runtime_class: str | None = None, namespace: str = "tessera",
-                 scheduler_names: Sequence[str] | str | None = None,
+                 scheduler_names: Sequence[str] | str | None = None, client_image: str | None = None,
                  api_client: client.ApiClient | None = None) -> None:
         policy = retry if isinstance(retry, RetryPolicy) else RetryPolicy(**dict(retry or {}))
         api_client = api_client or make_api_client(host=host, token=token, kubeconfig=kubeconfig,
@@ -96,6 +99,8 @@ class KubernetesBackend:
         if runtime_class is None:
             runtime_class = os.environ.get("TESSERA_RUNTIME_CLASS", "nvidia")
         self.runtime_class = runtime_class.strip() or None
+        self.client_image = (client_image or os.environ.get("TESSERA_REMOTE_CLIENT_IMAGE")
+                             or DEFAULT_CLIENT_IMAGE).strip()
         self.scheduler_names = scheduler_names_option(scheduler_names)
         self.namespace = namespace
         self._memory_lock = threading.Lock()
@@ -117,7 +122,7 @@ class KubernetesBackend:
             raise PermanentBackendError(f"node {node!r} does not exist in the cluster") from exc
 
     def _create(self, spec: PodSpec) -> PodStatus:
-        manifest = pod_manifest(spec, runtime_class=self.runtime_class)
+        manifest = pod_manifest(spec, runtime_class=self.runtime_class, client_image=self.client_image)
         try:
             created = self._raw("create pod", self.api.core.create_namespaced_pod, spec.namespace, manifest)
             return pod_status(created)

@@ -8,6 +8,7 @@ over the wire.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from ..base import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PLACEMENT_ANNOTATION,
+    REMOTE_CLIENT_DIR,
     RESERVATION_LABEL,
     SCHEDULER_NAME,
     ExternalPod,
@@ -27,6 +29,7 @@ from ..base import (
     Phase,
     PodSpec,
     PodStatus,
+    remote_share_env,
     share_env,
 )
 
@@ -38,6 +41,14 @@ SHARE_RESOURCE = "tessera.io/gpu-share"
 # What Allocate gives the container: left out of the pod spec (one source, and a user's env cannot
 # override it there).
 SHARE_ENV_NAMES = frozenset(share_env("0", (GpuShare("GPU-0", 0, 1.0, 1.0, 1),), 0))
+REMOTE_ENV_NAMES = frozenset(remote_share_env("0", "server:1", "token"))
+# Remote shares: the image holding the client libraries (the agent image, see Dockerfile), where
+# they are in it, the user it runs as there, and the pod's volume and init container.
+DEFAULT_CLIENT_IMAGE = "tessera/agent:0.1.0"
+CLIENT_IMAGE_DIR = "/usr/lib/tessera/remote/client"
+CLIENT_IMAGE_UID = 10001
+CLIENT_VOLUME = "tessera-remote-client"
+CLIENT_INIT_NAME = "tessera-remote-client"
 
 # The API server's own rules for names and labels (a violation is a 422 there; we say it first).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -67,12 +78,17 @@ def check_labels(labels: Mapping[str, str]) -> None:
                 "letters, digits, '-', '_', '.', starting and ending with a letter or digit)")
 
 
-def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
-                 tolerate_gpu_taint: bool = True) -> dict[str, Any]:
+def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia", tolerate_gpu_taint: bool = True,
+                 client_image: str = DEFAULT_CLIENT_IMAGE) -> dict[str, Any]:
     """The pod for one reservation: pinned to its node (`nodeName`, so no scheduler runs), asking for
     one `SHARE_RESOURCE` slot. The GPU (`NVIDIA_VISIBLE_DEVICES`), the share variables, the preload
     library and the broker socket come from the device plugin's Allocate answer, as for kubectl
-    pods: the spec has no hostPath and passes PodSecurity `baseline`."""
+    pods: the spec has no hostPath and passes PodSecurity `baseline`.
+
+    A remote share's pod (`spec.remote`) runs on a node without its GPU, where no device plugin
+    runs: it asks for no share slot and no NVIDIA runtime; an init container from `client_image`
+    copies the client libraries into an emptyDir the workload sees at `REMOTE_CLIENT_DIR`
+    (`LD_LIBRARY_PATH`), and its env carries the server and the share token. Still no hostPath."""
     check_name("pod", spec.name, dns_label=True)
     check_name("namespace", spec.namespace, dns_label=True)
     check_name("node", spec.node)
@@ -83,11 +99,13 @@ def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
     for key, _ in spec.env:
         if not _ENV_NAME.match(key):
             raise PermanentBackendError(f"env: {key!r} is not a valid environment variable name")
+    # What the device plugin answers is left out (a user's value cannot stand in for it); a remote
+    # share has no device plugin, so its own variables (make_pod_spec put them last) stay.
+    dropped = SHARE_ENV_NAMES - REMOTE_ENV_NAMES if spec.remote else SHARE_ENV_NAMES
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
-        "env": [{"name": k, "value": v} for k, v in spec.env if k not in SHARE_ENV_NAMES],
-        "resources": {"limits": {SHARE_RESOURCE: "1"}},
+        "env": [{"name": k, "value": v} for k, v in spec.env if k not in dropped],
     }
     if spec.command:
         container["command"] = list(spec.command)
@@ -102,10 +120,19 @@ def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
         "automountServiceAccountToken": False,
         "containers": [container],
     }
-    if runtime_class:
-        pod_spec["runtimeClassName"] = runtime_class
-    if tolerate_gpu_taint:
-        pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if spec.remote:
+        if not client_image.strip():
+            raise PermanentBackendError("remote shares need the image holding the client libraries "
+                                        "(TESSERA_REMOTE_CLIENT_IMAGE)")
+        container["volumeMounts"] = [{"name": CLIENT_VOLUME, "mountPath": REMOTE_CLIENT_DIR, "readOnly": True}]
+        pod_spec["initContainers"] = [client_libraries_container(client_image)]
+        pod_spec["volumes"] = [{"name": CLIENT_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}]
+    else:
+        container["resources"] = {"limits": {SHARE_RESOURCE: "1"}}
+        if runtime_class:
+            pod_spec["runtimeClassName"] = runtime_class
+        if tolerate_gpu_taint:
+            pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -116,6 +143,28 @@ def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia",
             "annotations": dict(spec.annotations),
         },
         "spec": pod_spec,
+    }
+
+
+def client_libraries_container(image: str) -> dict[str, Any]:
+    """The init container that puts the remote client libraries (libcuda.so.1, libcudart.so.13;
+    preload/remote) where the workload loads them: a copy from the agent image into the pod's own
+    emptyDir, so nothing of the node is mounted. Unprivileged, as PodSecurity `restricted` asks."""
+    return {
+        "name": CLIENT_INIT_NAME,
+        "image": image,
+        # -R -P: the libcuda.so link stays a link; the emptyDir is writable by any user
+        "command": ["cp", "-RP", f"{CLIENT_IMAGE_DIR}/.", REMOTE_CLIENT_DIR],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": CLIENT_IMAGE_UID,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": CLIENT_VOLUME, "mountPath": REMOTE_CLIENT_DIR}],
     }
 
 
@@ -215,11 +264,26 @@ def _placed_reservation(meta: Mapping[str, Any]) -> str | None:
 
 def node_condition(obj: Mapping[str, Any]) -> NodeCondition:
     meta = obj.get("metadata") or {}
-    for cond in (obj.get("status") or {}).get("conditions") or ():
+    status = obj.get("status") or {}
+    address = node_address(status.get("addresses") or ())
+    for cond in status.get("conditions") or ():
         if cond.get("type") == "Ready":
             ready = cond.get("status") == "True"
-            return NodeCondition(meta.get("name", ""), ready, "" if ready else str(cond.get("reason") or ""))
-    return NodeCondition(meta.get("name", ""), False, "NoReadyCondition")
+            return NodeCondition(meta.get("name", ""), ready, "" if ready else str(cond.get("reason") or ""), address)
+    return NodeCondition(meta.get("name", ""), False, "NoReadyCondition", address)
+
+
+def node_address(addresses: Sequence[Mapping[str, Any]]) -> str:
+    """The node's first InternalIP: what pods on other nodes reach it by (the kubelet's own
+    address, routable inside the cluster on every network plugin), unlike its name, which the
+    cluster's DNS does not resolve. "" when it reports none or a value that is not an IP."""
+    for item in addresses:
+        if item.get("type") == "InternalIP":
+            try:
+                return str(ipaddress.ip_address(str(item.get("address") or "")))
+            except ValueError:
+                continue
+    return ""
 
 
 def _unix(stamp: Any) -> float:

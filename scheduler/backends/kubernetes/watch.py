@@ -61,7 +61,7 @@ class ClusterWatch:
         self._stop.clear()
         core = self._api.core
         pods = self._pods = {}
-        nodes: dict[str, bool] = {}
+        nodes: dict[str, tuple[bool, str]] = {}
         self._threads = [
             threading.Thread(target=self._run, name="tessera-watch-pods", daemon=True, args=(
                 "pods", core.list_pod_for_all_namespaces, {"label_selector": self._pod_selector},
@@ -225,24 +225,24 @@ class ClusterWatch:
                 seen[key] = status
                 self._emit(PodEvent(status))
 
-    def _on_node(self, seen: dict[str, bool], typ: str, obj: dict) -> None:
+    def _on_node(self, seen: dict[str, tuple[bool, str]], typ: str, obj: dict) -> None:
         cond = node_condition(obj)
         if typ == "DELETED":
             seen.pop(cond.name, None)
             self._emit(NodeEvent(NodeCondition(cond.name, False, "Deleted")))
-        elif seen.get(cond.name) != cond.ready:
-            seen[cond.name] = cond.ready
+        elif seen.get(cond.name) != (cond.ready, cond.address):  # readiness, or where it is reached
+            seen[cond.name] = (cond.ready, cond.address)
             self._emit(NodeEvent(cond))
 
-    def _relisted_nodes(self, seen: dict[str, bool], objs: list[dict]) -> None:
+    def _relisted_nodes(self, seen: dict[str, tuple[bool, str]], objs: list[dict]) -> None:
         conds = {c.name: c for c in map(node_condition, objs)}
         for name in list(seen):
             if name not in conds:
                 del seen[name]
                 self._emit(NodeEvent(NodeCondition(name, False, "Deleted")))
         for name, cond in conds.items():
-            if seen.get(name) != cond.ready:
-                seen[name] = cond.ready
+            if seen.get(name) != (cond.ready, cond.address):
+                seen[name] = (cond.ready, cond.address)
                 self._emit(NodeEvent(cond))
 
 

@@ -101,3 +101,12 @@ def test_kubectl_pod_gone_while_nobody_watched_is_cancelled_by_reconcile(cluster
     assert reconcile(cluster).failed == [r.pk]
     r.refresh_from_db()
     assert r.state == State.CANCELLED and "deleted" in r.state_reason
+
+
+def test_a_kubectl_pod_asking_for_a_remote_share_is_told_why_it_cannot_have_one(cluster, placement_loop, teams):
+    cluster.create_external("vision", "far", _labels(gpu_request="0.25", gpu_mem="4Gi", remote="true"))
+    placement_loop()
+    assert not Reservation.objects.filter(source=Source.KUBECTL).exists()
+    [event] = cluster.kubernetes_events(PodRef("vision", "far"))
+    assert "sharedgpu/remote: remote GPU shares are not available to kubectl pods" in event
+    assert "request through the portal with remote_allowed" in event

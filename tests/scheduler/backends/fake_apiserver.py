@@ -221,9 +221,14 @@ class FakeApiServer:
 
     # -- what tests do from "outside" (kubelet, users, controllers) ---------------------------------
 
-    def add_node(self, name: str, ready: bool = True) -> dict:
+    def add_node(self, name: str, ready: bool = True, address: str | None = None) -> dict:
+        """A node; with `address`, its status lists it as InternalIP (and its name as Hostname), as
+        the kubelet reports them."""
         obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
                "status": {"conditions": [self._ready_condition(ready)]}}
+        if address:
+            obj["status"]["addresses"] = [{"type": "Hostname", "address": name},
+                                          {"type": "InternalIP", "address": address}]
         with self.lock:
             return self._put("Node", "", name, obj, "ADDED")
 
