@@ -18,7 +18,8 @@ from scheduler.backends.kubernetes.manifests import CLIENT_IMAGE_DIR, SHARE_RESO
 
 ROOT = Path(__file__).resolve().parents[3]
 NAMESPACE = "tessera-workloads"
-GPU = GpuShare(uuid="GPU-0a1b2c3d-0000-4000-8000-000000000001", index=0, request=0.25, limit=0.5, memory_mib=8192)
+GPU = GpuShare(uuid="GPU-0a1b2c3d-0000-4000-8000-000000000001", index=0, gpu_request=0.25, gpu_limit=0.5,
+               gpu_memory_mib=8192)
 
 
 def remote_spec(node="cpu-node-1", **env):
