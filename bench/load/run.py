@@ -1,6 +1,14 @@
-"""Load benchmark: concurrent API users (submit, list, capacity preview, cancel) against one portal
-process (Daphne, PostgreSQL through the connection pool, Redis), one Celery worker placing what
-they submit, with and without N simulated node agents streaming at 1 Hz.
+"""Load benchmark: concurrent API users (submit, list, capacity preview, cancel) against the portal
+(`python -m portal.serve --processes N`: N Daphne processes on one port, PostgreSQL through each
+one's connection pool, Redis), one Celery worker placing what they submit, with and without N
+simulated node agents streaming at 1 Hz.
+
+A user acts like a person at the API or the pages: one request, then a pause of `--think` seconds
+on average (uniform between half and one and a half times it) while reading the answer, then the
+next: submit, list, capacity preview, cancel, and again. So 200 users at 5 s offer about 40
+requests per second, whatever the server's speed (an open loop would measure a queue instead).
+The load generator is this one asyncio process (httpx); the CPU each part of the run used
+(generator, portal, worker, agents, the whole machine) is in the results.
 
 Two phases in one run, same users and same mix: `api` (the users alone: the baseline) and
 `api+agents` (the users while the agents stream). For each phase and operation: requests per
@@ -133,16 +141,83 @@ async def _user(client, team: str, key: str, rec: Recorder, stop: asyncio.Event,
         rec.add(op, time.perf_counter() - started, str(r.status_code))
         return r
 
+    async def think() -> None:
+        await asyncio.sleep(random.uniform(0.5, 1.5) * think_s)
+
     while not stop.is_set():
         r = await call("submit", "POST", "/api/v1/reservations/", json=body)
         rid = r.json()["id"] if r is not None and r.status_code == 201 else None
         if rid is not None:
             rec.created.add(rid)
+        await think()
         await call("list", "GET", "/api/v1/reservations/", params={"page_size": "20"})
+        await think()
         await call("capacity", "GET", "/api/v1/capacity/", params={"gpu_request": "0.25", "gpu_memory_mib": "4096"})
+        await think()
         if rid is not None:
             await call("cancel", "POST", f"/api/v1/reservations/{rid}/cancel/")
-        await asyncio.sleep(random.uniform(0.5, 1.5) * think_s)
+            await think()
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes and their children that are alive (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in _with_descendants(pids):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _with_descendants(pids: list[int]) -> set[int]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children[ppid].append(int(entry.name))
+    out, todo = set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo += children.get(pid, [])
+    return out
+
+
+def _machine_busy_s() -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, its elapsed CPU seconds) from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = values[3] + values[4]
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
+class CpuMeter:
+    """CPU used by each part of the run over a phase, in cores (1.0 = one core all the time)."""
+
+    def __init__(self, parts: dict[str, list[int]]) -> None:
+        self.parts = parts
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.own0 = time.process_time()
+        self.parts0 = {name: _cpu_seconds(pids) for name, pids in self.parts.items()}
+        self.machine0 = _machine_busy_s()
+
+    def stop(self) -> dict:
+        elapsed = time.monotonic() - self.t0
+        out = {"load generator": (time.process_time() - self.own0) / elapsed}
+        for name, pids in self.parts.items():
+            out[name] = (_cpu_seconds(pids) - self.parts0[name]) / elapsed
+        busy, total = _machine_busy_s()
+        out["machine (all engineers)"] = (busy - self.machine0[0]) / (total - self.machine0[1]) * (os.cpu_count() or 1)
+        return {k: round(v, 2) for k, v in out.items()}
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -172,7 +247,7 @@ def _summary(rec: Recorder, seconds: float) -> dict:
 
 
 async def _phase(port: int, people: list[tuple[str, str]], seconds: float, warmup: float, think_s: float,
-                 rec: Recorder) -> dict:
+                 rec: Recorder, cpu: CpuMeter) -> dict:
     import httpx
 
     stop = asyncio.Event()
@@ -181,15 +256,18 @@ async def _phase(port: int, people: list[tuple[str, str]], seconds: float, warmu
         tasks = [asyncio.create_task(_user(client, team, key, rec, stop, think_s)) for team, key in people]
         await asyncio.sleep(warmup)
         rec.on = True
+        cpu.start()
         load0, t0 = os.getloadavg()[0], time.monotonic()
         await asyncio.sleep(seconds)
         rec.on = False
+        cores = cpu.stop()
         elapsed = time.monotonic() - t0
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
     result = _summary(rec, elapsed)
     result["measured_s"] = round(elapsed, 1)
     result["load_average_1m"] = round((load0 + os.getloadavg()[0]) / 2, 2)
+    result["cpu_cores"] = cores
     return result
 
 
@@ -211,7 +289,7 @@ def _stop(*procs: subprocess.Popen | None) -> None:
                 proc.wait()
 
 
-def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, pool: int) -> dict:
+def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, pool: int, processes: int) -> dict:
     import logging
 
     import django
@@ -241,8 +319,8 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
     portal = worker = fleet = None
     phases = {}
     try:
-        portal = _start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
-                        env, tmp / "daphne.log")
+        portal = _start([sys.executable, "-m", "portal.serve", "--processes", str(processes), "-b", "127.0.0.1",
+                         "-p", str(port), "portal.asgi:application"], env, tmp / "portal.log")
         worker = _start([sys.executable, "-m", "celery", "-A", "portal", "worker", "-c", "1", "-n", "load@%h",
                          "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
                         env, tmp / "worker.log")
@@ -252,7 +330,8 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
                     break
             time.sleep(0.1)
         rec = Recorder()
-        phases["api"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec))
+        parts = {"portal": [portal.pid], "worker": [worker.pid]}
+        phases["api"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec, CpuMeter(parts)))
         if agents:
             fleet = _start([sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{port}",
                             "--simulate", str(inventory), "--tokens", str(tokens), "--interval", "1"],
@@ -260,7 +339,8 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
             time.sleep(warmup)  # the agents connect and send their first batches
             rec2 = Recorder()
             rec2.created = rec.created
-            phases["api+agents"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec2))
+            parts["agents"] = [fleet.pid]
+            phases["api+agents"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec2, CpuMeter(parts)))
             stored = _stored_samples_per_s(seconds=10)
             phases["api+agents"]["agent_samples_stored_per_s"] = stored
         time.sleep(3)  # the last cancels settle
@@ -292,13 +372,15 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=500, help="simulated nodes × 8 GPUs at 1 Hz (0: none)")
     parser.add_argument("--seconds", type=float, default=600, help="measured time per phase")
     parser.add_argument("--warmup", type=float, default=20)
-    parser.add_argument("--think", type=float, default=1.0, help="mean pause of a user between rounds, s")
+    parser.add_argument("--think", type=float, default=5.0,
+                        help="mean pause of a user after each request, s (a person reading the answer)")
+    parser.add_argument("--processes", type=int, default=2, help="portal processes (portal.serve --processes)")
     parser.add_argument("--pool", type=int, default=20, help="DB_POOL_MAX_SIZE of the portal process")
     parser.add_argument("--note", default="", help="a line for the results (e.g. why the run is short)")
     parser.add_argument("--name", default="results", help="results file name in bench/results/load/")
     args = parser.parse_args()
     try:
-        result = run(args.users, args.agents, args.seconds, args.warmup, args.think, args.pool)
+        result = run(args.users, args.agents, args.seconds, args.warmup, args.think, args.pool, args.processes)
     finally:
         DB.drop()
     command = "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/load/run.py " + \
@@ -306,7 +388,7 @@ def main() -> int:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
     result.update({"command": command, "machine": machine,
                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), "users": args.users, "agents": args.agents,
-                   "note": args.note})
+                   "think_s": args.think, "processes": args.processes, "pool": args.pool, "note": args.note})
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (RESULTS / f"{args.name}.md").write_text(_markdown(result))
@@ -320,7 +402,9 @@ def _markdown(result: dict) -> str:
     if result["note"]:
         lines.append(f"Note: {result['note']}  ")
     lines += ["", f"{result['users']} API users, each in a loop: submit, list (page of 20), capacity preview, cancel, "
-              "then a pause (--think). One Daphne process (pool of connections to PostgreSQL), one Celery "
+              f"with a pause after every request of {result['think_s']} s on average (a person reading the answer). "
+              f"{result['processes']} portal processes (`portal.serve --processes`, each with a pool of "
+              f"{result['pool']} connections to PostgreSQL), one Celery "
               f"worker placing, Redis. Phase `api+agents` adds {result['agents']} simulated nodes × 8 GPUs "
               "streaming at 1 Hz. Ratios: against the `api` phase of the same run. Target (issue #16): zero "
               "5xx, p99 < 500 ms for reads, < 1 s for submits.", "",
@@ -340,7 +424,8 @@ def _markdown(result: dict) -> str:
             if "agent_samples_stored_per_s" in data else ""
         lines.append(f"| {phase} | all | {data['all']['requests']} | {data['all']['per_s']} | | | | "
                      f"{data['all']['5xx']} | | | |")
-        notes.append(f"`{phase}`: measured {data['measured_s']} s, load average {data['load_average_1m']}{extra}.")
+        notes.append(f"`{phase}`: measured {data['measured_s']} s, load average {data['load_average_1m']}{extra}. "
+                     "CPU in cores: " + ", ".join(f"{k} {v}" for k, v in data.get("cpu_cores", {}).items()) + ".")
     lines += ["", *notes, ""]
     c = result["checks"]
     lines += ["After the run: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in c.items()) + ".", ""]

@@ -13,7 +13,9 @@ from portal.tenancy import roles
 from scheduler import core
 
 
-def answer(user, gpu_request: Decimal, gpu_memory_mib: int, gpu_model: str, gpu_count: int, team: str) -> dict:
+def answer(user, gpu_request: Decimal, gpu_memory_mib: int, gpu_model: str, gpu_count: int, team: str,
+           limit: int) -> dict:
+    """`limit`: the most GPUs listed, best first; `count` says how many could take the request."""
     models = [m for m in gpu_model.split("|") if m]
     known = fleet_models()
     unknown = [m for m in models if m not in known]
@@ -36,6 +38,6 @@ def answer(user, gpu_request: Decimal, gpu_memory_mib: int, gpu_model: str, gpu_
     candidates, refused = core.feasible_gpus(snapshot.build(), request)
     reasons += [r.as_dict() for r in refused]
     gpus = [{"uuid": c.gpu_uuid, "node": c.node, "index": c.gpu_index, "model": c.model,
-             "free_share": round(c.free_share, 3), "free_memory_mib": c.free_memory_mib} for c in candidates]
+             "free_share": round(c.free_share, 3), "free_memory_mib": c.free_memory_mib} for c in candidates[:limit]]
     return {"fits": bool(gpus) and not any(r["code"] == "quota" for r in reasons), "gpus": gpus,
-            "reasons": reasons}
+            "count": len(candidates), "reasons": reasons}

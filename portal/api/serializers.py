@@ -203,12 +203,20 @@ class TokenRequestSerializer(StrictTypesMixin, serializers.Serializer):
     name = serializers.CharField(max_length=80, required=False, default="cli")
 
 
+# A capacity answer lists the best GPUs, not all of them: at 500 nodes × 8 GPUs the whole list
+# was 4,000 entries (590 kB) per preview, most of the preview's time, and nobody reads past the top.
+DEFAULT_CAPACITY_GPUS = 100
+MAX_CAPACITY_GPUS = 1000
+
+
 class CapacityQuerySerializer(serializers.Serializer):
     gpu_request = serializers.DecimalField(**SHARE, min_value=Decimal("0.001"), max_value=Decimal("1"))
     gpu_memory_mib = serializers.IntegerField(min_value=1, max_value=10_000_000)
     gpu_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     gpu_count = serializers.IntegerField(min_value=1, max_value=64, default=1)
     team = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_CAPACITY_GPUS, default=DEFAULT_CAPACITY_GPUS,
+                                     help_text="the most GPUs to list, best first (`count` says how many fit)")
 
     def validate_gpu_model(self, value: str) -> str:
         return display_model(value)
@@ -224,6 +232,7 @@ class CapacityGpuSerializer(serializers.Serializer):
 
 
 class CapacityAnswerSerializer(serializers.Serializer):
-    gpus = CapacityGpuSerializer(many=True)
+    gpus = CapacityGpuSerializer(many=True, help_text="the best `limit` of the GPUs that could take it")
+    count = serializers.IntegerField(help_text="how many GPUs could take it")
     fits = serializers.BooleanField()
     reasons = serializers.ListField(child=serializers.DictField())

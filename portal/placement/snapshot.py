@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 from typing import NamedTuple
@@ -12,13 +13,15 @@ from django.conf import settings
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from portal.fleet.models import Gpu, Node, NodeLink
+from portal.fleet.models import NodeLink
 from portal.reservations.models import Allocation, Reservation
-from portal.reservations.quota import usage_of
+from portal.reservations.quota import NO_USAGE, usage_by_team
 from portal.reservations.states import HOLDS_GPU, State
 from portal.tenancy.models import Team, TeamPolicy
 from scheduler import core
 from scheduler.core.remote import Link
+
+from . import fleet_cache
 
 
 def _labels(value: str) -> frozenset[str]:
@@ -108,7 +111,8 @@ def _free(allocatable: int, pods: int, per_pod: int) -> int | None:
 
 def build() -> core.Snapshot:
     """Nodes → GPUs → the live shares on them, and each team's quota use (for fair share).
-    Read as plain values, not model instances: a cycle reads the whole fleet every time."""
+    The nodes and GPUs come from fleet_cache (read again only when their rows changed); the
+    shares, pods and quota use are read every time, as plain values: a cycle needs them fresh."""
     shares: dict[int, list[core.Share]] = defaultdict(list)
     live = Allocation.objects.filter(released_at__isnull=True).values_list(
         "gpu_id", "reservation_id", "gpu_request", "gpu_memory_mib", "reservation__priority", "reservation__team__slug",
@@ -119,31 +123,21 @@ def build() -> core.Snapshot:
             affinity=_labels(affinity), anti_affinity=_labels(anti), exclusion=_exclusion(team, exclusion),
             group=group or None,
         ))
-    gpus_of: dict[int, list[tuple]] = defaultdict(list)
-    # Cordoned GPUs take no new shares: absent from the snapshot, like unhealthy ones.
-    for row in Gpu.objects.filter(healthy=True, cordoned=False).order_by("node_id", "index").values_list(
-            "pk", "node_id", "uuid", "index", "model", "memory_mib", "nvlink_peers", "numa_node"):
-        gpus_of[row[1]].append(row)
-    nodes = []
     pods = _pods_per_node()
-    for node_id, name, labels, status, cpu, memory in Node.objects.order_by("name").values_list(
-            "pk", "name", "labels", "status", "cpu_milli", "memory_mib"):
-        gpus = gpus_of.get(node_id, [])
-        by_uuid = {g[2]: g[3] for g in gpus}
-        nodes.append(core.Node(
-            name=name,
-            labels=dict(labels),
-            status=core.NodeStatus(status),
-            cpu_milli_free=_free(cpu, pods[node_id], settings.TESSERA_POD_CPU_MILLI),
-            memory_mib_free=_free(memory, pods[node_id], settings.TESSERA_POD_MEMORY_MIB),
-            gpus=tuple(
-                core.Gpu(uuid=uuid, index=index, model=model, memory_mib=memory,
-                         nvlink_peers=frozenset(by_uuid[p] if isinstance(p, str) else p
-                                                for p in peers if not isinstance(p, str) or p in by_uuid),
-                         numa_node=numa or 0, shares=tuple(shares.get(pk, ())))
-                for pk, _node, uuid, index, model, memory, peers, numa in gpus
-            ),
+    nodes = []
+    for node in fleet_cache.nodes():
+        busy = pods[node.pk]
+        if not busy and not any(pk in shares for pk in node.gpu_pks):
+            nodes.append(node.blank)
+            continue
+        nodes.append(replace(
+            node.blank,
+            cpu_milli_free=_free(node.cpu_milli, busy, settings.TESSERA_POD_CPU_MILLI),
+            memory_mib_free=_free(node.memory_mib, busy, settings.TESSERA_POD_MEMORY_MIB),
+            gpus=tuple(replace(gpu, shares=tuple(shares[pk])) if pk in shares else gpu
+                       for pk, gpu in zip(node.gpu_pks, node.blank.gpus, strict=True)),
         ))
-    teams = {t.slug: core.TeamUsage(float(t.quota_gpu_share), float(usage_of(t).gpu_share))
+    used = usage_by_team()
+    teams = {t.slug: core.TeamUsage(float(t.quota_gpu_share), float(used.get(t.pk, NO_USAGE).gpu_share))
              for t in Team.objects.all()}
     return core.Snapshot(nodes=tuple(nodes), teams=teams, now=time.time())

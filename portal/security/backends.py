@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef
+from django.db.models import OuterRef
 
 from . import demo, throttle
 
@@ -40,9 +40,8 @@ class GuardedModelBackend(ModelBackend):
         if demo.demo_mode():
             return super().get_user(user_id)
         User = get_user_model()
-        demo_member = User.groups.through.objects.filter(user_id=OuterRef("pk"), group__name=demo.DEMO_GROUP)
         try:
-            user = User._default_manager.annotate(is_demo_user=Exists(demo_member)).get(pk=user_id)
+            user = User._default_manager.annotate(is_demo_user=demo.in_demo_group(OuterRef("pk"))).get(pk=user_id)
         except User.DoesNotExist:
             return None
         if user.is_demo_user or not self.user_can_authenticate(user):

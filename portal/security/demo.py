@@ -25,6 +25,16 @@ def mark_demo_user(user) -> None:
     user.groups.add(group)
 
 
+def in_demo_group(user_id_ref):
+    """An Exists() for annotating a query with whether the user `user_id_ref` points at is a demo
+    user: the token and session lookups learn it in their own query instead of a second one."""
+    from django.contrib.auth import get_user_model
+    from django.db.models import Exists
+
+    through = get_user_model().groups.through
+    return Exists(through.objects.filter(user_id=user_id_ref, group__name=DEMO_GROUP))
+
+
 def is_demo_user(user) -> bool:
     annotated = getattr(user, "is_demo_user", None)  # set by the backend's one-query get_user
     if annotated is not None:

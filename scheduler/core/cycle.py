@@ -199,17 +199,22 @@ def feasible_gpus(
     )
     scores, _ = scorer.score(state, request, ok, room)
     out: list[tuple[tuple[float, int, int], GpuCandidate]] = []
-    for i in np.flatnonzero(room):
-        for j in np.flatnonzero(ok[i]):
+    # Plain Python numbers once per array (not a numpy scalar per GPU): a fleet of 4,000 GPUs
+    # yields 4,000 candidates on every capacity preview.
+    node_scores, tie_rank = scores.tolist(), state.tie_rank.tolist()
+    for i in np.flatnonzero(room).tolist():
+        name, uuids, indexes, score = state.node_names[i], state.gpu_uuids[i], state.gpu_indexes[i], node_scores[i]
+        free, mem_free, model = state.free[i].tolist(), state.mem_free[i].tolist(), state.gpu_model[i].tolist()
+        for j in np.flatnonzero(ok[i]).tolist():
             cand = GpuCandidate(
-                node=state.node_names[i],
-                gpu_uuid=state.gpu_uuids[i][j],
-                gpu_index=state.gpu_indexes[i][j],
-                model=state.models[state.gpu_model[i, j]],
-                free_share=float(state.free[i, j]) / 1000.0,
-                free_memory_mib=int(state.mem_free[i, j]),
-                score=float(scores[i]),
+                node=name,
+                gpu_uuid=uuids[j],
+                gpu_index=indexes[j],
+                model=state.models[model[j]],
+                free_share=free[j] / 1000.0,
+                free_memory_mib=mem_free[j],
+                score=float(score),
             )
-            out.append(((-float(scores[i]), int(state.tie_rank[i]), int(j)), cand))
+            out.append(((-float(score), tie_rank[i], j), cand))
     out.sort(key=lambda x: x[0])
     return [c for _, c in out], reasons

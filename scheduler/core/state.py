@@ -129,7 +129,7 @@ class ClusterState:
             node_labels=[dict(n.labels) for n in nodes],
             gpu_uuids=[[g.uuid for g in gpus] for gpus in ordered],
             gpu_indexes=[[g.index for g in gpus] for gpus in ordered],
-            nvlink=[[_peer_slots(g.nvlink_peers, gpus) for g in gpus] for gpus in ordered],
+            nvlink=[_peer_slots_of(gpus) for gpus in ordered],
             numa=[[g.numa_node for g in gpus] for gpus in ordered],
         )
         for i, gpus in enumerate(ordered):
@@ -237,6 +237,18 @@ def _tracked(values: Sequence[int | None] | None, n: int) -> np.ndarray:
     return np.array([UNTRACKED if v is None else v for v in values], dtype=np.int64)
 
 
-def _peer_slots(peers: frozenset[int], gpus: Sequence) -> frozenset[int]:
-    slot = {g.index: j for j, g in enumerate(gpus)}
-    return frozenset(slot[p] for p in peers if p in slot)
+_PEER_SLOTS: dict[tuple, list[frozenset[int]]] = {}
+
+
+def _peer_slots_of(gpus: Sequence) -> list[frozenset[int]]:
+    """Each GPU's NVLink peers as slots on its node. A fleet has few distinct layouts (500 nodes of
+    8 linked GPUs: one), so each layout is worked out once per process, not once per GPU per snapshot."""
+    layout = tuple((g.index, g.nvlink_peers) for g in gpus)
+    slots = _PEER_SLOTS.get(layout)
+    if slots is None:
+        slot = {g.index: j for j, g in enumerate(gpus)}
+        slots = [frozenset(slot[p] for p in g.nvlink_peers if p in slot) for g in gpus]
+        if len(_PEER_SLOTS) > 4096:  # bounded: a fleet of odd layouts does not grow it forever
+            _PEER_SLOTS.clear()
+        _PEER_SLOTS[layout] = slots
+    return list(slots)

@@ -2,6 +2,7 @@
 
 from decimal import Decimal
 
+from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu
 from portal.reservations import rules, services
 
@@ -50,3 +51,27 @@ def test_bad_queries_are_400(client_for, fleet):
     assert "gpu_request" in alice.get(URL, {"gpu_memory_mib": 1}).json()
     r = alice.get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 1, "gpu_count": 2})
     assert r.status_code == 400 and "whole cards" in r.json()["gpu_request"][0]
+
+
+def test_lists_the_best_gpus_up_to_the_limit_and_counts_them_all(client_for, fleet):
+    query = {"gpu_request": "0.5", "gpu_memory_mib": 16000, "gpu_model": "V100-32GB"}
+    everything = client_for("alice").get(URL, query).json()
+    top = client_for("alice").get(URL, {**query, "limit": 2}).json()
+    assert everything["count"] == 4 and top["count"] == 4 and top["fits"] is True
+    assert top["gpus"] == everything["gpus"][:2]
+    assert "limit" in client_for("alice").get(URL, {**query, "limit": 0}).json()
+
+
+def test_a_gpu_changed_by_any_writer_shows_in_the_next_answer(client_for, fleet, people):
+    """The fleet part of the snapshot is kept between answers; a change to a GPU row, through the
+    fleet services or an update behind them (the agent ingest marks GPUs unhealthy that way), is
+    in the very next answer."""
+    query = {"gpu_request": "0.5", "gpu_memory_mib": 16000, "gpu_model": "V100-32GB"}
+    first = client_for("alice").get(URL, query).json()
+    cordoned, unhealthy = (Gpu.objects.get(uuid=g["uuid"]) for g in first["gpus"][:2])
+    fleet_services.set_cordon(cordoned.pk, people["admin"], True)
+    assert cordoned.uuid not in {g["uuid"] for g in client_for("alice").get(URL, query).json()["gpus"]}
+    Gpu.objects.filter(pk=unhealthy.pk).update(healthy=False)
+    after = client_for("alice").get(URL, query).json()
+    assert {g["uuid"] for g in after["gpus"]} == {g["uuid"] for g in first["gpus"]} - {cordoned.uuid, unhealthy.uuid}
+    assert after["count"] == 2

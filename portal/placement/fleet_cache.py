@@ -1,0 +1,92 @@
+"""The fleet part of the placement snapshot (nodes and their GPUs, without shares), kept per
+process while the node and GPU rows are unchanged.
+
+Every cycle and every capacity preview used to read and rebuild all of it: at 500 nodes × 8 GPUs
+about 60 ms of Python per call (4,000 rows, a JSON decode of each GPU's NVLink peers, 4,000
+engine objects), while these rows change only when an admin or an agent changes the fleet.
+PostgreSQL tells whether they changed with one fingerprint over exactly the columns the snapshot
+reads (a sum of row hashes: any change to a row, a new row or a deleted one changes it), so the
+answer stays exact: no age, no invalidation to forget at one of the fleet's many writers
+(admin, inventory, agent hello, drain, cordon). Columns outside the snapshot (`last_seen`,
+written by every agent's heartbeat) are not in it. Without PostgreSQL every call reads the rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+from django.db import connection
+
+from portal.fleet.models import Gpu, Node
+from scheduler import core
+
+FINGERPRINT_SQL = """
+SELECT (SELECT count(*)::text || ':' || coalesce(sum(hashtextextended(concat_ws('|', id, name, labels::text,
+            status, cpu_milli, memory_mib), 0)), 0)::text FROM fleet_node),
+       (SELECT count(*)::text || ':' || coalesce(sum(hashtextextended(concat_ws('|', id, node_id, uuid, "index",
+            model, memory_mib, nvlink_peers::text, numa_node, healthy, cordoned), 0)), 0)::text FROM fleet_gpu)
+"""
+
+
+class FleetNode(NamedTuple):
+    pk: int
+    name: str
+    labels: dict
+    status: str
+    cpu_milli: int  # allocatable (0: unknown)
+    memory_mib: int
+    gpu_pks: tuple[int, ...]  # in the order of `blank.gpus`
+    blank: core.Node  # the node with no shares and no pods on it
+
+
+_lock = threading.Lock()
+_cached: tuple[tuple, tuple[FleetNode, ...]] | None = None
+
+
+def _fingerprint() -> tuple | None:
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(FINGERPRINT_SQL)
+        return tuple(cursor.fetchone())
+
+
+def _read() -> tuple[FleetNode, ...]:
+    gpus_of: dict[int, list[tuple]] = {}
+    # Cordoned GPUs take no new shares: absent from the snapshot, like unhealthy ones.
+    for row in Gpu.objects.filter(healthy=True, cordoned=False).order_by("node_id", "index").values_list(
+            "pk", "node_id", "uuid", "index", "model", "memory_mib", "nvlink_peers", "numa_node"):
+        gpus_of.setdefault(row[1], []).append(row)
+    nodes = []
+    for pk, name, labels, status, cpu, memory in Node.objects.order_by("name").values_list(
+            "pk", "name", "labels", "status", "cpu_milli", "memory_mib"):
+        gpus = gpus_of.get(pk, [])
+        by_uuid = {g[2]: g[3] for g in gpus}
+        blank = core.Node(
+            name=name, labels=dict(labels), status=core.NodeStatus(status),
+            cpu_milli_free=cpu or None, memory_mib_free=memory or None,  # no pods: all of it (0: untracked)
+            gpus=tuple(
+                core.Gpu(uuid=uuid, index=index, model=model, memory_mib=mem,
+                         nvlink_peers=frozenset(by_uuid[p] if isinstance(p, str) else p
+                                                for p in peers if not isinstance(p, str) or p in by_uuid),
+                         numa_node=numa or 0)
+                for _pk, _node, uuid, index, model, mem, peers, numa in gpus))
+        nodes.append(FleetNode(pk, name, labels, status, cpu, memory, tuple(g[0] for g in gpus), blank))
+    return tuple(nodes)
+
+
+def nodes() -> tuple[FleetNode, ...]:
+    """The fleet's nodes by name, each with its healthy, uncordoned GPUs by index, as the rows
+    are now (as this connection sees them)."""
+    global _cached
+    fingerprint = _fingerprint()
+    if fingerprint is not None:
+        with _lock:
+            if _cached is not None and _cached[0] == fingerprint:
+                return _cached[1]
+    fleet = _read()
+    if fingerprint is not None:
+        with _lock:
+            _cached = (fingerprint, fleet)
+    return fleet
