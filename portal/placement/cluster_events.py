@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from django.db.models import Q
+
 from portal.fleet import services as fleet
 from portal.fleet.models import LostCause, Node, NodeStatus
 from portal.reservations import services
@@ -101,7 +103,8 @@ def apply_node(backend: Backend, cond: NodeCondition) -> None:
     if not cond.ready:
         reason = "the cluster reports the node not ready" + (f": {cond.reason}" if cond.reason else "")
         fleet.mark_lost(node.pk, LostCause.CLUSTER_NOT_READY, reason)
-        for r in Reservation.objects.filter(node=node, state__in=HOLDS_GPU):
+        # Its GPUs' reservations, and the remote shares whose pods run there (their GPU elsewhere).
+        for r in Reservation.objects.filter(Q(node=node) | Q(client_node=node), state__in=HOLDS_GPU):
             lose_reservation(backend, r, f"node {node.name} is not ready")
     elif node.status == NodeStatus.LOST and node.lost_cause == LostCause.CLUSTER_NOT_READY:
         if fleet.mark_back(node.pk, LostCause.CLUSTER_NOT_READY):

@@ -160,3 +160,12 @@ def test_a_cpu_only_nodes_agent_makes_room_for_a_remote_share_whose_pod_runs_the
     assert env["LD_LIBRARY_PATH"] == REMOTE_CLIENT_DIR
     terms, _ = tokens.verify(SECRET, env["TESSERA_REMOTE_TOKEN"])
     assert (terms.share, terms.memory_bytes, terms.request) == (str(r.pk), 2048 << 20, 0.25)
+
+    # The CPU-only node goes NotReady (its pod dies there, though its GPU is well): the share is
+    # requeued (the team's policy), as for a GPU node, and its GPU's share is free again.
+    apiserver.set_node_ready("cpu-node-1", False)
+    wait_for(lambda: (tasks.sync(0.3) or True) and Reservation.objects.get(pk=r.pk).state == "pending", 30,
+             "the remote share requeued after its pod's node went NotReady")
+    r.refresh_from_db()
+    assert r.transitions.last().reason == "requeued: node cpu-node-1 is not ready"
+    assert not r.allocations.filter(released_at__isnull=True).exists()
