@@ -1,10 +1,8 @@
-"""Reconnect backoff and the send-rate limit."""
+"""Reconnect backoff. (The send-rate limit is the protocol's, `wire.rate.TokenBucket`.)"""
 
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable
 
 
 class Backoff:
@@ -32,28 +30,3 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
-
-
-class TokenBucket:
-    """At most `rate` events per second on average, with bursts of up to `burst`."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._stamp = clock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
-
-    def wait_time(self) -> float:
-        """Seconds until one event may go; 0 if it may go now."""
-        self._refill()
-        return 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate
-
-    def take(self) -> None:
-        self._refill()
-        self._tokens -= 1.0

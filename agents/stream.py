@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from agents import __version__
 from agents.buffer import SampleBuffer
-from agents.pacing import Backoff, TokenBucket
+from agents.pacing import Backoff
 from agents.placements import PlacementRefused, PlacementTable
 from wire.agent_portal import (
     AGENT_MAX_BURST,
@@ -45,6 +45,7 @@ from wire.agent_portal import (
     error_message,
     parse,
 )
+from wire.rate import TokenBucket
 
 log = logging.getLogger(__name__)
 

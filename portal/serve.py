@@ -3,8 +3,9 @@ on WebSocket frames and messages, enforced by its WebSocket layer (autobahn) as 
 arrives, before the payload is buffered. Daphne itself offers no such option, and a consumer only
 sees a message once it is whole in memory: a client could make the server hold 128 MiB per frame.
 
-The limit is TESSERA_WS_MAX_MESSAGE_BYTES (default: the wire protocol's 1 MiB, the largest message
-an agent may send; browsers send a few hundred bytes). Over it the connection is closed with 1009.
+The limit is settings.TESSERA_WS_MAX_MESSAGE_BYTES (default: the wire protocol's 1 MiB, the largest
+message an agent may send; browsers send a few hundred bytes). Over it the connection is closed
+with 1009.
 
 `--processes N` (default 1) serves from N Daphne processes sharing one listening socket, which
 this process binds and then only watches (it restarts a process that dies and passes SIGTERM and
@@ -15,7 +16,6 @@ its own database pool (so N × DB_POOL_MAX_SIZE must stay under PostgreSQL's max
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -26,11 +26,12 @@ import daphne.server
 from daphne.cli import CommandLineInterface
 from daphne.ws_protocol import WebSocketFactory
 
-from wire.agent_portal import MAX_MESSAGE_BYTES
-
 
 def max_message_bytes() -> int:
-    return int(os.environ.get("TESSERA_WS_MAX_MESSAGE_BYTES", str(MAX_MESSAGE_BYTES)))
+    # Read when Daphne builds its server, after it imported the application (Django is set up).
+    from django.conf import settings
+
+    return settings.TESSERA_WS_MAX_MESSAGE_BYTES
 
 
 class BoundedWebSocketFactory(WebSocketFactory):

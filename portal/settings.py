@@ -249,6 +249,10 @@ TESSERA_REMOTE_MAX_RTT_MS = float(os.environ.get("TESSERA_REMOTE_MAX_RTT_MS", "2
 # how long a share token lives (a pod restarted after that needs a new placement).
 TESSERA_REMOTE_SECRETS_DIR = os.environ.get("TESSERA_REMOTE_SECRETS_DIR", "")
 TESSERA_REMOTE_TOKEN_TTL_S = int(os.environ.get("TESSERA_REMOTE_TOKEN_TTL_S", str(30 * 86400)))
+# Kubernetes backend: the RuntimeClass of portal pods ("" for none), and the schedulerNames whose pods
+# the kubectl path takes (comma-separated; "" for the defaults, scheduler.backends.kubernetes).
+TESSERA_RUNTIME_CLASS = os.environ.get("TESSERA_RUNTIME_CLASS", "nvidia")
+TESSERA_SCHEDULER_NAMES = os.environ.get("TESSERA_SCHEDULER_NAMES", "")
 # A finished portal pod is kept this long for the reservation page's log, then deleted.
 TESSERA_KEEP_FINISHED_PODS_S = int(os.environ.get("TESSERA_KEEP_FINISHED_PODS_S", "3600"))
 # Celery workers keep their database connection between tasks this long (DB_CONN_MAX_AGE wins).
@@ -262,6 +266,9 @@ TESSERA_NODE_LOST_AFTER_S = int(os.environ.get("TESSERA_NODE_LOST_AFTER_S", "90"
 TESSERA_METRICS_TOKEN = os.environ.get("TESSERA_METRICS_TOKEN", "")
 # Without Celery beat (the quickstart) the portal process runs the telemetry upkeep itself.
 TESSERA_TELEMETRY_TICKER = env_bool("TESSERA_TELEMETRY_TICKER", CELERY_TASK_ALWAYS_EAGER)
+# The largest WebSocket frame or message `portal.serve` accepts: the wire protocol's largest agent
+# message (wire.agent_portal.MAX_MESSAGE_BYTES, 1 MiB); browsers send a few hundred bytes.
+TESSERA_WS_MAX_MESSAGE_BYTES = int(os.environ.get("TESSERA_WS_MAX_MESSAGE_BYTES", str(1 << 20)))
 
 LOGGING = {
     "version": 1,

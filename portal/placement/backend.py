@@ -2,7 +2,8 @@
 
 TESSERA_BACKEND=local: simulated cluster whose state file (TESSERA_LOCAL_STATE) web, workers and
 beat share; its nodes are the database's nodes. TESSERA_BACKEND=kubernetes:
-`scheduler.backends.kubernetes`, pods in TESSERA_NAMESPACE. (All read in settings.py.)
+`scheduler.backends.kubernetes`, pods in TESSERA_NAMESPACE with TESSERA_RUNTIME_CLASS, kubectl pods
+of TESSERA_SCHEDULER_NAMES. (All read in settings.py.)
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def get_backend() -> Backend:
             _nodes_checked[key] = time.monotonic()
         return backend
     if key not in _cache:
-        _cache[key] = create(name, namespace=settings.TESSERA_NAMESPACE)
+        _cache[key] = create(name, namespace=settings.TESSERA_NAMESPACE, runtime_class=settings.TESSERA_RUNTIME_CLASS,
+                             scheduler_names=settings.TESSERA_SCHEDULER_NAMES)
     return _cache[key]
 
 

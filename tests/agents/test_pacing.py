@@ -1,10 +1,11 @@
-"""Reconnect backoff and the send-rate limit, on their own (timing-free, seeded)."""
+"""Reconnect backoff and the protocol's rate limit (wire.rate), on their own (timing-free, seeded)."""
 
 from __future__ import annotations
 
 import random
 
-from agents.pacing import Backoff, TokenBucket
+from agents.pacing import Backoff
+from wire.rate import TokenBucket
 
 
 def test_backoff_grows_exponentially_then_stays_at_the_cap():
@@ -43,6 +44,7 @@ def test_token_bucket_allows_a_burst_then_the_rate():
         bucket.take()
         sent += 1
     assert sent == 10
+    assert bucket.take() is False  # refused, and nothing spent: the wait stays one token's
     assert abs(bucket.wait_time() - 0.2) < 1e-9
     now[0] += 1.0
     sent = 0

@@ -99,3 +99,14 @@ def test_openapi_schema_is_valid_without_warnings(tmp_path):
                    DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
     assert r.returncode == 0, r.stderr
     assert "/api/v1/reservations/" in (tmp_path / "schema.yaml").read_text()
+
+
+def test_the_websocket_limit_defaults_to_the_largest_agent_message():
+    from wire.agent_portal import MAX_MESSAGE_BYTES
+
+    env = {k: v for k, v in os.environ.items() if k != "TESSERA_WS_MAX_MESSAGE_BYTES"}
+    out = subprocess.run([sys.executable, "-c", "from django.conf import settings; "
+                          "print(settings.TESSERA_WS_MAX_MESSAGE_BYTES)"],
+                         cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "portal.settings"}, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == str(MAX_MESSAGE_BYTES), out.stderr

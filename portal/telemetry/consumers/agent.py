@@ -15,7 +15,6 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from portal.fleet.links import LinksRefused, store_links
 from portal.fleet.services import node_for_token
 from portal.telemetry import conf, dbthread, ingest, ticker
-from portal.telemetry.ratelimit import TokenBucket
 from portal.telemetry.services import placements_for_node
 from portal.telemetry.writer import writer
 from wire.agent_portal import (
@@ -29,6 +28,7 @@ from wire.agent_portal import (
     error_message,
     parse,
 )
+from wire.rate import TokenBucket
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from portal.telemetry import live
-from portal.telemetry.ratelimit import TokenBucket
+from wire.rate import TokenBucket
 
 log = logging.getLogger(__name__)
 
