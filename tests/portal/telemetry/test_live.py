@@ -14,7 +14,9 @@ pytestmark = pytest.mark.django_db
 
 def test_group_names_are_strict():
     assert live.parse_group("team:12") == live.Group("team", 12)
-    for bad in ("team:0", "team:-1", "team:01", "Team:1", "team:1 ", "gpu:", "node:1", 7, None, "team:1:2"):
+    assert live.parse_group("fleet").name == "fleet" and live.parse_group("fleet").channel_group == "live.fleet"
+    for bad in ("team:0", "team:-1", "team:01", "Team:1", "team:1 ", "gpu:", "node:1", 7, None, "team:1:2",
+                "fleet:1", "Fleet", "fleet "):
         assert live.parse_group(bad) is None
 
 
@@ -75,5 +77,13 @@ def test_live_state_answers_only_visible_groups(people, teams, placed, node):
     staff.force_login(people["admin"])
     gpu_state = staff.get(f"/telemetry/live/state/?groups=gpu:{gpu0.pk}").json()["groups"][f"gpu:{gpu0.pk}"]
     assert gpu_state["data"]["sm_util_pct"] == 40
+    # The fleet's state is "anything up to seq may have changed": the page re-reads its rows if drawn earlier.
+    fleet = body_of(staff, "fleet")["groups"]["fleet"]
+    assert fleet == {"seq": fleet["seq"], "type": "nodes", "data": {"all": True, "seq": fleet["seq"]}}
+    assert body_of(client, "fleet")["refused"] == {"fleet": "not found or not visible to you"}
     for bad in ("", "?groups=", "?groups=gpu:1&x=1", "?groups=" + ",".join(f"gpu:{i}" for i in range(1, 300))):
         assert client.get("/telemetry/live/state/" + bad).status_code == 400, bad
+
+
+def body_of(client, groups: str) -> dict:
+    return client.get(f"/telemetry/live/state/?groups={groups}").json()
