@@ -3,6 +3,11 @@
 `celery -A portal worker` runs tasks, `celery -A portal beat` sends the periodic ones. Without
 REDIS_URL tasks run in-process (CELERY_TASK_ALWAYS_EAGER) and `manage.py placement_loop` stands in
 for beat.
+
+Two queues: `placement.housekeeping` (cluster I/O that may be slow: deleting ended pods, reading
+kubectl pods) has its own, so it never waits behind cycles and binds nor holds them up. A worker
+started without `-Q` consumes both (the quickstart, the tests); deploy/ runs the workers with
+`-Q celery` and one housekeeping worker with `-Q housekeeping`.
 """
 
 import gc
@@ -10,8 +15,12 @@ import os
 
 from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+DEFAULT_QUEUE = "celery"  # cycles, binds, sync, lifecycle, reconcile, telemetry
+HOUSEKEEPING_QUEUE = "housekeeping"
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -23,6 +32,11 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     broker_transport_options={"visibility_timeout": 300},
     task_ignore_result=True,
+    task_default_queue=DEFAULT_QUEUE,
+    # Each queue bound by its own name (left out, both would be bound with the key `celery`).
+    task_queues=tuple(Queue(q, routing_key=q) for q in (DEFAULT_QUEUE, HOUSEKEEPING_QUEUE)),
+    task_default_routing_key=DEFAULT_QUEUE,
+    task_routes={"placement.housekeeping": {"queue": HOUSEKEEPING_QUEUE, "routing_key": HOUSEKEEPING_QUEUE}},
     beat_schedule={
         "placement-cycle": {"task": "placement.cycle", "schedule": 15.0, "kwargs": {"reason": "periodic"}},
         "placement-sync": {"task": "placement.sync", "schedule": 2.0},
