@@ -8,6 +8,7 @@ from portal.fleet.models import Gpu
 from portal.reservations import services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import IllegalTransition, State
+from tests.reservations import placed
 
 URL = "/api/v1/reservations/"
 
@@ -22,15 +23,10 @@ def submitted(client_for, fleet, reservation_body):
     return make
 
 
-def place_on(reservation, gpu):
-    return services.place(reservation.pk, gpu.node_id, [services.NewAllocation(gpu.pk, reservation.gpu_request,
-                                                                               reservation.gpu_memory_mib)])
-
-
 def test_full_life_is_audited(submitted):
     r = submitted()
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
-    place_on(r, gpu)
+    placed(r, gpu)
     services.transition(r.pk, State.RUNNING, "system:watch", "pod running")
     services.transition(r.pk, State.SUCCEEDED, "system:watch", "exit 0")
     r.refresh_from_db()
@@ -74,7 +70,7 @@ def test_cancel_is_idempotent_and_finished_is_409(client_for, submitted):
     assert r.transitions.filter(to_state="cancelled").count() == 1
 
     done = submitted()
-    place_on(done, Gpu.objects.get(node__name="t4-node-1", index=1))
+    placed(done, Gpu.objects.get(node__name="t4-node-1", index=1))
     services.transition(done.pk, State.RUNNING)
     services.transition(done.pk, State.SUCCEEDED)
     r = alice.post(f"{URL}{done.pk}/cancel/")
@@ -85,7 +81,7 @@ def test_cancel_is_idempotent_and_finished_is_409(client_for, submitted):
 def test_cancelling_a_running_reservation_frees_its_gpu(client_for, submitted):
     r = submitted(gpu_request=0.5, gpu_memory_mib=4096)
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
-    place_on(r, gpu)
+    placed(r, gpu)
     gpus = client_for("admin").get("/api/v1/gpus/", {"node__name": "t4-node-1"}).json()["results"]
     assert gpus[0]["allocated_request"] == 0.5 and gpus[0]["allocated_memory_mib"] == 4096
     assert client_for("alice").post(f"{URL}{r.pk}/cancel/").status_code == 200
@@ -97,9 +93,9 @@ def test_placement_rechecks_capacity_and_writes_nothing_when_full(submitted):
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
     a = submitted(gpu_request=0.75, gpu_memory_mib=1024)
     b = submitted(gpu_request=0.5, gpu_memory_mib=1024)
-    place_on(a, gpu)
+    placed(a, gpu)
     with pytest.raises(services.CapacityConflict):
-        place_on(b, gpu)
+        placed(b, gpu)
     b.refresh_from_db()
     assert b.state == State.PENDING and b.node is None
     assert not b.allocations.exists()
@@ -109,9 +105,9 @@ def test_placement_rechecks_memory(submitted):
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)  # 15360 MiB
     a = submitted(gpu_request=0.1, gpu_memory_mib=10000)
     b = submitted(gpu_request=0.1, gpu_memory_mib=6000)
-    place_on(a, gpu)
+    placed(a, gpu)
     with pytest.raises(services.CapacityConflict):
-        place_on(b, gpu)
+        placed(b, gpu)
 
 
 def test_draining_node_takes_no_placement(submitted, client_for):
@@ -119,19 +115,19 @@ def test_draining_node_takes_no_placement(submitted, client_for):
     assert client_for("admin").post("/api/v1/nodes/t4-node-1/drain/", {"reason": "maintenance"},
                                     format="json").status_code == 200
     with pytest.raises(services.CapacityConflict, match="draining"):
-        place_on(submitted(), gpu)
+        placed(submitted(), gpu)
 
 
 def test_expiry_is_set_at_placement(submitted):
     r = submitted(max_duration_s=3600)
-    place_on(r, Gpu.objects.get(node__name="t4-node-1", index=0))
+    placed(r, Gpu.objects.get(node__name="t4-node-1", index=0))
     r.refresh_from_db()
     assert (r.expires_at - r.placed_at).total_seconds() == 3600
 
 
 def test_preempted_can_be_requeued(submitted):
     r = submitted(requeue_on_preempt=True)
-    place_on(r, Gpu.objects.get(node__name="t4-node-1", index=0))
+    placed(r, Gpu.objects.get(node__name="t4-node-1", index=0))
     services.transition(r.pk, State.PREEMPTED, "system:scheduler", "preempted by 7")
     services.transition(r.pk, State.PENDING, "system:scheduler", "requeued")
     r.refresh_from_db()

@@ -2,27 +2,26 @@
 GPUs, who waits and why) and the queueing delay; scoped to the teams a manager may see."""
 
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
 from portal.fleet.models import Gpu
 from portal.reports.overview import percentile, why_waiting
-from portal.reservations import rules, services
+from portal.reservations import services
 from portal.telemetry.models import RollupState, ShareMinute
-from tests.reservations import clock_at
+from tests.reservations import clock_at, placed, submitted
 
 URL = "/api/v1/reports/overview/"
 
 
 def submit(people, teams, who, team, share, memory=100, model=""):
-    return services.submit(people[who], rules.ReservationSpec(team=teams[team], image="busybox:1", gpu_request=share,
-                                                              gpu_memory_mib=memory, gpu_model=model))
+    return submitted(people[who], teams[team], image="busybox:1", gpu_request=share, gpu_memory_mib=memory,
+                     gpu_model=model)
 
 
 def place(r, gpu, share, memory=100):
-    services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal(share), memory)])
+    placed(r, gpu, share, memory)
 
 
 @pytest.fixture

@@ -12,19 +12,16 @@ from portal.fleet.models import Gpu, LostCause, Node, NodeStatus
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation, Source
 from portal.reservations.states import State
+from tests.reservations import placed, submitted
 
 
 def _submit(people, teams, **spec) -> Reservation:
-    fields = {"image": "busybox:1.36", "gpu_request": Decimal("0.5"), "gpu_memory_mib": 1000} | spec
-    return services.submit(people["alice"], rules.ReservationSpec(team=teams["vision"], **fields))
+    return submitted(people["alice"], teams["vision"], **({"gpu_request": Decimal("0.5"), "gpu_memory_mib": 1000}
+                                                         | spec))
 
 
 def _placed(people, teams, **spec) -> Reservation:
-    r = _submit(people, teams, **spec)
-    gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
-    services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, r.gpu_request, r.gpu_memory_mib)])
-    r.refresh_from_db()
-    return r
+    return placed(_submit(people, teams, **spec), Gpu.objects.get(node__name="t4-node-1", index=0))
 
 
 def test_move_acts_only_from_the_expected_state(fleet, people, teams):

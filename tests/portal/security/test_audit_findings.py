@@ -1,15 +1,14 @@
 """The smaller findings of the outside audit, each held to its fix: odd digits in paging, the
 schema's nullable node, revoking twice, another team's allocations per GPU."""
 
-from decimal import Decimal
 
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from portal.fleet.models import Gpu
-from portal.reservations import services
 from portal.reservations.models import Reservation
 from portal.tenancy.services import create_token
+from tests.reservations import placed
 
 ODD_NUMBERS = ["²", "١", "٣", "１", "1²", "9" * 5000, "-1", "0", "1.0", " 1", ""]
 
@@ -42,11 +41,6 @@ def test_revoking_a_revoked_token_is_404(people, client_for):
     assert alice.get("/api/v1/tokens/").json()["results"][0]["id"] == token.pk  # still listed, as revoked
 
 
-def _place(reservation_id, gpu, share, memory):
-    r = Reservation.objects.get(pk=reservation_id)
-    services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal(share), memory)])
-
-
 def test_members_see_only_their_teams_allocations_per_gpu(client_for, fleet, reservation_body):
     gpu = Gpu.objects.get(node__name="t4-node-1", index=0)
     mine = client_for("alice").post("/api/v1/reservations/", reservation_body(gpu_request=0.25, gpu_memory_mib=1024),
@@ -54,8 +48,8 @@ def test_members_see_only_their_teams_allocations_per_gpu(client_for, fleet, res
     theirs = client_for("bob").post("/api/v1/reservations/",
                                     reservation_body(team="nlp", gpu_request=0.5, gpu_memory_mib=4096),
                                     format="json").json()["id"]
-    _place(mine, gpu, 0.25, 1024)
-    _place(theirs, gpu, 0.5, 4096)
+    placed(Reservation.objects.get(pk=mine), gpu)
+    placed(Reservation.objects.get(pk=theirs), gpu)
 
     def row(who):
         results = client_for(who).get("/api/v1/gpus/", {"node__name": "t4-node-1"}).json()["results"]

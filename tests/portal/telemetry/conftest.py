@@ -11,11 +11,9 @@ from channels.testing import WebsocketCommunicator
 from django.db import transaction
 
 from portal.fleet.models import Gpu, Node
-from portal.reservations import rules, services
-from portal.reservations.models import Reservation
-from portal.reservations.states import State
 from portal.telemetry import dbthread, ingest, writer
 from portal.telemetry.consumers import AgentConsumer
+from tests.reservations import running, submitted
 from wire.agent_portal import Hello, Samples
 
 
@@ -65,11 +63,8 @@ def placed(node, people, teams):
         gpu = Gpu.objects.get(node=node, index=gpu_index)
         # One transaction: in tests that commit, the cycle it asks for finds nothing left to place.
         with transaction.atomic():
-            r = services.submit(owner, rules.ReservationSpec(team=team, image="img", gpu_request=Decimal(share),
-                                                             gpu_memory_mib=4096))
-            services.place(r.pk, node.pk, [services.NewAllocation(gpu.pk, Decimal(share), 4096)])
-            assert services.move(r.pk, State.PLACED, State.RUNNING, "its pod runs", "test")
-        return Reservation.objects.get(pk=r.pk)
+            return running(submitted(owner, team, image="img", gpu_request=Decimal(share), gpu_memory_mib=4096),
+                           gpu)
 
     return {"vision": make(people["alice"], teams["vision"], 0, "0.5"),
             "nlp": make(people["bob"], teams["nlp"], 1, "0.25")}
