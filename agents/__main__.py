@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="simulate the GPUs of a node from an inventory YAML instead of using NVML")
     parser.add_argument("--no-gpus", action="store_true",
                         help="a node without GPUs: no NVML; report the node, its CPU and memory and the links "
-                             "to GPU nodes (--remote-server), for the remote shares its pods may use")
+                             "to the GPU nodes' servers, for the remote GPU shares its pods may use")
     parser.add_argument("--reserved-cpu", metavar="MILLICORES", type=_bounded_int(0, 1_000_000), default=0,
                         help="CPU kept for the system, not offered to pods (default 0; set the kubelet's "
                              "kube-reserved + system-reserved)")
@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backoff-max", metavar="SECONDS", type=_bounded_float(1.0, 600.0), default=30.0,
                         help="longest wait between reconnection attempts (default 30)")
     parser.add_argument("--proc-root", metavar="PATH", type=Path, default=Path("/proc"),
-                        help="where to read processes' cgroups to find their pods (default /proc)")
+                        help="where to read processes' cgroups to find their pods, and the node's meminfo "
+                             "(default /proc)")
     parser.add_argument("--broker-socket", metavar="PATH", type=Path,
                         help="the node's share broker socket, to report the GPU time each share used")
     parser.add_argument("--remote-server", metavar="NODE=HOST:PORT", action="append", default=[],

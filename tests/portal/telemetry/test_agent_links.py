@@ -73,3 +73,36 @@ async def test_links_are_stored_replaced_and_read_by_placement(node):
     await _next(communicator, "error")
     assert await sync_to_async(_stored)() == {}
     await communicator.disconnect()
+
+
+async def test_an_agent_without_gpus_reports_its_resources_and_is_told_which_servers_to_probe(node):
+    from portal.fleet import services as fleet_services
+    from portal.fleet.models import LostCause
+
+    cpu = await sync_to_async(Node.objects.create)(name="cpu-2")
+    token = await sync_to_async(issue_node_token)(cpu)
+    await sync_to_async(fleet_services.record_addresses)({node.name: "10.0.0.11"})  # as the cluster reports it
+    lost = await sync_to_async(Node.objects.get)(name="t4-node-1")
+    await sync_to_async(fleet_services.mark_lost)(lost.pk, LostCause.CLUSTER_NOT_READY, "gone")
+    hello = {"v": 1, "type": "hello", "node": "cpu-2", "stream": "6c0a8c5e-2f7e-4d55-9a43-6f1b8c1d2e3f",
+             "agent_version": "0.1.0", "source": "none", "driver_version": None, "interval_ms": 10000,
+             "gpus": [], "resources": {"cpu_milli": 32000, "memory_mib": 120000}}
+    communicator = await agent_socket(token)
+    await communicator.send_to(text_data=json.dumps(hello))
+    welcome = await _next(communicator, "welcome")
+    servers = {s["node"]: s["address"] for s in welcome["remote_servers"]}
+    # Every GPU node but the lost one, at the address the cluster reports (else its name), port 7470.
+    gpu_nodes = await sync_to_async(lambda: set(Node.objects.exclude(gpus=None).values_list("name", flat=True)))()
+    assert set(servers) == gpu_nodes - {"t4-node-1"} and "cpu-2" not in servers
+    assert servers[node.name] == "10.0.0.11:7470"
+    assert all(address == f"{name}:7470" for name, address in servers.items() if name != node.name)
+    await communicator.disconnect()
+    cpu = await sync_to_async(Node.objects.get)(pk=cpu.pk)
+    assert (cpu.cpu_milli, cpu.memory_mib) == (32000, 120000)
+
+    # An agent that does not report resources (older, or simulated) gets the welcome it knows.
+    communicator = await agent_socket(token)
+    del hello["resources"]
+    await communicator.send_to(text_data=json.dumps({**hello, "stream": "7d1b9d6f-3a8f-4e66-8b54-7a2c9d2e3f40"}))
+    assert "remote_servers" not in await _next(communicator, "welcome")
+    await communicator.disconnect()
