@@ -125,12 +125,12 @@ def fleet_context(params, back: str = "/fleet/") -> dict:
     }
 
 
-# Compressed (~340 KB of repetitive markup → a tenth of it), unlike the portal as a whole. BREACH
-# needs a secret that stays the same across responses in a compressed body that also reflects
-# attacker input (the filters here): the only secret on these pages is the CSRF token, which
-# Django masks afresh in every response, and GZipMiddleware pads each body with random bytes.
-# Pages that show a secret once (a node's new agent token, an API token) are never compressed,
-# so no site-wide GZipMiddleware.
+# Compressed (340 KB of repetitive markup → 14 KB: bench/results/web/fleet-size.md), unlike the
+# portal as a whole. BREACH needs a secret that stays the same across responses in a compressed
+# body that also reflects attacker input (the filters here): the only secret on these pages is the
+# CSRF token, which Django masks afresh in every response, and GZipMiddleware pads each body with
+# random bytes. Pages that show a secret once (a node's new agent token, an API token) are never
+# compressed, so no site-wide GZipMiddleware.
 @gzip_page
 @login_required
 def fleet_page(request):
@@ -151,7 +151,7 @@ def fleet_rows_page(request):
     them, and the summary: what fleet.js swaps in when the `fleet` live group names nodes."""
     _staff(request)
     raw = [i for i in request.GET.get("ids", "").split(",") if i]
-    if not raw or len(raw) > MAX_ROWS or not all(i.isdigit() and len(i) < 19 for i in raw):
+    if not raw or len(raw) > MAX_ROWS or not all(i.isascii() and i.isdigit() and len(i) < 19 for i in raw):
         return HttpResponseBadRequest(f"ids: 1 to {MAX_ROWS} node ids, comma-separated")
     back = request.GET.get("next", "")
     nodes = _draw(list(Node.objects.filter(pk__in={int(i) for i in raw}).order_by("name").values(*NODE_FIELDS)))

@@ -1,7 +1,8 @@
 """The fleet view left open in a site admin's browser follows the fleet by push (ws/live/, the
 `fleet` group), on the whole stack: a node drained by another admin, a node whose agent falls
 silent marked lost, and a share the placement worker puts on a GPU all show within seconds,
-without a reload. Cordoning a GPU from the page asks for a reason, which the page then shows."""
+without a reload. Cordoning a GPU from the page asks for a reason, which the page then shows; an
+idle reservation's page says when the team's policy reclaims it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from portal.audit import services as audit
@@ -18,6 +20,7 @@ from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, LostCause, Node
 from portal.reservations import rules, services
 from portal.reservations.models import Reservation
+from portal.tenancy import policy
 from portal.tenancy.models import Membership, Role, Team
 from tests.integration.conftest import INVENTORY, wait_for
 
@@ -82,4 +85,15 @@ def test_the_fleet_page_follows_drains_losses_and_new_shares_without_reload(chro
     expect(admin.locator(f"li[data-gpu='{free.pk}'] .cordon-reason")).to_have_text("fan noise, ticket 4411")
     entry = AuditEntry.objects.get(object_type="gpu", object_id=free.pk)
     assert entry.after["cordon_reason"] == "fan noise, ticket 4411" and entry.via == "web"
+
+    # the team reclaims idle shares after a 20-minute warning: the reservation page says when
+    policy.set_policy(vision, audit.web(admin_user), {"idle_reclaim": True, "idle_warning_s": 1200})
+    wait_for(lambda: Reservation.objects.get(pk=reservation.pk).state == "running", 60, "running")
+    assert services.flag_idle(reservation.pk, True, timezone.now())
+    admin.goto(f"{stack['portal'].url}/reservations/{reservation.pk}/")
+    expect(admin.locator(".idle-notice")).to_contain_text("It is reclaimed in 19 min")
+    shoot(admin, "reservation-idle")
+    admin.goto(f"{stack['portal'].url}/fleet/teams/vision/")
+    expect(admin.locator("#id_limit_idle_warning_min")).to_have_value("")
+    shoot(admin, "fleet-team-limits")
     assert not errors, errors

@@ -192,6 +192,7 @@ def test_the_rows_of_changed_nodes_as_the_page_draws_them(fleet, browser_for):
     assert 'class="node state-draining" data-node="t4-node-1"' in body and "disk swap" in body
     assert 'name="next" value="/fleet/?page=1"' in body and "1 draining" in body
     assert admin.get("/fleet/rows/", {"ids": "1,x"}).status_code == 400
+    assert admin.get("/fleet/rows/", {"ids": "1,²"}).status_code == 400
     assert admin.get("/fleet/rows/", {"ids": ",".join(["1"] * 101)}).status_code == 400
     assert browser_for("carol").get("/fleet/rows/", {"ids": str(t4.pk)}).status_code == 403
 
