@@ -35,9 +35,9 @@ def answer(user, gpu_request: Decimal, gpu_memory_mib: int, gpu_model: str, gpu_
     request = core.Request(id="capacity-query", team=team, gpu_request=float(gpu_request),
                            gpu_memory_mib=gpu_memory_mib, gpu_count=gpu_count, gpu_model=gpu_model or None,
                            priority=50)
-    candidates, refused = core.feasible_gpus(snapshot.build(), request)
+    candidates, count, refused = core.best_gpus(snapshot.build(), request, limit)
     reasons += [r.as_dict() for r in refused]
     gpus = [{"uuid": c.gpu_uuid, "node": c.node, "index": c.gpu_index, "model": c.model,
-             "free_share": round(c.free_share, 3), "free_memory_mib": c.free_memory_mib} for c in candidates[:limit]]
+             "free_share": round(c.free_share, 3), "free_memory_mib": c.free_memory_mib} for c in candidates]
     return {"fits": bool(gpus) and not any(r["code"] == "quota" for r in reasons), "gpus": gpus,
-            "count": len(candidates), "reasons": reasons}
+            "count": count, "reasons": reasons}

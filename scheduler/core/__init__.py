@@ -28,6 +28,8 @@ Entry points:
   Unschedulable; a caller can commit the first ones while the rest are computed.
 - `feasible_gpus(snapshot, request, policy="tessera") -> (list[GpuCandidate], list[Reason])`:
   candidates best first (node, gpu_uuid, gpu_index, model, free_share, free_memory_mib, score).
+- `best_gpus(snapshot, request, limit) -> (first `limit` candidates, how many in all, reasons)`: the same
+  order, building only the candidates asked for (the capacity preview).
 - `POLICIES`: random, best-fit, packing, spread, dot-product, fgd, tessera (the default: FGD's
   fragmentation gradient plus CPU stranding; see `tessera.py` and bench/results/scheduler/).
 - Lower level, as the trace replay uses it: `ClusterState` (numpy working copy of a snapshot),
@@ -45,7 +47,7 @@ Reason codes (`ReasonCode`, stable strings): invalid, quota, node_not_ready, nod
 model, exclusion, affinity, anti_affinity, memory, compute, whole_gpu, no_fit, gang_incomplete.
 """
 
-from .cycle import Decision, decide, feasible_gpus, schedule
+from .cycle import Decision, best_gpus, decide, feasible_gpus, schedule
 from .engine import POLICIES, Choice, choose, make_scorer
 from .fragmentation import TypicalPod, typical_pods
 from .model import (
@@ -90,6 +92,7 @@ __all__ = [
     "TeamUsage",
     "TypicalPod",
     "Unschedulable",
+    "best_gpus",
     "choose",
     "decide",
     "feasible_gpus",

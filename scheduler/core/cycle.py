@@ -188,33 +188,38 @@ def feasible_gpus(
     snapshot: Snapshot, request: Request, policy: str = "tessera", typical: Sequence[TypicalPod] | None = None
 ) -> tuple[list[GpuCandidate], list[Reason]]:
     """Where `request` could go now (best first) and why the other GPUs were refused."""
+    candidates, _, reasons = best_gpus(snapshot, request, None, policy, typical)
+    return candidates, reasons
+
+
+def best_gpus(
+    snapshot: Snapshot, request: Request, limit: int | None, policy: str = "tessera",
+    typical: Sequence[TypicalPod] | None = None,
+) -> tuple[list[GpuCandidate], int, list[Reason]]:
+    """The first `limit` (None: all) of feasible_gpus' candidates, how many there are in all, and
+    the reasons. Only the candidates asked for are built: a capacity preview on 4,000 free GPUs
+    wants the best hundred and the count."""
     state = ClusterState.from_snapshot(snapshot)
     ok = feasible(state, request)
     room = nodes_with_room(ok, request)
     reasons = explain(state, request)
     if not room.any():
-        return [], reasons
+        return [], 0, reasons
     scorer = make_scorer(
         policy, state, typical if typical is not None else typical_pods(_workload(snapshot, [request]))
     )
     scores, _ = scorer.score(state, request, ok, room)
-    out: list[tuple[tuple[float, int, int], GpuCandidate]] = []
-    # Plain Python numbers once per array (not a numpy scalar per GPU): a fleet of 4,000 GPUs
-    # yields 4,000 candidates on every capacity preview.
-    node_scores, tie_rank = scores.tolist(), state.tie_rank.tolist()
-    for i in np.flatnonzero(room).tolist():
-        name, uuids, indexes, score = state.node_names[i], state.gpu_uuids[i], state.gpu_indexes[i], node_scores[i]
+    nodes = np.flatnonzero(room)
+    # Best node first, ties by the fixed tie rank; within a node its GPUs in slot order.
+    order = nodes[np.lexsort((state.tie_rank[nodes], -scores[nodes]))]
+    count = int(ok[nodes].sum())
+    out: list[GpuCandidate] = []
+    for i in order.tolist():
+        name, uuids, indexes, score = state.node_names[i], state.gpu_uuids[i], state.gpu_indexes[i], float(scores[i])
         free, mem_free, model = state.free[i].tolist(), state.mem_free[i].tolist(), state.gpu_model[i].tolist()
         for j in np.flatnonzero(ok[i]).tolist():
-            cand = GpuCandidate(
-                node=name,
-                gpu_uuid=uuids[j],
-                gpu_index=indexes[j],
-                model=state.models[model[j]],
-                free_share=free[j] / 1000.0,
-                free_memory_mib=mem_free[j],
-                score=float(score),
-            )
-            out.append(((-float(score), tie_rank[i], j), cand))
-    out.sort(key=lambda x: x[0])
-    return [c for _, c in out], reasons
+            if limit is not None and len(out) >= limit:
+                return out, count, reasons
+            out.append(GpuCandidate(node=name, gpu_uuid=uuids[j], gpu_index=indexes[j], model=state.models[model[j]],
+                                    free_share=free[j] / 1000.0, free_memory_mib=mem_free[j], score=score))
+    return out, count, reasons

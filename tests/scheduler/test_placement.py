@@ -1,6 +1,6 @@
 """Filters and placement: what a user of the portal would see a request get (or not)."""
 
-from scheduler.core import Node, NodeStatus, Request, Share, Snapshot, feasible_gpus, schedule
+from scheduler.core import Node, NodeStatus, Request, Share, Snapshot, best_gpus, feasible_gpus, schedule
 
 
 def placed(result, rid):
@@ -107,6 +107,16 @@ def test_capacity_lists_candidates_best_first_and_reasons(node):
     assert [c.gpu_uuid for c in cands] == ["a-g1"]
     assert cands[0].free_share == 1.0
     assert {r.code for r in reasons} == {"model", "compute"}
+
+
+def test_the_best_few_candidates_are_the_head_of_the_whole_list_and_all_are_counted(node):
+    nodes = tuple(node(f"n{i}", gpus=4, shares={j: [Share(f"s{i}{j}", 0.1 * ((i + j) % 5) + 0.05)] for j in range(4)})
+                  for i in range(6))
+    request = Request("q", gpu_request=0.5)
+    everything, _ = feasible_gpus(Snapshot(nodes), request)
+    best, count, _ = best_gpus(Snapshot(nodes), request, 5)
+    assert best == everything[:5] and count == len(everything) > 5
+    assert best_gpus(Snapshot(nodes), request, None)[0] == everything
 
 
 def test_capacity_of_a_full_cluster_says_why(node):
