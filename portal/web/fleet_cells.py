@@ -1,7 +1,8 @@
 """The HTML of one GPU in the fleet view, built in Python rather than in the template: a page
 draws 160 GPUs and hundreds of share slices, and the template engine spent ~3 ms on each GPU
 (bench/web/fleet.py), most of the page's time. Every value is escaped here; the markup is the
-one templates/fleet/_nodes.html documents."""
+one templates/fleet/_node.html documents. SVG's own short forms (self-closed rects, x and y 0 left
+out) keep the 160 GPUs of a page some 20 KB smaller."""
 
 from __future__ import annotations
 
@@ -40,9 +41,8 @@ def gpu_cell(g: dict, node: str) -> SafeString:
     for s in g["slices"]:
         href = f"/reservations/{s['reservation']}/"
         slices.append(f'<a href="{href}" data-reservation="{s["reservation"]}"><title>{escape(_slice_title(s))}'
-                      f'</title><rect class="slice {s["cls"]}" x="{s["x"]}" y="0" width="{s["w"]}" height="11">'
-                      "</rect></a>")
-        bars.append(f'<rect class="mem {s["cls"]}" x="{s["mx"]}" y="14" width="{s["mw"]}" height="6"></rect>')
+                      f'</title><rect class="slice {s["cls"]}" x="{s["x"]}" width="{s["w"]}" height="11"/></a>')
+        bars.append(f'<rect class="mem {s["cls"]}" x="{s["mx"]}" y="14" width="{s["mw"]}" height="6"/>')
     where = f"GPU {idx} on {escape(node)}"
     foot = f"{used} · {memory}" if g["slices"] else "free"
     # Remote shares said in words: the pod runs on another node and uses this GPU over the network.
@@ -57,10 +57,10 @@ def gpu_cell(g: dict, node: str) -> SafeString:
         f"{label}{badges}</div>"
         f'<svg class="gpu-bars" viewBox="0 0 100 26" preserveAspectRatio="none" role="group" aria-label="{where}: '
         f'{used} of 1 shared, {memory} of {gib(g["memory_mib"])}">'
-        '<rect class="cap" x="0" y="0" width="100" height="11"></rect>' + "".join(slices) +
-        '<rect class="cap" x="0" y="14" width="100" height="6"></rect>' + "".join(bars) +
-        '<rect class="util-cap" x="0" y="23" width="100" height="3"></rect>'
-        '<rect class="util" x="0" y="23" width="0" height="3" data-util></rect></svg>'
+        '<rect class="cap" width="100" height="11"/>' + "".join(slices) +
+        '<rect class="cap" y="14" width="100" height="6"/>' + "".join(bars) +
+        '<rect class="util-cap" y="23" width="100" height="3"/>'
+        '<rect class="util" y="23" width="0" height="3" data-util/></svg>'
         f'<div class="gpu-foot"><span>{foot}</span> <span class="muted" data-util-text title="utilization now">—'
         f"</span></div>{reason}"
         # One dialog on the page holds the form (and the only CSRF token): it asks for the reason.
