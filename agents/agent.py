@@ -20,7 +20,7 @@ from agents.remote.probe import LinkTable
 from agents.sampling import Sampler
 from agents.share_usage import BrokerUsage
 from agents.stream import PortalStream
-from wire.agent_portal import MAX_GPUS_PER_NODE, PROTOCOL_VERSION, Hello, Welcome, encode
+from wire.agent_portal import MAX_GPUS_PER_NODE, PROTOCOL_VERSION, Hello, RemoteServer, encode
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +103,12 @@ class Agent:
             stable_after_s=settings.stable_after_s,
         )
         if links is not None:
-            self.stream.on_welcome = self._servers_named
+            self.stream.on_servers = self._servers_named
 
-    def _servers_named(self, welcome: Welcome) -> None:
-        """The portal named the GPU nodes' servers to probe (each session: they change as nodes come
-        and go); a link dropped with its server must leave the portal's table too."""
-        if welcome.remote_servers is None or self.links is None:
-            return
-        if self.links.offer({s.node: s.address for s in welcome.remote_servers}):
+    def _servers_named(self, servers: list[RemoteServer]) -> None:
+        """The portal named the GPU nodes' servers to probe (its welcome, and again when they change
+        as nodes come and go); a link dropped with its server must leave the portal's table too."""
+        if self.links is not None and self.links.offer({s.node: s.address for s in servers}):
             self.stream.set_links(self.links.message())
 
     async def _sample_loop(self, stop: asyncio.Event) -> None:

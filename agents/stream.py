@@ -41,6 +41,8 @@ from wire.agent_portal import (
     Error,
     Placements,
     ProtocolError,
+    RemoteServer,
+    Servers,
     Welcome,
     error_message,
     parse,
@@ -130,7 +132,8 @@ class PortalStream:
         self._wake = asyncio.Event()
         self._in_flight: deque[int] = deque()  # last seq of each unacknowledged batch
         self.links: str | None = None  # the latest `links` message (agents.remote.probe.LinkTable)
-        self.on_welcome: Callable[[Welcome], None] | None = None  # e.g. the servers to probe it names
+        # The GPU nodes' servers to probe, as the portal names them (welcome, then `servers`).
+        self.on_servers: Callable[[list[RemoteServer]], None] | None = None
 
     def wake(self) -> None:
         """New samples are in the buffer."""
@@ -188,8 +191,8 @@ class PortalStream:
         ) as ws:
             await ws.send(self.hello)
             welcome = await self._await_welcome(ws)
-            if self.on_welcome is not None:
-                self.on_welcome(welcome)
+            if self.on_servers is not None and welcome.remote_servers is not None:
+                self.on_servers(welcome.remote_servers)
             self.buffer.ack(welcome.acked_seq)
             if self.buffer.last_seq is not None and welcome.acked_seq > self.buffer.last_seq:
                 log.warning("portal acknowledged seq %d, beyond our last sample %d",
@@ -288,6 +291,9 @@ class PortalStream:
                 self._on_ack(message)
             elif isinstance(message, Placements):
                 await self._on_placements(ws, message)
+            elif isinstance(message, Servers):
+                if self.on_servers is not None:
+                    self.on_servers(message.remote_servers)
             elif isinstance(message, Error):
                 level = logging.ERROR if message.fatal else logging.WARNING
                 log.log(level, "portal reports %s: %s%s", message.code, message.message,

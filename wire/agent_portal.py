@@ -248,6 +248,14 @@ class Welcome(_Message):
     remote_servers: Annotated[list[RemoteServer], Field(max_length=MAX_LINKS)] | None = None
 
 
+class Servers(_Message):
+    """The GPU nodes' servers to probe, again during a session (a node came, went, or moved); only
+    to agents whose hello had `resources`. Replaces the welcome's list."""
+
+    type: Literal["servers"]
+    remote_servers: Annotated[list[RemoteServer], Field(max_length=MAX_LINKS)]
+
+
 class Ack(_Message):
     type: Literal["ack"]
     stream: StreamId
@@ -302,6 +310,7 @@ PORTAL_MESSAGES: dict[str, type[_Message]] = {
     "welcome": Welcome,
     "ack": Ack,
     "placements": Placements,
+    "servers": Servers,
     "error": Error,
 }
 

@@ -135,10 +135,14 @@ def apply_inventory(nodes: list[dict]) -> tuple[int, int]:
 
 def record_addresses(addresses: dict[str, str]) -> int:
     """node name → the address the cluster reports for it ("" for none). Returns the rows changed."""
-    changed = 0
+    changed = []
     for name, address in addresses.items():
-        changed += Node.objects.filter(name=name).exclude(address=address or None).update(address=address or None)
-    return changed
+        rows = Node.objects.filter(name=name).exclude(address=address or None)
+        ids = list(rows.values_list("pk", flat=True))
+        if ids and rows.update(address=address or None):
+            changed += ids
+    announce_nodes(changed)  # agents probing GPU nodes' servers hear of the new address
+    return len(changed)
 
 
 def record_resources(node_id: int, cpu_milli: int, memory_mib: int) -> bool:

@@ -1,5 +1,5 @@
-"""Channel-layer pushes to connected agents: placements when a node's allocations change, and a
-close when its token changes (both after commit)."""
+"""Channel-layer pushes to connected agents: placements when a node's allocations change, the GPU
+nodes' servers to probe when nodes change, and a close when its token changes (all after commit)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
+from portal.fleet.events import nodes_changed
 from portal.fleet.models import Node
 from portal.reservations.events import allocations_changed
 
@@ -48,6 +49,30 @@ def push_placements(sender, node_ids: list[int], **kwargs) -> None:
         return
     # Redis: on the process's sender loop, without waiting (a bind batch or a cycle goes on).
     background.submit(send_all, f"placements to the agents of nodes {node_ids}")
+
+
+# The connections of agents that probe GPU nodes' servers (their hello had `resources`).
+REMOTE_PROBERS = "agent.remote"
+
+
+@receiver(nodes_changed, dispatch_uid="telemetry.push_remote_servers")
+def push_remote_servers(sender, node_ids: list[int], **kwargs) -> None:
+    """A node lost or back, drained, moved (its address): the agents that probe GPU nodes' servers
+    look again at which to probe; each sends its agent the list only if it changed."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+
+    async def send() -> None:
+        await layer.group_send(REMOTE_PROBERS, {"type": "remote.servers.changed"})
+
+    if isinstance(layer, InMemoryChannelLayer):
+        try:
+            async_to_sync(send)()
+        except Exception:
+            log.exception("could not tell the agents that the GPU nodes changed")
+        return
+    background.submit(send, "the GPU nodes' servers to the probing agents")
 
 
 @receiver(post_save, sender=Node, dispatch_uid="telemetry.token_changed")

@@ -231,3 +231,33 @@ async def test_the_agent_reports_the_links_it_measures_once_per_session_and_on_c
     # An unchanged table is not sent again within a session: 9000 twice made one message.
     before_kill = [m.links[0].bandwidth_mbps for m in portal.links[:count]]
     assert before_kill[:2] == [9000.0, 4000.0]
+
+
+async def test_the_agent_probes_the_servers_the_portal_names_and_drops_those_it_no_longer_names(portal):
+    from agents.agent import Agent
+    from agents.gpus.none import NoGpuSource
+    from agents.placements import PlacementTable
+    from agents.remote.probe import LinkQuality, LinkTable
+
+    from .conftest import make_agent, running
+
+    probed = []
+
+    def prober(address: str, gpu_node: str) -> LinkQuality:
+        probed.append((gpu_node, address))
+        return LinkQuality(gpu_node, 0.3, 9000.0, 1_790_000_000.0)
+
+    settings = make_agent(portal.url).settings
+    settings.link_check_s = 0.05
+    agent = Agent(settings, NoGpuSource(), PlacementTable(set()),
+                  links=LinkTable({}, interval_s=0.2, prober=prober), resources={"cpu_milli": 4000, "memory_mib": 8192})
+    async with running(agent):
+        await portal.wait_for(lambda: portal.hellos)
+        assert portal.hellos[0].gpus == [] and portal.hellos[0].resources.memory_mib == 8192
+        await portal.push({"v": 1, "type": "servers", "remote_servers": [
+            {"node": "gpu-a", "address": "10.0.0.1:7470"}, {"node": "gpu-b", "address": "10.0.0.2:7470"}]})
+        await portal.wait_for(lambda: any(len(m.links) == 2 for m in portal.links))
+        await portal.push({"v": 1, "type": "servers",
+                           "remote_servers": [{"node": "gpu-a", "address": "10.0.0.1:7470"}]})
+        await portal.wait_for(lambda: [link.gpu_node for link in portal.links[-1].links] == ["gpu-a"])
+    assert ("gpu-b", "10.0.0.2:7470") in probed and portal.refused == []

@@ -12,10 +12,11 @@ import re
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from portal.fleet.links import LinksRefused, store_links
+from portal.fleet.links import LinksRefused, remote_servers_for, store_links
 from portal.fleet.services import node_for_token
 from portal.telemetry import conf, dbthread, ingest, ticker
 from portal.telemetry.services import placements_for_node
+from portal.telemetry.signals import REMOTE_PROBERS
 from portal.telemetry.writer import writer
 from wire.agent_portal import (
     AGENT_MESSAGES,
@@ -76,6 +77,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.info: ingest.StreamInfo | None = None
         self.hello: Hello | None = None
         self.broken = False  # a store failed: nothing more may be stored or acked here
+        self.servers_sent: list[dict[str, str]] | None = None  # the GPU nodes' servers the agent probes
         token = _bearer_token(self.scope)
         try:
             # Daphne drops a handshake the application has not answered in 5 s.
@@ -95,6 +97,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code) -> None:
         if self.node is not None and self.hello is not None:
             await self.channel_layer.group_discard(_node_group(self.node.pk), self.channel_name)
+        if self.servers_sent is not None:
+            await self.channel_layer.group_discard(REMOTE_PROBERS, self.channel_name)
 
     async def _fatal(self, code: str, message: str, close_code: int) -> None:
         await self.send(error_message(code, message, fatal=True))
@@ -173,8 +177,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(group, self.channel_name)
         welcome = {"v": 1, "type": "welcome", "node": hello.node, "stream": hello.stream,
                    "acked_seq": self.info.acked_seq}
-        if self.info.remote_servers is not None:
-            welcome["remote_servers"] = self.info.remote_servers
+        if self.info.remote_servers is not None:  # an agent that probes GPU nodes' servers
+            welcome["remote_servers"] = self.servers_sent = self.info.remote_servers
+            await self.channel_layer.group_add(REMOTE_PROBERS, self.channel_name)
         await self.send(json.dumps(welcome, separators=(",", ":")))
         await self._send_placements()
 
@@ -222,6 +227,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def placements_changed(self, event) -> None:
         if self.hello is not None and not self.broken:
             await self._send_placements()
+
+    async def remote_servers_changed(self, event) -> None:
+        if self.hello is None or self.broken or self.servers_sent is None:
+            return
+        try:
+            servers = await dbthread.run(remote_servers_for, self.node)
+        except Exception:
+            log.exception("reading the GPU nodes' servers for %s failed", self.node.name)
+            return  # it gets the list again at its next session
+        if servers != self.servers_sent:
+            self.servers_sent = servers
+            await self.send(json.dumps({"v": 1, "type": "servers", "remote_servers": servers}, separators=(",", ":")))
 
     async def agent_token_changed(self, event) -> None:
         self.broken = True

@@ -96,6 +96,16 @@ async def test_an_agent_without_gpus_reports_its_resources_and_is_told_which_ser
     assert set(servers) == gpu_nodes - {"t4-node-1"} and "cpu-2" not in servers
     assert servers[node.name] == "10.0.0.11:7470"
     assert all(address == f"{name}:7470" for name, address in servers.items() if name != node.name)
+    # During the session: a GPU node lost, then back, another one moved; the agent hears each list.
+    await sync_to_async(fleet_services.mark_lost)(node.pk, LostCause.CLUSTER_NOT_READY, "gone")
+    pushed = await _next(communicator, "servers")
+    assert {s["node"] for s in pushed["remote_servers"]} == set(servers) - {node.name}
+    await sync_to_async(fleet_services.mark_back)(lost.pk, LostCause.CLUSTER_NOT_READY)
+    pushed = await _next(communicator, "servers")
+    assert {s["node"] for s in pushed["remote_servers"]} == set(servers) - {node.name} | {"t4-node-1"}
+    await sync_to_async(fleet_services.record_addresses)({"t4-node-1": "10.0.0.12"})
+    pushed = await _next(communicator, "servers")
+    assert {"node": "t4-node-1", "address": "10.0.0.12:7470"} in pushed["remote_servers"]
     await communicator.disconnect()
     cpu = await sync_to_async(Node.objects.get)(pk=cpu.pk)
     assert (cpu.cpu_milli, cpu.memory_mib) == (32000, 120000)
