@@ -7,8 +7,9 @@ A user acts like a person at the API or the pages: one request, then a pause of 
 on average (uniform between half and one and a half times it) while reading the answer, then the
 next: submit, list, capacity preview, cancel, and again. So 200 users at 5 s offer about 40
 requests per second, whatever the server's speed (an open loop would measure a queue instead).
-The load generator is this one asyncio process (httpx); the CPU each part of the run used
-(generator, portal, worker, agents, the whole machine) is in the results.
+The load generator is this one asyncio process (aiohttp; httpx took about 10 ms of CPU per request
+here); the CPU each part of the run used (generator, portal, worker, agents, PostgreSQL, the whole
+machine) is in the results.
 
 Two phases in one run, same users and same mix: `api` (the users alone: the baseline) and
 `api+agents` (the users while the agents stream). For each phase and operation: requests per
@@ -131,22 +132,23 @@ async def _user(client, team: str, key: str, rec: Recorder, stop: asyncio.Event,
             "gpu_request": 0.1, "gpu_memory_mib": 2048, "priority": 10}
     await asyncio.sleep(random.uniform(0, think_s))
 
-    async def call(op: str, method: str, url: str, **kwargs):
+    async def call(op: str, method: str, url: str, **kwargs) -> tuple[int, bytes] | None:
         started = time.perf_counter()
         try:
-            r = await client.request(method, url, headers=headers, **kwargs)
+            async with client.request(method, url, headers=headers, **kwargs) as r:
+                answer = (r.status, await r.read())
         except Exception as exc:  # a refused or dropped connection is an error the users saw
             rec.add(op, time.perf_counter() - started, type(exc).__name__)
             return None
-        rec.add(op, time.perf_counter() - started, str(r.status_code))
-        return r
+        rec.add(op, time.perf_counter() - started, str(answer[0]))
+        return answer
 
     async def think() -> None:
         await asyncio.sleep(random.uniform(0.5, 1.5) * think_s)
 
     while not stop.is_set():
         r = await call("submit", "POST", "/api/v1/reservations/", json=body)
-        rid = r.json()["id"] if r is not None and r.status_code == 201 else None
+        rid = json.loads(r[1])["id"] if r is not None and r[0] == 201 else None
         if rid is not None:
             rec.created.add(rid)
         await think()
@@ -190,6 +192,18 @@ def _with_descendants(pids: list[int]) -> set[int]:
     return out
 
 
+def _postgres_pids() -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid != 0 and (entry / "comm").read_text().strip() in ("postgres", "postmaster"):
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
 def _machine_busy_s() -> tuple[float, float]:
     """(busy CPU seconds of the whole machine, its elapsed CPU seconds) from /proc/stat."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -205,6 +219,8 @@ class CpuMeter:
         self.parts = parts
 
     def start(self) -> None:
+        # PostgreSQL's backends come and go with connections: count whatever runs as its server user now.
+        self.parts["postgres (all databases)"] = _postgres_pids()
         self.t0 = time.monotonic()
         self.own0 = time.process_time()
         self.parts0 = {name: _cpu_seconds(pids) for name, pids in self.parts.items()}
@@ -214,7 +230,8 @@ class CpuMeter:
         elapsed = time.monotonic() - self.t0
         out = {"load generator": (time.process_time() - self.own0) / elapsed}
         for name, pids in self.parts.items():
-            out[name] = (_cpu_seconds(pids) - self.parts0[name]) / elapsed
+            # Processes that ended meanwhile are not counted (their CPU is lost to /proc): a lower bound.
+            out[name] = max(0.0, _cpu_seconds(pids) - self.parts0[name]) / elapsed
         busy, total = _machine_busy_s()
         out["machine (all engineers)"] = (busy - self.machine0[0]) / (total - self.machine0[1]) * (os.cpu_count() or 1)
         return {k: round(v, 2) for k, v in out.items()}
@@ -248,11 +265,12 @@ def _summary(rec: Recorder, seconds: float) -> dict:
 
 async def _phase(port: int, people: list[tuple[str, str]], seconds: float, warmup: float, think_s: float,
                  rec: Recorder, cpu: CpuMeter) -> dict:
-    import httpx
+    import aiohttp
 
     stop = asyncio.Event()
-    limits = httpx.Limits(max_connections=len(people) + 10, max_keepalive_connections=len(people) + 10)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=30.0) as client:
+    connector = aiohttp.TCPConnector(limit=len(people) + 10)
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}", connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=30)) as client:
         tasks = [asyncio.create_task(_user(client, team, key, rec, stop, think_s)) for team, key in people]
         await asyncio.sleep(warmup)
         rec.on = True
@@ -289,12 +307,10 @@ def _stop(*procs: subprocess.Popen | None) -> None:
                 proc.wait()
 
 
-def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, pool: int, processes: int) -> dict:
-    import logging
-
+def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, pool: int, processes: int,
+        ingest_apart: bool) -> dict:
     import django
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     DB.recreate()
     os.environ["DATABASE_URL"] = DB.url
@@ -316,7 +332,7 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
            "TESSERA_BACKEND": "local", "TESSERA_LOCAL_STATE": str(tmp / "cluster.sqlite3"),
            "TESSERA_LOCAL_START_S": "0.5", "TESSERA_INVENTORY": str(inventory), "PYTHONPATH": str(ROOT),
            "DJANGO_SETTINGS_MODULE": "portal.settings"}
-    portal = worker = fleet = None
+    portal = worker = fleet = ingest = None
     phases = {}
     try:
         portal = _start([sys.executable, "-m", "portal.serve", "--processes", str(processes), "-b", "127.0.0.1",
@@ -329,17 +345,24 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.1)
+        ingest_port = port
+        if ingest_apart:  # the agents stream to a portal process of their own, the users never reach it
+            ingest_port = _free_port()
+            ingest = _start([sys.executable, "-m", "portal.serve", "-b", "127.0.0.1", "-p", str(ingest_port),
+                             "portal.asgi:application"], env, tmp / "ingest.log")
         rec = Recorder()
         parts = {"portal": [portal.pid], "worker": [worker.pid]}
         phases["api"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec, CpuMeter(parts)))
         if agents:
-            fleet = _start([sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{port}",
+            fleet = _start([sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{ingest_port}",
                             "--simulate", str(inventory), "--tokens", str(tokens), "--interval", "1"],
                            env, tmp / "fleet.log")
             time.sleep(warmup)  # the agents connect and send their first batches
             rec2 = Recorder()
             rec2.created = rec.created
             parts["agents"] = [fleet.pid]
+            if ingest is not None:
+                parts["ingest portal"] = [ingest.pid]
             phases["api+agents"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec2, CpuMeter(parts)))
             stored = _stored_samples_per_s(seconds=10)
             phases["api+agents"]["agent_samples_stored_per_s"] = stored
@@ -349,7 +372,7 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
         lost = sorted(created - checks.pop("reservation_ids"))
         checks.update({"reservations_created": len(created), "created_but_missing": len(lost)})
     finally:
-        _stop(fleet, worker, portal)
+        _stop(fleet, worker, ingest, portal)
     return {"phases": phases, "checks": checks, "logs": str(tmp)}
 
 
@@ -375,12 +398,15 @@ def main() -> int:
     parser.add_argument("--think", type=float, default=5.0,
                         help="mean pause of a user after each request, s (a person reading the answer)")
     parser.add_argument("--processes", type=int, default=2, help="portal processes (portal.serve --processes)")
+    parser.add_argument("--ingest-apart", action="store_true",
+                        help="the agents stream to a portal process of their own (not the users' processes)")
     parser.add_argument("--pool", type=int, default=20, help="DB_POOL_MAX_SIZE of the portal process")
     parser.add_argument("--note", default="", help="a line for the results (e.g. why the run is short)")
     parser.add_argument("--name", default="results", help="results file name in bench/results/load/")
     args = parser.parse_args()
     try:
-        result = run(args.users, args.agents, args.seconds, args.warmup, args.think, args.pool, args.processes)
+        result = run(args.users, args.agents, args.seconds, args.warmup, args.think, args.pool, args.processes,
+                     args.ingest_apart)
     finally:
         DB.drop()
     command = "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/load/run.py " + \
@@ -388,7 +414,8 @@ def main() -> int:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
     result.update({"command": command, "machine": machine,
                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), "users": args.users, "agents": args.agents,
-                   "think_s": args.think, "processes": args.processes, "pool": args.pool, "note": args.note})
+                   "think_s": args.think, "processes": args.processes, "ingest_apart": args.ingest_apart,
+                   "pool": args.pool, "note": args.note})
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (RESULTS / f"{args.name}.md").write_text(_markdown(result))
@@ -406,6 +433,7 @@ def _markdown(result: dict) -> str:
               f"{result['processes']} portal processes (`portal.serve --processes`, each with a pool of "
               f"{result['pool']} connections to PostgreSQL), one Celery "
               f"worker placing, Redis. Phase `api+agents` adds {result['agents']} simulated nodes × 8 GPUs "
+              + ("(to a portal process of their own: --ingest-apart) " if result.get("ingest_apart") else "") +
               "streaming at 1 Hz. Ratios: against the `api` phase of the same run. Target (issue #16): zero "
               "5xx, p99 < 500 ms for reads, < 1 s for submits.", "",
               "| phase | operation | requests | req/s | p50 ms | p99 ms | p99 target ms | 5xx | 429 | failed conn. "

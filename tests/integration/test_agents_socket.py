@@ -3,7 +3,9 @@ portal restart under a running agent that leaves no hole in the stored series.""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import uuid
 
@@ -114,20 +116,37 @@ def test_an_oversized_frame_closes_the_connection(portal, world):
 
 
 def test_a_flood_closes_the_connection(portal, world):
+    """Past the message rate the portal answers rate_limited (fatal) and closes with 4008; the
+    nonsense before that was answered one message at a time without closing.
+
+    The flood is sent from a thread while this one reads, as an agent's socket does. Sending all
+    of it before reading made what the client saw depend on timing: the unread answers filled the
+    client's queue, so it stopped reading and did not answer the portal's close; on a busy machine
+    the portal's closing handshake timed out and it dropped the connection, and the next send
+    failed with no close frame and no error read (codes empty, no close code)."""
     token = issue_node_token(world["node"])
     with _agent_socket(portal, token) as ws:
         ws.send(_hello(world, str(uuid.uuid4())))
         _until(ws, "welcome")
+
+        def flood() -> None:
+            with contextlib.suppress(ConnectionClosed):  # the portal closes while we still send
+                for _ in range(500):
+                    ws.send('{"v": 1, "type": "nonsense"}')
+
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
         codes = []
         with pytest.raises(ConnectionClosed) as closed:
-            for _ in range(500):
-                ws.send('{"v": 1, "type": "nonsense"}')
             while True:
                 message = json.loads(ws.recv(timeout=10))
                 if message["type"] == "error":
-                    codes.append(message["code"])
-        assert closed.value.rcvd.code == 4008
-        assert codes[-1] == "rate_limited" and "invalid_message" in codes
+                    codes.append((message["code"], message["fatal"]))
+        sender.join(10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4008
+    # Answered one by one until the bucket ran out, then the one fatal answer, then nothing.
+    assert codes[-1] == ("rate_limited", True)
+    assert codes[:-1] and set(codes[:-1]) == {("invalid_message", False)}
 
 
 def test_portal_restart_leaves_no_hole_in_the_stored_series(portal, agents, world):
