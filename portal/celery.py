@@ -49,6 +49,17 @@ app.conf.update(
 app.autodiscover_tasks(["portal.placement", "portal.telemetry"])
 
 
+def send_tasks_to(broker_url: str, *, eager: bool = False) -> dict:
+    """From now on this process sends its tasks to `broker_url` (or runs them in process: eager), for
+    tests and benchmarks that start their own workers; returns the arguments that switch back. The
+    connections made for the previous broker are dropped (Celery does that itself only after a fork)."""
+    previous = {"broker_url": app.conf.broker_url, "eager": app.conf.task_always_eager}
+    # Keys with the CELERY_ namespace: the app reads them from the Django settings.
+    app.conf.update(CELERY_BROKER_URL=broker_url, CELERY_TASK_ALWAYS_EAGER=eager)
+    app._after_fork()
+    return previous
+
+
 @worker_init.connect  # the worker's main process: before the prefork pool forks, or with -P solo/threads
 @worker_process_init.connect  # each prefork child
 def _prepare_worker_process(**_) -> None:

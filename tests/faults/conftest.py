@@ -139,7 +139,7 @@ class Stage:
 def stage(transactional_db, own_redis, settings, tmp_path):
     """Fleet (the demo inventory), a team with room, its member; Celery of this process and of
     the workers on the own Redis; the simulated cluster's state in tmp."""
-    from portal.celery import app as celery_app
+    from portal.celery import send_tasks_to
     from portal.fleet import inventory
     from portal.placement import backend as backend_module
     from portal.placement.locking import forget_locks
@@ -156,10 +156,7 @@ def stage(transactional_db, own_redis, settings, tmp_path):
                TESSERA_BACKEND="local", TESSERA_LOCAL_STATE=str(state), TESSERA_LOCAL_START_S="0.2",
                TESSERA_LOCAL_BATCH_S="3600", DJANGO_SETTINGS_MODULE="portal.settings", LOG_LEVEL="WARNING",
                TESSERA_TELEMETRY_TICKER="0", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    saved = {"CELERY_BROKER_URL": celery_app.conf.broker_url,
-             "CELERY_TASK_ALWAYS_EAGER": celery_app.conf.task_always_eager}
-    celery_app.conf.update(CELERY_BROKER_URL=own_redis.url, CELERY_TASK_ALWAYS_EAGER=False)
-    celery_app._after_fork()
+    previous = send_tasks_to(own_redis.url)
     settings.TESSERA_BACKEND = "local"
     settings.TESSERA_LOCAL_STATE = str(state)
     settings.TESSERA_LOCK_REDIS_URL = own_redis.url
@@ -169,8 +166,7 @@ def stage(transactional_db, own_redis, settings, tmp_path):
         yield staged
     finally:
         staged.stop_all()
-        celery_app.conf.update(**saved)
-        celery_app._after_fork()
+        send_tasks_to(**previous)
         backend_module.forget_backends()
         forget_locks()
 

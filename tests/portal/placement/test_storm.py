@@ -21,7 +21,7 @@ import redis
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from portal.celery import app as celery_app
+from portal.celery import send_tasks_to
 from portal.placement import backend as backend_module
 from portal.placement.invariants import live_shares_ok
 from portal.placement.locking import forget_locks
@@ -76,12 +76,7 @@ def workers(settings, tmp_path, fleet):
             [sys.executable, "-m", "celery", "-A", "portal", "worker", "-c", "1", "-n", f"storm{i}@%h",
              "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"],
             cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
-    # This process sends its tasks (cycles requested on commit) to the workers' broker.
-    # (Keys with the CELERY_ namespace: the app reads them from the Django settings.)
-    saved = {"CELERY_BROKER_URL": celery_app.conf.broker_url,
-             "CELERY_TASK_ALWAYS_EAGER": celery_app.conf.task_always_eager}
-    celery_app.conf.update(CELERY_BROKER_URL=REDIS_URL, CELERY_TASK_ALWAYS_EAGER=False)
-    celery_app._after_fork()  # drop any connection pool made for the old broker
+    previous = send_tasks_to(REDIS_URL)  # this process's tasks (cycles requested on commit) go to the workers
     settings.TESSERA_BACKEND = "local"
     settings.TESSERA_LOCAL_STATE = str(state)
     settings.TESSERA_LOCK_REDIS_URL = REDIS_URL
@@ -102,8 +97,7 @@ def workers(settings, tmp_path, fleet):
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        celery_app.conf.update(**saved)
-        celery_app._after_fork()
+        send_tasks_to(**previous)
         backend_module.forget_backends()
         forget_locks()
         client.flushdb()
