@@ -6,7 +6,7 @@
 
 # CUDA 13's headers, for the remote client runtime of CUDA 13 programs (below). Only headers are
 # taken: the libraries are built on the old glibc of the next stage.
-FROM nvidia/cuda:13.0.2-devel-ubuntu22.04 AS cuda13
+FROM nvidia/cuda:13.0.1-devel-ubuntu24.04 AS cuda13
 
 # The preload library and the remote client libraries are loaded into the users' own containers, so
 # they are built against an old glibc (2.31) to load in nearly any image; only the CUDA headers are

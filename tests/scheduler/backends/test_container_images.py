@@ -143,3 +143,19 @@ def test_the_portal_build_step_collects_the_static_files_in_the_production_profi
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = app / "var" / "staticfiles" / "staticfiles.json"
     assert manifest.exists() and "css/" in manifest.read_text()
+
+
+def test_the_preload_stage_copies_every_source_the_build_reads_and_builds_each_runtime_major():
+    """`make -C preload` in the image reads only what the stage copied in (it lacked preload/common
+    once, and the image did not build); the client runtime is built for CUDA 12 and 13 programs."""
+    dry = subprocess.run(["make", "-s", "-n", "-B", "-C", str(ROOT / "preload"), "all"], capture_output=True,
+                         text=True, check=True).stdout
+    read = {path.split("/")[0] for path in re.findall(r"(?<![\w/.-])((?:[\w-]+/)+[\w-]+\.[ch])\b", dry)}
+    copied = {shlex.split(rest)[0].split("/")[1] for word, rest in in_stage("preload")
+              if word == "COPY" and rest.startswith("preload/")}
+    assert read and read <= copied, f"the preload stage lacks {sorted(read - copied)}"
+    runs = " ".join(rest for word, rest in in_stage("preload") if word == "RUN")
+    assert "make -C preload CUDA_HOME=/usr/local/cuda" in runs  # this stage's CUDA 12: libcudart.so.12
+    assert "CUDA_HOME=/opt/cuda-13 build/remote/client/libcudart.so.13" in runs
+    assert any(rest.startswith("--from=cuda13 /usr/local/cuda/include /opt/cuda-13/include")
+               for word, rest in in_stage("preload") if word == "COPY")
