@@ -87,7 +87,8 @@ def test_team_admin_turns_remote_shares_on_in_the_policy_page(fleet, people):
     assert 'name="allow_remote"' in carol.get("/team/vision/policy/").content.decode()
     r = carol.post("/team/vision/policy/", {
         "max_duration_h": "8", "interactive_max_h": "4", "idle_threshold_pct": "10", "idle_after_min": "15",
-        "idle_action": "warn", "max_priority_member": "40", "max_priority_admin": "60", "allow_remote": "on"})
+        "idle_warning_min": "15", "idle_action": "warn", "max_priority_member": "40", "max_priority_admin": "60",
+        "allow_remote": "on"})
     assert r.status_code == 302
     team = people["carol"].memberships.get().team
     assert policy_of(team).allow_remote is True
