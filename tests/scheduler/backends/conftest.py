@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -23,9 +24,26 @@ def load_fake_apiserver():
     return sys.modules[name]
 
 
+def load_real_apiserver():
+    name = "tessera_tests_real_apiserver"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("real_apiserver.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 @pytest.fixture
 def apiserver():
-    server = load_fake_apiserver().FakeApiServer(namespaces=("default", "tessera", "team-vision")).start()
+    """The fake API server; with TESSERA_TEST_KUBE_API set, a real one behind the fake's surface
+    (real_apiserver.py says what it needs)."""
+    if os.environ.get("TESSERA_TEST_KUBE_API"):
+        server = load_real_apiserver().RealApiServer(
+            os.environ["TESSERA_TEST_KUBE_API"], os.environ["TESSERA_TEST_KUBE_TOKEN"],
+            os.environ["TESSERA_TEST_KUBE_AUDIT_LOG"]).start()
+    else:
+        server = load_fake_apiserver().FakeApiServer(namespaces=("default", "tessera", "team-vision")).start()
     yield server
     server.stop()
     assert not server.invalid, f"the backend sent invalid manifests: {server.invalid}"

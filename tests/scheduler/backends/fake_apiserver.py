@@ -37,6 +37,7 @@ import contextlib
 import copy
 import itertools
 import json
+import random
 import re
 import socket
 import sys
@@ -94,10 +95,11 @@ def _status(code: int, reason: str, message: str) -> dict:
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, delay_s: float = 0.0) -> None:
         super().__init__(message)
         self.body = _status(code, reason, message)
         self.code = code
+        self.delay_s = delay_s  # how long the real server takes to come to this answer
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -279,11 +281,15 @@ class FakeApiServer:
             self._record("Pod", "DELETED", obj)
 
     def begin_deletion(self, namespace: str, name: str) -> None:
-        """`kubectl delete` of a pod whose containers are still stopping: deletionTimestamp set."""
+        """`kubectl delete` of a pod whose containers are still stopping: deletionTimestamp set (a
+        pod on no node and without finalizers is gone at once instead, as on a real server)."""
         with self.lock:
             obj = copy.deepcopy(self.store.objects[("Pod", namespace, name)])
             obj["metadata"]["deletionTimestamp"] = _now()
             self._put("Pod", namespace, name, obj, "MODIFIED")
+            if not self._stays_terminating(obj, 30, kubelet_slow=True):
+                self.store.objects.pop(("Pod", namespace, name))
+                self._record("Pod", "DELETED", obj)
 
     def finish_deletion(self, namespace: str, name: str) -> None:
         self.remove_pod(namespace, name)
@@ -368,6 +374,7 @@ class FakeApiServer:
             body = apply_json_patch(body, mutate(body))
             meta = body["metadata"]
         self._admit_pod(ns, name, body)
+        default_pod(body.setdefault("spec", {}))
         meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
         body.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
         body["status"] = {"phase": "Pending"}
@@ -384,8 +391,11 @@ class FakeApiServer:
             if self.service_account_after[ns] < 0:
                 self.service_accounts.add((ns, account))
         if (ns, account) not in self.service_accounts:
+            # The real ServiceAccount admission looks the default account up 10 times, 100-200 ms
+            # apart, before it refuses (its controller may be about to create it): 0.9-1.8 s.
+            delay = 9 * random.uniform(0.1, 0.2) if account == "default" else 0.0
             raise ApiError(403, "Forbidden", f"{forbidden}error looking up service account {ns}/{account}: "
-                           f'serviceaccount "{account}" not found')
+                           f'serviceaccount "{account}" not found', delay_s=delay)
         runtime_class = spec.get("runtimeClassName")
         if runtime_class and runtime_class not in self.runtime_classes:
             raise ApiError(403, "Forbidden", f'{forbidden}pod rejected: RuntimeClass "{runtime_class}" not found')
@@ -472,6 +482,7 @@ class FakeApiServer:
                     time.sleep(server.answer_delay_s)
                     code, answer = server._route(request)
                 except ApiError as exc:
+                    time.sleep(exc.delay_s)
                     code, answer = exc.code, exc.body
                 finally:
                     with server.lock:
@@ -673,15 +684,23 @@ class FakeApiServer:
             obj = self.store.objects.get(("Pod", ns, name))
             if obj is None:
                 raise ApiError(404, "NotFound", f'pods "{name}" not found')
-            grace = req.query.get("gracePeriodSeconds")
+            grace = int(req.query.get("gracePeriodSeconds") or 30)
             obj = copy.deepcopy(obj)
             obj["metadata"]["deletionTimestamp"] = _now()
-            obj["metadata"]["deletionGracePeriodSeconds"] = int(grace) if grace else 30
+            obj["metadata"]["deletionGracePeriodSeconds"] = grace
             out = self._put("Pod", ns, name, obj, "MODIFIED")
-            if not self.hold_deletions:
+            if not self._stays_terminating(obj, grace, kubelet_slow=self.hold_deletions):
                 self.store.objects.pop(("Pod", ns, name))
                 self._record("Pod", "DELETED", obj)
             return out
+
+    @staticmethod
+    def _stays_terminating(obj: dict, grace: int, *, kubelet_slow: bool) -> bool:
+        """As the real server: a pod with finalizers waits for them; a pod bound to a node waits
+        for its kubelet (here: while `kubelet_slow`) unless deleted with grace 0; a pod on no node
+        goes at once, since no kubelet has anything to stop."""
+        bound = bool((obj.get("spec") or {}).get("nodeName"))
+        return bool(obj["metadata"].get("finalizers")) or (bound and grace > 0 and kubelet_slow)
 
     def _patch_event(self, ns: str, name: str, req: Request) -> dict:
         if "merge-patch" not in req.content_type:
@@ -763,6 +782,22 @@ def policy_denial(policy: dict, operation: str, resource: str, obj: dict, old: d
 # pod-security-admission's baseline: capabilities a container may add.
 BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
                                    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
+
+
+def default_pod(spec: dict) -> None:
+    """What the real server adds to every pod that our tests could trip over: requests equal to the
+    limits where a resource has only a limit (defaulting), and the NoExecute tolerations for
+    not-ready and unreachable nodes (admission plugin DefaultTolerationSeconds)."""
+    for container in spec.get("containers", []) + spec.get("initContainers", []):
+        resources = container.get("resources") or {}
+        if resources.get("limits"):
+            requests = resources.setdefault("requests", {})
+            for key, value in resources["limits"].items():
+                requests.setdefault(key, value)
+    tolerations = spec.setdefault("tolerations", [])
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        if not any(t.get("key") in (key, None, "") and t.get("effect") in ("NoExecute", None, "") for t in tolerations):
+            tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300})
 
 
 def pod_security_violations(spec: dict, *, restricted: bool = False) -> list[str]:

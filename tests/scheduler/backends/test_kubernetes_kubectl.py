@@ -81,7 +81,10 @@ def test_a_pod_bound_elsewhere_or_gone_is_a_conflict(nodes, backend):
 
 
 def test_a_pod_deleted_while_we_bind_is_a_conflict(nodes, backend):
-    nodes.create_pod(user_pod())
+    # A pod on no node is deleted at once, unless a finalizer holds it: then it is "terminating".
+    held = user_pod()
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    nodes.create_pod(held)
     nodes.begin_deletion("team-vision", "notebook")
     with pytest.raises(PodConflict, match="being deleted"):
         backend.bind_external(PodRef("team-vision", "notebook"), "gpu-node-2", *placement())

@@ -45,7 +45,7 @@ def test_a_remote_shares_pod_gets_the_client_libraries_without_a_share_slot_or_h
     (container,) = spec["containers"]
     # Nothing the GPU-less node cannot give: no device-plugin resource, no NVIDIA runtime, no GPU taint.
     assert SHARE_RESOURCE not in str(container.get("resources", {}))
-    assert "runtimeClassName" not in spec and "tolerations" not in spec
+    assert "runtimeClassName" not in spec and "nvidia.com/gpu" not in str(spec.get("tolerations"))
     assert not any("hostPath" in v for v in spec["volumes"])
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env == {"EPOCHS": "3", "LD_LIBRARY_PATH": REMOTE_CLIENT_DIR, "TESSERA_REMOTE_SERVER": "10.0.0.11:7470",
@@ -66,7 +66,7 @@ def test_a_remote_shares_pod_gets_the_client_libraries_without_a_share_slot_or_h
 def test_a_local_shares_pod_is_unchanged_it_asks_the_device_plugin(baseline, nodes, backend, pod_spec):
     backend.bind(pod_spec(namespace=NAMESPACE))
     (pod,) = baseline.pods()
-    assert pod["spec"]["containers"][0]["resources"] == {"limits": {SHARE_RESOURCE: "1"}}
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {SHARE_RESOURCE: "1"}
     assert "initContainers" not in pod["spec"] and "volumes" not in pod["spec"]
 
 
