@@ -12,7 +12,7 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(AuditedAdmin):
-    list_display = ("name", "status", "last_seen", "cpu_milli", "memory_mib")
+    list_display = ("name", "status", "last_seen", "cpu_milli", "memory_mib", "address")
     list_filter = ("status",)
     search_fields = ("name",)
     readonly_fields = ("agent_token_hash", "agent_token_created_at", "last_seen")
