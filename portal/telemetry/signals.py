@@ -39,16 +39,21 @@ def push_placements(sender, node_ids: list[int], **kwargs) -> None:
                 # the placement that already committed.
                 log.error("could not push placements to the agent of node %s: %r", node_id, result)
 
-    if isinstance(layer, InMemoryChannelLayer):
-        # Its queues belong to the server's event loop, which async_to_sync reaches from a
-        # request's thread; a send from another loop's thread would not wake the consumer.
-        try:
-            async_to_sync(send_all)()
-        except Exception:
-            log.exception("could not push placements to the agents of nodes %s", node_ids)
+    deliver(layer, send_all, f"placements to the agents of nodes {node_ids}")
+
+
+def deliver(layer, send, what: str) -> None:
+    """Run `send` (a coroutine function) for the layer: on the process's sender loop for Redis,
+    without waiting (a bind batch or a cycle goes on, and this thread may be running a loop of
+    its own, where async_to_sync cannot be used); in-line for the in-memory layer, whose queues
+    belong to the server's event loop, which async_to_sync reaches from a request's thread."""
+    if not isinstance(layer, InMemoryChannelLayer):
+        background.submit(send, what)
         return
-    # Redis: on the process's sender loop, without waiting (a bind batch or a cycle goes on).
-    background.submit(send_all, f"placements to the agents of nodes {node_ids}")
+    try:
+        async_to_sync(send)()
+    except Exception:
+        log.exception("could not send %s", what)
 
 
 # The connections of agents that probe GPU nodes' servers (their hello had `resources`).
@@ -66,13 +71,7 @@ def push_remote_servers(sender, node_ids: list[int], **kwargs) -> None:
     async def send() -> None:
         await layer.group_send(REMOTE_PROBERS, {"type": "remote.servers.changed"})
 
-    if isinstance(layer, InMemoryChannelLayer):
-        try:
-            async_to_sync(send)()
-        except Exception:
-            log.exception("could not tell the agents that the GPU nodes changed")
-        return
-    background.submit(send, "the GPU nodes' servers to the probing agents")
+    deliver(layer, send, "the GPU nodes' servers to the probing agents")
 
 
 @receiver(post_save, sender=Node, dispatch_uid="telemetry.token_changed")
@@ -86,10 +85,7 @@ def close_agent_on_new_token(sender, instance: Node, update_fields=None, **kwarg
         return
     node_id = instance.pk
 
-    def send() -> None:
-        try:
-            async_to_sync(layer.group_send)(f"agent.node.{node_id}", {"type": "agent.token_changed"})
-        except Exception:
-            log.exception("could not close the agent connection of node %s", node_id)
+    async def send() -> None:
+        await layer.group_send(f"agent.node.{node_id}", {"type": "agent.token_changed"})
 
-    transaction.on_commit(send)
+    transaction.on_commit(lambda: deliver(layer, send, f"the close of node {node_id}'s agent connection"))
