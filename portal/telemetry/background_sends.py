@@ -76,3 +76,24 @@ class BackgroundSender:
 
 sender = BackgroundSender()
 atexit.register(sender.flush, 2.0)
+
+
+def deliver(send: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run `send` for the process's channel layer: on the sender's loop for Redis, without
+    waiting (a placement batch or a cycle goes on, and the caller's thread may run an event loop
+    of its own, where async_to_sync cannot be used); in-line for the in-memory layer (the
+    quickstart), whose queues belong to the server's loop, reached from a request's thread.
+    Nothing is sent without a layer; a failure is logged with `what`."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    if not isinstance(layer, InMemoryChannelLayer):
+        sender.submit(send, what)
+        return
+    try:
+        async_to_sync(send)()
+    except Exception:
+        log.exception("could not send %s", what)

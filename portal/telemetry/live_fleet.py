@@ -11,21 +11,18 @@ message per commit (a placement cycle's batches announce their nodes once, at th
 from __future__ import annotations
 
 import json
-import logging
 import time
 
-from asgiref.sync import async_to_sync
-from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels.layers import get_channel_layer
 from django.dispatch import receiver
 
 from portal.fleet.events import nodes_changed
-from portal.reservations.events import allocations_changed
+from portal.reservations.events import allocations_changed, reservations_changed
+from portal.reservations.models import Allocation
 
 from . import live
-from .background_sends import sender as background
+from .background_sends import deliver
 from .live.groups import FLEET
-
-log = logging.getLogger(__name__)
 
 GROUP = live.Group(FLEET, 0)
 
@@ -48,19 +45,9 @@ async def publish(node_ids: list[int]) -> bool:
 
 
 def _send(node_ids: list[int]) -> None:
-    layer = get_channel_layer()
-    if layer is None or not node_ids:
-        return
-    node_ids = list(node_ids)
-    if isinstance(layer, InMemoryChannelLayer):
-        # The quickstart: its queues belong to the server's loop, reached from a request thread.
-        try:
-            async_to_sync(publish)(node_ids)
-        except Exception:
-            log.exception("could not publish changes of nodes %s", node_ids[:10])
-        return
-    # Redis: on the process's sender loop, without waiting (a placement or a drain goes on).
-    background.submit(lambda: publish(node_ids), f"changes of nodes {node_ids[:10]}")
+    if node_ids:
+        node_ids = list(node_ids)
+        deliver(lambda: publish(node_ids), f"changes of nodes {node_ids[:10]}")
 
 
 @receiver(nodes_changed, dispatch_uid="telemetry.publish_node_changes")
@@ -71,3 +58,11 @@ def publish_node_changes(sender, node_ids: list[int], **kwargs) -> None:
 @receiver(allocations_changed, dispatch_uid="telemetry.publish_allocation_changes_to_fleet")
 def publish_allocation_changes(sender, node_ids: list[int], **kwargs) -> None:
     _send(node_ids)
+
+
+@receiver(reservations_changed, dispatch_uid="telemetry.publish_share_changes_to_fleet")
+def publish_share_changes(sender, changes: dict[int, int], **kwargs) -> None:
+    """A share's reservation changed (placed → running, idle, ending): the nodes it holds GPUs on
+    show it, so their rows are read again. Only reservations holding GPUs name a node."""
+    _send(sorted(set(Allocation.objects.filter(reservation_id__in=list(changes), released_at__isnull=True)
+                     .values_list("gpu__node_id", flat=True))))

@@ -15,14 +15,13 @@ import json
 import logging
 import time
 
-from asgiref.sync import async_to_sync
-from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels.layers import get_channel_layer
 from django.dispatch import receiver
 
 from portal.reservations.events import reservations_changed
 
 from . import live
-from .background_sends import sender as background
+from .background_sends import deliver
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +57,6 @@ async def publish(changes: dict[int, int]) -> int:
 
 @receiver(reservations_changed, dispatch_uid="telemetry.publish_reservation_changes")
 def publish_changes(sender, changes: dict[int, int], **kwargs) -> None:
-    layer = get_channel_layer()
-    if layer is None or not changes:
-        return
-    changes = dict(changes)
-    if isinstance(layer, InMemoryChannelLayer):
-        # The quickstart: its queues belong to the server's loop, reached from a request thread.
-        try:
-            async_to_sync(publish)(changes)
-        except Exception:
-            log.exception("could not publish changes of reservations %s", sorted(changes))
-        return
-    # Redis: on the process's sender loop, without waiting (a placement batch goes on).
-    background.submit(lambda: publish(changes), f"changes of reservations {sorted(changes)[:10]}")
+    if changes:
+        changes = dict(changes)
+        deliver(lambda: publish(changes), f"changes of reservations {sorted(changes)[:10]}")

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from asgiref.sync import async_to_sync
-from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models.signals import post_save
 from django.dispatch import receiver
@@ -16,7 +15,7 @@ from portal.fleet.events import nodes_changed
 from portal.fleet.models import Node
 from portal.reservations.events import allocations_changed
 
-from .background_sends import sender as background
+from .background_sends import deliver
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +38,7 @@ def push_placements(sender, node_ids: list[int], **kwargs) -> None:
                 # the placement that already committed.
                 log.error("could not push placements to the agent of node %s: %r", node_id, result)
 
-    deliver(layer, send_all, f"placements to the agents of nodes {node_ids}")
-
-
-def deliver(layer, send, what: str) -> None:
-    """Run `send` (a coroutine function) for the layer: on the process's sender loop for Redis,
-    without waiting (a bind batch or a cycle goes on, and this thread may be running a loop of
-    its own, where async_to_sync cannot be used); in-line for the in-memory layer, whose queues
-    belong to the server's event loop, which async_to_sync reaches from a request's thread."""
-    if not isinstance(layer, InMemoryChannelLayer):
-        background.submit(send, what)
-        return
-    try:
-        async_to_sync(send)()
-    except Exception:
-        log.exception("could not send %s", what)
+    deliver(send_all, f"placements to the agents of nodes {node_ids}")
 
 
 # The connections of agents that probe GPU nodes' servers (their hello had `resources`).
@@ -71,7 +56,7 @@ def push_remote_servers(sender, node_ids: list[int], **kwargs) -> None:
     async def send() -> None:
         await layer.group_send(REMOTE_PROBERS, {"type": "remote.servers.changed"})
 
-    deliver(layer, send, "the GPU nodes' servers to the probing agents")
+    deliver(send, "the GPU nodes' servers to the probing agents")
 
 
 @receiver(post_save, sender=Node, dispatch_uid="telemetry.token_changed")
@@ -88,4 +73,4 @@ def close_agent_on_new_token(sender, instance: Node, update_fields=None, **kwarg
     async def send() -> None:
         await layer.group_send(f"agent.node.{node_id}", {"type": "agent.token_changed"})
 
-    transaction.on_commit(lambda: deliver(layer, send, f"the close of node {node_id}'s agent connection"))
+    transaction.on_commit(lambda: deliver(send, f"the close of node {node_id}'s agent connection"))

@@ -122,15 +122,23 @@ async def test_the_fleet_group_hears_a_node_drained_lost_and_a_share_placed(peop
     second = await communicator.receive_json_from(timeout=5)
     assert second["data"]["changed"] == [other.pk] and second["seq"] == first["seq"] + 1
 
-    def place() -> Node:
+    def place() -> tuple[Node, int]:
         gpu = Gpu.objects.filter(node__status="ready").select_related("node").first()
         with transaction.atomic():  # the cycle the submit asks for, after commit, finds it placed
             r = services.submit(people["alice"], rules.ReservationSpec(
                 team=teams["vision"], image="img", gpu_request=Decimal("0.25"), gpu_memory_mib=1024))
             services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.25"), 1024)])
-        return gpu.node
+        return gpu.node, r.pk
 
-    ready = await sync_to_async(place)()
+    ready, rid = await sync_to_async(place)()
     third = await communicator.receive_json_from(timeout=5)
     assert third["data"]["changed"] == [ready.pk]
+    # Its reservation's state changed with it (placed): the same node again, nothing else.
+    while not await communicator.receive_nothing(timeout=1):
+        assert (await communicator.receive_json_from())["data"]["changed"] == [ready.pk]
+
+    # The share starts running: no allocation changes, but its slice on that node says so.
+    await sync_to_async(services.move)(rid, "placed", "running", "its pod runs")
+    fourth = await communicator.receive_json_from(timeout=5)
+    assert fourth["data"]["changed"] == [ready.pk]
     await communicator.disconnect()
