@@ -51,27 +51,18 @@ examples:
 """
 
 
-def _bounded_float(low: float, high: float):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> float:
+def _bounded(kind: type, low: float, high: float):  # type: ignore[no-untyped-def]
+    """An argparse type: a number of `kind` (int or float) in [low, high], refused in words."""
+    what = "a whole number" if kind is int else "a number"
+
+    def parse(text: str):  # type: ignore[no-untyped-def]
         try:
-            value = float(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value:g} is out of range ({low:g} to {high:g})")
-        return value
-
-    return parse
-
-
-def _bounded_int(low: int, high: int):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is out of range ({low} to {high})")
+            show = str if kind is int else "{:g}".format
+            raise argparse.ArgumentTypeError(f"{show(value)} is out of range ({show(low)} to {show(high)})")
         return value
 
     return parse
@@ -98,19 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-gpus", action="store_true",
                         help="a node without GPUs: no NVML; report the node, its CPU and memory and the links "
                              "to the GPU nodes' servers, for the remote GPU shares its pods may use")
-    parser.add_argument("--reserved-cpu", metavar="MILLICORES", type=_bounded_int(0, 1_000_000), default=0,
+    parser.add_argument("--reserved-cpu", metavar="MILLICORES", type=_bounded(int, 0, 1_000_000), default=0,
                         help="CPU kept for the system, not offered to pods (default 0; set the kubelet's "
                              "kube-reserved + system-reserved)")
-    parser.add_argument("--reserved-memory", metavar="MIB", type=_bounded_int(0, 16_777_216), default=100,
+    parser.add_argument("--reserved-memory", metavar="MIB", type=_bounded(int, 0, 16_777_216), default=100,
                         help="memory kept for the system, in MiB (default 100, the kubelet's eviction threshold; "
                              "add its kube-reserved + system-reserved)")
-    parser.add_argument("--interval", metavar="SECONDS", type=_bounded_float(0.1, 60.0), default=1.0,
+    parser.add_argument("--interval", metavar="SECONDS", type=_bounded(float, 0.1, 60.0), default=1.0,
                         help="seconds between samples (default 1)")
     parser.add_argument("--buffer-seconds", metavar="SECONDS",
-                        type=_bounded_float(MIN_BUFFER_SECONDS, 86_400.0), default=DEFAULT_BUFFER_SECONDS,
+                        type=_bounded(float, MIN_BUFFER_SECONDS, 86_400.0), default=DEFAULT_BUFFER_SECONDS,
                         help=f"how much sampling the local buffer holds while the portal is unreachable "
                              f"(default {DEFAULT_BUFFER_SECONDS:g}, at least {MIN_BUFFER_SECONDS:g})")
-    parser.add_argument("--backoff-max", metavar="SECONDS", type=_bounded_float(1.0, 600.0), default=30.0,
+    parser.add_argument("--backoff-max", metavar="SECONDS", type=_bounded(float, 1.0, 600.0), default=30.0,
                         help="longest wait between reconnection attempts (default 30)")
     parser.add_argument("--proc-root", metavar="PATH", type=Path, default=Path("/proc"),
                         help="where to read processes' cgroups to find their pods, and the node's meminfo "
@@ -120,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--remote-server", metavar="NODE=HOST:PORT", action="append", default=[],
                         help="a GPU node's remote-share server to probe and report the link to (repeatable; "
                              "besides these, the agent probes the GPU nodes the portal names)")
-    parser.add_argument("--probe-interval", metavar="SECONDS", type=_bounded_float(1.0, 86_400.0), default=600.0,
+    parser.add_argument("--probe-interval", metavar="SECONDS", type=_bounded(float, 1.0, 86_400.0), default=600.0,
                         help="how often each link to a GPU node is measured again (default 600; a probe moves "
                              "at most 16 MiB)")
     parser.add_argument("--seed", type=int, help="random seed of the simulated GPUs (with --simulate)")

@@ -319,16 +319,15 @@ class LocalBackend:
         return self.unbind(ref, 0, "deleted by user")
 
     def pod_env(self, ref: PodRef) -> dict[str, str]:
-        with self._lock:
-            row = self._db.execute("SELECT env FROM pods WHERE namespace = ? AND name = ?",
-                                   (ref.namespace, ref.name)).fetchone()
-        if row is None:
-            raise KeyError(f"no pod {ref.namespace}/{ref.name}")
-        return json.loads(row[0])
+        return self._pod_map(ref, "env")
 
     def pod_annotations(self, ref: PodRef) -> dict[str, str]:
+        return self._pod_map(ref, "annotations")
+
+    def _pod_map(self, ref: PodRef, column: str) -> dict[str, str]:
+        assert column in ("env", "annotations")  # a column name, never data
         with self._lock:
-            row = self._db.execute("SELECT annotations FROM pods WHERE namespace = ? AND name = ?",
+            row = self._db.execute(f"SELECT {column} FROM pods WHERE namespace = ? AND name = ?",  # noqa: S608
                                    (ref.namespace, ref.name)).fetchone()
         if row is None:
             raise KeyError(f"no pod {ref.namespace}/{ref.name}")

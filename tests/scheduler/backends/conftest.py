@@ -15,19 +15,16 @@ from scheduler.backends import GpuShare, make_pod_spec
 def load_fake_apiserver():
     """The fake API server module, by file (the tests are not a package; the device plugin tests
     load the same module this way)."""
-    name = "tessera_tests_fake_apiserver"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("fake_apiserver.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return _load("tessera_tests_fake_apiserver", "fake_apiserver.py")
 
 
 def load_real_apiserver():
-    name = "tessera_tests_real_apiserver"
+    return _load("tessera_tests_real_apiserver", "real_apiserver.py")
+
+
+def _load(name: str, filename: str):
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("real_apiserver.py"))
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(filename))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -41,7 +38,7 @@ def apiserver():
     if os.environ.get("TESSERA_TEST_KUBE_API"):
         server = load_real_apiserver().RealApiServer(
             os.environ["TESSERA_TEST_KUBE_API"], os.environ["TESSERA_TEST_KUBE_TOKEN"],
-            os.environ["TESSERA_TEST_KUBE_AUDIT_LOG"]).start()
+            os.environ["TESSERA_TEST_KUBE_AUDIT_LOG"], load_fake_apiserver().Request).start()
     else:
         server = load_fake_apiserver().FakeApiServer(namespaces=("default", "tessera", "team-vision")).start()
     yield server

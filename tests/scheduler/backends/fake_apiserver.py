@@ -76,6 +76,7 @@ class Request:
     body: Any
     content_type: str
     user: tuple[str, dict[str, list[str]]] = ("system:anonymous", {})
+    code: int = 0  # the answer's status, where known (a real server's audit log says it)
 
 
 @dataclass

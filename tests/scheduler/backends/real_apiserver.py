@@ -44,17 +44,6 @@ _VERB_METHOD = {"create": "POST", "get": "GET", "list": "GET", "watch": "GET", "
                 "delete": "DELETE", "deletecollection": "DELETE"}
 
 
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, str]
-    body: Any
-    content_type: str = ""
-    user: tuple[str, dict[str, list[str]]] = ("system:anonymous", {})
-    code: int = 0  # the server's answer
-
-
 class _Relay:
     """Plain HTTP on 127.0.0.1 relayed byte for byte to the API server over TLS: the backend under
     test is built from a bare URL (as against the fake), and keep-alive and watch streams pass as
@@ -165,8 +154,10 @@ class ApiError(Exception):
 
 
 class RealApiServer:
-    def __init__(self, upstream: str, token: str, audit_log: str) -> None:
+    def __init__(self, upstream: str, token: str, audit_log: str, request_type: type) -> None:
+        """`request_type`: the fake's Request, which `requests` and `calls()` answer with."""
         self.upstream, self.token, self.audit_log = upstream, token, audit_log
+        self._request_type = request_type
         self.namespaces = set(TEST_NAMESPACES)
         self.invalid: list = []  # the real server refuses invalid objects itself
         self.hold_deletions = False
@@ -181,7 +172,7 @@ class RealApiServer:
         self.admission = client.AdmissionregistrationV1Api(self.api)
         self._relay = _Relay(self.upstream)
         self._audit_offset = 0
-        self._requests: list[Request] = []
+        self._requests: list = []
         self._stop = threading.Event()
 
     @property
@@ -351,7 +342,7 @@ class RealApiServer:
     # -- what the backend asked --------------------------------------------------------------------
 
     @property
-    def requests(self) -> list[Request]:
+    def requests(self) -> list:
         self._read_audit()
         return list(self._requests)
 
@@ -360,7 +351,7 @@ class RealApiServer:
         """Pods the server took from the backend: it validates every object it accepts."""
         return sum(1 for r in self.calls("POST", r"/pods$") if 200 <= r.code < 300)
 
-    def calls(self, method: str, path: str) -> list[Request]:
+    def calls(self, method: str, path: str) -> list:
         pattern = re.compile(path)
         return [r for r in self.requests if r.method == method and pattern.search(r.path)]
 
@@ -383,7 +374,7 @@ class RealApiServer:
                         or user.get("username") in (None, "system:apiserver")):
                     continue  # the tests' own outside actions, the server's own loopback calls
                 uri = urlsplit(event["requestURI"])
-                self._requests.append(Request(
+                self._requests.append(self._request_type(
                     _VERB_METHOD.get(event["verb"], event["verb"].upper()), uri.path,
                     {k: v[-1] for k, v in parse_qs(uri.query, keep_blank_values=True).items()},
                     event.get("requestObject"), "", (user["username"], user.get("extra", {})),
