@@ -129,13 +129,13 @@ def local_burst(n_workers: int, team, user, logdir: Path, size: int) -> dict:
     saved = orch.env, settings.TESSERA_BACKEND, settings.TESSERA_LOCAL_STATE, settings.TESSERA_LOCAL_START_S
     orch.env = lambda: LOCAL_ENV() | {"DATABASE_URL": orch.DB.url, "REDIS_URL": orch.REDIS_URL}
     settings.TESSERA_BACKEND, settings.TESSERA_LOCAL_STATE, settings.TESSERA_LOCAL_START_S = (
-        "local", str(orch.STATE), "0.5")
+        "local", str(orch.state_path()), "0.5")
     try:
         result = orch.scenario_burst(n_workers, team, user, logdir, size)
     finally:
         orch.env, settings.TESSERA_BACKEND, settings.TESSERA_LOCAL_STATE, settings.TESSERA_LOCAL_START_S = saved
         for suffix in ("", "-wal", "-shm"):
-            Path(str(orch.STATE) + suffix).unlink(missing_ok=True)
+            Path(str(orch.state_path()) + suffix).unlink(missing_ok=True)
     return result
 
 
