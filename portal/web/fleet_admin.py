@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -14,7 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Count
-from django.http import Http404, HttpResponseBadRequest
+from django.http import Http404, HttpResponseBadRequest, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.gzip import gzip_page
@@ -99,10 +100,8 @@ NODE_FIELDS = ("id", "name", "status", "status_reason", "last_seen", "labels", "
                "agent_token_created_at")
 
 
-def fleet_context(params, back: str = "/fleet/") -> dict:
-    # The live counter first: whatever the `fleet` group announced up to it is in what is read
-    # below, so the page need not re-read its rows when its socket says "up to this seq".
-    live_seq = live.store().current_seqs([FLEET])[FLEET]
+def filtered_nodes(params):
+    """(the nodes the page's filters keep, by name; the filters as read)."""
     model = params.get("model", "").strip()
     name = params.get("node", "").strip()[:253]
     state = params.get("state", "").strip()
@@ -113,6 +112,15 @@ def fleet_context(params, back: str = "/fleet/") -> dict:
         qs = qs.filter(status=state)
     if model:
         qs = qs.filter(pk__in=Gpu.objects.filter(model=model).values("node_id"))  # a semi-join, no DISTINCT
+    return qs, {"model": model, "node": name, "state": state}
+
+
+def fleet_context(params, back: str = "/fleet/") -> dict:
+    # The live counter first: whatever the `fleet` group announced up to it is in what is read
+    # below, so the page need not re-read its rows when its socket says "up to this seq".
+    live_seq = live.store().current_seqs([FLEET])[FLEET]
+    qs, filters = filtered_nodes(params)
+    model, name, state = filters["model"], filters["node"], filters["state"]
     page = Paginator(qs.values(*NODE_FIELDS), NODES_PER_PAGE).get_page(params.get("page"))
     nodes = _draw(list(page.object_list))
     return {
@@ -154,9 +162,12 @@ def fleet_rows_page(request):
     if not raw or len(raw) > MAX_ROWS or not all(i.isascii() and i.isdigit() and len(i) < 19 for i in raw):
         return HttpResponseBadRequest(f"ids: 1 to {MAX_ROWS} node ids, comma-separated")
     back = request.GET.get("next", "")
-    nodes = _draw(list(Node.objects.filter(pk__in={int(i) for i in raw}).order_by("name").values(*NODE_FIELDS)))
-    return render(request, "fleet/_rows.html", {**_summary(), "nodes": nodes,
-                                                "back": back if back.startswith("/fleet/") else "/fleet/"})
+    back = back if back.startswith("/fleet/") else "/fleet/"
+    # Only the nodes the page's filters still keep: fleet.js takes a row it asked for and did not
+    # get back off the page (a node drained while the page shows "ready" ones).
+    kept, _ = filtered_nodes(QueryDict(urlsplit(back).query))
+    nodes = _draw(list(kept.filter(pk__in={int(i) for i in raw}).values(*NODE_FIELDS)))
+    return render(request, "fleet/_rows.html", {**_summary(), "nodes": nodes, "back": back})
 
 
 def _back(request):

@@ -78,6 +78,16 @@
         var current = document.getElementById("fleet-summary");
         if (summary && current) { current.textContent = summary.textContent; }
         var fresh = [];
+        var back = {};
+        holder.querySelectorAll("li.node[data-node-id]").forEach(function (row) {
+          back[row.getAttribute("data-node-id")] = true;
+        });
+        ids.forEach(function (id) {  // no longer kept by the page's filters: off the page, said once
+          var old = back[id] ? null : document.querySelector('li.node[data-node-id="' + id + '"]');
+          if (!old) { return; }
+          old.remove();
+          window.Tessera.toast(old.getAttribute("data-node") + " no longer matches the filters.", "info");
+        });
         holder.querySelectorAll("li.node[data-node-id]").forEach(function (row) {
           var old = document.querySelector('li.node[data-node-id="' + row.getAttribute("data-node-id") + '"]');
           if (!old) { return; }

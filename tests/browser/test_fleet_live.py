@@ -2,7 +2,8 @@
 `fleet` group), on the whole stack: a node drained by another admin, a node whose agent falls
 silent marked lost, and a share the placement worker puts on a GPU all show within seconds,
 without a reload. Cordoning a GPU from the page asks for a reason, which the page then shows; an
-idle reservation's page says when the team's policy reclaims it."""
+idle reservation's page says when the team's policy reclaims it. A page filtered to ready nodes
+lets a node go once it is drained."""
 
 from __future__ import annotations
 
@@ -85,6 +86,16 @@ def test_the_fleet_page_follows_drains_losses_and_new_shares_without_reload(chro
     expect(admin.locator(f"li[data-gpu='{free.pk}'] .cordon-reason")).to_have_text("fan noise, ticket 4411")
     entry = AuditEntry.objects.get(object_type="gpu", object_id=free.pk)
     assert entry.after["cordon_reason"] == "fan noise, ticket 4411" and entry.via == "web"
+
+    # a page filtered to ready nodes lets a node go when it is drained: off the list, said once
+    other = Node.objects.filter(status="ready").exclude(pk=gpu.node_id).order_by("name").first()
+    admin.goto(f"{stack['portal'].url}/fleet/?state=ready")
+    admin.locator("html[data-live=open]").wait_for()
+    expect(admin.locator(f"li[data-node='{other.name}']")).to_have_count(1)
+    fleet_services.drain(other.pk, audit.api(admin_user), "firmware update")
+    expect(admin.locator(f"li[data-node='{other.name}']")).to_have_count(0, timeout=SOON_MS)
+    expect(admin.locator("#toasts")).to_contain_text(f"{other.name} no longer matches the filters.")
+    expect(admin.locator(f"li[data-node='{gpu.node.name}']")).to_have_count(1)
 
     # the team reclaims idle shares after a 20-minute warning: the reservation page says when
     policy.set_policy(vision, audit.web(admin_user), {"idle_reclaim": True, "idle_warning_s": 1200})

@@ -191,6 +191,15 @@ def test_the_rows_of_changed_nodes_as_the_page_draws_them(fleet, browser_for):
     assert body.count('<li class="node') == 2 and f'data-node-id="{t4.pk}"' in body
     assert 'class="node state-draining" data-node="t4-node-1"' in body and "disk swap" in body
     assert 'name="next" value="/fleet/?page=1"' in body and "1 draining" in body
+    # Asked from a page showing only ready nodes: the drained one is not sent back (fleet.js takes
+    # its row off that page); a foreign `next` is read as the unfiltered fleet.
+    ready_only = admin.get("/fleet/rows/", {"ids": f"{t4.pk},{a100.pk}", "next": "/fleet/?state=ready"})
+    assert ready_only.content.decode().count('<li class="node') == 1 and f'data-node-id="{a100.pk}"' in \
+        ready_only.content.decode()
+    named = admin.get("/fleet/rows/", {"ids": f"{t4.pk},{a100.pk}", "next": "/fleet/?node=a100&state=ready"})
+    assert named.content.decode().count('<li class="node') == 1
+    elsewhere = admin.get("/fleet/rows/", {"ids": f"{t4.pk},{a100.pk}", "next": "https://evil/?state=ready"})
+    assert elsewhere.content.decode().count('<li class="node') == 2
     assert admin.get("/fleet/rows/", {"ids": "1,x"}).status_code == 400
     assert admin.get("/fleet/rows/", {"ids": "1,²"}).status_code == 400
     assert admin.get("/fleet/rows/", {"ids": ",".join(["1"] * 101)}).status_code == 400
