@@ -32,12 +32,19 @@ ZONE_LABELS = ("topology.kubernetes.io/rack", "rack", "topology.kubernetes.io/zo
 
 
 def _workload(snapshot: Snapshot, pending: Iterable[Request]) -> list[Request]:
-    """The requests FGD-style policies plan for: what runs now plus what waits."""
+    """The requests FGD-style policies plan for (typical_pods counts their shapes): what runs now
+    plus what waits. A running share is one entry per share, one Request per shape: building and
+    validating a Request per share cost more than the rest of a capacity preview."""
     out = list(pending)
+    shapes: dict[tuple[float, str], Request] = {}
     for node in snapshot.nodes:
         for gpu in node.gpus:
             for s in gpu.shares:
-                out.append(Request(id=s.reservation_id, gpu_request=s.gpu_request, gpu_model=gpu.model))
+                shape = shapes.get((s.gpu_request, gpu.model))
+                if shape is None:
+                    shape = shapes[(s.gpu_request, gpu.model)] = Request(
+                        id=s.reservation_id, gpu_request=s.gpu_request, gpu_model=gpu.model)
+                out.append(shape)
     return out
 
 
