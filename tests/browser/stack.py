@@ -44,12 +44,22 @@ class Worker:
 
 
 @pytest.fixture
-def stack(transactional_db, redis_layer, tmp_path):
+def stack(transactional_db, redis_layer, tmp_path, settings):
     """Daphne and (not yet started: the test starts it when it wants the queue to move) a Celery
-    worker, on the test database and this suite's Redis database, sharing one simulated cluster."""
+    worker, on the test database and this suite's Redis database, sharing one simulated cluster.
+    The test's own process shares it too: what it does through the services may run placement in
+    this process, which must see the same pods (not the repository's var/ cluster, left behind by
+    earlier runs, where a new reservation's pod name was an old pod's)."""
+    from portal.placement.backend import forget_backends
+
+    cluster = {"TESSERA_LOCAL_STATE": str(tmp_path / "cluster.sqlite3"), "TESSERA_LOCAL_START_S": "2",
+               "TESSERA_LOCAL_BATCH_S": "3600"}
+    settings.TESSERA_LOCAL_STATE = cluster["TESSERA_LOCAL_STATE"]
+    settings.TESSERA_LOCAL_START_S = float(cluster["TESSERA_LOCAL_START_S"])
+    settings.TESSERA_LOCAL_BATCH_S = float(cluster["TESSERA_LOCAL_BATCH_S"])
+    forget_backends()
     portal = Portal(tmp_path)
-    portal.env.update({"CELERY_TASK_ALWAYS_EAGER": "0", "TESSERA_LOCAL_STATE": str(tmp_path / "cluster.sqlite3"),
-                       "TESSERA_LOCAL_START_S": "2", "TESSERA_LOCAL_BATCH_S": "3600"})
+    portal.env.update({"CELERY_TASK_ALWAYS_EAGER": "0", **cluster})
     portal.start()
     worker = Worker(portal, tmp_path)
     agents = Agents(portal, tmp_path)
@@ -57,11 +67,21 @@ def stack(transactional_db, redis_layer, tmp_path):
     agents.stop_all()
     worker.stop()
     portal.stop()
+    forget_backends()
     if os.environ.get("SHOW_STACK_LOGS"):
         for name in ("daphne.log", "celery.log"):
             path = tmp_path / name
             if path.exists():
                 print(f"---- {name}\n{path.read_text()[-8000:]}")
+
+
+def sign_in(page, base: str, username: str, password: str) -> None:
+    """Through the login form, as a person does; back on the home page when it is done."""
+    page.goto(f"{base}/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
 
 
 def shoot(page, name: str, dark: bool = False) -> None:
