@@ -23,6 +23,29 @@ log = logging.getLogger(__name__)
 MAX_STATS_BYTES = 4 * 1024 * 1024
 
 
+def query_stats(socket_path: str | Path, timeout_s: float) -> dict:
+    """The broker's STATS answer to QUERY on its socket (bounded; ValueError when malformed)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(str(socket_path))
+        sock.sendall(b"QUERY\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_STATS_BYTES:
+                raise ValueError("STATS answer too long")
+    line = data.decode("ascii", "replace").strip()
+    if not line.startswith("STATS "):
+        raise ValueError(f"unexpected answer {line[:80]!r}")
+    stats = json.loads(line.removeprefix("STATS "))
+    if not isinstance(stats, dict) or not isinstance(stats.get("gpus"), dict):
+        raise ValueError("STATS without a gpus object")
+    return stats
+
+
 class BrokerUsage:
     def __init__(
         self,
@@ -40,32 +63,11 @@ class BrokerUsage:
         self._failing = False
         self._skipped: set[str] = set()
 
-    def _query(self) -> dict:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(self.timeout_s)
-            sock.connect(self.socket_path)
-            sock.sendall(b"QUERY\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-                if len(data) > MAX_STATS_BYTES:
-                    raise ValueError("STATS answer too long")
-        line = data.decode("ascii", "replace").strip()
-        if not line.startswith("STATS "):
-            raise ValueError(f"unexpected answer {line[:80]!r}")
-        stats = json.loads(line.removeprefix("STATS "))
-        if not isinstance(stats, dict) or not isinstance(stats.get("gpus"), dict):
-            raise ValueError("STATS without a gpus object")
-        return stats
-
     def read(self) -> list[ShareReading]:
         """Each share's use since the previous read; [] on the first read or when the broker is away."""
         now = self.clock()
         try:
-            stats = self._query()
+            stats = query_stats(self.socket_path, self.timeout_s)
         except (OSError, ValueError) as exc:
             if not self._failing:
                 log.warning("share broker at %s does not answer (%s); no per-share GPU time until it does",

@@ -25,7 +25,7 @@ from portal.reservations.models import Reservation
 from portal.tenancy.models import Membership, Role, Team
 from tests.integration.conftest import INVENTORY, wait_for
 
-from .stack import shoot
+from .stack import shoot, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
@@ -48,14 +48,6 @@ def org(stack):
     return {"vision": vision, "nlp": nlp, **people}
 
 
-def sign_in(page, base, username):
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", f"{username}-pw")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
-
-
 def new_page(chromium, errors: list):
     context = chromium.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
@@ -71,7 +63,7 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
 
     # carol: members ----------------------------------------------------------------------------
     carol = new_page(chromium, errors)
-    sign_in(carol, base, "carol")
+    sign_in(carol, base, "carol", "carol-pw")
     carol.click("nav >> text=Team")
     carol.wait_for_url(f"{base}/team/vision/members/")
     carol.fill("#id_user", "bob@example.com")
@@ -121,7 +113,7 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
 
     # alice sees the preset and requests into `secret` ------------------------------------------------
     alice = new_page(chromium, errors)
-    sign_in(alice, base, "alice")
+    sign_in(alice, base, "alice", "alice-pw")
     alice.click("nav >> text=Request GPU")
     preset = alice.locator("article.preset", has_text="Quick T4")
     assert preset.count() == 1
@@ -136,7 +128,7 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
 
     # bob (nlp, no group) asks for the same kind of GPU --------------------------------------------------
     bob = new_page(chromium, errors)
-    sign_in(bob, base, "bob")
+    sign_in(bob, base, "bob", "bob-pw")
     bob.click("nav >> text=Request GPU")
     bob.select_option("#id_gpu_model", "T4")
     bob.fill("#id_gpu_request", "0.25")
@@ -161,7 +153,7 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
 
     # the site admin: the fleet view shows both, on different GPUs ---------------------------------------
     admin = new_page(chromium, errors)
-    sign_in(admin, base, "admin")
+    sign_in(admin, base, "admin", "admin-pw")
     node = Node.objects.get(name="t4-node-1")
     old_token = issue_node_token(node)
     stack["agents"].start(node.name, old_token, interval=0.3)
@@ -236,7 +228,7 @@ def test_team_and_site_admins_in_the_browser(chromium, stack, org):
     for who in ("dave", "alice"):
         page = alice if who == "alice" else new_page(chromium, errors)
         if who == "dave":
-            sign_in(page, base, "dave")
+            sign_in(page, base, "dave", "dave-pw")
         nav = page.inner_text("nav.nav")
         assert "Team" not in nav.split() and "Fleet" not in nav and "Audit" not in nav, (who, nav)
         for url in ("/team/vision/members/", "/team/vision/policy/", "/fleet/", "/fleet/teams/", "/audit/"):

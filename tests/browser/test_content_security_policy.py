@@ -9,6 +9,8 @@ from django.contrib.auth import get_user_model
 from portal.fleet import inventory
 from portal.tenancy.models import Membership, Role, Team
 
+from .stack import sign_in
+
 pytestmark = pytest.mark.browser
 
 
@@ -32,11 +34,7 @@ def _watch_violations(page) -> list[str]:
 def test_pages_run_under_the_policy_without_violations(page, live_server, people):
     violations = _watch_violations(page)
     base = live_server.url
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", "carol")
-    page.fill("input[name=password]", "s3cret-carol")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
+    sign_in(page, base, "carol", "s3cret-carol")
     for path in ("/", "/reservations/new/", "/api/docs/", "/admin/"):
         response = page.goto(f"{base}{path}")
         policy = response.headers["content-security-policy"]

@@ -21,7 +21,7 @@ from portal.reservations.models import Reservation
 from portal.tenancy.models import Membership, Preset, Role, Team, TeamPolicy
 from tests.integration.conftest import INVENTORY
 
-from .stack import shoot
+from .stack import shoot, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -43,14 +43,6 @@ def people(stack):
     Membership.objects.create(user=alice, team=vision, role=Role.MEMBER)
     Membership.objects.create(user=bob, team=nlp, role=Role.MEMBER)
     return {"alice": alice, "bob": bob, "vision": vision}
-
-
-def sign_in(page, base, username, password):
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
 
 
 def card_state(page, pk) -> str:

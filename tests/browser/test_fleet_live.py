@@ -25,8 +25,8 @@ from portal.tenancy import policy
 from portal.tenancy.models import Membership, Role, Team
 from tests.integration.conftest import INVENTORY, wait_for
 
-from .stack import shoot
-from .test_admin_flows import new_page, sign_in
+from .stack import shoot, sign_in
+from .test_admin_flows import new_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -43,7 +43,7 @@ def test_the_fleet_page_follows_drains_losses_and_new_shares_without_reload(chro
     Membership.objects.create(user=alice, team=vision, role=Role.MEMBER)
     errors: list[str] = []
     admin = new_page(chromium, errors)
-    sign_in(admin, stack["portal"].url, "admin")
+    sign_in(admin, stack["portal"].url, "admin", "admin-pw")
     loads: list[str] = []
     admin.on("framenavigated", lambda frame: loads.append(frame.url) if frame == admin.main_frame else None)
     admin.goto(f"{stack['portal'].url}/fleet/")

@@ -15,7 +15,7 @@ from portal.placement import tasks
 from portal.reservations import rules, services
 from portal.tenancy.models import Membership, Role, Team, TeamPolicy
 
-from .stack import shoot
+from .stack import shoot, sign_in
 
 pytestmark = pytest.mark.browser
 
@@ -53,11 +53,7 @@ def remote_share(chromium, transactional_db, settings, tmp_path):
 
 def test_the_reservation_page_and_fleet_view_show_a_remote_share(page, live_server, remote_share):
     base = live_server.url
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", "s3cret-alice")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
+    sign_in(page, base, "alice", "s3cret-alice")
     page.goto(f"{base}/reservations/{remote_share}/")
     sharing = page.locator("#sharing")
     assert sharing.inner_text().startswith("Remote share: no GPU node has room for the pod itself")

@@ -19,6 +19,8 @@ from portal.telemetry.models import ShareMinute
 from portal.tenancy.models import Membership, Role, Team
 from tests.reservations import clock_at, ended, placed, submitted
 
+from .stack import sign_in
+
 pytestmark = pytest.mark.browser
 ARTIFACTS = Path(__file__).parent / "artifacts"
 DEMO = Path(__file__).resolve().parents[2] / "deploy" / "inventory" / "demo.yaml"
@@ -59,14 +61,6 @@ def world(chromium, transactional_db, settings):
     return users
 
 
-def sign_in(page, base, who):
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", who)
-    page.fill("input[name=password]", f"s3cret-{who}")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
-
-
 def shoot(page, name):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -83,7 +77,7 @@ def test_dave_reads_the_overview_and_a_team_report_and_downloads_its_csv(page, l
     base = live_server.url
     violations = watch_violations(page)
     page.set_viewport_size({"width": 1280, "height": 900})
-    sign_in(page, base, "dave")
+    sign_in(page, base, "dave", "s3cret-dave")
     page.click("nav >> text=Reports")
     page.wait_for_url(f"{base}/reports/overview/")
     chart = page.locator("[data-report-chart=series]")
@@ -133,7 +127,7 @@ def test_dave_reads_the_overview_and_a_team_report_and_downloads_its_csv(page, l
 @pytest.mark.parametrize("who", ["alice", "bob"])
 def test_members_cannot_open_daves_reports(page, live_server, world, who):
     base = live_server.url
-    sign_in(page, base, who)
+    sign_in(page, base, who, f"s3cret-{who}")
     assert page.locator("nav >> text=Reports").count() == 0
     for path in ("/reports/overview/", "/reports/?team=vision&range=7d"):
         assert page.goto(f"{base}{path}").status == 403

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from agents.share_usage import query_stats
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -60,18 +62,5 @@ class BrokerProcess:
 
 
 def query_broker(socket_path: Path) -> dict:
-    """The broker's STATS answer to QUERY on its socket."""
-    import json
-
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(10)
-        s.connect(str(socket_path))
-        s.sendall(b"QUERY\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    assert data.startswith(b"STATS "), data
-    return json.loads(data[6:])
+    """The broker's STATS answer to QUERY on its socket, read as the agent reads it."""
+    return query_stats(socket_path, timeout_s=10)
