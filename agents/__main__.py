@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import re
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from agents.node_resources import ResourcesError, allocatable
 from agents.placements import PlacementTable
 from agents.remote.probe import LinkTable
 from agents.share_usage import BrokerUsage
+from agents.signals import stop_on_signals
 from agents.stream import websocket_url
 from wire.agent_portal import NODE_NAME_PATTERN, TOKEN_PATTERN
 
@@ -235,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 async def _run(agent: Agent) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(loop, stop.set)
     await agent.run(stop)
     log.info("stopped; %d samples were still unacknowledged", len(agent.buffer))
 

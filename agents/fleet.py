@@ -18,7 +18,6 @@ import contextlib
 import logging
 import random
 import re
-import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from agents.agent import Agent, AgentSettings
 from agents.gpus.simulated import SimulatedSource
 from agents.inventory import InventoryError, load_inventory
 from agents.placements import PlacementTable
+from agents.signals import stop_on_signals
 from agents.stream import websocket_url
 from wire.agent_portal import TOKEN_PATTERN
 
@@ -107,8 +107,7 @@ def build_agents(args: argparse.Namespace, parser: argparse.ArgumentParser) -> l
 async def run_fleet(agents: list[Agent], seed: int = 0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(loop, stop.set)
     rng = random.Random(seed)
 
     async def staggered(agent: Agent) -> None:

@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
 
 from agents.broker.policy import BrokerSettings
 from agents.broker.server import serve
+from agents.signals import stop_on_signals
 
 
 def _positive(text: str) -> float:
@@ -63,8 +63,7 @@ async def _run_until_signalled(socket_path: str, settings: BrokerSettings) -> No
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+    stop_on_signals(loop, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await serve(socket_path, settings)
 
