@@ -269,6 +269,10 @@ TESSERA_TELEMETRY_TICKER = env_bool("TESSERA_TELEMETRY_TICKER", CELERY_TASK_ALWA
 # The largest WebSocket frame or message `portal.serve` accepts: the wire protocol's largest agent
 # message (wire.agent_portal.MAX_MESSAGE_BYTES, 1 MiB); browsers send a few hundred bytes.
 TESSERA_WS_MAX_MESSAGE_BYTES = int(os.environ.get("TESSERA_WS_MAX_MESSAGE_BYTES", str(1 << 20)))
+# The HTTP server (Gunicorn, portal/web_server.py): processes × threads requests at a time. One
+# process runs Python on one core at a time; threads overlap a request's database waits.
+TESSERA_WEB_PROCESSES = int(os.environ.get("TESSERA_WEB_PROCESSES", "2"))
+TESSERA_WEB_THREADS = int(os.environ.get("TESSERA_WEB_THREADS", "4"))
 
 LOGGING = {
     "version": 1,

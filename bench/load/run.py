@@ -1,7 +1,9 @@
 """Load benchmark: concurrent API users (submit, list, capacity preview, cancel) against the portal
-(`python -m portal.serve --processes N`: N Daphne processes on one port, PostgreSQL through each
-one's connection pool, Redis), one Celery worker placing what they submit, with and without N
-simulated node agents streaming at 1 Hz.
+as deploy/ runs it (HTTP on Gunicorn with portal/web_server.py's settings, the agents' WebSockets on
+Daphne, `portal.serve`; PostgreSQL through each process's connection pool, Redis), one Celery worker
+placing what they submit, with and without N simulated node agents streaming at 1 Hz.
+`--http daphne` measures the earlier layout instead: the users and the agents on the same Daphne
+processes (portal.serve --processes N).
 
 A user acts like a person at the API or the pages: one request, then a pause of `--think` seconds
 on average (uniform between half and one and a half times it) while reading the answer, then the
@@ -308,7 +310,7 @@ def _stop(*procs: subprocess.Popen | None) -> None:
 
 
 def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, pool: int, processes: int,
-        ingest_apart: bool) -> dict:
+        threads: int, http: str, live_processes: int) -> dict:
     import django
 
 
@@ -332,11 +334,16 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
            "TESSERA_BACKEND": "local", "TESSERA_LOCAL_STATE": str(tmp / "cluster.sqlite3"),
            "TESSERA_LOCAL_START_S": "0.5", "TESSERA_INVENTORY": str(inventory), "PYTHONPATH": str(ROOT),
            "DJANGO_SETTINGS_MODULE": "portal.settings"}
-    portal = worker = fleet = ingest = None
+    env.update(TESSERA_WEB_PROCESSES=str(processes), TESSERA_WEB_THREADS=str(threads))
+    portal = worker = fleet = live = None
     phases = {}
     try:
-        portal = _start([sys.executable, "-m", "portal.serve", "--processes", str(processes), "-b", "127.0.0.1",
-                         "-p", str(port), "portal.asgi:application"], env, tmp / "portal.log")
+        if http == "gunicorn":
+            portal = _start([sys.executable, "-m", "gunicorn", "-c", "python:portal.web_server", "-b",
+                             f"127.0.0.1:{port}"], env, tmp / "portal.log")
+        else:
+            portal = _start([sys.executable, "-m", "portal.serve", "--processes", str(processes), "-b", "127.0.0.1",
+                             "-p", str(port), "portal.asgi:application"], env, tmp / "portal.log")
         worker = _start([sys.executable, "-m", "celery", "-A", "portal", "worker", "-c", "1", "-n", "load@%h",
                          "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
                         env, tmp / "worker.log")
@@ -345,24 +352,24 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.1)
-        ingest_port = port
-        if ingest_apart:  # the agents stream to a portal process of their own, the users never reach it
-            ingest_port = _free_port()
-            ingest = _start([sys.executable, "-m", "portal.serve", "-b", "127.0.0.1", "-p", str(ingest_port),
-                             "portal.asgi:application"], env, tmp / "ingest.log")
+        live_port = port
+        if http == "gunicorn":  # the WebSockets' processes, as deploy/'s Ingress routes /ws/ there
+            live_port = _free_port()
+            live = _start([sys.executable, "-m", "portal.serve", "--processes", str(live_processes), "-b", "127.0.0.1",
+                           "-p", str(live_port), "portal.asgi:application"], env, tmp / "live.log")
         rec = Recorder()
         parts = {"portal": [portal.pid], "worker": [worker.pid]}
         phases["api"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec, CpuMeter(parts)))
         if agents:
-            fleet = _start([sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{ingest_port}",
+            fleet = _start([sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{live_port}",
                             "--simulate", str(inventory), "--tokens", str(tokens), "--interval", "1"],
                            env, tmp / "fleet.log")
             time.sleep(warmup)  # the agents connect and send their first batches
             rec2 = Recorder()
             rec2.created = rec.created
             parts["agents"] = [fleet.pid]
-            if ingest is not None:
-                parts["ingest portal"] = [ingest.pid]
+            if live is not None:
+                parts["live (WebSockets)"] = [live.pid]
             phases["api+agents"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec2, CpuMeter(parts)))
             stored = _stored_samples_per_s(seconds=10)
             phases["api+agents"]["agent_samples_stored_per_s"] = stored
@@ -372,7 +379,7 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
         lost = sorted(created - checks.pop("reservation_ids"))
         checks.update({"reservations_created": len(created), "created_but_missing": len(lost)})
     finally:
-        _stop(fleet, worker, ingest, portal)
+        _stop(fleet, worker, live, portal)
     return {"phases": phases, "checks": checks, "logs": str(tmp)}
 
 
@@ -397,16 +404,18 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=20)
     parser.add_argument("--think", type=float, default=5.0,
                         help="mean pause of a user after each request, s (a person reading the answer)")
-    parser.add_argument("--processes", type=int, default=2, help="portal processes (portal.serve --processes)")
-    parser.add_argument("--ingest-apart", action="store_true",
-                        help="the agents stream to a portal process of their own (not the users' processes)")
+    parser.add_argument("--http", choices=("gunicorn", "daphne"), default="gunicorn",
+                        help="gunicorn: HTTP on Gunicorn, WebSockets on Daphne (deploy/); daphne: both on Daphne")
+    parser.add_argument("--processes", type=int, default=2, help="HTTP processes (TESSERA_WEB_PROCESSES)")
+    parser.add_argument("--threads", type=int, default=4, help="threads per HTTP process (TESSERA_WEB_THREADS)")
+    parser.add_argument("--live-processes", type=int, default=1, help="Daphne processes for the WebSockets")
     parser.add_argument("--pool", type=int, default=20, help="DB_POOL_MAX_SIZE of the portal process")
     parser.add_argument("--note", default="", help="a line for the results (e.g. why the run is short)")
     parser.add_argument("--name", default="results", help="results file name in bench/results/load/")
     args = parser.parse_args()
     try:
         result = run(args.users, args.agents, args.seconds, args.warmup, args.think, args.pool, args.processes,
-                     args.ingest_apart)
+                     args.threads, args.http, args.live_processes)
     finally:
         DB.drop()
     command = "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/load/run.py " + \
@@ -414,13 +423,23 @@ def main() -> int:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
     result.update({"command": command, "machine": machine,
                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), "users": args.users, "agents": args.agents,
-                   "think_s": args.think, "processes": args.processes, "ingest_apart": args.ingest_apart,
+                   "think_s": args.think, "http": args.http, "processes": args.processes, "threads": args.threads,
+                   "live_processes": args.live_processes,
                    "pool": args.pool, "note": args.note})
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (RESULTS / f"{args.name}.md").write_text(_markdown(result))
     print(_markdown(result))
     return 0
+
+
+def _layout(result: dict) -> str:
+    pool = f"each with a pool of {result['pool']} connections to PostgreSQL"
+    if result.get("http") == "gunicorn":
+        return (f"HTTP on Gunicorn: {result['processes']} processes × {result['threads']} threads ({pool}); the "
+                f"agents' WebSockets on {result['live_processes']} Daphne process(es) of their own, as deploy/ "
+                "runs it.")
+    return f"Users and agents on {result['processes']} Daphne processes (`portal.serve --processes`, {pool})."
 
 
 def _markdown(result: dict) -> str:
@@ -430,12 +449,9 @@ def _markdown(result: dict) -> str:
         lines.append(f"Note: {result['note']}  ")
     lines += ["", f"{result['users']} API users, each in a loop: submit, list (page of 20), capacity preview, cancel, "
               f"with a pause after every request of {result['think_s']} s on average (a person reading the answer). "
-              f"{result['processes']} portal processes (`portal.serve --processes`, each with a pool of "
-              f"{result['pool']} connections to PostgreSQL), one Celery "
-              f"worker placing, Redis. Phase `api+agents` adds {result['agents']} simulated nodes × 8 GPUs "
-              + ("(to a portal process of their own: --ingest-apart) " if result.get("ingest_apart") else "") +
-              "streaming at 1 Hz. Ratios: against the `api` phase of the same run. Target (issue #16): zero "
-              "5xx, p99 < 500 ms for reads, < 1 s for submits.", "",
+              + _layout(result) + f" One Celery worker placing, Redis. Phase `api+agents` adds {result['agents']} "
+              "simulated nodes × 8 GPUs streaming at 1 Hz. Ratios: against the `api` phase of the same run. "
+              "Target (issue #16): zero 5xx, p99 < 500 ms for reads, < 1 s for submits.", "",
               "| phase | operation | requests | req/s | p50 ms | p99 ms | p99 target ms | 5xx | 429 | failed conn. "
               "| p99 vs api |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = result["phases"].get("api", {})

@@ -99,7 +99,7 @@ def test_the_agent_image_holds_the_preload_library_where_the_installer_copies_it
 
 
 def test_every_command_a_manifest_runs_is_in_its_image():
-    scripts = set(PROJECT["scripts"]) | {"python", "daphne", "celery", "sh"}
+    scripts = set(PROJECT["scripts"]) | {"python", "daphne", "celery", "gunicorn", "sh"}
     for container in manifest_containers():
         if not container["image"].startswith("tessera/"):
             continue
@@ -113,6 +113,8 @@ def test_every_command_a_manifest_runs_is_in_its_image():
         assert command[0] in scripts, command
         if command[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(command[2]) is not None, command
+        if command[0] == "gunicorn":  # its settings are a module of ours: -c python:MODULE
+            assert importlib.util.find_spec(command[command.index("-c") + 1].removeprefix("python:")), command
         if command[:2] == ["python", "manage.py"]:
             assert container["image"].startswith("tessera/portal"), "manage.py is only in the portal image"
     for name, target in PROJECT["scripts"].items():

@@ -195,3 +195,31 @@ def test_a_device_plugin_cannot_touch_another_nodes_pods_or_their_placement(node
     assert "tessera.io/allocated-containers" not in apiserver.pod("team-vision", "nb")["metadata"]["annotations"]
     # Everyone else (the portal, users) is not concerned by this policy.
     backend.unbind(PodRef("team-vision", "nb"), grace_s=0, reason="done")
+
+
+def test_the_ingress_sends_websockets_to_daphne_and_the_rest_to_gunicorn():
+    from portal import web_server
+
+    paths = {p["path"]: p["backend"]["service"]["name"]
+             for rule in find("Ingress", "tessera")["spec"]["rules"] for p in rule["http"]["paths"]}
+    assert paths == {"/ws/": "tessera-live", "/": "tessera-portal"}
+    commands = {}
+    for service in paths.values():
+        selector = find("Service", service)["spec"]["selector"]
+        deployment = find("Deployment", service)
+        assert deployment["spec"]["template"]["metadata"]["labels"].items() >= selector.items()
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert {p["name"] for p in container["ports"]} >= {find("Service", service)["spec"]["ports"][0]["targetPort"]}
+        commands[service] = container["command"]
+    assert commands["tessera-live"][:3] == ["python", "-m", "portal.serve"]  # the WebSocket frame limit
+    assert commands["tessera-portal"][:3] == ["gunicorn", "-c", "python:portal.web_server"]
+    assert web_server.wsgi_app == "portal.wsgi:application" and web_server.limit_request_line > 0
+
+
+def test_the_portal_trusts_exactly_the_ingress_as_proxy_and_its_probe_names_an_allowed_host():
+    config = find("ConfigMap", "tessera-config")["data"]
+    assert config["TESSERA_TRUSTED_PROXIES"] == "1"
+    hosts = {h for rule in find("Ingress", "tessera")["spec"]["rules"] for h in [rule["host"]]}
+    assert hosts <= set(config["ALLOWED_HOSTS"].split(","))
+    probe = find("Deployment", "tessera-portal")["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert {h["name"]: h["value"] for h in probe["httpGet"]["httpHeaders"]}["Host"] in hosts
