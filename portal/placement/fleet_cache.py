@@ -40,8 +40,13 @@ class FleetNode(NamedTuple):
     blank: core.Node  # the node with no shares and no pods on it
 
 
+class Fleet(NamedTuple):
+    nodes: tuple[FleetNode, ...]
+    layout: core.FleetLayout  # the engine's layout of the blank nodes, worked out once per fleet
+
+
 _lock = threading.Lock()
-_cached: tuple[tuple, tuple[FleetNode, ...]] | None = None
+_cached: tuple[tuple, Fleet] | None = None
 
 
 def _fingerprint() -> tuple | None:
@@ -52,7 +57,7 @@ def _fingerprint() -> tuple | None:
         return tuple(cursor.fetchone())
 
 
-def _read() -> tuple[FleetNode, ...]:
+def _read() -> Fleet:
     gpus_of: dict[int, list[tuple]] = {}
     # Cordoned GPUs take no new shares: absent from the snapshot, like unhealthy ones.
     for row in Gpu.objects.filter(healthy=True, cordoned=False).order_by("node_id", "index").values_list(
@@ -73,20 +78,20 @@ def _read() -> tuple[FleetNode, ...]:
                          numa_node=numa or 0)
                 for _pk, _node, uuid, index, model, mem, peers, numa in gpus))
         nodes.append(FleetNode(pk, name, labels, status, cpu, memory, tuple(g[0] for g in gpus), blank))
-    return tuple(nodes)
+    return Fleet(tuple(nodes), core.FleetLayout([n.blank for n in nodes]))
 
 
-def nodes() -> tuple[FleetNode, ...]:
+def fleet() -> Fleet:
     """The fleet's nodes by name, each with its healthy, uncordoned GPUs by index, as the rows
-    are now (as this connection sees them)."""
+    are now (as this connection sees them), and their layout for the engine."""
     global _cached
     fingerprint = _fingerprint()
     if fingerprint is not None:
         with _lock:
             if _cached is not None and _cached[0] == fingerprint:
                 return _cached[1]
-    fleet = _read()
+    now = _read()
     if fingerprint is not None:
         with _lock:
-            _cached = (fingerprint, fleet)
-    return fleet
+            _cached = (fingerprint, now)
+    return now

@@ -124,8 +124,9 @@ def build() -> core.Snapshot:
             group=group or None,
         ))
     pods = _pods_per_node()
+    fleet = fleet_cache.fleet()
     nodes = []
-    for node in fleet_cache.nodes():
+    for node in fleet.nodes:
         busy = pods[node.pk]
         if not busy and not any(pk in shares for pk in node.gpu_pks):
             nodes.append(node.blank)
@@ -140,4 +141,4 @@ def build() -> core.Snapshot:
     used = usage_by_team()
     teams = {t.slug: core.TeamUsage(float(t.quota_gpu_share), float(used.get(t.pk, NO_USAGE).gpu_share))
              for t in Team.objects.all()}
-    return core.Snapshot(nodes=tuple(nodes), teams=teams, now=time.time())
+    return core.Snapshot(nodes=tuple(nodes), teams=teams, now=time.time(), layout=fleet.layout)

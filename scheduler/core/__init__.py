@@ -32,6 +32,9 @@ Entry points:
   order, building only the candidates asked for (the capacity preview).
 - `POLICIES`: random, best-fit, packing, spread, dot-product, fgd, tessera (the default: FGD's
   fragmentation gradient plus CPU stranding; see `tessera.py` and bench/results/scheduler/).
+- `FleetLayout(nodes)`: a fleet laid out once; a snapshot that carries it (`Snapshot.layout`, its
+  nodes the layout's own objects or copies with shares and free CPU/memory set) starts from a copy
+  of it instead of laying out every GPU again (the portal keeps one per fleet version).
 - Lower level, as the trace replay uses it: `ClusterState` (numpy working copy of a snapshot),
   `make_scorer(policy, state, typical)`, `choose(state, request, scorer) -> Choice | None`,
   `state.reserve(request, node, slots)`.
@@ -68,7 +71,7 @@ from .model import (
     TeamUsage,
     Unschedulable,
 )
-from .state import ClusterState
+from .state import ClusterState, FleetLayout
 
 __all__ = [
     "MILLI",
@@ -77,6 +80,7 @@ __all__ = [
     "ClusterState",
     "CycleResult",
     "Decision",
+    "FleetLayout",
     "Gpu",
     "GpuCandidate",
     "Node",

@@ -10,6 +10,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .state import FleetLayout
 
 MILLI = 1000
 
@@ -136,6 +140,9 @@ class Snapshot:
     nodes: tuple[Node, ...]
     teams: Mapping[str, TeamUsage] = field(default_factory=dict)
     now: float = 0.0  # seconds, same clock as Request.created_at
+    # The fleet laid out once (state.FleetLayout of the nodes without shares), when the caller keeps
+    # one: the engine starts from a copy of it instead of laying out every GPU again.
+    layout: FleetLayout | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -117,6 +117,9 @@ class ClusterState:
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> ClusterState:
+        layout = snapshot.layout
+        if layout is not None and layout.fits(snapshot.nodes):
+            return layout.state_of(snapshot.nodes)
         nodes: tuple[Node, ...] = snapshot.nodes
         ordered = [sorted(node.gpus, key=lambda g: g.index) for node in nodes]
         state = cls(
@@ -135,18 +138,32 @@ class ClusterState:
         for i, gpus in enumerate(ordered):
             for j, gpu in enumerate(gpus):
                 for share in gpu.shares:
-                    # Existing shares were admitted elsewhere; record them even if they over-commit.
-                    state.free[i, j] -= to_milli(share.gpu_request)
-                    state.mem_free[i, j] -= share.gpu_memory_mib
-                    state._label(i, j).add(share)
-                    state.labelled_shares += _is_labelled(share)
-                    rec = state.placed.get(share.reservation_id)
-                    gpus_of = (*rec.gpus, j) if rec else (j,)
-                    state.placed[share.reservation_id] = Holding(
-                        share, i, gpus_of, to_milli(share.gpu_request), share.gpu_memory_mib, 0, 0
-                    )
-                    if share.group:
-                        state.group_nodes.setdefault(share.group, Counter())[i] += 1
+                    state._hold_existing(i, j, share)
+        return state
+
+    def _hold_existing(self, i: int, j: int, share: Share) -> None:
+        # Existing shares were admitted elsewhere; record them even if they over-commit.
+        self.free[i, j] -= to_milli(share.gpu_request)
+        self.mem_free[i, j] -= share.gpu_memory_mib
+        self._label(i, j).add(share)
+        self.labelled_shares += _is_labelled(share)
+        rec = self.placed.get(share.reservation_id)
+        gpus_of = (*rec.gpus, j) if rec else (j,)
+        self.placed[share.reservation_id] = Holding(share, i, gpus_of, to_milli(share.gpu_request),
+                                                    share.gpu_memory_mib, 0, 0)
+        if share.group:
+            self.group_nodes.setdefault(share.group, Counter())[i] += 1
+
+    def _empty_copy(self) -> ClusterState:
+        """This state's fleet with nothing on it: the fixed parts (names, models, UUIDs, NVLink)
+        shared, the parts a cycle changes copied fresh."""
+        state = object.__new__(ClusterState)
+        state.__dict__.update(self.__dict__)
+        state.free = np.where(self.valid, MILLI, 0).astype(np.int64)
+        state.mem_free = self.mem_total.copy()
+        state.version = np.zeros(len(self.node_names), dtype=np.int64)
+        state.labels, state.labelled_shares, state.placed = {}, 0, {}
+        state.reserved_now, state.group_nodes = set(), {}
         return state
 
     # ---- queries ------------------------------------------------------------------------------
@@ -211,6 +228,43 @@ class ClusterState:
             if nodes[i] <= 0:
                 del nodes[i]
         self.version[i] += 1
+
+
+class FleetLayout:
+    """A fleet's nodes and GPUs laid out once. A caller that keeps its fleet between snapshots (the
+    portal does, while the node and GPU rows are unchanged) passes it in Snapshot.layout: each
+    snapshot's nodes are then either these very node objects (nothing on them) or copies with
+    shares and free CPU and memory set, and the state starts from a copy of the layout instead of
+    laying out 4,000 GPUs again (about 20 ms a snapshot at 500 nodes on a slow core)."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = tuple(nodes)
+        self.names = [n.name for n in self.nodes]
+        self.gpus = [tuple(g.uuid for g in n.gpus) for n in self.nodes]
+        self.empty = ClusterState.from_snapshot(Snapshot(nodes=tuple(replace(n, gpus=tuple(
+            replace(g, shares=()) for g in n.gpus)) for n in self.nodes)))
+        self.slot = [{g.index: j for j, g in enumerate(sorted(n.gpus, key=lambda g: g.index))} for n in self.nodes]
+
+    def fits(self, nodes: Sequence[Node]) -> bool:
+        """Whether `nodes` are this fleet (same nodes in the same order, same GPUs on each)."""
+        return len(nodes) == len(self.nodes) and all(
+            node is own or (node.name == own.name and tuple(g.uuid for g in node.gpus) == gpus)
+            for node, own, gpus in zip(nodes, self.nodes, self.gpus, strict=True))
+
+    def state_of(self, nodes: Sequence[Node]) -> ClusterState:
+        state = self.empty._empty_copy()
+        state.cpu_free = _tracked([n.cpu_milli_free for n in nodes], len(nodes))
+        state.node_mem_free = _tracked([n.memory_mib_free for n in nodes], len(nodes))
+        state.ready = np.array([n.status == NodeStatus.READY for n in nodes], dtype=bool)
+        state.node_labels = [dict(n.labels) for n in nodes]
+        for i, (node, own) in enumerate(zip(nodes, self.nodes, strict=True)):
+            if node is own:  # the fleet's own object: nothing on it
+                continue
+            slot = self.slot[i]
+            for gpu in node.gpus:
+                for share in gpu.shares:
+                    state._hold_existing(i, slot[gpu.index], share)
+        return state
 
 
 def share_of(request: Request) -> Share:

@@ -1,12 +1,14 @@
 """Invariants over random clusters and request streams (hypothesis, bounded)."""
 
 from collections import defaultdict
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core import (
     POLICIES,
+    FleetLayout,
     Gpu,
     Node,
     NodeStatus,
@@ -16,10 +18,12 @@ from scheduler.core import (
     Share,
     Snapshot,
     Unschedulable,
+    best_gpus,
     decide,
     schedule,
 )
 from scheduler.core.model import to_milli
+from scheduler.core.state import ClusterState
 
 LABELS = st.sampled_from(["x", "y"])
 SHARES = st.sampled_from([0.1, 0.25, 0.3, 0.5, 0.7, 1.0])
@@ -152,3 +156,40 @@ def test_decide_yields_the_decisions_of_schedule_one_at_a_time(snap, pending, po
             assert len(d) == 1 or (len(groups) == 1 and None not in groups), d
     gang = [p for p in placed if p.group == "gang"]
     assert not gang or any(isinstance(d, tuple) and d == tuple(gang) for d in decisions)
+
+
+def _blank(node: Node) -> Node:
+    return replace(node, cpu_milli_free=None, status=NodeStatus.READY,
+                   gpus=tuple(replace(g, shares=()) for g in node.gpus))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snap=clusters(), pending=requests(), policy=st.sampled_from(["tessera", "best-fit"]))
+def test_a_snapshot_with_its_fleet_layout_decides_exactly_as_without(snap, pending, policy):
+    """The portal keeps the fleet laid out between snapshots (Snapshot.layout); the engine's state
+    from it, and so every decision and capacity answer, is the one it builds from scratch."""
+    blanks = [_blank(n) for n in snap.nodes]
+    layout = FleetLayout(blanks)
+    # Nodes with nothing on them are the layout's own objects, as the portal passes them.
+    nodes = tuple(blank if n == blank else n for n, blank in zip(snap.nodes, blanks, strict=True))
+    laid_out = Snapshot(nodes, layout=layout)
+    assert layout.fits(laid_out.nodes)
+    fresh, reused = ClusterState.from_snapshot(snap), ClusterState.from_snapshot(laid_out)
+    for name in ("free", "mem_free", "cpu_free", "node_mem_free", "ready", "version", "valid", "gpu_model"):
+        assert (getattr(fresh, name) == getattr(reused, name)).all(), name
+    for name in ("labels", "labelled_shares", "placed", "group_nodes", "node_labels", "gpu_uuids", "nvlink"):
+        assert getattr(fresh, name) == getattr(reused, name), name
+    assert schedule(snap, pending, policy) == schedule(laid_out, pending, policy)
+    for request in pending[:3]:
+        assert best_gpus(snap, request, 5, policy) == best_gpus(laid_out, request, 5, policy)
+    # The layout's own state is never changed by a snapshot started from it.
+    assert (layout.empty.free == ClusterState.from_snapshot(Snapshot(tuple(blanks))).free).all()
+
+
+def test_a_layout_refuses_another_fleet():
+    layout = FleetLayout([Node("a", (Gpu("a-0", 0, "A", 8000),)), Node("b", (Gpu("b-0", 0, "A", 8000),))])
+    assert not layout.fits((Node("a", (Gpu("a-0", 0, "A", 8000),)),))
+    assert not layout.fits((Node("a", (Gpu("a-0", 0, "A", 8000),)), Node("c", (Gpu("c-0", 0, "A", 8000),))))
+    assert not layout.fits((Node("a", (Gpu("a-0", 0, "A", 8000),)), Node("b", (Gpu("b-9", 0, "A", 8000),))))
+    other = Snapshot((Node("a", (Gpu("a-0", 0, "A", 8000),)),), layout=layout)
+    assert ClusterState.from_snapshot(other).node_names == ["a"]  # built from scratch, not from the layout
