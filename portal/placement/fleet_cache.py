@@ -4,11 +4,12 @@ process while the node and GPU rows are unchanged.
 Every cycle and every capacity preview used to read and rebuild all of it: at 500 nodes × 8 GPUs
 about 60 ms of Python per call (4,000 rows, a JSON decode of each GPU's NVLink peers, 4,000
 engine objects), while these rows change only when an admin or an agent changes the fleet.
-PostgreSQL tells whether they changed with one fingerprint over exactly the columns the snapshot
-reads (a sum of row hashes: any change to a row, a new row or a deleted one changes it), so the
-answer stays exact: no age, no invalidation to forget at one of the fleet's many writers
-(admin, inventory, agent hello, drain, cordon). Columns outside the snapshot (`last_seen`,
-written by every agent's heartbeat) are not in it. Without PostgreSQL every call reads the rows.
+PostgreSQL tells whether they changed: statement triggers on the node and GPU tables bump a
+version number (fleet migration 0007) in the same transaction as any insert, delete, or update of a
+column the snapshot reads, so the answer stays exact: no age, no invalidation to forget at one of
+the fleet's many writers (admin, inventory, agent hello, drain, cordon, an `.update()` behind the
+services). Columns outside the snapshot (`last_seen`, written by every agent's heartbeat) do not
+bump it. Without PostgreSQL every call reads the rows.
 """
 
 from __future__ import annotations
@@ -21,12 +22,7 @@ from django.db import connection
 from portal.fleet.models import Gpu, Node
 from scheduler import core
 
-FINGERPRINT_SQL = """
-SELECT (SELECT count(*)::text || ':' || coalesce(sum(hashtextextended(concat_ws('|', id, name, labels::text,
-            status, cpu_milli, memory_mib), 0)), 0)::text FROM fleet_node),
-       (SELECT count(*)::text || ':' || coalesce(sum(hashtextextended(concat_ws('|', id, node_id, uuid, "index",
-            model, memory_mib, nvlink_peers::text, numa_node, healthy, cordoned), 0)), 0)::text FROM fleet_gpu)
-"""
+VERSION_SQL = "SELECT version FROM fleet_fleetversion WHERE id = 1"
 
 
 class FleetNode(NamedTuple):
@@ -49,12 +45,12 @@ _lock = threading.Lock()
 _cached: tuple[tuple, Fleet] | None = None
 
 
-def _fingerprint() -> tuple | None:
+def _version() -> tuple | None:
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:
-        cursor.execute(FINGERPRINT_SQL)
-        return tuple(cursor.fetchone())
+        cursor.execute(VERSION_SQL)
+        return cursor.fetchone()
 
 
 def _read() -> Fleet:
@@ -85,13 +81,13 @@ def fleet() -> Fleet:
     """The fleet's nodes by name, each with its healthy, uncordoned GPUs by index, as the rows
     are now (as this connection sees them), and their layout for the engine."""
     global _cached
-    fingerprint = _fingerprint()
-    if fingerprint is not None:
+    version = _version()
+    if version is not None:
         with _lock:
-            if _cached is not None and _cached[0] == fingerprint:
+            if _cached is not None and _cached[0] == version:
                 return _cached[1]
     now = _read()
-    if fingerprint is not None:
+    if version is not None:
         with _lock:
-            _cached = (fingerprint, now)
+            _cached = (version, now)
     return now

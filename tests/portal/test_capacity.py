@@ -75,3 +75,42 @@ def test_a_gpu_changed_by_any_writer_shows_in_the_next_answer(client_for, fleet,
     after = client_for("alice").get(URL, query).json()
     assert {g["uuid"] for g in after["gpus"]} == {g["uuid"] for g in first["gpus"]} - {cordoned.uuid, unhealthy.uuid}
     assert after["count"] == 2
+
+
+def test_the_fleet_version_moves_with_what_placement_reads_and_not_with_heartbeats(fleet):
+    from django.db import connection
+    from django.utils import timezone
+
+    from portal.fleet.models import Node
+    from portal.placement import fleet_cache
+
+    if connection.vendor != "postgresql":
+        return
+    before = fleet_cache._version()
+    Node.objects.update(last_seen=timezone.now())  # every agent's heartbeat
+    assert fleet_cache._version() == before
+    for change in (lambda: Gpu.objects.filter(pk=Gpu.objects.first().pk).update(memory_mib=1),
+                   lambda: Node.objects.filter(pk=Node.objects.first().pk).update(labels={"zone": "b"}),
+                   lambda: Gpu.objects.filter(pk=Gpu.objects.last().pk).delete()):
+        change()
+        assert fleet_cache._version() != before
+        before = fleet_cache._version()
+
+
+def test_a_version_seen_in_a_rolled_back_transaction_never_names_other_rows(fleet):
+    from django.db import connection, transaction
+
+    from portal.placement import fleet_cache
+
+    if connection.vendor != "postgresql":
+        return
+    gpu = Gpu.objects.first()
+    try:
+        with transaction.atomic():
+            Gpu.objects.filter(pk=gpu.pk).update(memory_mib=1)
+            seen_inside = fleet_cache._version()
+            raise RuntimeError("roll back")
+    except RuntimeError:
+        pass
+    Gpu.objects.filter(pk=gpu.pk).update(memory_mib=2)
+    assert fleet_cache._version() != seen_inside
