@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.db.models.manager import BaseManager
 from rest_framework import serializers
 
 from portal.fleet.model_names import display_model
@@ -13,6 +14,8 @@ from portal.reservations.models import Allocation, Kind, Reservation, StateTrans
 from portal.tenancy import roles
 from portal.tenancy.models import ApiToken, ExclusionGroup, Team
 
+from . import reservation_related
+from .representation import SharedFieldsRepresentation, output_zone, represent
 from .strict import StrictTypesMixin
 
 SHARE = {"max_digits": 4, "decimal_places": 3, "coerce_to_string": False}
@@ -45,7 +48,7 @@ class VisibleTeamField(SafeSlugRelatedField):
         return roles.visible_teams(self.context["request"].user)
 
 
-class AllocationSerializer(serializers.ModelSerializer):
+class AllocationSerializer(SharedFieldsRepresentation, serializers.ModelSerializer):
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
     gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
     node = serializers.CharField(source="gpu.node.name", read_only=True)
@@ -57,7 +60,18 @@ class AllocationSerializer(serializers.ModelSerializer):
         fields = ["gpu_uuid", "gpu_index", "node", "gpu_request", "gpu_limit", "gpu_memory_mib"]
 
 
-class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
+class ReservationListSerializer(serializers.ListSerializer):
+    """Loads what every reservation of the list shows from other tables in one query, then
+    renders each (reservation_related)."""
+
+    def to_representation(self, data):
+        items = list(data.all() if isinstance(data, BaseManager) else data)
+        reservation_related.attach(items)
+        zone = output_zone()
+        return [represent(type(self.child), item, zone) for item in items]
+
+
+class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serializers.ModelSerializer):
     team = VisibleTeamField()
     owner = serializers.CharField(source="owner.username", read_only=True)
     node = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True)
@@ -85,6 +99,7 @@ class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
 
     class Meta:
         model = Reservation
+        list_serializer_class = ReservationListSerializer
         fields = [
             "id", "name", "team", "owner", "kind", "image", "command",
             "gpu_request", "gpu_limit", "gpu_memory_mib", "gpu_count", "gpu_model", "priority",
@@ -112,9 +127,13 @@ class ReservationSerializer(StrictTypesMixin, serializers.ModelSerializer):
     def validate_gpu_model(self, value: str) -> str:
         return display_model(value)  # "NVIDIA-A100-SXM4-80GB" (label-safe) is "NVIDIA A100-SXM4-80GB"
 
+    def to_representation(self, instance):
+        reservation_related.attach([instance])  # (a list attaches all its items at once)
+        return super().to_representation(instance)
+
     def get_allocations(self, obj) -> list[dict]:
-        live = [a for a in obj.allocations.all() if a.released_at is None]
-        return AllocationSerializer(live, many=True).data
+        reservation_related.attach([obj])
+        return [represent(AllocationSerializer, a) for a in obj.live_allocations]
 
 
 class StateTransitionSerializer(serializers.ModelSerializer):

@@ -4,7 +4,7 @@ by the services. Objects of other teams are filtered out of querysets, so they a
 from __future__ import annotations
 
 from django.contrib.auth import authenticate
-from django.db.models import Count, DecimalField, IntegerField, Prefetch, Q, Sum, Value
+from django.db.models import Count, DecimalField, IntegerField, Q, Sum, Value
 from django.db.models.functions import Coalesce
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -18,7 +18,7 @@ from portal.audit import services as audit
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
 from portal.reservations import services
-from portal.reservations.models import Allocation, Reservation
+from portal.reservations.models import Reservation
 from portal.reservations.rules import ReservationSpec
 from portal.tenancy import roles
 from portal.tenancy import services as tenancy_services
@@ -46,9 +46,12 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
     filterset_class = ReservationFilter
 
     def get_queryset(self):
-        return Reservation.objects.visible_to(self.request.user) \
-            .select_related("team", "owner", "node", "client_node") \
-            .prefetch_related(Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node")))
+        # The reservation rows alone: the serializer loads what they show from other tables (team,
+        # owner and node names, live allocations) in one query per answer (reservation_related).
+        reservations = Reservation.objects.visible_to(self.request.user)
+        if self.action == "cancel":
+            return reservations.only("id", "team_id", "owner_id")  # what require_cancel reads
+        return reservations
 
     def perform_create(self, serializer):
         data = dict(serializer.validated_data)
@@ -62,8 +65,8 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
     def cancel(self, request, pk=None):
         reservation = self.get_object()
         permissions.require_cancel(request.user, reservation)
-        services.cancel(reservation.pk, request.user)
-        return Response(self.get_serializer(self.get_queryset().get(pk=reservation.pk)).data)
+        cancelled, _changed = services.cancel(reservation.pk, request.user)  # the row as it was stored
+        return Response(self.get_serializer(cancelled).data)
 
     @extend_schema(responses={200: serializers.StateTransitionSerializer(many=True)})
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)

@@ -35,7 +35,8 @@ class ReservationQuerySet(models.QuerySet):
         """The reservations of the teams `user` may see (all, for staff): pages, API and reports agree."""
         if user.is_staff:
             return self
-        return self.filter(team__in=roles.visible_teams(user))
+        # The ids of roles.visible_teams, as a list: `team_id IN (…)`, not a subquery on the teams.
+        return self.filter(team_id__in=list(roles.team_roles(user)))
 
 
 class Reservation(models.Model):
