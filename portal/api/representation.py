@@ -7,10 +7,11 @@ which serializer holds them, so a class that opts in renders through fields buil
 DRF's own `get_attribute` and `to_representation` of each field wherever a value is not plain
 (tests compare the JSON with DRF's generic path).
 
-Two steps are taken without DRF's per-field call, for the same result: a plain dotted source is
-read with one attrgetter, and an aware datetime of a plain DateTimeField is converted with the
+Three steps are taken without DRF's per-field call, for the same result: a plain dotted source
+is read with one attrgetter; an aware datetime of a plain DateTimeField is converted with the
 time zone looked up once per rendering (DRF looks it up per field, ~15 µs each on our servers,
-more than the rest of the field).
+more than the rest of the field); a Decimal that DecimalField's quantizing would return as it is
+(a numeric column's value, already at the field's scale) is returned without it.
 
 Only for serializers whose output reads neither the request nor the context (no hyperlinks,
 no method field that looks at `self.context`): the shared fields belong to a serializer that has
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import datetime
 import threading
+from decimal import Decimal
 from operator import attrgetter
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
 from rest_framework import ISO_8601
-from rest_framework.fields import DateTimeField, SkipField
+from rest_framework.fields import DateTimeField, DecimalField, SkipField
 from rest_framework.relations import PKOnlyObject, RelatedField
 from rest_framework.settings import api_settings
 
@@ -48,6 +50,16 @@ def _plain_datetime(field) -> bool:
     return type(field) is DateTimeField and not hasattr(field, "format") and not hasattr(field, "timezone")
 
 
+def _exact_decimal(field) -> tuple[int, int] | None:
+    """(decimal places, max digits) of a DecimalField that outputs the quantized Decimal itself
+    (no string, no normalizing), else None."""
+    if (type(field) is DecimalField and getattr(field, "coerce_to_string", None) is False
+            and getattr(field, "normalize_output", True) is False
+            and field.decimal_places is not None and field.max_digits is not None):
+        return field.decimal_places, field.max_digits
+    return None
+
+
 def _plan(serializer_class) -> tuple:
     plan = serializer_class.__dict__.get("_shared_plan")
     if plan is None:
@@ -56,7 +68,7 @@ def _plan(serializer_class) -> tuple:
             if plan is None:
                 shared = serializer_class()  # no instance, no context: what every field renders with
                 plan = tuple((name, _fast_getter(field), field.get_attribute, field.to_representation,
-                              _plain_datetime(field))
+                              _plain_datetime(field), _exact_decimal(field))
                              for name, field in shared.fields.items() if not field.write_only)
                 serializer_class._shared_plan = plan
     return plan
@@ -79,7 +91,7 @@ def represent(serializer_class, instance, zone=_UNSET) -> dict:
     (a missing attribute or related row, a callable), so defaults and errors stay DRF's.
     `zone`: output_zone(), when the caller renders many."""
     ret = {}
-    for name, fast_get, get_attribute, to_representation, plain_datetime in _plan(serializer_class):
+    for name, fast_get, get_attribute, to_representation, plain_datetime, exact_decimal in _plan(serializer_class):
         try:
             if fast_get is None:
                 raise AttributeError
@@ -96,9 +108,21 @@ def represent(serializer_class, instance, zone=_UNSET) -> dict:
         elif plain_datetime and (zone := output_zone() if zone is _UNSET else zone) is not None \
                 and (text := _iso(attribute, zone)) is not None:
             ret[name] = text
+        elif exact_decimal and _quantized(attribute, *exact_decimal):
+            ret[name] = attribute  # DecimalField.quantize would give it back as it is
         else:
             ret[name] = to_representation(attribute)
     return ret
+
+
+def _quantized(value, places: int, max_digits: int) -> bool:
+    """Whether `value` is a Decimal with exactly `places` decimal places and at most `max_digits`
+    digits, which quantizing to `places` within `max_digits` leaves as it is (what a numeric
+    column of that scale reads as). DRF's quantize costs ~7 µs here, this check under one."""
+    if type(value) is not Decimal:
+        return False
+    _sign, digits, exponent = value.as_tuple()
+    return exponent == -places and len(digits) <= max_digits
 
 
 def _iso(value, zone) -> str | None:
@@ -114,7 +138,8 @@ def _iso(value, zone) -> str | None:
 
 
 class SharedFieldsRepresentation:
-    """Mixin for a serializer: render through the class's shared fields (see the module)."""
+    # Mixin for a serializer: render through the class's shared fields (see the module). No
+    # docstring: drf-spectacular would take it as the description of every serializer using it.
 
     def to_representation(self, instance):
         return represent(type(self), instance)

@@ -25,8 +25,8 @@ from portal.tenancy import services as tenancy_services
 from portal.tenancy.models import ApiToken
 
 from . import admin_views, capacity, permissions, serializers
-from .filters import ReservationFilter
-from .query import refuse_empty, refuse_unknown
+from .filters import FilterWhenAsked, ReservationFilter
+from .query import StrictQueryParams, refuse_empty, refuse_unknown
 from .throttling import SignInThrottle, WriteRateThrottle
 
 ERRORS = {400: OpenApiResponse(description="Invalid input, per field"),
@@ -44,6 +44,7 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
 
     serializer_class = serializers.ReservationSerializer
     filterset_class = ReservationFilter
+    filter_backends = [StrictQueryParams, FilterWhenAsked]  # settings' backends, the filter set built when asked
 
     def get_queryset(self):
         # The reservation rows alone: the serializer loads what they show from other tables (team,
