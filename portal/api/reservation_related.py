@@ -52,7 +52,7 @@ def attach(reservations) -> None:
     todo = [r for r in reservations if ATTACHED not in r.__dict__]
     if not todo:
         return
-    db = router.db_for_read(Reservation)
+    db = todo[0]._state.db or router.db_for_read(Reservation)
     user_model = get_user_model()
     fields = {name: Reservation._meta.get_field(name) for name in ("team", "owner", "node", "client_node")}
     wanted: dict[int, set[int]] = {_TEAM: set(), _USER: set(), _NODE: set()}
