@@ -58,7 +58,10 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
         data = dict(serializer.validated_data)
         team = data.pop("team")
         permissions.require_submit(self.request.user, team)
-        serializer.instance = services.submit(self.request.user, ReservationSpec(team=team, **data))
+        reservation = services.submit(self.request.user, ReservationSpec(team=team, **data))
+        # Just submitted, it holds no GPUs: its answer's allocations need no query.
+        reservation._prefetched_objects_cache = {"allocations": Allocation.objects.none()}
+        serializer.instance = reservation
 
     @extend_schema(request=None, responses={200: serializers.ReservationSerializer, 409: OpenApiResponse(
         description="The reservation has already finished"), 403: OpenApiResponse(description="Not yours")})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
+from django.db import connections, router
 from django.db.models import DecimalField, ExpressionWrapper, F, Sum, Value
 from django.db.models.functions import Coalesce
 
@@ -54,9 +55,31 @@ def _usage(totals: dict) -> Usage:
     return Usage(Decimal(totals["share"]).quantize(Decimal("0.001")), int(totals["memory"]), int(totals["gpus"]))
 
 
-def usage_of(team: Team) -> Usage:
-    """What the team's active, guaranteed (non-opportunistic) reservations count against its quota."""
-    return _usage(_counted().filter(team=team).aggregate(**_totals()))
+def _usage_sql(connection) -> str:
+    """usage_of's statement: what `_counted().filter(team=…).aggregate(**_totals())` says, written
+    once; the ORM compiled that aggregate on every submit (~2 ms of CPU, the statement ~0.15)."""
+    qn = connection.ops.quote_name
+    col = {name: qn(Reservation._meta.get_field(name).column)
+           for name in ("team", "state", "opportunistic", "gpu_request", "gpu_memory_mib", "gpu_count")}
+    return (  # every name comes from the model's metadata
+            f"SELECT COALESCE(SUM({col['gpu_request']} * {col['gpu_count']}), 0),"  # noqa: S608
+            f" COALESCE(SUM({col['gpu_memory_mib']} * {col['gpu_count']}), 0), COALESCE(SUM({col['gpu_count']}), 0)"
+            f" FROM {qn(Reservation._meta.db_table)}"
+            f" WHERE {col['team']} = %s AND NOT {col['opportunistic']}"
+            f" AND {col['state']} IN ({', '.join(['%s'] * len(ACTIVE))})")
+
+
+_ACTIVE_STATES = sorted(ACTIVE)
+
+
+def usage_of(team: Team | int) -> Usage:
+    """What the team's active, guaranteed (non-opportunistic) reservations count against its quota
+    (the same as usage_by_team's entry for it)."""
+    connection = connections[router.db_for_read(Reservation)]
+    with connection.cursor() as cursor:
+        cursor.execute(_usage_sql(connection), [team if isinstance(team, int) else team.pk, *_ACTIVE_STATES])
+        share, memory, gpus = cursor.fetchone()
+    return _usage({"share": share, "memory": memory, "gpus": gpus})
 
 
 def usage_by_team() -> dict[int, Usage]:

@@ -68,6 +68,20 @@ def fleet_models() -> dict[str, int]:
     return dict(Gpu.objects.values_list("model").annotate(Max("memory_mib")))
 
 
+def fleet_holds(models: list[str], memory_mib: int) -> bool:
+    """Exactly whether `check` finds nothing wrong with `models` and `memory_mib` against the fleet:
+    every model named exists and one of their cards (any card when none is named) holds
+    `memory_mib`. One indexed EXISTS, where fleet_models reads and groups every GPU (4,000 rows,
+    ~3 ms of the database's CPU per submit); that is left for the message when the answer is no."""
+    cards = Gpu.objects.filter(memory_mib__gte=memory_mib)
+    if not models:
+        return cards.exists()
+    if not cards.filter(model__in=models).exists():
+        return False
+    named = set(models)
+    return len(named) == 1 or Gpu.objects.filter(model__in=named).values("model").distinct().count() == len(named)
+
+
 def largest_node_gpu_count() -> int:
     counts = Gpu.objects.values("node").annotate(n=Count("id")).aggregate(m=Max("n"))["m"]
     return counts or 0
@@ -140,17 +154,18 @@ def check(spec: ReservationSpec) -> None:
     if not (0 <= spec.priority <= 100):
         bad("priority", "must be between 0 (opportunistic) and 100")
 
-    known = fleet_models()
     wanted = spec.models()
-    unknown = [m for m in wanted if m not in known]
-    if unknown:
-        bad("gpu_model", f"unknown GPU model {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}")
-    largest = max((known[m] for m in wanted if m in known), default=max(known.values(), default=0))
-    if spec.gpu_memory_mib <= 0:
-        bad("gpu_memory_mib", "must be greater than 0")
-    elif spec.gpu_memory_mib > largest:
-        what = f"a {'|'.join(wanted)}" if wanted else "any"
-        bad("gpu_memory_mib", f"{spec.gpu_memory_mib} MiB is more than {what} card holds ({largest} MiB)")
+    if spec.gpu_memory_mib <= 0 or not fleet_holds(wanted, spec.gpu_memory_mib):  # else no error below
+        known = fleet_models()
+        unknown = [m for m in wanted if m not in known]
+        if unknown:
+            bad("gpu_model", f"unknown GPU model {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}")
+        largest = max((known[m] for m in wanted if m in known), default=max(known.values(), default=0))
+        if spec.gpu_memory_mib <= 0:
+            bad("gpu_memory_mib", "must be greater than 0")
+        elif spec.gpu_memory_mib > largest:
+            what = f"a {'|'.join(wanted)}" if wanted else "any"
+            bad("gpu_memory_mib", f"{spec.gpu_memory_mib} MiB is more than {what} card holds ({largest} MiB)")
 
     for name in ("affinity", "anti_affinity", "exclusion", "group_name"):
         value = getattr(spec, name)

@@ -64,7 +64,13 @@ class Policy:
 
 
 def _row(team: Team) -> TeamPolicy:
-    return TeamPolicy.objects.filter(team=team).first() or TeamPolicy(team=team)
+    if Team.policy.is_cached(team):  # read with the team (select_related("policy")): no query
+        try:
+            return team.policy
+        except TeamPolicy.DoesNotExist:
+            return TeamPolicy(team_id=team.pk)
+    # team_id, not team: the default row must not be cached on `team` as if it had been read.
+    return TeamPolicy.objects.filter(team=team).first() or TeamPolicy(team_id=team.pk)
 
 
 def policy_of(team: Team) -> Policy:
@@ -88,13 +94,14 @@ def policy_of(team: Team) -> Policy:
     )
 
 
-def max_priority_for(user, team: Team) -> int:
-    """The highest priority `user` may give a request of `team` (site admins: any)."""
+def max_priority_for(user, team: Team, policy: Policy | None = None) -> int:
+    """The highest priority `user` may give a request of `team` (site admins: any); `policy`:
+    the team's, when the caller has read it already."""
     from . import roles
 
     if user.is_staff:
         return 100
-    return policy_of(team).max_priority(roles.role_in(user, team))
+    return (policy or policy_of(team)).max_priority(roles.role_in(user, team))
 
 
 def request_problems(user, team: Team, *, priority: int | None, max_duration_s: int | None,
@@ -105,7 +112,7 @@ def request_problems(user, team: Team, *, priority: int | None, max_duration_s: 
     if remote_allowed and not policy.allow_remote:
         errors["remote_allowed"] = [f"team {team.slug} does not allow remote GPU shares; "
                                     "ask a team admin to allow them, or leave this off"]
-    ceiling = max_priority_for(user, team)
+    ceiling = max_priority_for(user, team, policy)
     if priority is not None and priority > ceiling:
         errors["priority"] = [f"team {team.slug} lets you use priority up to {ceiling}; ask a team admin for more"]
     if max_duration_s is not None and max_duration_s > policy.max_duration_s and not user.is_staff:

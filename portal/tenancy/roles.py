@@ -15,9 +15,17 @@ def team_roles(user) -> dict[int, str]:
         return {}
     cached = getattr(user, "_tessera_team_roles", None)
     if cached is None:
-        cached = dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
+        # No ordering: Membership's default one (team slug, username) would join two tables to
+        # sort what every caller reads as a mapping.
+        cached = dict(Membership.objects.filter(user=user).order_by().values_list("team_id", "role"))
         user._tessera_team_roles = cached
     return cached
+
+
+def remember_roles(user, roles: dict[int, str]) -> None:
+    """Roles read together with the user (the API token lookup, in its one query), so that
+    team_roles answers this request without a query of its own."""
+    user._tessera_team_roles = roles
 
 
 def visible_teams(user) -> QuerySet[Team]:

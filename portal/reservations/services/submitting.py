@@ -40,15 +40,17 @@ def submit(user, spec: rules.ReservationSpec, source: str = Source.PORTAL, pod: 
     if (source == Source.KUBECTL) != (pod is not None):
         raise ValueError("a kubectl reservation, and only one, names the pod it came from")
     rules.check(spec)  # also coerces the numbers in spec
-    if source != Source.KUBECTL:
-        problems = policy.request_problems(user, spec.team, priority=spec.priority,
-                                           max_duration_s=spec.max_duration_s, remote_allowed=spec.remote_allowed)
-        if problems:
-            raise rules.RuleViolation(problems)
     share = spec.gpu_request * spec.gpu_count
     memory = spec.gpu_memory_mib * spec.gpu_count
     with transaction.atomic():
-        team = Team.objects.select_for_update().get(pk=spec.team.pk)
+        # The lock also orders this read of the policy after any change to it (set_policy and
+        # set_limits lock the team row too), and brings the policy in the same query.
+        team = Team.objects.select_for_update(of=("self",)).select_related("policy").get(pk=spec.team.pk)
+        if source != Source.KUBECTL:
+            problems = policy.request_problems(user, team, priority=spec.priority,
+                                               max_duration_s=spec.max_duration_s, remote_allowed=spec.remote_allowed)
+            if problems:
+                raise rules.RuleViolation(problems)
         usage = usage_of(team)
         problem = over_quota(team, usage, share, memory, spec.gpu_count)
         opportunistic = False
