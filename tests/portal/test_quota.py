@@ -131,3 +131,52 @@ def test_database_is_postgresql_in_the_suite():
 
     if os.environ.get("DATABASE_URL", "").startswith("postgres"):
         assert connection.vendor == "postgresql"
+
+
+def test_usage_of_says_what_the_orm_aggregate_says(people, fleet, teams):
+    """usage_of is one hand-written statement (every submit runs it under the team lock): the same
+    numbers as usage_by_team's ORM aggregate, over every state, opportunistic or not, multi-GPU."""
+    from portal.reservations.quota import NO_USAGE, usage_by_team
+    from tests.reservations import ended, placed, running, submitted
+
+    vision, nlp = teams["vision"], teams["nlp"]
+    type(vision).objects.filter(pk=vision.pk).update(quota_gpu_share=10, quota_max_gpus=10)
+    gpus = list(fleet)
+    assert usage_of(vision) == usage_of(nlp) == NO_USAGE
+    submitted(people["alice"], vision, gpu_request="0.125", gpu_memory_mib=1000)
+    submitted(people["alice"], vision, gpu_request="1", gpu_memory_mib=20000, gpu_count=2)
+    submitted(people["alice"], vision, gpu_request="0.3", gpu_memory_mib=7, priority=0)  # within quota
+    placed(submitted(people["carol"], vision, gpu_request="0.333", gpu_memory_mib=333), gpus[0])
+    running(submitted(people["carol"], vision, gpu_request="0.2", gpu_memory_mib=10), gpus[1])
+    ended(running(submitted(people["carol"], vision, gpu_request="0.1", gpu_memory_mib=99), gpus[2]))
+    services.cancel(submitted(people["alice"], vision, gpu_request="0.05", gpu_memory_mib=5).pk, people["alice"])
+    submitted(people["bob"], nlp, gpu_request="0.7", gpu_memory_mib=70000)
+    Reservation.objects.filter(team=nlp).update(opportunistic=True)  # as if admitted beyond the quota
+    submitted(people["bob"], nlp, gpu_request="0.001", gpu_memory_mib=1)
+    by_team = usage_by_team()
+    for team in (vision, nlp):
+        assert usage_of(team) == usage_of(team.pk) == by_team[team.pk]
+    got = usage_of(vision)
+    assert got.as_dict() == {"gpu_share": "2.958", "memory_mib": 41350, "gpus": 6}
+    assert type(got.gpu_share) is Decimal and type(got.memory_mib) is int and type(got.gpus) is int
+    assert usage_of(nlp).as_dict() == {"gpu_share": "0.001", "memory_mib": 1, "gpus": 1}
+
+
+def test_submit_reads_the_policy_under_the_team_lock(people, fleet, teams, django_assert_num_queries):
+    """The team row lock brings the team's policy in the same query (no policy query of its own),
+    and the policy in force at that moment is the one applied."""
+    from portal.audit import services as audit
+    from portal.tenancy import policy, roles
+
+    vision = teams["vision"]
+    spec = rules.ReservationSpec(team=vision, image="busybox:1.36", gpu_request="0.1", gpu_memory_mib=100,
+                                 priority=60)
+    roles.team_roles(people["alice"])  # as the API has them by now (with the token)
+    # fleet check, the team (locked, with its policy), usage, two inserts; and the savepoint pair
+    with django_assert_num_queries(7):
+        services.submit(people["alice"], spec)
+    policy.set_policy(vision, audit.cli("test"), {"max_priority_member": 50})  # `vision`: read before
+    with pytest.raises(rules.RuleViolation) as refused:
+        services.submit(people["alice"], rules.ReservationSpec(team=vision, image="busybox:1.36", gpu_request="0.1",
+                                                               gpu_memory_mib=100, priority=60))
+    assert "priority up to 50" in str(refused.value)

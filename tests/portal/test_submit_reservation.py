@@ -93,3 +93,76 @@ def test_unauthenticated_is_refused(fleet, reservation_body):
     r = APIClient().post(URL, reservation_body(), format="json")
     assert r.status_code in (401, 403)
     assert APIClient().get(URL).status_code in (401, 403)
+
+
+def _fleet_errors_reading_every_gpu(spec) -> dict:
+    """What `rules.check` said of gpu_model and gpu_memory_mib when it grouped every GPU first."""
+    from portal.reservations import rules
+
+    known, wanted, errors = rules.fleet_models(), spec.models(), {}
+    unknown = [m for m in wanted if m not in known]
+    if unknown:
+        errors["gpu_model"] = [f"unknown GPU model {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}"]
+    largest = max((known[m] for m in wanted if m in known), default=max(known.values(), default=0))
+    if spec.gpu_memory_mib <= 0:
+        errors["gpu_memory_mib"] = ["must be greater than 0"]
+    elif spec.gpu_memory_mib > largest:
+        what = f"a {'|'.join(wanted)}" if wanted else "any"
+        errors["gpu_memory_mib"] = [f"{spec.gpu_memory_mib} MiB is more than {what} card holds ({largest} MiB)"]
+    return errors
+
+
+def test_fleet_check_answers_as_grouping_every_gpu_did(fleet, teams):
+    """`check` asks the fleet one EXISTS (fleet_holds) and groups every GPU only to word a
+    refusal: the same errors, in the same order, for any models and memory, on any fleet."""
+    from portal.fleet.models import Gpu
+    from portal.reservations import rules
+
+    def errors_of(models: str, memory: int) -> dict:
+        spec = rules.ReservationSpec(team=teams["vision"], image="busybox:1.36", gpu_request="0.5",
+                                     gpu_memory_mib=memory, gpu_model=models)
+        try:
+            rules.check(spec)
+        except rules.RuleViolation as refused:
+            return refused.errors
+        return {}
+
+    models = ["", "A100-80GB", "T4", "H100", "T4|V100-32GB", "T4|H100", "H100|B200", "A100-80GB|T4|V100-32GB"]
+    memories = [-1, 0, 1, 15360, 15361, 32768, 32769, 81920, 81921]
+    for fleet_now in ("all", "A100s unhealthy and cordoned", "no T4", "none"):
+        if fleet_now == "A100s unhealthy and cordoned":
+            Gpu.objects.filter(model="A100-80GB").update(healthy=False, cordoned=True)  # still known
+        elif fleet_now == "no T4":
+            Gpu.objects.filter(model="T4").delete()
+        elif fleet_now == "none":
+            Gpu.objects.all().delete()
+        for wanted in models:
+            for memory in memories:
+                spec = rules.ReservationSpec(team=teams["vision"], image="x", gpu_request="0.5", gpu_memory_mib=memory,
+                                             gpu_model=wanted)
+                got = errors_of(wanted, memory)
+                assert got == _fleet_errors_reading_every_gpu(spec), (fleet_now, wanted, memory)
+                assert list(got) == list(_fleet_errors_reading_every_gpu(spec))
+
+
+def test_submit_over_a_token_costs_ten_queries_and_answers_without_reading_allocations(
+        people, fleet, reservation_body, django_assert_num_queries):
+    """token (with the roles), the team by slug, the model named, the fleet check, the team
+    locked with its policy, quota usage, the reservation and its audit row (in a savepoint here,
+    a transaction in production); a reservation just submitted holds no GPUs, so its answer
+    reads none."""
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from portal.tenancy.models import ApiToken
+    from portal.tenancy.services import create_token
+
+    token, key = create_token(people["alice"], "ci")
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    with django_assert_num_queries(10):
+        r = client.post(URL, reservation_body(gpu_model="A100-80GB"), format="json")
+    assert r.status_code == 201, r.content
+    assert r.json()["allocations"] == [] and r.json()["team"] == "vision" and r.json()["owner"] == "alice"
+    assert client.get(f"{URL}{r.json()['id']}/").json() == r.json()
