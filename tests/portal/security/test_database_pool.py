@@ -111,3 +111,45 @@ def test_telemetry_threads_keep_their_own_connection_outside_the_pool(people, ti
     finally:
         for conn in held:
             tiny_pool.putconn(conn)
+
+
+def _server_ends(conn) -> None:
+    """The server ends `conn` (as on a restart or an idle timeout) while it waits in the pool."""
+    import select
+
+    import psycopg
+
+    d = connection.settings_dict
+    url = f"postgresql://{d['USER']}:{d['PASSWORD']}@{d['HOST'] or '127.0.0.1'}:{d['PORT'] or 5432}/{d['NAME']}"
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    assert poller.poll(5000), "the server did not end the connection"
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_pooled_connection_the_server_ended_is_never_a_500(people, tiny_pool, checked):
+    """Django's pool check (CONN_HEALTH_CHECKS, kept: 0.1 ms of CPU a request) replaces such a
+    connection before the request sees it; without it the request answers 503, never 500."""
+    connection.close()
+    connection.close_pool()
+    connection.settings_dict["CONN_HEALTH_CHECKS"] = checked
+    connection.settings_dict["OPTIONS"]["pool"] = {"min_size": 0, "max_size": 1, "timeout": 5}
+    try:
+        _, key = create_token(people["alice"], "laptop")
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        assert api.get("/api/v1/teams/").status_code == 200
+        pooled = connection.connection
+        connection.close()  # back to the pool, as after every request
+        _server_ends(pooled)
+        r = api.get("/api/v1/teams/")
+        if checked:
+            assert r.status_code == 200
+        else:
+            assert r.status_code == 503 and int(r["Retry-After"]) > 0
+            connection.close()
+        assert api.get("/api/v1/teams/").status_code == 200  # the pool has a new connection by now
+    finally:
+        connection.settings_dict["CONN_HEALTH_CHECKS"] = True
