@@ -60,7 +60,7 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
         permissions.require_submit(self.request.user, team)
         reservation = services.submit(self.request.user, ReservationSpec(team=team, **data))
         # Just submitted, it holds no GPUs: its answer's allocations need no query.
-        reservation._prefetched_objects_cache = {"allocations": Allocation.objects.none()}
+        reservation.live_allocations = []
         serializer.instance = reservation
 
     @extend_schema(request=None, responses={200: serializers.ReservationSerializer, 409: OpenApiResponse(
