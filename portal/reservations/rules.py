@@ -79,7 +79,11 @@ def fleet_holds(models: list[str], memory_mib: int) -> bool:
     if not cards.filter(model__in=models).exists():
         return False
     named = set(models)
-    return len(named) == 1 or Gpu.objects.filter(model__in=named).values("model").distinct().count() == len(named)
+    if len(named) == 1:
+        return True
+    # order_by(): Gpu's default ordering (node name, index) would join the nodes and make every
+    # card its own DISTINCT row.
+    return Gpu.objects.filter(model__in=named).order_by().values("model").distinct().count() == len(named)
 
 
 def largest_node_gpu_count() -> int:

@@ -155,13 +155,13 @@ class ClusterState:
             self.group_nodes.setdefault(share.group, Counter())[i] += 1
 
     def _empty_copy(self) -> ClusterState:
-        """This state's fleet with nothing on it: the fixed parts (names, models, UUIDs, NVLink)
-        shared, the parts a cycle changes copied fresh."""
+        """A copy of this state, which holds nothing: the fixed parts (names, models, UUIDs,
+        NVLink) shared, the parts a cycle changes copied."""
         state = object.__new__(ClusterState)
         state.__dict__.update(self.__dict__)
-        state.free = np.where(self.valid, MILLI, 0).astype(np.int64)
-        state.mem_free = self.mem_total.copy()
-        state.version = np.zeros(len(self.node_names), dtype=np.int64)
+        state.free = self.free.copy()
+        state.mem_free = self.mem_free.copy()
+        state.version = self.version.copy()
         state.labels, state.labelled_shares, state.placed = {}, 0, {}
         state.reserved_now, state.group_nodes = set(), {}
         return state
@@ -239,7 +239,6 @@ class FleetLayout:
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = tuple(nodes)
-        self.names = [n.name for n in self.nodes]
         self.gpus = [tuple(g.uuid for g in n.gpus) for n in self.nodes]
         self.empty = ClusterState.from_snapshot(Snapshot(nodes=tuple(replace(n, gpus=tuple(
             replace(g, shares=()) for g in n.gpus)) for n in self.nodes)))
