@@ -43,6 +43,7 @@ def _counted():
 
 
 def _totals() -> dict:
+    """The ORM's form of the usage sums (_usage_sql writes the same by hand; tests compare the two)."""
     share = ExpressionWrapper(F("gpu_request") * F("gpu_count"),
                               output_field=DecimalField(max_digits=8, decimal_places=3))
     memory = ExpressionWrapper(F("gpu_memory_mib") * F("gpu_count"),
@@ -51,22 +52,25 @@ def _totals() -> dict:
             "gpus": Coalesce(Sum("gpu_count"), Value(0))}
 
 
-def _usage(totals: dict) -> Usage:
-    return Usage(Decimal(totals["share"]).quantize(Decimal("0.001")), int(totals["memory"]), int(totals["gpus"]))
+def _usage(share, memory, gpus) -> Usage:
+    return Usage(Decimal(share).quantize(Decimal("0.001")), int(memory), int(gpus))
 
 
-def _usage_sql(connection) -> str:
-    """usage_of's statement: what `_counted().filter(team=…).aggregate(**_totals())` says, written
-    once; the ORM compiled that aggregate on every submit (~2 ms of CPU, the statement ~0.15)."""
+def _usage_sql(connection, *, per_team: bool) -> str:
+    """What `_counted().aggregate(**_totals())` says, for one team (`team = %s`) or grouped per
+    team (the team id first): written once from the model's metadata, because the ORM compiled
+    the aggregate on every submit and every capacity preview and cycle (~2 ms of CPU each, the
+    statement itself ~0.15)."""
     qn = connection.ops.quote_name
     col = {name: qn(Reservation._meta.get_field(name).column)
            for name in ("team", "state", "opportunistic", "gpu_request", "gpu_memory_mib", "gpu_count")}
-    return (  # every name comes from the model's metadata
-            f"SELECT COALESCE(SUM({col['gpu_request']} * {col['gpu_count']}), 0),"  # noqa: S608
-            f" COALESCE(SUM({col['gpu_memory_mib']} * {col['gpu_count']}), 0), COALESCE(SUM({col['gpu_count']}), 0)"
-            f" FROM {qn(Reservation._meta.db_table)}"
-            f" WHERE {col['team']} = %s AND NOT {col['opportunistic']}"
-            f" AND {col['state']} IN ({', '.join(['%s'] * len(ACTIVE))})")
+    sums = (f"COALESCE(SUM({col['gpu_request']} * {col['gpu_count']}), 0),"
+            f" COALESCE(SUM({col['gpu_memory_mib']} * {col['gpu_count']}), 0), COALESCE(SUM({col['gpu_count']}), 0)")
+    where = f"NOT {col['opportunistic']} AND {col['state']} IN ({', '.join(['%s'] * len(ACTIVE))})"
+    table = qn(Reservation._meta.db_table)
+    if per_team:  # every name comes from the model's metadata
+        return f"SELECT {col['team']}, {sums} FROM {table} WHERE {where} GROUP BY {col['team']}"  # noqa: S608
+    return f"SELECT {sums} FROM {table} WHERE {col['team']} = %s AND {where}"  # noqa: S608
 
 
 _ACTIVE_STATES = sorted(ACTIVE)
@@ -77,14 +81,17 @@ def usage_of(team: Team | int) -> Usage:
     (the same as usage_by_team's entry for it)."""
     connection = connections[router.db_for_read(Reservation)]
     with connection.cursor() as cursor:
-        cursor.execute(_usage_sql(connection), [team if isinstance(team, int) else team.pk, *_ACTIVE_STATES])
-        share, memory, gpus = cursor.fetchone()
-    return _usage({"share": share, "memory": memory, "gpus": gpus})
+        cursor.execute(_usage_sql(connection, per_team=False),
+                       [team if isinstance(team, int) else team.pk, *_ACTIVE_STATES])
+        return _usage(*cursor.fetchone())
 
 
 def usage_by_team() -> dict[int, Usage]:
-    """usage_of for every team that uses anything, in one query (team id → usage; absent: NO_USAGE)."""
-    return {row["team_id"]: _usage(row) for row in _counted().values("team_id").annotate(**_totals())}
+    """usage_of for every team that uses anything, in one statement (team id → usage; absent: NO_USAGE)."""
+    connection = connections[router.db_for_read(Reservation)]
+    with connection.cursor() as cursor:
+        cursor.execute(_usage_sql(connection, per_team=True), _ACTIVE_STATES)
+        return {team_id: _usage(*sums) for team_id, *sums in cursor.fetchall()}
 
 
 def over_quota(team: Team, usage: Usage, share: Decimal, memory_mib: int, gpus: int) -> str | None:

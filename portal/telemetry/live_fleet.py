@@ -14,9 +14,11 @@ import json
 import time
 
 from channels.layers import get_channel_layer
+from django.db import connections, router
 from django.dispatch import receiver
 
 from portal.fleet.events import nodes_changed
+from portal.fleet.models import Gpu
 from portal.reservations.events import allocations_changed, reservations_changed
 from portal.reservations.models import Allocation
 
@@ -60,9 +62,26 @@ def publish_allocation_changes(sender, node_ids: list[int], **kwargs) -> None:
     _send(node_ids)
 
 
+def nodes_holding(reservation_ids: list[int]) -> list[int]:
+    """The nodes whose GPUs these reservations hold now (live allocations), sorted. One statement
+    written from the models' metadata: every submit and cancel asks (mostly for reservations
+    that hold nothing), and the ORM compiled the join for ~1 ms of CPU each time."""
+    if not reservation_ids:
+        return []
+    connection = connections[router.db_for_read(Allocation)]
+    qn = connection.ops.quote_name
+    alloc, gpu = Allocation._meta, Gpu._meta
+    sql = (f"SELECT DISTINCT g.{qn(gpu.get_field('node').column)} FROM {qn(alloc.db_table)} a"  # noqa: S608 (metadata)
+           f" JOIN {qn(gpu.db_table)} g ON g.{qn(gpu.pk.column)} = a.{qn(alloc.get_field('gpu').column)}"
+           f" WHERE a.{qn(alloc.get_field('released_at').column)} IS NULL"
+           f" AND a.{qn(alloc.get_field('reservation').column)} IN ({', '.join(['%s'] * len(reservation_ids))})")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, reservation_ids)
+        return sorted(row[0] for row in cursor.fetchall())
+
+
 @receiver(reservations_changed, dispatch_uid="telemetry.publish_share_changes_to_fleet")
 def publish_share_changes(sender, changes: dict[int, int], **kwargs) -> None:
     """A share's reservation changed (placed → running, idle, ending): the nodes it holds GPUs on
     show it, so their rows are read again. Only reservations holding GPUs name a node."""
-    _send(sorted(set(Allocation.objects.filter(reservation_id__in=list(changes), released_at__isnull=True)
-                     .values_list("gpu__node_id", flat=True))))
+    _send(nodes_holding(sorted(changes)))

@@ -2,6 +2,7 @@
 team allows, and exact under real concurrent submissions on PostgreSQL."""
 
 import threading
+from dataclasses import astuple
 from decimal import Decimal
 
 import pytest
@@ -133,10 +134,11 @@ def test_database_is_postgresql_in_the_suite():
         assert connection.vendor == "postgresql"
 
 
-def test_usage_of_says_what_the_orm_aggregate_says(people, fleet, teams):
-    """usage_of is one hand-written statement (every submit runs it under the team lock): the same
-    numbers as usage_by_team's ORM aggregate, over every state, opportunistic or not, multi-GPU."""
-    from portal.reservations.quota import NO_USAGE, usage_by_team
+def test_usage_of_and_usage_by_team_say_what_the_orm_aggregate_says(people, fleet, teams):
+    """usage_of and usage_by_team are hand-written statements (every submit, capacity preview and
+    cycle runs one): the same numbers as the ORM's aggregate over the counted reservations, over
+    every state, opportunistic or not, multi-GPU."""
+    from portal.reservations.quota import NO_USAGE, _counted, _totals, usage_by_team
     from tests.reservations import ended, placed, running, submitted
 
     vision, nlp = teams["vision"], teams["nlp"]
@@ -154,8 +156,14 @@ def test_usage_of_says_what_the_orm_aggregate_says(people, fleet, teams):
     Reservation.objects.filter(team=nlp).update(opportunistic=True)  # as if admitted beyond the quota
     submitted(people["bob"], nlp, gpu_request="0.001", gpu_memory_mib=1)
     by_team = usage_by_team()
+    orm = {row["team_id"]: row for row in _counted().values("team_id").annotate(**_totals())}
+    assert set(by_team) == set(orm) == {vision.pk, nlp.pk}
     for team in (vision, nlp):
+        row = orm[team.pk]
+        expected = (Decimal(row["share"]).quantize(Decimal("0.001")), int(row["memory"]), int(row["gpus"]))
+        assert (by_team[team.pk].gpu_share, by_team[team.pk].memory_mib, by_team[team.pk].gpus) == expected
         assert usage_of(team) == usage_of(team.pk) == by_team[team.pk]
+        assert all(type(v) is t for v, t in zip(astuple(by_team[team.pk]), (Decimal, int, int), strict=True))
     got = usage_of(vision)
     assert got.as_dict() == {"gpu_share": "2.958", "memory_mib": 41350, "gpus": 6}
     assert type(got.gpu_share) is Decimal and type(got.memory_mib) is int and type(got.gpus) is int

@@ -87,3 +87,33 @@ def test_live_state_answers_only_visible_groups(people, teams, placed, node):
 
 def body_of(client, groups: str) -> dict:
     return client.get(f"/telemetry/live/state/?groups={groups}").json()
+
+
+def test_the_fleet_hears_of_the_nodes_a_changed_reservation_holds_gpus_on(people, teams, fleet):
+    """nodes_holding (a hand-written statement) names the nodes of live allocations only: the
+    same nodes the ORM finds, none for a reservation that holds nothing or has released its GPUs."""
+    from portal.reservations.models import Allocation
+    from portal.telemetry.live_fleet import nodes_holding
+    from tests.reservations import ended, running, submitted
+    from tests.reservations import placed as place
+
+    alice, vision = people["alice"], teams["vision"]
+    gpus = list(fleet)
+    by_node: dict[int, list] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node_id, []).append(gpu)
+    first, second = (by_node[n] for n in sorted(by_node)[:2])
+    place(submitted(alice, vision, gpu_request="0.1", gpu_memory_mib=10), first[0])
+    running(submitted(alice, vision, gpu_request="0.1", gpu_memory_mib=10), second[0])
+    held = running(submitted(alice, vision, gpu_request="0.1", gpu_memory_mib=10), second[1])
+    done = ended(running(submitted(alice, vision, gpu_request="0.1", gpu_memory_mib=10), first[1]))
+    waiting = submitted(alice, vision, gpu_request="0.1", gpu_memory_mib=10)
+    ids = [*Allocation.objects.values_list("reservation_id", flat=True).distinct(), waiting.pk]
+
+    def orm(reservation_ids):
+        return sorted(set(Allocation.objects.filter(reservation_id__in=reservation_ids, released_at__isnull=True)
+                          .values_list("gpu__node_id", flat=True)))
+
+    assert nodes_holding(ids) == orm(ids) == sorted({first[0].node_id, second[0].node_id})
+    assert nodes_holding([held.pk]) == [second[1].node_id]
+    assert nodes_holding([done.pk]) == nodes_holding([waiting.pk]) == nodes_holding([]) == []
