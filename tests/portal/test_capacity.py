@@ -53,6 +53,26 @@ def test_bad_queries_are_400(client_for, fleet):
     assert r.status_code == 400 and "whole cards" in r.json()["gpu_request"][0]
 
 
+def test_the_fleet_models_are_read_only_when_a_preview_names_models(client_for, fleet):
+    """Grouping every GPU by model is for checking the models a preview names; one naming none
+    does not pay for it (most previews), one naming an unknown model still gets its answer."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    alice = client_for("alice")
+    alice.get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 1})  # the fleet cached, as between requests
+    with CaptureQueriesContext(connection) as plain:
+        assert alice.get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 1}).status_code == 200
+    with CaptureQueriesContext(connection) as named:
+        r = alice.get(URL, {"gpu_request": "0.5", "gpu_memory_mib": 1, "gpu_model": "H100-80GB"})
+    assert r.status_code == 400 and r.json()["gpu_model"][0].startswith("unknown GPU model H100-80GB; known: ")
+
+    def groups_gpus(queries):
+        return [q["sql"] for q in queries if q["sql"].startswith('SELECT "fleet_gpu"."model" AS "model", MAX(')]
+
+    assert groups_gpus(plain.captured_queries) == [] and len(groups_gpus(named.captured_queries)) == 1
+
+
 def test_lists_the_best_gpus_up_to_the_limit_and_counts_them_all(client_for, fleet):
     query = {"gpu_request": "0.5", "gpu_memory_mib": 16000, "gpu_model": "V100-32GB"}
     everything = client_for("alice").get(URL, query).json()
