@@ -65,7 +65,7 @@ def prepare_samples(info: ingest.StreamInfo, message: Samples, skew) -> ingest.S
     problem = ingest.too_far_ahead(message, skew=skew)
     if problem:
         return problem
-    return ingest.Submission(info, message)
+    return ingest.reduce(info, message)
 
 
 def ack_text(stream: str, seq: int) -> str:
