@@ -60,6 +60,18 @@ def _node_group(node_id: int) -> str:
     return f"agent.node.{node_id}"
 
 
+def prepare_samples(info: ingest.StreamInfo, message: Samples, skew) -> ingest.Submission | str:
+    """What the writer stores of a valid batch, or why its clock refuses it (invalid_message)."""
+    problem = ingest.too_far_ahead(message, skew=skew)
+    if problem:
+        return problem
+    return ingest.reduce(info, message)
+
+
+def ack_text(stream: str, seq: int) -> str:
+    return json.dumps({"v": 1, "type": "ack", "stream": stream, "seq": seq}, separators=(",", ":"))
+
+
 class AgentConsumer(AsyncWebsocketConsumer):
     """One node agent. Protocol: wire/PROTOCOL.md."""
 
@@ -189,19 +201,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
                                           f"samples: stream: {message.stream} is not this connection's stream",
                                           ref_seq=message.samples[0].seq))
             return
-        problem = ingest.too_far_ahead(message, skew=self.max_skew)
-        if problem:
-            await self.send(error_message("invalid_message", problem, ref_seq=message.samples[0].seq))
+        submission = prepare_samples(self.info, message, self.max_skew)
+        if isinstance(submission, str):
+            await self.send(error_message("invalid_message", submission, ref_seq=message.samples[0].seq))
             return
         try:
-            stored = await writer().submit(ingest.Submission(self.info, message))
+            stored = await writer().submit(submission)
         except Exception:
             self.broken = True
             await self._fatal("internal", "the portal could not store samples; resend after reconnecting",
                               CLOSE_INTERNAL)
             return
-        await self.send(json.dumps({"v": 1, "type": "ack", "stream": message.stream, "seq": stored.ack_seq},
-                                   separators=(",", ":")))
+        await self.send(ack_text(message.stream, stored.ack_seq))
 
     async def _on_links(self, message: Links) -> None:
         """Measured links for remote GPU shares (PROTOCOL.md 4.3): stored whole, or refused whole."""

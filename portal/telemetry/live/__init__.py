@@ -4,9 +4,9 @@ their sequence numbers) and `publishing` (sending after each commit, spaced, in 
 The browser's end is `portal.telemetry.consumers.browser`."""
 
 from .groups import GROUP_PATTERN, Group, may_see, parse_group
-from .messages import messages_for
+from .messages import Latest, messages_for
 from .publishing import Fanout, Publisher
 from .watching import WATCH_TTL_S, store
 
-__all__ = ["GROUP_PATTERN", "WATCH_TTL_S", "Fanout", "Group", "Publisher", "may_see", "messages_for",
+__all__ = ["GROUP_PATTERN", "WATCH_TTL_S", "Fanout", "Group", "Latest", "Publisher", "may_see", "messages_for",
            "parse_group", "store"]

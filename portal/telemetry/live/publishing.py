@@ -14,7 +14,7 @@ import time
 from portal.telemetry import conf
 
 from .groups import parse_group
-from .messages import messages_for
+from .messages import Latest, messages_for
 from .watching import store
 
 WATCH_CACHE_S = 1.0  # publishers re-read the watched set at most this often
@@ -29,7 +29,7 @@ class Publisher:
         self._watched: set[str] = set()
         self._read_at = 0.0
 
-    async def publish(self, latest_readings: list[dict]) -> int:
+    async def publish(self, latest_readings: list[Latest]) -> int:
         from channels.layers import get_channel_layer
 
         if time.monotonic() - self._read_at > WATCH_CACHE_S:
@@ -68,14 +68,14 @@ class Fanout:
     def __init__(self, publisher: Publisher | None = None, every_s: float | None = None) -> None:
         self._publisher = publisher or Publisher()
         self._every_s = conf.live_publish_every_s() if every_s is None else every_s
-        self._pending: dict[int, dict] = {}
+        self._pending: dict[int, Latest] = {}
         self._ready = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def put(self, latest_readings: list[dict]) -> None:
+    def put(self, latest_readings: list[Latest]) -> None:
         for reading in latest_readings:
-            self._pending.pop(reading["node"], None)  # re-inserted last: newest readings last
-            self._pending[reading["node"]] = reading
+            self._pending.pop(reading.node, None)  # re-inserted last: newest readings last
+            self._pending[reading.node] = reading
         if latest_readings:
             self._ready.set()
 

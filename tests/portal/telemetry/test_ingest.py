@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _submit(info, message):
-    return ingest.store_batches([ingest.Submission(info, message)])[0]
+    return ingest.store_batches([ingest.reduce(info, message)])[0]
 
 
 def test_replayed_samples_are_stored_once_and_still_acked(node):
@@ -133,9 +133,9 @@ def test_a_reservation_deleted_after_it_was_seen_does_not_block_storage(node, pl
     hello = hello_for(node)
     info = ingest.register_hello(node, hello)
     r = placed["vision"].pk
-    store([ingest.Submission(info, samples_for(node, hello.stream, range(1, 2), shares=[(r, 0, 0.3)]))])
+    store([ingest.reduce(info, samples_for(node, hello.stream, range(1, 2), shares=[(r, 0, 0.3)]))])
     Reservation.objects.filter(pk=r).delete()  # the process still remembers it
-    stored = store([ingest.Submission(info, samples_for(node, hello.stream, range(2, 3),
+    stored = store([ingest.reduce(info, samples_for(node, hello.stream, range(2, 3),
                                                                    shares=[(r, 0, 0.3)]))])
     assert stored[0].ack_seq == 2
     assert GpuSample.objects.filter(seq=2).count() == 8 and not ShareSample.objects.exists()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _submit(info, message):
-    return ingest.store_batches([ingest.Submission(info, message)])[0]
+    return ingest.store_batches([ingest.reduce(info, message)])[0]
 
 
 def test_an_agent_cannot_report_shares_of_another_nodes_reservations(node, placed):
@@ -28,7 +28,7 @@ def test_an_agent_cannot_report_shares_of_another_nodes_reservations(node, place
     info = ingest.register_hello(other, hello)
     stored = _submit(info, samples_for(other, hello.stream, range(1, 3),
                                        shares=[(placed["vision"].pk, 0, 0.9), (placed["nlp"].pk, 1, 0.9)]))
-    assert stored.new_samples == 2 and stored.latest["shares"] == []
+    assert stored.new_samples == 2 and stored.latest.shares == []
     assert not ShareSample.objects.exists()
     assert GpuSample.objects.filter(stream_id=info.stream_pk).exists()  # its own GPUs are stored
 

@@ -42,11 +42,8 @@ def test_members_see_their_team_and_its_reservations_only(people, teams, placed,
 
 def test_one_message_per_group_per_commit_and_gpu_messages_never_carry_shares():
     def reading(node, gpu, shares):
-        return {"node": node, "ts_ms": 1_800_000_000_000 + node,
-                "gpus": [{"gpu": gpu, "sm_util_pct": 50, "mem_util_pct": 1, "mem_used_mib": 1, "power_w": None,
-                          "temp_c": None}],
-                "shares": [{"reservation": r, "team": t, "gpu": gpu, "used_frac": 0.5, "mem_used_mib": None}
-                           for r, t in shares]}
+        return live.Latest(node=node, ts_ms=1_800_000_000_000 + node, gpus=[(gpu, 50, 1, 1, None, None)],
+                           shares=[(r, t, gpu, 0.5, None) for r, t in shares])
 
     messages = live.messages_for([reading(1, 5, [(9, 3), (10, 4)]), reading(2, 6, [(11, 3)])])
     assert set(messages) == {"gpu:5", "gpu:6", "team:3", "team:4", "reservation:9", "reservation:10",
@@ -60,7 +57,7 @@ def test_one_message_per_group_per_commit_and_gpu_messages_never_carry_shares():
 def test_live_state_answers_only_visible_groups(people, teams, placed, node):
     hello = hello_for(node)
     info = ingest.register_hello(node, hello)
-    ingest.store_batches([ingest.Submission(info, samples_for(
+    ingest.store_batches([ingest.reduce(info, samples_for(
         node, hello.stream, range(1, 2), shares=[(placed["vision"].pk, 0, 0.3), (placed["nlp"].pk, 1, 0.6)]))])
     client = Client()
     assert client.get("/telemetry/live/state/?groups=gpu:1").status_code == 401
@@ -117,3 +114,16 @@ def test_the_fleet_hears_of_the_nodes_a_changed_reservation_holds_gpus_on(people
     assert nodes_holding(ids) == orm(ids) == sorted({first[0].node_id, second[0].node_id})
     assert nodes_holding([held.pk]) == [second[1].node_id]
     assert nodes_holding([done.pk]) == nodes_holding([waiting.pk]) == nodes_holding([]) == []
+
+
+@pytest.mark.asyncio
+async def test_readings_nobody_watches_are_not_made_into_messages(settings, monkeypatch):
+    settings.REDIS_URL = ""
+    monkeypatch.setattr(live.watching, "_store", None)  # in memory: nobody watches anything
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("messages built for groups nobody watches")
+
+    monkeypatch.setattr(live.publishing, "messages_for", refuse)
+    reading = live.Latest(node=1, ts_ms=1_800_000_000_000, gpus=[(5, 50, 1, 1, None, None)], shares=[])
+    assert await live.Publisher().publish([reading]) == 0

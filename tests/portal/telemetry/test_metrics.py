@@ -26,7 +26,7 @@ def reporting(node, placed):
     hello = hello_for(node)
     info = ingest.register_hello(node, hello)
     shares = [(placed["vision"].pk, 0, 0.375), (placed["nlp"].pk, 1, 0.2)]
-    ingest.store_batches([ingest.Submission(info, samples_for(node, hello.stream, range(1, 3), util=55,
+    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(1, 3), util=55,
                                                               shares=shares))])
     return placed
 
