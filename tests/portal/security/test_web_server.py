@@ -108,3 +108,17 @@ def test_a_worker_that_dies_is_replaced(web):
     after = _workers(proc.pid)
     assert len(after) == 2 and before[0] not in after
     assert all(_get(port, "/login/")[0] == 200 for _ in range(6))
+
+
+def test_a_worker_is_ready_before_its_first_request_and_keeps_startup_objects_out_of_full_collections():
+    """post_worker_init, in a fresh interpreter as in a new worker: the views are imported and what
+    is loaded by then is frozen (gc.get_freeze_count counts it), so full collections skip it."""
+    code = ("import gc, sys\nimport django\nfrom portal import web_server\ndjango.setup()\n"
+            "assert gc.get_freeze_count() == 0\nweb_server.post_worker_init(None)\n"
+            "assert 'portal.api.views' in sys.modules, 'views not imported'\n"
+            "print(gc.get_freeze_count())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[3],
+                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"})
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.strip()) > 100_000
