@@ -9,6 +9,7 @@ from django.db import connections, router
 from django.db.models import DecimalField, ExpressionWrapper, F, Sum, Value
 from django.db.models.functions import Coalesce
 
+from portal.precompiled import Precompiled
 from portal.tenancy.models import Team
 
 from .models import Reservation
@@ -82,9 +83,15 @@ def usage_of(team: Team | int) -> Usage:
     return _usage({"share": share, "memory": memory, "gpus": gpus})
 
 
+# Every placement cycle and capacity preview reads it: compiled once (portal.precompiled).
+_BY_TEAM = Precompiled(lambda: _counted().values("team_id").annotate(**_totals()).order_by()
+                       .values_list("team_id", "share", "memory", "gpus"))
+
+
 def usage_by_team() -> dict[int, Usage]:
     """usage_of for every team that uses anything, in one query (team id → usage; absent: NO_USAGE)."""
-    return {row["team_id"]: _usage(row) for row in _counted().values("team_id").annotate(**_totals())}
+    return {team: _usage({"share": share, "memory": memory, "gpus": gpus})
+            for team, share, memory, gpus in _BY_TEAM.all()}
 
 
 def over_quota(team: Team, usage: Usage, share: Decimal, memory_mib: int, gpus: int) -> str | None:
