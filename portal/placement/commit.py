@@ -20,14 +20,13 @@ from decimal import Decimal
 
 from django.db import transaction
 
-from portal.fleet.models import Gpu, Node
 from portal.reservations import services
 from portal.reservations.models import Reservation
 from portal.reservations.states import IllegalTransition
 from scheduler import core
 from scheduler.core.remote import SharingChoice, SharingMode
 
-from . import snapshot
+from . import fleet_cache, snapshot
 from .locking import Lease, fence
 
 log = logging.getLogger(__name__)
@@ -136,8 +135,10 @@ class Batches:
             log.warning("placement cycle stops: it lost the placement lease")
             return False
         if self.node_ids is None:  # the first decision: names → ids, once per cycle
-            self.node_ids = dict(Node.objects.values_list("name", "pk"))
-            self.gpu_ids = dict(Gpu.objects.values_list("uuid", "pk"))
+            # The fleet the snapshot was made of (kept per fleet version), not 4,500 rows read
+            # again: a node or GPU gone since is refused by `place_many`, which locks its row.
+            fleet = fleet_cache.fleet()
+            self.node_ids, self.gpu_ids = fleet.node_ids, fleet.gpu_ids
         report = self.report
         # A unit with victims evicts them first in its own savepoint; the plain ones commit
         # together through `place_many`, which refuses only what no longer fits.
@@ -150,7 +151,7 @@ class Batches:
                 try:
                     placings = [_placing(p, self.node_ids, self.gpu_ids, self.remote.get(p.request_id))
                                 for p in placements]
-                except KeyError as exc:  # the node or GPU left the database since the snapshot
+                except KeyError as exc:  # the node or GPU left the fleet (or its GPU was cordoned) since
                     self._lost_race(placements, f"{exc} is gone")
                     continue
                 if not victims:

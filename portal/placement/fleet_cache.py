@@ -39,6 +39,13 @@ class FleetNode(NamedTuple):
 class Fleet(NamedTuple):
     nodes: tuple[FleetNode, ...]
     layout: core.FleetLayout  # the engine's layout of the blank nodes, worked out once per fleet
+    blanks: tuple[core.Node, ...]  # each node's `blank`, in the order of `nodes`
+    # Names → database ids, for committing what the engine chose by name (every node; the GPUs
+    # the snapshot holds), and where each of those GPUs and nodes sits in `nodes`.
+    node_ids: dict[str, int]
+    gpu_ids: dict[str, int]
+    position_of_node: dict[int, int]  # node pk → index in `nodes`
+    position_of_gpu: dict[int, int]  # GPU pk → index of its node in `nodes`
 
 
 _lock = threading.Lock()
@@ -74,7 +81,13 @@ def _read() -> Fleet:
                          numa_node=numa or 0)
                 for _pk, _node, uuid, index, model, mem, peers, numa in gpus))
         nodes.append(FleetNode(pk, name, labels, status, cpu, memory, tuple(g[0] for g in gpus), blank))
-    return Fleet(tuple(nodes), core.FleetLayout([n.blank for n in nodes]))
+    blanks = tuple(n.blank for n in nodes)
+    return Fleet(
+        tuple(nodes), core.FleetLayout(list(blanks)), blanks,
+        node_ids={n.name: n.pk for n in nodes},
+        gpu_ids={gpu.uuid: pk for n in nodes for pk, gpu in zip(n.gpu_pks, n.blank.gpus, strict=True)},
+        position_of_node={n.pk: i for i, n in enumerate(nodes)},
+        position_of_gpu={pk: i for i, n in enumerate(nodes) for pk in n.gpu_pks})
 
 
 def fleet() -> Fleet:

@@ -14,6 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.fleet.models import NodeLink
+from portal.precompiled import Precompiled
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.quota import NO_USAGE, usage_by_team
 from portal.reservations.states import HOLDS_GPU, State
@@ -99,10 +100,18 @@ def links() -> dict[tuple[str, str], Link]:
             .values_list("client__name", "gpu_node__name", "rtt_ms", "bandwidth_mbps")}
 
 
+# Every cycle (and capacity preview) reads these: compiled once (portal.precompiled).
+_LIVE_SHARES = Precompiled(lambda: Allocation.objects.filter(released_at__isnull=True).order_by().values_list(
+    "gpu_id", "reservation_id", "gpu_request", "gpu_memory_mib", "reservation__priority", "reservation__team__slug",
+    "reservation__affinity", "reservation__anti_affinity", "reservation__exclusion", "reservation__group_name"))
+_POD_NODES = Precompiled(lambda: Reservation.objects.filter(state__in=HOLDS_GPU, node__isnull=False).order_by()
+                         .values_list(Coalesce("client_node_id", "node_id"), flat=True))
+_TEAM_QUOTAS = Precompiled(lambda: Team.objects.order_by().values_list("pk", "slug", "quota_gpu_share"))
+
+
 def _pods_per_node() -> Counter:
     """node id → pods of reservations holding a GPU there (a remote share's pod is on its client node)."""
-    return Counter(Reservation.objects.filter(state__in=HOLDS_GPU, node__isnull=False)
-                   .values_list(Coalesce("client_node_id", "node_id"), flat=True))
+    return Counter(_POD_NODES.all())
 
 
 def _free(allocatable: int, pods: int, per_pod: int) -> int | None:
@@ -114,10 +123,7 @@ def build() -> core.Snapshot:
     The nodes and GPUs come from fleet_cache (read again only when their rows changed); the
     shares, pods and quota use are read every time, as plain values: a cycle needs them fresh."""
     shares: dict[int, list[core.Share]] = defaultdict(list)
-    live = Allocation.objects.filter(released_at__isnull=True).values_list(
-        "gpu_id", "reservation_id", "gpu_request", "gpu_memory_mib", "reservation__priority", "reservation__team__slug",
-        "reservation__affinity", "reservation__anti_affinity", "reservation__exclusion", "reservation__group_name")
-    for gpu_id, rid, share, memory, priority, team, affinity, anti, exclusion, group in live:
+    for gpu_id, rid, share, memory, priority, team, affinity, anti, exclusion, group in _LIVE_SHARES.all():
         shares[gpu_id].append(core.Share(
             reservation_id=str(rid), gpu_request=float(share), gpu_memory_mib=memory, priority=priority, team=team,
             affinity=_labels(affinity), anti_affinity=_labels(anti), exclusion=_exclusion(team, exclusion),
@@ -125,20 +131,21 @@ def build() -> core.Snapshot:
         ))
     pods = _pods_per_node()
     fleet = fleet_cache.fleet()
-    nodes = []
-    for node in fleet.nodes:
+    # Most nodes hold nothing: they stay the fleet's blank ones; only those with shares or pods change.
+    nodes = list(fleet.blanks)
+    touched = {fleet.position_of_gpu[pk] for pk in shares if pk in fleet.position_of_gpu}
+    touched.update(fleet.position_of_node[pk] for pk in pods if pk in fleet.position_of_node)
+    for i in sorted(touched):
+        node = fleet.nodes[i]
         busy = pods[node.pk]
-        if not busy and not any(pk in shares for pk in node.gpu_pks):
-            nodes.append(node.blank)
-            continue
-        nodes.append(replace(
+        nodes[i] = replace(
             node.blank,
             cpu_milli_free=_free(node.cpu_milli, busy, settings.TESSERA_POD_CPU_MILLI),
             memory_mib_free=_free(node.memory_mib, busy, settings.TESSERA_POD_MEMORY_MIB),
             gpus=tuple(replace(gpu, shares=tuple(shares[pk])) if pk in shares else gpu
                        for pk, gpu in zip(node.gpu_pks, node.blank.gpus, strict=True)),
-        ))
+        )
     used = usage_by_team()
-    teams = {t.slug: core.TeamUsage(float(t.quota_gpu_share), float(used.get(t.pk, NO_USAGE).gpu_share))
-             for t in Team.objects.all()}
+    teams = {slug: core.TeamUsage(float(quota), float(used.get(pk, NO_USAGE).gpu_share))
+             for pk, slug, quota in _TEAM_QUOTAS.all()}
     return core.Snapshot(nodes=tuple(nodes), teams=teams, now=time.time(), layout=fleet.layout)
