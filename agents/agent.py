@@ -44,6 +44,39 @@ class AgentSettings:
     link_check_s: float = 5.0  # how often the link table is asked whether a probe is due
 
 
+class StopAwareSleep:
+    """Sleeps until a loop time or until `stop` is set, whichever comes first.
+
+    One future and one timer a tick: `asyncio.wait_for(stop.wait(), ...)` makes a task and several
+    futures every time, which a fleet of hundreds of agents in one process pays every second.
+    """
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        self._loop = asyncio.get_running_loop()
+        self._sleeping: asyncio.Future[None] | None = None
+        self._watch = asyncio.ensure_future(stop.wait())  # one task for the whole loop, not one a tick
+        self._watch.add_done_callback(self._wake)
+
+    def _wake(self, _: object = None) -> None:
+        if self._sleeping is not None and not self._sleeping.done():
+            self._sleeping.set_result(None)
+
+    async def until(self, when: float) -> None:
+        if self._stop.is_set():
+            return
+        self._sleeping = self._loop.create_future()
+        timer = self._loop.call_at(when, self._wake)
+        try:
+            await self._sleeping
+        finally:
+            timer.cancel()
+            self._sleeping = None
+
+    def close(self) -> None:
+        self._watch.cancel()
+
+
 class Agent:
     def __init__(
         self,
@@ -115,29 +148,32 @@ class Agent:
         interval = self.settings.interval_s
         loop = asyncio.get_running_loop()
         next_at = loop.time()
-        while not stop.is_set():
-            try:
-                if self.source.kind == "nvml":
-                    # NVML calls block for a few milliseconds; keep them off the event loop.
-                    seq, text = await asyncio.to_thread(self.sampler.take)
+        sleep = StopAwareSleep(stop)
+        try:
+            while not stop.is_set():
+                try:
+                    if self.source.kind == "nvml":
+                        # NVML calls block for a few milliseconds; keep them off the event loop.
+                        seq, text = await asyncio.to_thread(self.sampler.take)
+                    else:
+                        seq, text = self.sampler.take()
+                except Exception:
+                    log.exception("reading the GPUs failed; trying again next interval")
                 else:
-                    seq, text = self.sampler.take()
-            except Exception:
-                log.exception("reading the GPUs failed; trying again next interval")
-            else:
-                dropped = self.buffer.append(seq, text)
-                # Log the first drop and then one in a hundred, not every second.
-                total = self.buffer.dropped
-                if dropped and (total == dropped or total % 100 < dropped):
-                    log.warning("buffer full: %d samples dropped so far (oldest first)", total)
-                self.stream.wake()
-            next_at += interval
-            now = loop.time()
-            if next_at < now:
-                # We fell behind (a stalled read): skip the missed ticks rather than bursting.
-                next_at = now + interval - (now - next_at) % interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), next_at - now)
+                    dropped = self.buffer.append(seq, text)
+                    # Log the first drop and then one in a hundred, not every second.
+                    total = self.buffer.dropped
+                    if dropped and (total == dropped or total % 100 < dropped):
+                        log.warning("buffer full: %d samples dropped so far (oldest first)", total)
+                    self.stream.wake()
+                next_at += interval
+                now = loop.time()
+                if next_at < now:
+                    # We fell behind (a stalled read): skip the missed ticks rather than bursting.
+                    next_at = now + interval - (now - next_at) % interval
+                await sleep.until(next_at)
+        finally:
+            sleep.close()
 
     async def _link_loop(self, stop: asyncio.Event) -> None:
         """Probe one due link at a time (bounded, slow: LinkTable) off the event loop; report the

@@ -16,6 +16,9 @@ from wire.agent_portal import MAX_PROCESSES_PER_SAMPLE, MAX_SHARES_PER_SAMPLE
 
 log = logging.getLogger(__name__)
 
+# One encoder for every sample: json.dumps() with options builds a new one each call.
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
 
 def attribute(
     processes: list[ProcessReading], placements: PlacementTable, resolver: CgroupResolver | None
@@ -75,4 +78,4 @@ class Sampler:
             "processes": [vars(p) for p in processes],
             "shares": [vars(s) for s in shares],
         }
-        return self.seq, json.dumps(sample, separators=(",", ":"), allow_nan=False)
+        return self.seq, _encode_json(sample)

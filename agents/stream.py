@@ -307,9 +307,13 @@ class PortalStream:
             log.warning("ignoring an ack for stream %s (ours is %s)", ack.stream, self.stream_id)
             return
         self.buffer.ack(ack.seq)
+        window_was_full = len(self._in_flight) >= MAX_UNACKED_BATCHES
         while self._in_flight and self._in_flight[0] <= ack.seq:
             self._in_flight.popleft()
-        self._wake.set()
+        # An ack can only unblock a sender waiting for room in the window, or links the rate limit
+        # held back; waking it otherwise costs each agent a loop turn a sample for nothing.
+        if window_was_full or self.links is not None:
+            self._wake.set()
 
     async def _on_placements(self, ws: ClientConnection, message: Placements) -> None:
         try:

@@ -59,6 +59,59 @@ def simulated_pid(reservation: str) -> int:
     return 100_000 + zlib.crc32(reservation.encode()) % 3_000_000
 
 
+def demand_level(reservation: str) -> float:
+    """How busy a reservation's job is on average: 0.35..1.0, fixed per reservation."""
+    return 0.35 + 0.65 * (zlib.crc32(b"level:" + reservation.encode()) % 1000) / 999
+
+
+@dataclass(frozen=True)
+class _Share:
+    """One placement with what the simulation derives from it once, not every second."""
+
+    reservation: str
+    request: float
+    limit: float
+    memory_cap_mib: int
+    pid: int
+    pod_uid: str | None
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    """One GPU of the node, its power model and the shares placed on it."""
+
+    uuid: str
+    memory_mib: int
+    idle_w: float
+    span_w: float  # max_w - idle_w
+    noise_w: float  # the power sensor's standard deviation
+    shares: tuple[_Share, ...]
+    requests: list[float]
+    limits: list[float]
+
+
+def _layout(node: InventoryNode, placed: tuple[Placement, ...]) -> list[_Gpu]:
+    gpus = []
+    for gpu in node.gpus:
+        profile = power_profile(gpu.model)
+        on_gpu = [p for p in placed if p.gpu_uuid == gpu.uuid]
+        gpus.append(_Gpu(
+            uuid=gpu.uuid,
+            memory_mib=gpu.memory_mib,
+            idle_w=profile.idle_w,
+            span_w=profile.max_w - profile.idle_w,
+            noise_w=profile.max_w * 0.005,
+            shares=tuple(
+                _Share(p.reservation, p.request, p.limit, p.memory_mib or int(gpu.memory_mib * p.request),
+                       simulated_pid(p.reservation), p.pod_uid)
+                for p in on_gpu
+            ),
+            requests=[p.request for p in on_gpu],
+            limits=[p.limit for p in on_gpu],
+        ))
+    return gpus
+
+
 class SimulatedSource:
     kind: Literal["simulated"] = "simulated"
 
@@ -67,7 +120,12 @@ class SimulatedSource:
         self.placements = placements
         self._rng = random.Random(seed)
         self._demand: dict[str, float] = {}
-        self._temp: dict[str, float] = {g.uuid: 32.0 for g in node.gpus}
+        self._temp = [32.0] * len(node.gpus)  # per GPU, in node order
+        # What read() derives from the placements, rebuilt only when the table holds a new tuple (a
+        # new placements message): a fleet process reads hundreds of nodes a second.
+        self._placed: tuple[Placement, ...] | None = None
+        self._levels: list[tuple[str, float]] = []
+        self._gpus: list[_Gpu] = []
 
     def devices(self) -> list[GpuDevice]:
         return [
@@ -86,70 +144,75 @@ class SimulatedSource:
     def driver_version(self) -> str | None:
         return DRIVER_VERSION
 
-    def _level(self, reservation: str) -> float:
-        # How busy this reservation's job is on average: 0.35..1.0, fixed per reservation.
-        return 0.35 + 0.65 * (zlib.crc32(b"level:" + reservation.encode()) % 1000) / 999
-
-    def _step_demand(self, placements: tuple[Placement, ...]) -> None:
-        live = {p.reservation for p in placements}
+    def _use(self, placed: tuple[Placement, ...]) -> None:
+        live = {p.reservation for p in placed}
         for gone in set(self._demand) - live:
             del self._demand[gone]
-        for reservation in live:
-            level = self._level(reservation)
-            d = self._demand.get(reservation, level)
-            d += 0.3 * (level - d) + self._rng.gauss(0.0, 0.06)
-            self._demand[reservation] = min(1.0, max(0.0, d))
+        # The demand walk draws its noise in the set's iteration order; kept as it was drawn before.
+        self._levels = [(reservation, demand_level(reservation)) for reservation in live]
+        self._gpus = _layout(self.node, placed)
+        self._placed = placed
+
+    def _step_demand(self) -> None:
+        demand, gauss = self._demand, self._rng.gauss
+        for reservation, level in self._levels:
+            d = demand.get(reservation, level)
+            d += 0.3 * (level - d) + gauss(0.0, 0.06)
+            demand[reservation] = min(1.0, max(0.0, d))
 
     def read(self) -> Reading:
         placed = self.placements.all()
-        self._step_demand(placed)
+        if placed is not self._placed:
+            self._use(placed)
+        self._step_demand()
+        demand, gauss, temp = self._demand, self._rng.gauss, self._temp
         reading = Reading(gpus=[])
-        for gpu in self.node.gpus:
-            on_gpu = [p for p in placed if p.gpu_uuid == gpu.uuid]
-            used = share_usage(
-                [self._demand[p.reservation] for p in on_gpu],
-                [p.request for p in on_gpu],
-                [p.limit for p in on_gpu],
-            )
+        processes, shares, gpus = reading.processes, reading.shares, reading.gpus
+        for i, gpu in enumerate(self._gpus):
+            util = 0
             mem_total = 0
-            for p, frac in zip(on_gpu, used, strict=True):
-                cap = p.memory_mib or int(gpu.memory_mib * p.request)
-                demand = self._demand[p.reservation]
-                mem = min(cap, DRIVER_OVERHEAD_MIB + int(cap * (0.5 + 0.4 * demand)))
-                mem_total += mem
-                reading.processes.append(
-                    ProcessReading(
-                        pid=simulated_pid(p.reservation),
-                        gpu_uuid=gpu.uuid,
-                        mem_used_mib=mem,
-                        sm_util_pct=round(100 * frac),
-                        pod_uid=p.pod_uid,
-                        reservation=p.reservation,
+            if gpu.shares:
+                wants = [demand[s.reservation] for s in gpu.shares]
+                if len(wants) == 1:
+                    # share_usage() of one share: a limit is at most the whole GPU.
+                    used = [max(0.0, min(wants[0], gpu.limits[0]))]
+                else:
+                    used = share_usage(wants, gpu.requests, gpu.limits)
+                for share, frac, want in zip(gpu.shares, used, wants, strict=True):
+                    cap = share.memory_cap_mib
+                    mem = min(cap, DRIVER_OVERHEAD_MIB + int(cap * (0.5 + 0.4 * want)))
+                    mem_total += mem
+                    processes.append(
+                        ProcessReading(
+                            pid=share.pid,
+                            gpu_uuid=gpu.uuid,
+                            mem_used_mib=mem,
+                            sm_util_pct=round(100 * frac),
+                            pod_uid=share.pod_uid,
+                            reservation=share.reservation,
+                        )
                     )
-                )
-                reading.shares.append(
-                    ShareReading(
-                        reservation=p.reservation,
-                        gpu_uuid=gpu.uuid,
-                        used_frac=round(frac, 4),
-                        mem_used_mib=mem,
+                    shares.append(
+                        ShareReading(
+                            reservation=share.reservation,
+                            gpu_uuid=gpu.uuid,
+                            used_frac=round(frac, 4),
+                            mem_used_mib=mem,
+                        )
                     )
-                )
-            busy = sum(used)
-            util = 0 if not on_gpu else max(0, min(100, round(100 * busy + self._rng.gauss(0.0, 1.0))))
-            profile = power_profile(gpu.model)
-            power = profile.idle_w + (profile.max_w - profile.idle_w) * util / 100
-            power = max(0.0, power + self._rng.gauss(0.0, profile.max_w * 0.005))
+                util = max(0, min(100, round(100 * sum(used) + gauss(0.0, 1.0))))
+            power = gpu.idle_w + gpu.span_w * util / 100
+            power = max(0.0, power + gauss(0.0, gpu.noise_w))
             # Temperature lags the load, as a heat sink does.
-            self._temp[gpu.uuid] += 0.15 * (32.0 + 48.0 * util / 100 - self._temp[gpu.uuid])
-            reading.gpus.append(
+            temp[i] += 0.15 * (32.0 + 48.0 * util / 100 - temp[i])
+            gpus.append(
                 GpuReading(
                     uuid=gpu.uuid,
                     sm_util_pct=util,
-                    mem_util_pct=max(0, min(100, round(util * 0.6))),
+                    mem_util_pct=round(util * 0.6),  # util is 0..100
                     mem_used_mib=min(gpu.memory_mib, mem_total),
                     power_w=round(power, 1),
-                    temp_c=round(self._temp[gpu.uuid]),
+                    temp_c=round(temp[i]),
                 )
             )
         return reading

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import random
 import statistics
+import zlib
 
 import pytest
 from hypothesis import given
@@ -11,6 +14,7 @@ from hypothesis import strategies as st
 from agents.gpus.simulated import SimulatedSource, share_usage
 from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementRefused, PlacementTable
+from agents.sampling import Sampler
 from wire.agent_portal import Placements
 
 
@@ -131,3 +135,92 @@ def test_a_new_connection_takes_the_portals_placements_whatever_their_revision(d
     table.new_connection()  # the portal restarted and counts from 1 again
     assert place(table, 1, {"reservation": "after-restart", "gpu_uuid": g0, "request": 0.4, "limit": 0.8})
     assert [p.reservation for p in table.all()] == ["after-restart"]
+
+
+class PlainSimulation:
+    """The simulation as its docstring describes it, written the plain way, with its own random
+    generator: an independent check that SimulatedSource's shortcuts (placements grouped once per
+    message, power model looked up once) change no value it reports."""
+
+    POWER = {"A100-80GB": (55, 400), "V100-32GB": (40, 300)}  # idle and maximum watts
+
+    def __init__(self, node, seed):
+        self.node = node
+        self.rng = random.Random(seed)
+        self.demand = {}
+        self.temp = {g.uuid: 32.0 for g in node.gpus}
+
+    def read(self, placed):
+        live = {p.reservation for p in placed}
+        for gone in set(self.demand) - live:
+            del self.demand[gone]
+        for reservation in live:
+            level = 0.35 + 0.65 * (zlib.crc32(b"level:" + reservation.encode()) % 1000) / 999
+            d = self.demand.get(reservation, level)
+            d += 0.3 * (level - d) + self.rng.gauss(0.0, 0.06)
+            self.demand[reservation] = min(1.0, max(0.0, d))
+        gpus, processes, shares = [], [], []
+        for gpu in self.node.gpus:
+            on_gpu = [p for p in placed if p.gpu_uuid == gpu.uuid]
+            want = [max(0.0, min(self.demand[p.reservation], p.limit)) for p in on_gpu]
+            if sum(want) <= 1.0:
+                used = want
+            else:  # each gets up to its request, the rest in proportion to what it still wants
+                base = [min(w, p.request) for w, p in zip(want, on_gpu, strict=True)]
+                spare = max(0.0, 1.0 - sum(base))
+                excess = [w - b for w, b in zip(want, base, strict=True)]
+                used = [b + spare * e / sum(excess) for b, e in zip(base, excess, strict=True)]
+            mem_total = 0
+            for p, frac in zip(on_gpu, used, strict=True):
+                cap = p.memory_mib or int(gpu.memory_mib * p.request)
+                mem = min(cap, 420 + int(cap * (0.5 + 0.4 * self.demand[p.reservation])))
+                mem_total += mem
+                pid = 100_000 + zlib.crc32(p.reservation.encode()) % 3_000_000
+                processes.append({"pid": pid, "gpu_uuid": gpu.uuid, "mem_used_mib": mem,
+                                  "sm_util_pct": round(100 * frac), "pod_uid": p.pod_uid,
+                                  "container_id": None, "reservation": p.reservation})
+                shares.append({"reservation": p.reservation, "gpu_uuid": gpu.uuid,
+                               "used_frac": round(frac, 4), "mem_used_mib": mem})
+            util = 0 if not on_gpu else max(0, min(100, round(100 * sum(used) + self.rng.gauss(0.0, 1.0))))
+            idle_w, max_w = self.POWER[gpu.model]
+            power = idle_w + (max_w - idle_w) * util / 100
+            power = max(0.0, power + self.rng.gauss(0.0, max_w * 0.005))
+            self.temp[gpu.uuid] += 0.15 * (32.0 + 48.0 * util / 100 - self.temp[gpu.uuid])
+            gpus.append({"uuid": gpu.uuid, "sm_util_pct": util, "mem_util_pct": max(0, min(100, round(util * 0.6))),
+                         "mem_used_mib": min(gpu.memory_mib, mem_total), "power_w": round(power, 1),
+                         "temp_c": round(self.temp[gpu.uuid])})
+        return {"gpus": gpus, "processes": processes, "shares": shares}
+
+
+@pytest.mark.parametrize(("node", "seed"), [("a100-node-2", 11), ("a100-node-1", 12345), ("v100-node-1", 3)])
+def test_samples_are_exactly_those_of_the_plainly_written_model(demo_inventory, node, seed):
+    inventory_node, table, source = setup(demo_inventory, node=node, seed=seed)
+    plain = PlainSimulation(inventory_node, seed)
+    sampler = Sampler(source, table, clock=lambda: 1_790_000_000.0)
+    uuids = [g.uuid for g in inventory_node.gpus]
+    pod = "0f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b"
+    phases = [
+        [],
+        # Two shares that want more than the GPU together, a capped one with a pod, a two-GPU job.
+        [{"reservation": "pair-a", "gpu_uuid": uuids[0], "request": 0.5, "limit": 1.0},
+         {"reservation": "pair-b", "gpu_uuid": uuids[0], "request": 0.3, "limit": 0.9},
+         {"reservation": "capped", "gpu_uuid": uuids[1], "request": 0.25, "limit": 0.5,
+          "memory_mib": 6000, "pod_uid": pod},
+         {"reservation": "wide", "gpu_uuid": uuids[-1], "request": 0.25, "limit": 0.75}],
+        # One leaves, one arrives, the two-GPU job now spans two GPUs (its demand is shared).
+        [{"reservation": "pair-a", "gpu_uuid": uuids[0], "request": 0.5, "limit": 1.0},
+         {"reservation": "late", "gpu_uuid": uuids[0], "request": 0.5, "limit": 0.6},
+         {"reservation": "wide", "gpu_uuid": uuids[1], "request": 0.25, "limit": 0.75},
+         {"reservation": "wide", "gpu_uuid": uuids[-1], "request": 0.25, "limit": 0.75}],
+        [],
+        [{"reservation": "capped", "gpu_uuid": uuids[0], "request": 1.0, "limit": 1.0, "memory_mib": 6000}],
+    ]
+    seq = 0
+    for revision, entries in enumerate(phases, start=1):
+        assert place(table, revision, *entries)
+        for _ in range(25):
+            seq += 1
+            expected = plain.read(table.all())
+            assert sampler.take() == (seq, json.dumps(
+                {"seq": seq, "ts_ms": 1_790_000_000_000, **expected}, separators=(",", ":"), allow_nan=False
+            ))

@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from wire.agent_portal import MAX_SAMPLES_PER_BATCH, PROTOCOL_VERSION
+from wire.agent_portal import MAX_SAMPLES_PER_BATCH, MAX_UNACKED_BATCHES, PROTOCOL_VERSION
 
 pytestmark = pytest.mark.asyncio
 
@@ -261,3 +261,21 @@ async def test_the_agent_probes_the_servers_the_portal_names_and_drops_those_it_
                            "remote_servers": [{"node": "gpu-a", "address": "10.0.0.1:7470"}]})
         await portal.wait_for(lambda: [link.gpu_node for link in portal.links[-1].links] == ["gpu-a"])
     assert ("gpu-b", "10.0.0.2:7470") in probed and portal.refused == []
+
+
+async def test_an_ack_lets_a_sender_with_a_full_window_send_the_next_batch(portal, agent_tools):
+    make_agent, running = agent_tools
+    # One sample a minute: only the ack can wake the sender, not a new sample.
+    agent = make_agent(portal.url, interval_s=60.0, buffer_seconds=60.0 * 1000)
+    for _ in range((MAX_UNACKED_BATCHES + 1) * MAX_SAMPLES_PER_BATCH):
+        agent.buffer.append(*agent.sampler.take())
+    portal.acking = False
+    async with running(agent):
+        await portal.wait_for(lambda: len(portal.batches) == MAX_UNACKED_BATCHES)
+        await asyncio.sleep(0.3)
+        assert len(portal.batches) == MAX_UNACKED_BATCHES  # the window is full: the sender waits
+        portal.acking = True
+        await portal.push({"v": PROTOCOL_VERSION, "type": "ack", "stream": agent.stream_id,
+                           "seq": portal.batches[0].samples[-1].seq})
+        await portal.wait_for(lambda: len(portal.batches) > MAX_UNACKED_BATCHES, timeout=3)
+    assert sorted(portal.stored) == list(range(1, portal.last_seq + 1))
