@@ -16,8 +16,9 @@ from wire.agent_portal import MAX_PROCESSES_PER_SAMPLE, MAX_SHARES_PER_SAMPLE
 
 log = logging.getLogger(__name__)
 
-# One encoder for every sample: json.dumps() with options builds a new one each call.
-_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+# One encoder for every sample: json.dumps() with options builds a new one each call. A sample is
+# a fresh tree of dicts and lists built in take(), so it cannot hold a cycle to check for.
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False).encode
 
 
 def attribute(
