@@ -50,10 +50,9 @@ def _setup(nodes: int, shares: int) -> list:
     from agents.inventory import load_inventory
     from agents.placements import PlacementTable
     from agents.sampling import Sampler
+    from bench.telemetry.running_shares import hold_shares
     from portal.fleet import inventory as fleet_inventory
-    from portal.fleet.models import Gpu, Node
-    from portal.reservations.models import Allocation, Reservation
-    from portal.reservations.states import State
+    from portal.fleet.models import Node
     from portal.telemetry import ingest
     from portal.telemetry.services import placements_for_node
     from portal.tenancy.models import Team
@@ -73,12 +72,7 @@ def _setup(nodes: int, shares: int) -> list:
     out = []
     for spec in load_inventory(path):
         node = Node.objects.get(name=spec.name)
-        for gpu in Gpu.objects.filter(node=node, index__lt=shares):
-            r = Reservation.objects.create(owner=user, team=team, image="bench", gpu_request=Decimal("0.5"),
-                                           gpu_limit=Decimal("0.5"), gpu_memory_mib=1024, state=State.RUNNING,
-                                           node=node)
-            Allocation.objects.create(reservation=r, gpu=gpu, gpu_request=Decimal("0.5"),
-                                      gpu_limit=Decimal("0.5"), gpu_memory_mib=1024)
+        hold_shares(user, team, node, shares)
         stream = f"{node.pk:08x}-0000-4000-8000-000000000000"
         hello = Hello.model_validate({
             "v": 1, "type": "hello", "node": spec.name, "stream": stream, "agent_version": "0.1.0",

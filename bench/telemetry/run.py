@@ -66,11 +66,10 @@ def _setup(inventory: Path, tokens: Path, shares_per_node: int) -> dict:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
+    from bench.telemetry.running_shares import hold_shares
     from portal.fleet import inventory as fleet_inventory
     from portal.fleet.models import Gpu, Node
     from portal.fleet.services import issue_node_token
-    from portal.reservations.models import Allocation, Reservation
-    from portal.reservations.states import State
     from portal.tenancy.models import Membership, Role, Team
 
     call_command("migrate", verbosity=0)
@@ -83,12 +82,7 @@ def _setup(inventory: Path, tokens: Path, shares_per_node: int) -> dict:
     token_lines = []
     for node in Node.objects.all():
         token_lines.append(f"{node.name}: {issue_node_token(node)}")
-        for gpu in Gpu.objects.filter(node=node, index__lt=shares_per_node):
-            r = Reservation.objects.create(owner=user, team=team, image="bench", gpu_request=Decimal("0.5"),
-                                           gpu_limit=Decimal("0.5"), gpu_memory_mib=1024, state=State.RUNNING,
-                                           node=node)
-            Allocation.objects.create(reservation=r, gpu=gpu, gpu_request=Decimal("0.5"),
-                                      gpu_limit=Decimal("0.5"), gpu_memory_mib=1024)
+        hold_shares(user, team, node, shares_per_node)
     tokens.write_text("\n".join(token_lines) + "\n")
     from django.conf import settings
     from django.contrib.sessions.backends.db import SessionStore
