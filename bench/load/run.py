@@ -310,7 +310,7 @@ def _stop(*procs: subprocess.Popen | None) -> None:
 
 
 def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, pool: int, processes: int,
-        threads: int, http: str, live_processes: int) -> dict:
+        threads: int, http: str, live_processes: int, agents_nice: int = 0) -> dict:
     import django
 
 
@@ -361,7 +361,10 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
         parts = {"portal": [portal.pid], "worker": [worker.pid]}
         phases["api"] = asyncio.run(_phase(port, people, seconds, warmup, think_s, rec, CpuMeter(parts)))
         if agents:
-            fleet = _start([sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{live_port}",
+            # The simulated agents stand for 500 other machines; --agents-nice lets the system
+            # under test have first claim on this one's cores, as it would on its own.
+            niced = ["nice", "-n", str(agents_nice)] if agents_nice else []
+            fleet = _start([*niced, sys.executable, "-m", "agents.fleet", "--portal", f"http://127.0.0.1:{live_port}",
                             "--simulate", str(inventory), "--tokens", str(tokens), "--interval", "1"],
                            env, tmp / "fleet.log")
             time.sleep(warmup)  # the agents connect and send their first batches
@@ -410,12 +413,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=4, help="threads per HTTP process (TESSERA_WEB_THREADS)")
     parser.add_argument("--live-processes", type=int, default=1, help="Daphne processes for the WebSockets")
     parser.add_argument("--pool", type=int, default=20, help="DB_POOL_MAX_SIZE of the portal process")
+    parser.add_argument("--agents-nice", type=int, default=0, choices=range(20), metavar="0-19",
+                        help="run the simulated agents at this nice level (they stand for other machines)")
     parser.add_argument("--note", default="", help="a line for the results (e.g. why the run is short)")
     parser.add_argument("--name", default="results", help="results file name in bench/results/load/")
     args = parser.parse_args()
     try:
         result = run(args.users, args.agents, args.seconds, args.warmup, args.think, args.pool, args.processes,
-                     args.threads, args.http, args.live_processes)
+                     args.threads, args.http, args.live_processes, args.agents_nice)
     finally:
         DB.drop()
     command = "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/load/run.py " + \
@@ -424,7 +429,7 @@ def main() -> int:
     result.update({"command": command, "machine": machine,
                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), "users": args.users, "agents": args.agents,
                    "think_s": args.think, "http": args.http, "processes": args.processes, "threads": args.threads,
-                   "live_processes": args.live_processes,
+                   "live_processes": args.live_processes, "agents_nice": args.agents_nice,
                    "pool": args.pool, "note": args.note})
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -450,7 +455,10 @@ def _markdown(result: dict) -> str:
     lines += ["", f"{result['users']} API users, each in a loop: submit, list (page of 20), capacity preview, cancel, "
               f"with a pause after every request of {result['think_s']} s on average (a person reading the answer). "
               + _layout(result) + f" One Celery worker placing, Redis. Phase `api+agents` adds {result['agents']} "
-              "simulated nodes × 8 GPUs streaming at 1 Hz. Ratios: against the `api` phase of the same run. "
+              "simulated nodes × 8 GPUs streaming at 1 Hz"
+              + (f" (at nice {result['agents_nice']}: they stand for other machines)"
+                 if result.get("agents_nice") else "")
+              + ". Ratios: against the `api` phase of the same run. "
               "Target (issue #16): zero 5xx, p99 < 500 ms for reads, < 1 s for submits.", "",
               "| phase | operation | requests | req/s | p50 ms | p99 ms | p99 target ms | 5xx | 429 | failed conn. "
               "| p99 vs api |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
