@@ -22,20 +22,19 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from portal.fleet import links
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
-from portal.reservations.models import Allocation, Reservation
 from wire import agent_portal as protocol
 from wire.agent_portal import Hello, Sample, Samples
 
 from . import conf
 from .live import Latest
 from .models import AgentStream, LateMinute
-from .sample_rows import SampleRows, lock_streams, update_streams
+from .sample_rows import SampleRows, live_allocations, lock_streams, update_streams
 
 log = logging.getLogger(__name__)
 
@@ -234,21 +233,7 @@ def _live_shares(submissions: list[Submission]) -> dict[tuple[int, int], int]:
                 gpus.add(gid)
     if not reservations:
         return {}
-    if connection.vendor != "postgresql":
-        rows = Allocation.objects.filter(reservation_id__in=reservations, gpu_id__in=gpus, released_at__isnull=True) \
-            .values_list("reservation_id", "gpu_id", "reservation__team_id")
-        return {(rid, gid): team for rid, gid, team in rows}
-    # The ORM prepares and quotes every element of the IN lists; one array parameter each costs
-    # a fraction of that at 25 batches a commit.
-    allocation = connection.ops.quote_name(Allocation._meta.db_table)
-    reservation = connection.ops.quote_name(Reservation._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT a.reservation_id, a.gpu_id, r.team_id FROM {allocation} a "  # noqa: S608 (our table names)
-            f"JOIN {reservation} r ON r.id = a.reservation_id WHERE a.reservation_id = ANY(%s::bigint[]) "
-            "AND a.gpu_id = ANY(%s::bigint[]) AND a.released_at IS NULL",
-            ["{" + ",".join(map(str, reservations)) + "}", "{" + ",".join(map(str, gpus)) + "}"])
-        return {(rid, gid): team for rid, gid, team in cursor.fetchall()}
+    return live_allocations(reservations, gpus)
 
 
 def rollup_horizon(now: datetime) -> datetime:

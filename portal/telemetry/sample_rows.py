@@ -1,4 +1,5 @@
-"""The SQL of storing sample batches: locking the streams, writing raw rows, moving the streams on.
+"""The SQL of storing sample batches: locking the streams, reading the live shares they name,
+writing raw rows, moving the streams on.
 
 PostgreSQL gets hand-written statements with one array parameter, and the raw rows as one block of
 COPY text per commit: at 500 batches a second, the ORM's per-value preparation of `IN` lists and
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
+
+from portal.reservations.models import Allocation, Reservation
 
 from .models import AgentStream, GpuSample, ShareSample
 
@@ -56,6 +59,23 @@ def lock_streams(stream_pks: list[int]) -> dict[int, StreamState]:
         rows = AgentStream.objects.select_for_update().filter(pk__in=stream_pks).order_by("pk") \
             .values_list("pk", "last_seq", "dropped")
     return {pk: StreamState(last_seq, dropped) for pk, last_seq, dropped in rows}
+
+
+def live_allocations(reservations: set[int], gpus: set[int]) -> dict[tuple[int, int], int]:
+    """(reservation, GPU) → team of the live allocations among these reservations and GPUs."""
+    if not _postgres():
+        rows = Allocation.objects.filter(reservation_id__in=reservations, gpu_id__in=gpus, released_at__isnull=True) \
+            .values_list("reservation_id", "gpu_id", "reservation__team_id")
+        return {(rid, gid): team for rid, gid, team in rows}
+    allocation = connection.ops.quote_name(Allocation._meta.db_table)
+    reservation = connection.ops.quote_name(Reservation._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT a.reservation_id, a.gpu_id, r.team_id FROM {allocation} a "  # noqa: S608 (our table names)
+            f"JOIN {reservation} r ON r.id = a.reservation_id WHERE a.reservation_id = ANY(%s::bigint[]) "
+            "AND a.gpu_id = ANY(%s::bigint[]) AND a.released_at IS NULL",
+            [_array(reservations), _array(gpus)])
+        return {(rid, gid): team for rid, gid, team in cursor.fetchall()}
 
 
 def update_streams(streams: dict[int, StreamState]) -> None:
