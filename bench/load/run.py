@@ -206,6 +206,19 @@ def _postgres_pids() -> list[int]:
     return out
 
 
+def _loop_seconds() -> float:
+    """Seconds for a 10M-iteration empty Python loop, best of 3: how fast this machine runs Python.
+    The machines these runs are taken on differ from session to session (earlier results quote one
+    untimed pass: 0.73 s and 1.42 s), so a result is read with this beside it."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(10_000_000):
+            pass
+        best = min(best, time.perf_counter() - t)
+    return round(best, 2)
+
+
 def _machine_busy_s() -> tuple[float, float]:
     """(busy CPU seconds of the whole machine, its elapsed CPU seconds) from /proc/stat."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -425,7 +438,8 @@ def main() -> int:
         DB.drop()
     command = "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/load/run.py " + \
         " ".join(sys.argv[1:])
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}; a 10M-iteration Python loop "
+               f"in {_loop_seconds()} s")
     result.update({"command": command, "machine": machine,
                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), "users": args.users, "agents": args.agents,
                    "think_s": args.think, "http": args.http, "processes": args.processes, "threads": args.threads,
