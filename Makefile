@@ -30,7 +30,7 @@ demo: setup
 	$(BIN)/python manage.py demo
 
 test: setup-test
-	DATABASE_URL=$(PG_URL) $(BIN)/pytest
+	DATABASE_URL=$(PG_URL) $(BIN)/pytest -n 2 --dist loadgroup
 
 lint: $(BIN)/python
 	$(BIN)/ruff check .

@@ -2,6 +2,7 @@
 says otherwise (the README's test command sets it)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,16 @@ def redis_channel_layer(settings):
     channel_layers.backends.clear()
     for client in clients:
         client.flushdb()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs the suite in two lanes (`-n 2 --dist loadgroup`): the fault-injection suite
+    in one, everything else in the other, each lane one test after another as written. The faults
+    bring their own Redis server, portal and workers, and they mostly wait out real minutes (an
+    agent cut off for five, the Kubernetes API failing for one), so they run beside the rest. The
+    rest stays serial: its modules share Redis databases and measure timings on two cores."""
+    faults = Path(__file__).parent / "faults"
+    for item in items:
+        lane = "faults" if faults in Path(item.path).parents else "suite"
+        item.add_marker(pytest.mark.xdist_group(lane))
