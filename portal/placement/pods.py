@@ -45,19 +45,25 @@ def delete_quietly(backend: Backend, namespace: str, name: str, reason: str) -> 
         log.warning("could not delete pod %s/%s yet: %s", namespace, name, exc)
 
 
+def ended_pods():
+    """(id, state, pod namespace, pod name) of the reservations whose pod should go, in no order
+    (each pass takes what it can). Only rows that name a pod are read (the `reservation_with_pod`
+    partial index), not every reservation ever made."""
+    kept_since = timezone.now() - timedelta(seconds=keep_finished_s())
+    return (Reservation.objects.filter(pod_name__gt="").exclude(state__in=HOLDS_GPU)
+            .exclude(source=Source.KUBECTL, state=State.PENDING)
+            .exclude(source=Source.KUBECTL, state__in=FINISHED)
+            .exclude(Q(state__in=FINISHED) & (Q(finished_at__gt=kept_since) | Q(finished_at__isnull=True)))
+            .order_by().values_list("pk", "state", "pod_namespace", "pod_name"))
+
+
 def release_ended_pods(backend: Backend, limit: int = 500) -> int:
     """Delete the pods of reservations that stopped holding GPUs (cancelled, preempted, expired,
     requeued; finished portal pods once kept long enough), then forget the pod name. A kubectl
     reservation still waiting keeps its pod: it is the request itself; a finished kubectl pod is its
     owner's. Returns how many pods were deleted."""
-    kept_since = timezone.now() - timedelta(seconds=keep_finished_s())
-    ended = (Reservation.objects.filter(pod_name__gt="").exclude(state__in=HOLDS_GPU)
-             .exclude(source=Source.KUBECTL, state=State.PENDING)
-             .exclude(source=Source.KUBECTL, state__in=FINISHED)
-             .exclude(Q(state__in=FINISHED) & (Q(finished_at__gt=kept_since) | Q(finished_at__isnull=True)))
-             .values_list("pk", "state", "pod_namespace", "pod_name")[:limit])
     deleted = 0
-    for pk, state, namespace, name in ended:
+    for pk, state, namespace, name in ended_pods()[:limit]:
         try:
             if delete_pod(backend, namespace, name, f"reservation {pk} is {state}"):
                 deleted += 1
