@@ -2,7 +2,8 @@
 autobahn's framing, the consumer, the writer, the acks back) with one `agents.fleet --simulate`
 process of N nodes, each sending one `samples` message a second (8 GPUs, 2 running shares) and
 reading its acks. CPU is the live process's own (user + system, /proc), per stored message, over
-`--seconds` of steady state (every stream connected and its replay drained).
+`--seconds` of steady state (every stream connected and its replay drained); of it, the cyclic
+garbage collector's share is counted in the process by gc_probe/sitecustomize.py (either tree).
 
 The baseline is the tree at `--baseline` (a git ref, exported with `git archive` into a temporary
 folder), run in the same session against the same database; `--current` names another ref, else
@@ -97,9 +98,17 @@ def _stop(*procs: subprocess.Popen | None) -> None:
                 proc.wait()
 
 
+def _gc_totals(path: Path) -> tuple[float, list[int]]:
+    """(CPU seconds, passes per generation) of the live process's collector so far (gc_probe/)."""
+    totals = json.loads(path.read_text())
+    return sum(totals["cpu_s"]), totals["passes"]
+
+
 def _round(tree: Path, env: dict, files: dict, nodes: int, seconds: float, warmup: float,
            profile: Path | None) -> dict:
     port = _free_port()
+    gc_file = files["tmp"] / f"gc-{port}.json"
+    env = {**env, "PYTHONPATH": str(ROOT / "bench" / "telemetry" / "gc_probe"), "TESSERA_GC_PROBE": str(gc_file)}
     live = subprocess.Popen([sys.executable, "-m", "portal.serve", "-b", "127.0.0.1", "-p", str(port),
                              "portal.asgi:application"], cwd=tree, env=env,
                             stdout=(files["tmp"] / "live.log").open("ab"), stderr=subprocess.STDOUT)
@@ -119,14 +128,16 @@ def _round(tree: Path, env: dict, files: dict, nodes: int, seconds: float, warmu
             spy = subprocess.Popen([str(ROOT / ".venv" / "bin" / "py-spy"), "record", "--gil", "-r", "50", "-d",
                                     str(int(seconds)), "-f", "raw", "-o", str(profile), "-p", str(live.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        messages0, cpu0, t0 = _stored_messages(), _cpu_seconds(live.pid), time.monotonic()
+        messages0, cpu0, gc0, t0 = _stored_messages(), _cpu_seconds(live.pid), _gc_totals(gc_file), time.monotonic()
         time.sleep(seconds)
-        messages1, cpu1, t1 = _stored_messages(), _cpu_seconds(live.pid), time.monotonic()
+        messages1, cpu1, gc1, t1 = _stored_messages(), _cpu_seconds(live.pid), _gc_totals(gc_file), time.monotonic()
         if spy is not None:
             spy.wait(30)
         messages = messages1 - messages0
         return {"messages_per_s": round(messages / (t1 - t0), 1), "cpu_cores": round((cpu1 - cpu0) / (t1 - t0), 3),
                 "cpu_ms_per_message": round(1000 * (cpu1 - cpu0) / max(1, messages), 4),
+                "gc_ms_per_message": round(1000 * (gc1[0] - gc0[0]) / max(1, messages), 4),
+                "gc_passes_per_s": [round((b - a) / (t1 - t0), 2) for a, b in zip(gc0[1], gc1[1], strict=True)],
                 "rss_mib": _rss_mib(live.pid), "settle_s": round(t0 - started, 1),
                 "load_average_1m": round(os.getloadavg()[0], 2),
                 "profiled": profile is not None}
@@ -197,8 +208,8 @@ def main() -> int:
     def best(name: str) -> float:
         return min(r["cpu_ms_per_message"] for r in rounds if r["tree"] == name)
 
-    def mean(name: str) -> float:
-        values = [r["cpu_ms_per_message"] for r in rounds if r["tree"] == name]
+    def mean(name: str, key: str = "cpu_ms_per_message") -> float:
+        values = [r[key] for r in rounds if r["tree"] == name]
         return round(sum(values) / len(values), 4)
 
     ratio = round(best("current") / best("baseline"), 3)
@@ -212,7 +223,9 @@ def main() -> int:
               "best_ms_per_message": {"baseline": best("baseline"), "current": best("current")},
               "current_vs_baseline": ratio,
               "mean_ms_per_message": {"baseline": mean("baseline"), "current": mean("current")},
-              "current_vs_baseline_mean": mean_ratio}
+              "current_vs_baseline_mean": mean_ratio,
+              "mean_gc_ms_per_message": {"baseline": mean("baseline", "gc_ms_per_message"),
+                                         "current": mean("current", "gc_ms_per_message")}}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "live_cpu" + (f"_{args.label}" if args.label else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -221,16 +234,18 @@ def main() -> int:
              f"Machine: {report['machine']}  ", f"Date (UTC): {report['date_utc']}", "",
              f"`portal.serve` with {args.nodes} simulated agents at one `samples` message a second each; CPU of "
              "the live process (user + system) per stored message. Rounds alternate the two trees.", "",
-             "| round | tree | messages/s | live CPU (cores) | CPU ms / message | RSS MiB at end | settle s | load avg "
-             "| profiled |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| round | tree | messages/s | live CPU (cores) | CPU ms / message | of it, collector ms / message "
+             "| collector passes/s (gen 0, 1, 2) | RSS MiB at end | settle s | load avg | profiled |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rounds:
         lines.append(f"| {r['round']} | {r['tree']} | {r['messages_per_s']} | {r['cpu_cores']} | "
-                     f"{r['cpu_ms_per_message']} | {r['rss_mib']} | {r['settle_s']} | {r['load_average_1m']} | "
-                     f"{r['profiled']} |")
+                     f"{r['cpu_ms_per_message']} | {r['gc_ms_per_message']} | "
+                     f"{', '.join(str(p) for p in r['gc_passes_per_s'])} | {r['rss_mib']} | {r['settle_s']} | "
+                     f"{r['load_average_1m']} | {r['profiled']} |")
     lines += ["", f"Best CPU ms per message: baseline {best('baseline')}, current {best('current')}; "
               f"current / baseline = {ratio}. Mean: baseline {mean('baseline')}, current {mean('current')}; "
-              f"current / baseline = {mean_ratio}.", ""]
+              f"current / baseline = {mean_ratio}. Of it, the cyclic collector (mean): baseline "
+              f"{mean('baseline', 'gc_ms_per_message')}, current {mean('current', 'gc_ms_per_message')} ms.", ""]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
