@@ -7,6 +7,8 @@ The limit is settings.TESSERA_WS_MAX_MESSAGE_BYTES (default: the wire protocol's
 message an agent may send; browsers send a few hundred bytes). Over it the connection is closed
 with 1009.
 
+Each serving process runs with the cyclic collector's young threshold raised (GC_YOUNG_THRESHOLD).
+
 `--processes N` (default 1) serves from N Daphne processes sharing one listening socket, which
 this process binds and then only watches (it restarts a process that dies and passes SIGTERM and
 SIGINT on). One Daphne process runs Python on one core at a time (the GIL) however many request
@@ -16,6 +18,7 @@ its own database pool (so N × DB_POOL_MAX_SIZE must stay under PostgreSQL's max
 
 from __future__ import annotations
 
+import gc
 import signal
 import socket
 import subprocess
@@ -110,11 +113,26 @@ def _supervise(args: list[str], processes: int) -> int:
     return 0
 
 
+# The cyclic collector's first threshold (CPython's default: 700). A young pass starts when the
+# objects allocated and not yet freed pass it, and with 500 agents the messages in flight (parsed,
+# waiting for their commit) alone are over 700: ~25 young and ~2 middle passes a second and a full
+# one (~75 ms over the connections' objects) every ~5 s took ~15 % of the process's CPU. At 50,000
+# none ran in 40 s of that load (so it leaves under ~1,000 cyclic objects a second to collect) and
+# memory stayed the same (bench/results/telemetry/live_cpu_gc_threshold_probe.md).
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
 def main() -> None:
     args = sys.argv[1:]
     processes = int(_pop_option(args, "--processes") or "1")
     if processes > 1:
         sys.exit(_supervise(args, processes))
+    tune_gc()
     # Daphne builds its factory from this module-level name in Server.run.
     daphne.server.WebSocketFactory = BoundedWebSocketFactory
     CommandLineInterface().run(args)
