@@ -88,7 +88,8 @@ class _ParamIn(_Param):
 
 
 def param_eq(field: str, name: str) -> Lookup:
-    """A filter for a Precompiled queryset: `field` equals the parameter `name`."""
+    """A filter for a Precompiled queryset: `field` equals the parameter `name` (None matches
+    nothing, as in SQL; the ORM's `field=None` is `IS NULL`)."""
     return _Param(field, name)
 
 
