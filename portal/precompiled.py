@@ -1,67 +1,216 @@
-"""Read queries whose SQL and parameters never change, compiled by the ORM once per process.
+"""Queries compiled by the ORM once per process, then run with named parameters.
 
-A placement cycle runs a dozen such queries (the queue, the live shares, the pods per node, each
-team's quota use) every time. Building and compiling one through the ORM costs 0.3-2 ms of CPU,
-more than PostgreSQL takes to answer it, and the worker paid that on every submit and cancel.
-`Precompiled` builds the queryset and compiles it on first use, then runs that SQL through
-Django's cursor (statements are still wrapped, logged and counted as usual) and converts the
-values read back as the ORM would (`from_db_value`, the backend's and the expressions' converters).
-So the rows are what `list(queryset)` gives.
+The placement cycle and the bind run a few dozen queries per submit whose SQL is always the same
+apart from a team or a list of ids. Building and compiling one through the ORM costs 0.3-2 ms of
+CPU, more than PostgreSQL takes to answer it. `Precompiled` builds the queryset and compiles it on
+first use, then runs that SQL through Django's cursor (statements are still wrapped, logged and
+counted as usual), converts the values read back as the ORM would (`from_db_value`, the backend's
+and the expressions' converters) and, for a queryset of model instances, builds them as Django's
+ModelIterable does (`Model.from_db`, then the select_related objects). So the rows are what
+`list(queryset)` gives.
+
+A parameter is a filter the queryset names instead of a value:
+
+    _HELD = Precompiled(lambda: Allocation.objects.filter(param_in("reservation_id", "ids"))
+                        .order_by("pk").values_list("gpu_id", flat=True))
+    _HELD.all(ids=[3, 5])
+
+`param_eq(field, name)` is `field = value`; `param_in(field, name)` is `field` in a list: one
+array parameter on PostgreSQL (`= ANY(%s::bigint[])`, the same text whatever the list's length),
+`IN (%s, %s, ...)` expanded per call elsewhere (SQLite, where `IN ()` is valid and matches
+nothing). Values are prepared by the column's field, as the ORM prepares a filter's values. An
+empty list that every row must match runs nothing and gives no rows, as `pk__in=[]` does. They
+are for filter(), not exclude(): negated, they would not get the ORM's care of NULL columns.
+A select_for_update queryset keeps its FOR UPDATE and ORDER BY (the lock order) and is refused
+outside a transaction at every call, as the ORM refuses it.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from django.db import connections, router
-from django.db.models import QuerySet
-from django.db.models.query import FlatValuesListIterable, ValuesListIterable
+from django.db.models import F, Field, Lookup, QuerySet
+from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable, get_related_populators
+from django.db.models.sql.where import AND, WhereNode
+from django.db.transaction import TransactionManagementError
+
+# Where Django's SQLite backend finds the placeholders it turns into `?`.
+_PLACEHOLDER = re.compile(r"(?<!%)%s")
+
+
+class _Slot(NamedTuple):
+    """A named parameter's place among a statement's parameters."""
+
+    name: str
+    field: Field  # prepares the value(s) as the ORM would for this column
+    many: bool
+
+    def bind(self, value: Any, connection) -> Any:
+        prep = self.field.get_db_prep_value
+        if not self.many:
+            return prep(value, connection, prepared=False)
+        values = [prep(v, connection, prepared=False) for v in value]
+        if connection.vendor == "postgresql" and all(type(v) is int for v in values):
+            # An array literal in one string: psycopg adapts a list element by element, which
+            # cost more than the rest of a one-id query.
+            return "{" + ",".join(map(str, values)) + "}"
+        return values
+
+
+class _Param(Lookup):
+    """`field = <name>`: a filter whose value is given to `Precompiled.all(name=...)`."""
+
+    prepare_rhs = False
+    many = False
+
+    def __init__(self, field: str, name: str) -> None:
+        super().__init__(F(field), name)
+
+    def as_sql(self, compiler, connection):
+        lhs, params = compiler.compile(self.lhs)
+        slot = _Slot(self.rhs, self.lhs.output_field, self.many)
+        if not self.many:
+            return f"{lhs} = %s", (*params, slot)
+        if connection.vendor == "postgresql":
+            cast = self.lhs.output_field.cast_db_type(connection)
+            return f"{lhs} = ANY(%s{f'::{cast}[]' if cast else ''})", (*params, slot)
+        return f"{lhs} IN (%s)", (*params, slot)  # expanded to one placeholder per value when run
+
+
+class _ParamIn(_Param):
+    """`field` in the list `<name>`."""
+
+    many = True
+
+
+def param_eq(field: str, name: str) -> Lookup:
+    """A filter for a Precompiled queryset: `field` equals the parameter `name` (None matches
+    nothing, as in SQL; the ORM's `field=None` is `IS NULL`)."""
+    return _Param(field, name)
+
+
+def param_in(field: str, name: str) -> Lookup:
+    """A filter for a Precompiled queryset: `field` is one of the parameter `name` (a list)."""
+    return _ParamIn(field, name)
+
+
+class _Instances(NamedTuple):
+    """How ModelIterable builds a row's model instance and its select_related ones."""
+
+    model: type
+    fields: list[str]  # the attnames of the model's selected columns
+    start: int
+    end: int
+    related: list  # RelatedPopulator per select_related model
+    annotations: dict[str, int]
 
 
 class _Compiled(NamedTuple):
     sql: str
-    params: tuple
+    params: tuple  # the constant parameters, a _Slot where a named one goes
+    slots: tuple[tuple[int, _Slot], ...]
+    names: frozenset[str]
+    required: frozenset[str]  # lists without which no row matches: empty, nothing is run (as the ORM does)
+    pieces: tuple[str, ...] | None  # the SQL split at its placeholders where lists are expanded (not PostgreSQL)
+    for_update: bool
     columns: int  # the queryset's own columns (the compiler may select more, e.g. for ordering)
     converters: list[tuple[int, list, Any]]  # (column, converters, expression), as the ORM applies them
     flat: bool
+    instances: _Instances | None
+
+    def bind(self, values: dict[str, Any], connection) -> tuple[str, list]:
+        if values.keys() != self.names:
+            raise TypeError(f"this query takes the parameters {sorted(self.names)}, not {sorted(values)}")
+        params = list(self.params)
+        for pos, slot in self.slots:
+            params[pos] = slot.bind(values[slot.name], connection)
+        if self.pieces is None:
+            return self.sql, params
+        sql, flat = [self.pieces[0]], []
+        for param, piece, original in zip(params, self.pieces[1:], self.params, strict=True):
+            if isinstance(original, _Slot) and original.many:
+                sql.append(", ".join(["%s"] * len(param)))
+                flat.extend(param)
+            else:
+                sql.append("%s")
+                flat.append(param)
+            sql.append(piece)
+        return "".join(sql), flat
+
+
+_ITERABLES = (ValuesListIterable, FlatValuesListIterable, ModelIterable)
 
 
 class Precompiled:
-    """`make()` returns a `values_list` queryset (flat or not) with constant filters."""
+    """`make()` returns a queryset of model instances or a `values_list` one (flat or not) whose
+    filters are constants or named parameters (`param_eq`, `param_in`)."""
 
     def __init__(self, make: Callable[[], QuerySet]) -> None:
         self._make = make
         self._model = None
+        self._for_write = False
         self._compiled: dict[str, _Compiled] = {}  # per database alias
         self._lock = threading.Lock()
 
     def _compile(self, alias: str) -> _Compiled:
         qs = self._make().using(alias)
-        if qs._iterable_class not in (ValuesListIterable, FlatValuesListIterable):
-            raise TypeError("Precompiled takes a values_list queryset")
+        if qs._iterable_class not in _ITERABLES:
+            raise TypeError("Precompiled takes a queryset of model instances or a values_list one")
+        if qs._prefetch_related_lookups or qs._known_related_objects:
+            raise TypeError("Precompiled takes no prefetch_related nor a related manager's queryset")
+        connection = connections[alias]
         compiler = qs.query.get_compiler(using=alias)
-        sql, params = compiler.as_sql()
+        sql, params = compiler.as_sql()  # also sets compiler.select, klass_info, annotation_col_map
         columns = compiler.col_count
-        converters = compiler.get_converters([s[0] for s in compiler.select[:columns]])
-        return _Compiled(sql, tuple(params), columns,
+        selected = [s[0] for s in compiler.select[:columns]]
+        if compiler.has_composite_fields(selected):
+            raise TypeError("Precompiled takes no composite fields")
+        converters = compiler.get_converters(selected)
+        slots = tuple((pos, p) for pos, p in enumerate(params) if isinstance(p, _Slot))
+        pieces = None
+        if connection.vendor != "postgresql" and any(slot.many for _, slot in slots):
+            pieces = tuple(_PLACEHOLDER.split(sql))
+            if len(pieces) != len(params) + 1:
+                raise TypeError("Precompiled could not find each parameter's placeholder in the SQL")
+        instances = None
+        if qs._iterable_class is ModelIterable:
+            info = compiler.klass_info
+            start, end = info["select_fields"][0], info["select_fields"][-1] + 1
+            instances = _Instances(info["model"], [s[0].target.attname for s in compiler.select[start:end]], start, end,
+                                   get_related_populators(info, compiler.select, alias),
+                                   dict(compiler.annotation_col_map or {}))
+        for_update = bool(qs.query.select_for_update and connection.features.has_select_for_update
+                          and connection.features.supports_transactions)
+        names = frozenset(slot.name for _, slot in slots)
+        return _Compiled(sql, tuple(params), slots, names, frozenset(_required(qs.query.where)), pieces, for_update,
+                         columns,
                          [(pos, convs, expression) for pos, (convs, expression) in converters.items()],
-                         qs._iterable_class is FlatValuesListIterable)
+                         qs._iterable_class is FlatValuesListIterable, instances)
 
-    def all(self) -> list[Any]:
-        """The rows, as `list(make())` would give them."""
+    def all(self, **params: Any) -> list[Any]:
+        """The rows, as `list(make())` would give them, with these values for its parameters."""
         if self._model is None:
-            self._model = self._make().model
-        alias = router.db_for_read(self._model)
+            qs = self._make()
+            self._for_write = qs._for_write  # select_for_update reads where it writes, as QuerySet.db does
+            self._model = qs.model
+        alias = (router.db_for_write if self._for_write else router.db_for_read)(self._model)
         compiled = self._compiled.get(alias)
         if compiled is None:
             with self._lock:
                 compiled = self._compiled.get(alias) or self._compile(alias)
                 self._compiled[alias] = compiled
         connection = connections[alias]
+        sql, args = compiled.bind(params, connection)
+        if compiled.required and not all(params[name] for name in compiled.required):
+            return []
+        if compiled.for_update and connection.get_autocommit():  # the compiler's check, each time
+            raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
         with connection.cursor() as cursor:
-            cursor.execute(compiled.sql, compiled.params)
+            cursor.execute(sql, args)
             rows = cursor.fetchall()
         if compiled.converters:
             converted = []
@@ -74,7 +223,35 @@ class Precompiled:
                     row[pos] = value
                 converted.append(row)
             rows = converted
+        if compiled.instances is not None:
+            return _build(compiled.instances, alias, rows)
         if compiled.flat:
             return [row[0] for row in rows]
         return [tuple(row[:compiled.columns]) if len(row) != compiled.columns or compiled.converters else row
                 for row in rows]
+
+
+def _required(where) -> list[str]:
+    """The list parameters that every row must match (in the WHERE clause's top-level AND)."""
+    if where.connector != AND or where.negated:
+        return []
+    names = []
+    for child in where.children:
+        if isinstance(child, _ParamIn):
+            names.append(child.rhs)
+        elif isinstance(child, WhereNode):
+            names += _required(child)
+    return names
+
+
+def _build(how: _Instances, alias: str, rows: list) -> list:
+    """Model instances from rows, as ModelIterable makes them."""
+    objs = []
+    for row in rows:
+        obj = how.model.from_db(alias, how.fields, row[how.start:how.end])
+        for populator in how.related:
+            populator.populate(row, obj)
+        for name, pos in how.annotations.items():
+            setattr(obj, name, row[pos])
+        objs.append(obj)
+    return objs

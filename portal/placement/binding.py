@@ -16,6 +16,7 @@ from typing import NamedTuple
 from django.conf import settings
 from django.db import transaction
 
+from portal.precompiled import Precompiled, param_in
 from portal.reservations import services
 from portal.reservations.events import announce_allocations
 from portal.reservations.models import Allocation, Kind, Reservation, Source
@@ -38,13 +39,17 @@ log = logging.getLogger(__name__)
 ACTOR = "system:placement"
 
 
+# Every bind runs these with its own ids: compiled once (portal.precompiled).
+_SHARES = Precompiled(lambda: Allocation.objects.filter(param_in("reservation_id", "ids"), released_at__isnull=True)
+                      .order_by("reservation_id", "gpu__index")
+                      .values_list("reservation_id", "gpu__uuid", "gpu__index", "gpu_request", "gpu_limit",
+                                   "gpu_memory_mib"))
+
+
 def shares_of(reservation_ids: Iterable[int]) -> dict[int, tuple[GpuShare, ...]]:
     """reservation id → its live GPU shares in GPU index order, read in one query."""
     out: dict[int, list[GpuShare]] = {}
-    for rid, uuid, index, share, limit, memory in (
-            Allocation.objects.filter(reservation_id__in=reservation_ids, released_at__isnull=True)
-            .order_by("reservation_id", "gpu__index")
-            .values_list("reservation_id", "gpu__uuid", "gpu__index", "gpu_request", "gpu_limit", "gpu_memory_mib")):
+    for rid, uuid, index, share, limit, memory in _SHARES.all(ids=list(reservation_ids)):
         out.setdefault(rid, []).append(GpuShare(uuid=uuid, index=index, gpu_request=float(share),
                                                 gpu_limit=float(max(limit, share)), gpu_memory_mib=memory))
     return {rid: tuple(gpus) for rid, gpus in out.items()}
@@ -76,6 +81,9 @@ class BindRow(NamedTuple):
 
 BIND_COLUMNS = ("pk", "attempt", "pod_namespace", "pod_name", "pod_uid", "image", "command", "priority", "kind",
                 "source", "team__slug", "node_id", "node__name", "client_node__name", "node__address")
+
+_BIND_ROWS = Precompiled(lambda: Reservation.objects.filter(param_in("pk", "ids"), state=State.PLACED,
+                                                            node__isnull=False).order_by().values_list(*BIND_COLUMNS))
 
 
 def pod_spec(r: BindRow, gpus: tuple[GpuShare, ...]) -> PodSpec:
@@ -122,8 +130,7 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
     existing, are bound one by one), and the pod uids are written in one statement. The caller
     announces `report.nodes` to their agents."""
     report = BindReport()
-    rows = {r.pk: r for r in map(BindRow._make, Reservation.objects.filter(
-        pk__in=list(reservation_ids), state=State.PLACED, node__isnull=False).order_by().values_list(*BIND_COLUMNS))}
+    rows = {r.pk: r for r in map(BindRow._make, _BIND_ROWS.all(ids=list(reservation_ids)))}
     shares = shares_of(list(rows))
     work = [(rows[pk], shares[pk]) for pk in sorted(rows) if pk in shares]
     outcomes: list[tuple[BindRow, PodStatus | BackendError | None]] = []

@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.fleet.models import NodeLink
-from portal.precompiled import Precompiled
+from portal.precompiled import Precompiled, param_in
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.quota import NO_USAGE, usage_by_team
 from portal.reservations.states import HOLDS_GPU, State
@@ -58,10 +58,14 @@ class Pending(NamedTuple):
     remote_allowed: bool
 
 
+# Every cycle runs it with the ids it looks at: compiled once (portal.precompiled).
+_PENDING = Precompiled(lambda: Reservation.objects.filter(param_in("pk", "ids"), state=State.PENDING)
+                       .order_by("created_at", "id").values_list("pk", "team__slug", *Pending._fields[2:]))
+
+
 def pending(ids: list[int]) -> list[Pending]:
     """The reservations among `ids` that still wait, oldest first."""
-    return [Pending._make(row) for row in Reservation.objects.filter(pk__in=ids, state=State.PENDING)
-            .order_by("created_at", "id").values_list("pk", "team__slug", *Pending._fields[2:])]
+    return [Pending._make(row) for row in _PENDING.all(ids=ids)]
 
 
 def to_request(r: Pending) -> core.Request:

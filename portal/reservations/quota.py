@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db import connections, router
 from django.db.models import DecimalField, ExpressionWrapper, F, Sum, Value
 from django.db.models.functions import Coalesce
 
+from portal.precompiled import Precompiled, param_eq
 from portal.tenancy.models import Team
 
 from .models import Reservation
@@ -43,7 +43,7 @@ def _counted():
 
 
 def _totals() -> dict:
-    """The ORM's form of the usage sums (_usage_sql writes the same by hand; tests compare the two)."""
+    """The usage sums, per group of counted reservations."""
     share = ExpressionWrapper(F("gpu_request") * F("gpu_count"),
                               output_field=DecimalField(max_digits=8, decimal_places=3))
     memory = ExpressionWrapper(F("gpu_memory_mib") * F("gpu_count"),
@@ -56,42 +56,24 @@ def _usage(share, memory, gpus) -> Usage:
     return Usage(Decimal(share).quantize(Decimal("0.001")), int(memory), int(gpus))
 
 
-def _usage_sql(connection, *, per_team: bool) -> str:
-    """What `_counted().aggregate(**_totals())` says, for one team (`team = %s`) or grouped per
-    team (the team id first): written once from the model's metadata, because the ORM compiled
-    the aggregate on every submit and every capacity preview and cycle (~2 ms of CPU each, the
-    statement itself ~0.15)."""
-    qn = connection.ops.quote_name
-    col = {name: qn(Reservation._meta.get_field(name).column)
-           for name in ("team", "state", "opportunistic", "gpu_request", "gpu_memory_mib", "gpu_count")}
-    sums = (f"COALESCE(SUM({col['gpu_request']} * {col['gpu_count']}), 0),"
-            f" COALESCE(SUM({col['gpu_memory_mib']} * {col['gpu_count']}), 0), COALESCE(SUM({col['gpu_count']}), 0)")
-    where = f"NOT {col['opportunistic']} AND {col['state']} IN ({', '.join(['%s'] * len(ACTIVE))})"
-    table = qn(Reservation._meta.db_table)
-    if per_team:  # every name comes from the model's metadata
-        return f"SELECT {col['team']}, {sums} FROM {table} WHERE {where} GROUP BY {col['team']}"  # noqa: S608
-    return f"SELECT {sums} FROM {table} WHERE {col['team']} = %s AND {where}"  # noqa: S608
-
-
-_ACTIVE_STATES = sorted(ACTIVE)
+# Every submit, capacity preview and cycle asks: compiled once (portal.precompiled), because the
+# ORM compiled the aggregate for ~2 ms of CPU each time (the statement itself ~0.15).
+_BY_TEAM = Precompiled(lambda: _counted().values("team_id").annotate(**_totals()).order_by()
+                       .values_list("team_id", "share", "memory", "gpus"))
+_OF_TEAM = Precompiled(lambda: _counted().filter(param_eq("team_id", "team")).values("team_id")
+                       .annotate(**_totals()).order_by().values_list("share", "memory", "gpus"))
 
 
 def usage_of(team: Team | int) -> Usage:
     """What the team's active, guaranteed (non-opportunistic) reservations count against its quota
     (the same as usage_by_team's entry for it)."""
-    connection = connections[router.db_for_read(Reservation)]
-    with connection.cursor() as cursor:
-        cursor.execute(_usage_sql(connection, per_team=False),
-                       [team if isinstance(team, int) else team.pk, *_ACTIVE_STATES])
-        return _usage(*cursor.fetchone())
+    rows = _OF_TEAM.all(team=team if isinstance(team, int) else team.pk)
+    return _usage(*(rows[0] if rows else (ZERO, 0, 0)))
 
 
 def usage_by_team() -> dict[int, Usage]:
     """usage_of for every team that uses anything, in one statement (team id → usage; absent: NO_USAGE)."""
-    connection = connections[router.db_for_read(Reservation)]
-    with connection.cursor() as cursor:
-        cursor.execute(_usage_sql(connection, per_team=True), _ACTIVE_STATES)
-        return {team_id: _usage(*sums) for team_id, *sums in cursor.fetchall()}
+    return {team_id: _usage(*sums) for team_id, *sums in _BY_TEAM.all()}
 
 
 def over_quota(team: Team, usage: Usage, share: Decimal, memory_mib: int, gpus: int) -> str | None:

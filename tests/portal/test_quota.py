@@ -135,7 +135,7 @@ def test_database_is_postgresql_in_the_suite():
 
 
 def test_usage_of_and_usage_by_team_say_what_the_orm_aggregate_says(people, fleet, teams):
-    """usage_of and usage_by_team are hand-written statements (every submit, capacity preview and
+    """usage_of and usage_by_team are precompiled statements (every submit, capacity preview and
     cycle runs one): the same numbers as the ORM's aggregate over the counted reservations, over
     every state, opportunistic or not, multi-GPU."""
     from portal.reservations.quota import NO_USAGE, _counted, _totals, usage_by_team

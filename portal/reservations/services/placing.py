@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from portal.bulk import insert_rows, update_rows
 from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.precompiled import Precompiled, param_in
 from portal.reservations.events import announce_allocations, announce_reservations
 from portal.reservations.models import Allocation, Kind, Reservation, Source, StateTransition
 from portal.reservations.states import IllegalTransition, State, check_transition
@@ -59,6 +60,18 @@ PLACING_FIELDS = ("state", "gpu_limit", "gpu_count", "max_duration_s", "kind", "
                   "team__interactive_max_s")
 
 
+# Every commit runs these with its own ids: compiled once (portal.precompiled). Both locks are
+# taken in id order, so concurrent commits cannot deadlock.
+_LOCK_RESERVATIONS = Precompiled(lambda: Reservation.objects.select_for_update(of=("self",)).select_related("team")
+                                 .only(*PLACING_FIELDS).filter(param_in("pk", "ids")).order_by("pk"))
+_NODES = Precompiled(lambda: Node.objects.filter(param_in("pk", "ids")).order_by().only("name", "status"))
+_LOCK_GPUS = Precompiled(lambda: Gpu.objects.select_for_update().filter(param_in("pk", "ids")).order_by("pk")
+                         .only("node_id", "uuid", "memory_mib"))
+_TAKEN = Precompiled(lambda: Allocation.objects.filter(param_in("gpu_id", "ids"), released_at__isnull=True)
+                     .values("gpu_id").annotate(share=Sum("gpu_request"), memory=Sum("gpu_memory_mib"))
+                     .order_by().values_list("gpu_id", "share", "memory"))
+
+
 def ends_at(reservation: Reservation, placed_at: datetime) -> datetime | None:
     """When a reservation placed at `placed_at` ends: its own duration, else the team's limit for
     interactive ones; a batch job without a duration runs until it finishes. The one place the
@@ -94,17 +107,12 @@ def place_many(units: Sequence[Sequence[Placing]], actor=SCHEDULER
         return [], {}
     refused: dict[int, Exception] = {}
     with transaction.atomic():
-        reservations = {r.pk: r for r in Reservation.objects.select_for_update(of=("self",)).select_related("team")
-                        .only(*PLACING_FIELDS).filter(pk__in={p.reservation_id for p in placings}).order_by("pk")}
+        reservations = {r.pk: r for r in _LOCK_RESERVATIONS.all(ids=sorted({p.reservation_id for p in placings}))}
         node_ids = {p.node_id for p in placings} | {p.client_node_id for p in placings if p.client_node_id}
-        nodes = {n.pk: n for n in Node.objects.filter(pk__in=node_ids).only("name", "status")}
+        nodes = {n.pk: n for n in _NODES.all(ids=sorted(node_ids))}
         gpu_ids = sorted({a.gpu_id for p in placings for a in p.allocations})
-        gpus = {g.pk: g for g in Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk")
-                .only("node_id", "uuid", "memory_mib")}
-        taken = {gpu_id: [share, memory] for gpu_id, share, memory in
-                 Allocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True).values("gpu_id")
-                 .annotate(share=Sum("gpu_request"), memory=Sum("gpu_memory_mib"))
-                 .values_list("gpu_id", "share", "memory")}
+        gpus = {g.pk: g for g in _LOCK_GPUS.all(ids=gpu_ids)}
+        taken = {gpu_id: [share, memory] for gpu_id, share, memory in _TAKEN.all(ids=gpu_ids)}
         accepted: list[Placing] = []
         claimed: set[int] = set()
         for unit in units:

@@ -87,7 +87,7 @@ def body_of(client, groups: str) -> dict:
 
 
 def test_the_fleet_hears_of_the_nodes_a_changed_reservation_holds_gpus_on(people, teams, fleet):
-    """nodes_holding (a hand-written statement) names the nodes of live allocations only: the
+    """nodes_holding (a precompiled statement) names the nodes of live allocations only: the
     same nodes the ORM finds, none for a reservation that holds nothing or has released its GPUs."""
     from portal.reservations.models import Allocation
     from portal.telemetry.live_fleet import nodes_holding
