@@ -6,6 +6,10 @@ erin: nlp team admin · admin: staff.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from decimal import Decimal
 from pathlib import Path
 
@@ -91,3 +95,21 @@ def reservation_body():
         return body
 
     return make
+
+
+@pytest.fixture
+def on_sqlite(tmp_path):
+    """`run(script)`: the script's printed lines, run in a fresh process on a migrated SQLite
+    database (what the quickstart uses), Django set up; fails the test if the script fails."""
+
+    def run(script: str) -> list[str]:
+        prologue = "import os\nimport django\ndjango.setup()\nfrom django.core.management import call_command\n" \
+                   "call_command('migrate', verbosity=0)\n"
+        env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+                   DJANGO_SETTINGS_MODULE="portal.settings", INVENTORY=str(DEMO_INVENTORY), PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, "-c", prologue + textwrap.dedent(script)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip().splitlines()
+
+    return run

@@ -3,13 +3,8 @@ set-based writers of `portal.bulk` it uses (PostgreSQL here; SQLite in a subproc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 from django.db import IntegrityError, transaction
@@ -19,8 +14,6 @@ from portal.fleet.models import Gpu, NodeStatus
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation, StateTransition
 from portal.reservations.states import IllegalTransition, State
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pending(people, teams, share="0.5", memory=1000, count=1) -> Reservation:
@@ -197,13 +190,9 @@ def test_update_and_insert_rows_round_trip_values(fleet, people, teams):
     assert Allocation.objects.filter(reservation=rs[0]).count() == 1
 
 
-def test_the_same_on_sqlite(tmp_path):
+def test_the_same_on_sqlite(on_sqlite):
     """The quickstart runs on SQLite: the same writes through its VALUES form."""
-    script = textwrap.dedent("""
-        import django, os
-        django.setup()
-        from django.core.management import call_command
-        call_command("migrate", verbosity=0)
+    lines = on_sqlite("""
         from decimal import Decimal
         from django.contrib.auth import get_user_model
         from django.db import transaction
@@ -233,13 +222,7 @@ def test_the_same_on_sqlite(tmp_path):
                   sorted(Reservation.objects.filter(pk__in=[p.pk for p in placed]).values_list("state_reason",
                                                                                               flat=True)))
     """)
-    env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
-               DJANGO_SETTINGS_MODULE="portal.settings", INVENTORY=str(ROOT / "deploy" / "inventory" / "demo.yaml"),
-               PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    placed_line, counts_line = out.stdout.strip().splitlines()[-2:]
+    placed_line, counts_line = lines[-2:]
     assert placed_line == "2 True"
     assert counts_line.startswith("2 2 ")
     assert "'on " in counts_line
