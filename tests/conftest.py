@@ -14,9 +14,19 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     from django.conf import settings
 
     db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("postgresql"):
-        test = db.setdefault("TEST", {})
-        test["NAME"] = f"{test.get('NAME') or 'test_' + db['NAME']}_{os.getpid()}"
+    if not db["ENGINE"].endswith("postgresql"):
+        yield
+        return
+    test = db.setdefault("TEST", {})
+    test["NAME"] = name = f"{test.get('NAME') or 'test_' + db['NAME']}_{os.getpid()}"
+    yield
+    # Torn down after pytest-django's own drop, which gives up with a warning while a session is
+    # still on the database (a server process a test started, not yet gone): each run would leave one.
+    import psycopg
+
+    with psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"],
+                         password=db["PASSWORD"] or None, dbname="postgres", autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
 
 
 @pytest.fixture
