@@ -55,10 +55,14 @@ class _Slot(NamedTuple):
             return prep(value, connection, prepared=False)
         values = [prep(v, connection, prepared=False) for v in value]
         if connection.vendor == "postgresql" and all(type(v) is int for v in values):
-            # An array literal in one string: psycopg adapts a list element by element, which
-            # cost more than the rest of a one-id query.
-            return "{" + ",".join(map(str, values)) + "}"
+            # psycopg adapts a list element by element, which cost more than the rest of a one-id query.
+            return array_literal(values)
         return values
+
+
+def array_literal(numbers) -> str:
+    """A PostgreSQL array literal of numbers: one text parameter instead of one per element."""
+    return "{" + ",".join(map(str, numbers)) + "}"
 
 
 class _Param(Lookup):

@@ -1,10 +1,11 @@
 """The SQL of storing sample batches: locking the streams, reading the live shares they name,
 writing raw rows, moving the streams on.
 
-PostgreSQL gets hand-written statements with one array parameter, and the raw rows as one block of
-COPY text per commit: at 500 batches a second, the ORM's per-value preparation of `IN` lists and
-psycopg's per-value dumping (`write_row`) cost more CPU than everything else the live process does
-for a batch. Other databases (the SQLite quickstart) go through the ORM.
+At 500 batches a second, the ORM's per-value preparation of `IN` lists and psycopg's per-value
+dumping (`write_row`) cost more CPU than everything else the live process does for a batch. So
+the two reads are compiled once (portal.precompiled: one array parameter on PostgreSQL), and on
+PostgreSQL the streams move on in one statement over arrays and the raw rows go as one block of
+COPY text per commit. Other databases (the SQLite quickstart) write through the ORM.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from datetime import datetime
 
 from django.db import connection
 
-from portal.reservations.models import Allocation, Reservation
+from portal.precompiled import Precompiled, array_literal, param_in
+from portal.reservations.models import Allocation
 
 from .models import AgentStream, GpuSample, ShareSample
 
@@ -32,11 +34,6 @@ def _postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
-def _array(values) -> str:
-    """A PostgreSQL array literal of numbers: one text parameter instead of one per element."""
-    return "{" + ",".join(map(str, values)) + "}"
-
-
 @dataclass
 class StreamState:
     """A locked stream row while its batches are stored."""
@@ -47,35 +44,22 @@ class StreamState:
     changed: bool = False
 
 
+_LOCK_STREAMS = Precompiled(lambda: AgentStream.objects.select_for_update().filter(param_in("pk", "ids"))
+                            .order_by("pk").values_list("pk", "last_seq", "dropped"))
+_LIVE_ALLOCATIONS = Precompiled(lambda: Allocation.objects.filter(
+    param_in("reservation_id", "reservations"), param_in("gpu_id", "gpus"), released_at__isnull=True)
+    .order_by().values_list("reservation_id", "gpu_id", "reservation__team_id"))
+
+
 def lock_streams(stream_pks: list[int]) -> dict[int, StreamState]:
     """Lock the streams, in id order (two writers never deadlock), and read their positions."""
-    if _postgres():
-        table = connection.ops.quote_name(AgentStream._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT id, last_seq, dropped FROM {table} WHERE id = ANY(%s::bigint[]) "  # noqa: S608 (our table name)
-                           "ORDER BY id FOR UPDATE", [_array(sorted(stream_pks))])
-            rows = cursor.fetchall()
-    else:
-        rows = AgentStream.objects.select_for_update().filter(pk__in=stream_pks).order_by("pk") \
-            .values_list("pk", "last_seq", "dropped")
-    return {pk: StreamState(last_seq, dropped) for pk, last_seq, dropped in rows}
+    return {pk: StreamState(last_seq, dropped) for pk, last_seq, dropped in _LOCK_STREAMS.all(ids=list(stream_pks))}
 
 
 def live_allocations(reservations: set[int], gpus: set[int]) -> dict[tuple[int, int], int]:
     """(reservation, GPU) → team of the live allocations among these reservations and GPUs."""
-    if not _postgres():
-        rows = Allocation.objects.filter(reservation_id__in=reservations, gpu_id__in=gpus, released_at__isnull=True) \
-            .values_list("reservation_id", "gpu_id", "reservation__team_id")
-        return {(rid, gid): team for rid, gid, team in rows}
-    allocation = connection.ops.quote_name(Allocation._meta.db_table)
-    reservation = connection.ops.quote_name(Reservation._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT a.reservation_id, a.gpu_id, r.team_id FROM {allocation} a "  # noqa: S608 (our table names)
-            f"JOIN {reservation} r ON r.id = a.reservation_id WHERE a.reservation_id = ANY(%s::bigint[]) "
-            "AND a.gpu_id = ANY(%s::bigint[]) AND a.released_at IS NULL",
-            [_array(reservations), _array(gpus)])
-        return {(rid, gid): team for rid, gid, team in cursor.fetchall()}
+    return {(rid, gid): team for rid, gid, team in
+            _LIVE_ALLOCATIONS.all(reservations=list(reservations), gpus=list(gpus))}
 
 
 def update_streams(streams: dict[int, StreamState]) -> None:
@@ -91,8 +75,8 @@ def update_streams(streams: dict[int, StreamState]) -> None:
                 f"UPDATE {table} AS s SET last_seq = v.last_seq, dropped = v.dropped, "  # noqa: S608 (our table name)
                 "last_sample_at = v.last_sample_at FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
                 "%s::timestamptz[]) AS v(id, last_seq, dropped, last_sample_at) WHERE s.id = v.id",
-                [_array(streams), _array(s.last_seq for s in streams.values()),
-                 _array(s.dropped for s in streams.values()),
+                [array_literal(streams), array_literal(s.last_seq for s in streams.values()),
+                 array_literal(s.dropped for s in streams.values()),
                  "{" + ",".join(f'"{s.last_sample_at.isoformat()}"' for s in streams.values()) + "}"])
         else:
             cursor.executemany(
