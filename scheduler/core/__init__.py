@@ -52,6 +52,7 @@ model, exclusion, affinity, anti_affinity, memory, compute, whole_gpu, no_fit, g
 
 from .cycle import Decision, best_gpus, decide, feasible_gpus, schedule
 from .engine import POLICIES, Choice, choose, make_scorer
+from .fairshare import Admission, BucketQuota, Limits, QuotaTree, Unit
 from .fragmentation import TypicalPod, typical_pods
 from .model import (
     MILLI,
@@ -65,6 +66,7 @@ from .model import (
     Preemption,
     Reason,
     ReasonCode,
+    Reclaim,
     Request,
     Share,
     Snapshot,
@@ -76,6 +78,8 @@ from .state import ClusterState, FleetLayout
 __all__ = [
     "MILLI",
     "POLICIES",
+    "Admission",
+    "BucketQuota",
     "Choice",
     "ClusterState",
     "CycleResult",
@@ -83,18 +87,22 @@ __all__ = [
     "FleetLayout",
     "Gpu",
     "GpuCandidate",
+    "Limits",
     "Node",
     "NodeStatus",
     "Placement",
     "PodGroup",
     "Preemption",
+    "QuotaTree",
     "Reason",
     "ReasonCode",
+    "Reclaim",
     "Request",
     "Share",
     "Snapshot",
     "TeamUsage",
     "TypicalPod",
+    "Unit",
     "Unschedulable",
     "best_gpus",
     "choose",

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from .engine import Choice, choose, make_scorer
+from .fairqueue import Fair
 from .filters import explain, feasible, nodes_with_room
 from .fragmentation import TypicalPod, typical_pods
 from .model import (
@@ -19,6 +20,7 @@ from .model import (
     Preemption,
     Reason,
     ReasonCode,
+    Reclaim,
     Request,
     Snapshot,
     Unschedulable,
@@ -48,7 +50,7 @@ def _workload(snapshot: Snapshot, pending: Iterable[Request]) -> list[Request]:
     return out
 
 
-def _placement(state: ClusterState, req: Request, choice: Choice) -> Placement:
+def _placement(state: ClusterState, req: Request, choice: Choice, admission: str = "guaranteed") -> Placement:
     i = choice.node
     return Placement(
         request_id=req.id,
@@ -59,6 +61,7 @@ def _placement(state: ClusterState, req: Request, choice: Choice) -> Placement:
         gpu_memory_mib=req.gpu_memory_mib,
         score=choice.score,
         group=req.group.name if req.group else None,
+        admission=admission,
     )
 
 
@@ -95,18 +98,21 @@ def schedule(
     placements: list[Placement] = []
     preemptions: list[Preemption] = []
     refused: list[Unschedulable] = []
+    reclaims: list[Reclaim] = []
     for decision in decide(snapshot, pending, policy, preemption=preemption, typical=typical, seed=seed,
                            aging_s=aging_s):
         if isinstance(decision, Preemption):
             preemptions.append(decision)
+        elif isinstance(decision, Reclaim):
+            reclaims.append(decision)
         elif isinstance(decision, Unschedulable):
             refused.append(decision)
         else:
             placements.extend(decision)
-    return CycleResult(policy, tuple(placements), tuple(preemptions), tuple(refused))
+    return CycleResult(policy, tuple(placements), tuple(preemptions), tuple(refused), tuple(reclaims))
 
 
-Decision = tuple[Placement, ...] | Preemption | Unschedulable
+Decision = tuple[Placement, ...] | Preemption | Reclaim | Unschedulable
 
 
 def decide(
@@ -129,23 +135,33 @@ def decide(
     scorer = make_scorer(
         policy, state, typical if typical is not None else typical_pods(_workload(snapshot, pending)), seed
     )
-    done_groups: set[str] = set()
-    ordered = queue_order(pending, snapshot.teams, snapshot.now, aging_s)
     running = set(state.placed)
-    for req in [r for r in ordered if r.id in running]:
-        msg = f"request {req.id} already holds a share in the snapshot"
-        yield Unschedulable(req.id, (Reason(ReasonCode.INVALID, msg),))
-    ordered = [r for r in ordered if r.id not in running]
+    for req in pending:
+        if req.id in running:
+            msg = f"request {req.id} already holds a share in the snapshot"
+            yield Unschedulable(req.id, (Reason(ReasonCode.INVALID, msg),))
+    waiting = [r for r in pending if r.id not in running]
+    decided: set[str] = set()  # gang members decided with their gang
+    if snapshot.quotas is not None:
+        fair = Fair(state, snapshot.quotas, waiting, snapshot.now, snapshot.past_use, aging_s)
+        ordered: Iterable[Request] = fair.order(waiting, decided)
+    else:
+        fair = None
+        ordered = queue_order(waiting, snapshot.teams, snapshot.now, aging_s)
     for req in ordered:
+        if req.id in decided:
+            continue
         if req.group is not None:
-            if req.group.name in done_groups:
-                continue
-            done_groups.add(req.group.name)
-            members = [r for r in ordered if r.group is not None and r.group.name == req.group.name]
-            gang_placed, gang_refused = _place_gang(state, scorer, members)
+            members = queue_order([r for r in waiting if r.group is not None and r.group.name == req.group.name
+                                   and r.id not in decided], snapshot.teams, snapshot.now, aging_s)
+            decided.update(r.id for r in members)
+            gang_placed, gang_refused = _place_gang(state, scorer, members, fair)
             if gang_placed:
                 yield tuple(gang_placed)
             yield from gang_refused
+            continue
+        if fair is not None:
+            yield _decide_fair(state, scorer, fair, req, preemption)
             continue
         choice = choose(state, req, scorer)
         if choice is not None:
@@ -153,39 +169,65 @@ def decide(
             yield (_placement(state, req, choice),)
             continue
         reasons = tuple(explain(state, req))
-        if preemption:
+        if preemption and req.priority > 0:
             found = find_preemption(state, req)
             if found is not None:
-                choice, victims = found
+                choice, victims, _ = found
                 state.reserve(req, choice.node, choice.slots)
                 yield Preemption(req.id, victims, _placement(state, req, choice))
                 continue
         yield Unschedulable(req.id, reasons)
 
 
+def _decide_fair(state: ClusterState, scorer: Scorer, fair: Fair, req: Request, preemption: bool) -> Decision:
+    choice, got = fair.try_place(req, scorer)
+    if choice is not None:
+        return (_placement(state, req, choice, str(got)),)
+    reasons = tuple(got)
+    if preemption:
+        found = fair.preempt(req)
+        if found is not None:
+            choice, victims, admission, due = found
+            if due:
+                return Reclaim(req.id, victims, due, reasons)
+            return Preemption(req.id, victims, _placement(state, req, choice, str(admission)))
+    return Unschedulable(req.id, reasons)
+
+
 def _place_gang(
-    state: ClusterState, scorer: Scorer, members: list[Request]
+    state: ClusterState, scorer: Scorer, members: list[Request], fair: Fair | None = None
 ) -> tuple[list[Placement], list[Unschedulable]]:
     """Place a pod group's members close together; keep them only if enough fit, else roll back."""
     group = members[0].group
     assert group is not None
     running = sum(1 for p in state.placed.values() if p.share.group == group.name)
     need = max(0, group.min_members - running)
-    placed: list[tuple[Request, Choice]] = []
+    placed: list[tuple[Request, Choice, str]] = []
     failures: dict[str, tuple[Reason, ...]] = {}
     for req in members:
-        choice = choose(state, req, scorer, tier=_closeness(state, group.name))
+        tier = _closeness(state, group.name)
+        if fair is not None:
+            choice, got = fair.try_place(req, scorer, tier=tier)
+            if choice is None:
+                failures[req.id] = tuple(got)
+                continue
+            placed.append((req, choice, str(got)))
+            continue
+        choice = choose(state, req, scorer, tier=tier)
         if choice is None:
             failures[req.id] = tuple(explain(state, req))
             continue
         state.reserve(req, choice.node, choice.slots)
-        placed.append((req, choice))
+        placed.append((req, choice, "guaranteed"))
     if len(placed) >= need and placed:
         # Enough members run together; the others wait with their own reasons.
         waiting = [Unschedulable(r.id, failures[r.id]) for r in members if r.id in failures]
-        return [_placement(state, r, c) for r, c in placed], waiting
-    for req, _ in placed:  # all or nothing: give back the partial reservations
-        state.release(req.id)
+        return [_placement(state, r, c, a) for r, c, a in placed], waiting
+    for req, _, _ in placed:  # all or nothing: give back the partial reservations
+        if fair is not None:
+            fair.release(req.id)
+        else:
+            state.release(req.id)
     msg = f"pod group {group.name}: {len(placed)} of the {need} members needed now could be placed together"
     gang = Reason(ReasonCode.GANG_INCOMPLETE, msg, len(placed))
     return [], [Unschedulable(r.id, (gang, *failures.get(r.id, ()))) for r in members]

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .fairshare import QuotaTree
     from .state import FleetLayout
 
 MILLI = 1000
@@ -79,6 +80,11 @@ class Share:
     anti_affinity: frozenset[str] = frozenset()
     exclusion: frozenset[str] = frozenset()
     group: str | None = None
+    # How it was admitted (fairshare.Admission: guaranteed, borrowed, opportunistic), when it was
+    # placed (seconds, the snapshot's clock) and, for a borrowed share being reclaimed, when it goes.
+    admission: str = "guaranteed"
+    since: float = 0.0
+    reclaim_at: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_request <= 1.0:
@@ -143,6 +149,11 @@ class Snapshot:
     # The fleet laid out once (state.FleetLayout of the nodes without shares), when the caller keeps
     # one: the engine starts from a copy of it instead of laying out every GPU again.
     layout: FleetLayout | None = field(default=None, compare=False, repr=False)
+    # Departments, teams and their quotas per GPU model (fairshare.QuotaTree): admission,
+    # fair-share order and reclaim. None: no quota policy (everything guaranteed; traces).
+    quotas: QuotaTree | None = field(default=None, compare=False, repr=False)
+    # team → decayed past use (milli-GPU), added when ordering by fair share (empty: off).
+    past_use: Mapping[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
@@ -259,6 +270,7 @@ class Placement:
     gpu_memory_mib: int  # per GPU
     score: float = 0.0
     group: str | None = None
+    admission: str = "guaranteed"  # fairshare.Admission
 
 
 @dataclass(frozen=True)
@@ -268,6 +280,18 @@ class Preemption:
     request_id: str
     victims: tuple[str, ...]
     placement: Placement
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """A request within its team's quota waits while borrowed shares are reclaimed for it: each
+    victim is preempted at its time in `due` (now + its team's grace, or when it was already
+    warned); `reasons` say why it cannot start sooner."""
+
+    request_id: str
+    victims: tuple[str, ...]
+    due: Mapping[str, float]
+    reasons: tuple[Reason, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -286,3 +310,4 @@ class CycleResult:
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     unschedulable: tuple[Unschedulable, ...] = ()
+    reclaims: tuple[Reclaim, ...] = ()

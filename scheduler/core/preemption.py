@@ -9,10 +9,16 @@ checked by actually releasing its victims and running the filters again, and put
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .engine import Choice
 from .filters import feasible
-from .model import MILLI, Request
+from .model import MILLI, Request, Share
 from .state import ClusterState, Holding
+
+# Whether a request may evict a share; how early a holding goes (lower first, and an option's cost).
+MayEvict = Callable[[Share, Request], bool]
+Rank = Callable[[Holding], tuple]
 
 
 def may_evict(share, req: Request) -> bool:
@@ -23,10 +29,15 @@ def may_evict(share, req: Request) -> bool:
     return share.team == req.team or share.priority == 0
 
 
+def _by_priority(p: Holding) -> tuple:
+    return (p.share.priority,)
+
+
 def _slot_victims(
-    state: ClusterState, req: Request, node: int, slot: int, by_slot: dict
+    state: ClusterState, req: Request, node: int, slot: int, by_slot: dict, may_evict: MayEvict, rank: Rank
 ) -> list[Holding] | None:
-    """Lowest-priority-first victims on one slot that make room for one GPU's worth of `req`."""
+    """Victims on one slot, first by `rank` (lowest priority first by default), that make room for
+    one GPU's worth of `req`."""
     shares = by_slot.get((node, slot), [])
     if req.whole and not all(may_evict(p.share, req) for p in shares):
         return None
@@ -41,7 +52,7 @@ def _slot_victims(
         free, mem = free + p.milli, mem + p.gpu_memory_mib
     rest = sorted(
         (p for p in shares if p not in chosen and may_evict(p.share, req)),
-        key=lambda p: (p.share.priority, -p.milli),
+        key=lambda p: (*rank(p), -p.milli),
     )
     for p in rest:
         if free >= need and mem >= req.gpu_memory_mib:
@@ -60,8 +71,13 @@ def _clashes(p: Holding, req: Request) -> bool:
     return s.exclusion != req.exclusion
 
 
-def find_preemption(state: ClusterState, req: Request) -> tuple[Choice, tuple[str, ...]] | None:
-    if req.priority <= 0 or req.gpu_count == 0:
+def find_preemption(
+    state: ClusterState, req: Request, may_evict: MayEvict = may_evict, rank: Rank = _by_priority
+) -> tuple[Choice, tuple[str, ...], list[Holding]] | None:
+    """Where `req` fits after evicting some shares: the choice, the victims, and their holdings,
+    already released from `state` (restore them to undo). Options are ranked by number of victims,
+    then by the worst victim's rank, then by node order."""
+    if req.gpu_count == 0:
         return None
     by_slot: dict[tuple[int, int], list[Holding]] = {}
     for p in state.placed.values():
@@ -82,9 +98,9 @@ def find_preemption(state: ClusterState, req: Request) -> tuple[Choice, tuple[st
                 continue
             if req.gpu_memory_mib > state.mem_total[node, slot]:
                 continue
-            victims = _slot_victims(state, req, node, slot, by_slot)
+            victims = _slot_victims(state, req, node, slot, by_slot, may_evict, rank)
             if victims is not None:
-                top = max((p.share.priority for p in victims), default=-1)
+                top = max((rank(p) for p in victims), default=())
                 per_slot.append((len(victims), top, slot, victims))
         if len(per_slot) < req.gpu_count:
             continue
@@ -93,13 +109,13 @@ def find_preemption(state: ClusterState, req: Request) -> tuple[Choice, tuple[st
         ids = tuple(sorted({p.share.reservation_id for *_, vs in picked for p in vs}))
         if not ids:
             continue  # fits without eviction: the filters refused it for another reason
-        top = max(state.placed[i].share.priority for i in ids)
+        top = max(rank(state.placed[i]) for i in ids)
         options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids))
     for _, node, slots, ids in sorted(options):
         released = [state.release(i) for i in ids]
         ok = feasible(state, req)
         if all(ok[node, j] for j in slots):
-            return Choice(node, tuple(sorted(slots)), 0.0), ids
+            return Choice(node, tuple(sorted(slots)), 0.0), ids, released
         for rec in released:
             state.restore(rec)
     return None

@@ -188,9 +188,9 @@ class ClusterState:
         return mask
 
     # ---- changes ------------------------------------------------------------------------------
-    def reserve(self, request: Request, node: int, gpus: tuple[int, ...]) -> Holding:
+    def reserve(self, request: Request, node: int, gpus: tuple[int, ...], admission: str = "guaranteed") -> Holding:
         """Take a request's share on `gpus` of `node`. The caller has checked that it fits."""
-        share = share_of(request)
+        share = share_of(request, admission)
         milli = request.milli if request.gpu_count > 0 else 0
         rec = Holding(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
         self._apply(rec, -1)
@@ -266,7 +266,7 @@ class FleetLayout:
         return state
 
 
-def share_of(request: Request) -> Share:
+def share_of(request: Request, admission: str = "guaranteed") -> Share:
     return Share(
         reservation_id=request.id,
         gpu_request=request.gpu_request if request.gpu_count > 0 else 1.0,
@@ -277,6 +277,7 @@ def share_of(request: Request) -> Share:
         anti_affinity=request.anti_affinity,
         exclusion=request.exclusion,
         group=request.group.name if request.group else None,
+        admission=admission,
     )
 
 

@@ -1,0 +1,499 @@
+"""Hierarchical quotas per GPU model, borrowing and lending, and the fair share of what is left.
+
+The organisation is a tree: departments (nested) above teams. Every unit (team or department) may
+have a quota per **bucket**: a GPU model, or `*` for every model without a row of its own at that
+unit. A quota has three resources (compute in milli-GPUs, GPU memory in MiB, GPUs held) and, per
+resource, a borrowing limit (how far beyond its quota the unit's subtree may go) and a lending limit
+(how much of its unused quota others may use), and a weight for sharing the surplus.
+
+For one GPU model M, a department without a row covering M (neither M nor `*`) is transparent: its
+children count directly under its nearest ancestor that has one (the organisation at the top). A
+team without one has quota 0 for M: all it holds of M is borrowed.
+
+A request of team t for demand d on model M is admitted as
+- **guaranteed** when t's own usage of M's bucket plus d stays within t's quota;
+- **borrowed** when not, but every unit on t's path stays within quota + borrowing limit and the
+  room exists: what the fleet's ready GPUs of M hold beyond counted use, less the unused quota that
+  each unit's siblings keep (unused beyond their lending limit);
+- **opportunistic** when neither, and the request has priority 0 and the team allows it: it runs on
+  idle capacity, is not counted and may be preempted by any higher priority;
+- else it waits. It can **never** run (beyond a hard limit) when d alone exceeds quota + borrowing
+  limit of a unit on its path, for every model it may use, and it cannot be opportunistic.
+
+Counted usage (guaranteed + borrowed) is charged at placement; pending requests are only demand.
+
+Fair share (`deserved`): per model, top down, each parent's share (the organisation's: the ready
+capacity of the model) goes first to each child's quota as far as the child's demand (running +
+waiting) needs it; the rest to children with unmet demand by weight, water-filling on the dominant
+resource (the larger of compute and memory as a fraction of what is left), capped by borrowing
+limits. A team's **saturation** on a model is max over compute and memory of used / deserved. The
+queue admits the team with the lowest saturation after admission first (guaranteed requests before
+the rest), and reclaim takes from the team with the highest saturation first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from .model import MILLI, Request, Share
+
+WILDCARD = "*"
+ROOT = ""  # the organisation: the parent of top-level departments and of teams without one
+INF = math.inf
+Vec = tuple[float, float, float]  # (compute milli, GPU memory MiB, GPUs held)
+ZERO: Vec = (0, 0, 0)
+RESOURCES = ("compute", "memory", "GPUs")
+
+
+class Admission(StrEnum):
+    GUARANTEED = "guaranteed"
+    BORROWED = "borrowed"
+    OPPORTUNISTIC = "opportunistic"
+
+
+COUNTED = frozenset({Admission.GUARANTEED, Admission.BORROWED})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per resource; None: unlimited."""
+
+    milli: int | None = None
+    memory_mib: int | None = None
+    gpus: int | None = None
+
+    def vec(self) -> Vec:
+        return tuple(INF if v is None else v for v in (self.milli, self.memory_mib, self.gpus))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class BucketQuota:
+    milli: int = 0
+    memory_mib: int = 0
+    gpus: int = 0
+    borrowing: Limits = Limits()
+    lending: Limits = Limits()
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if min(self.milli, self.memory_mib, self.gpus) < 0:
+            raise ValueError("a quota must not be negative")
+        if not self.weight > 0:
+            raise ValueError("a quota's weight must be positive")
+
+    def vec(self) -> Vec:
+        return (self.milli, self.memory_mib, self.gpus)
+
+
+NO_QUOTA = BucketQuota(lending=Limits(0, 0, 0))  # a team without a row: holds nothing of its own, lends nothing
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A team (`team=True`, named by its slug: requests and shares carry it) or a department."""
+
+    name: str
+    parent: str = ROOT
+    quotas: Mapping[str, BucketQuota] = field(default_factory=dict)
+    team: bool = True
+    allow_over_quota: bool = True
+    reclaim_grace_s: float = 300.0
+
+
+def demand_of(req: Request) -> Vec:
+    n = max(req.gpu_count, 1)
+    return (req.milli * n, req.gpu_memory_mib * n, n)
+
+
+def held_by(share: Share, gpus: int = 1) -> Vec:
+    from .model import to_milli
+
+    return (to_milli(share.gpu_request) * gpus, share.gpu_memory_mib * gpus, gpus)
+
+
+def _add(a: Vec, b: Vec) -> Vec:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def _sub(a: Vec, b: Vec) -> Vec:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
+
+
+def _min(a: Vec, b: Vec) -> Vec:
+    return (min(a[0], b[0]), min(a[1], b[1]), min(a[2], b[2]))
+
+
+def _pos(a: Vec) -> Vec:
+    return (max(a[0], 0), max(a[1], 0), max(a[2], 0))
+
+
+def _le(a: Vec, b: Vec) -> bool:
+    return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
+
+
+def _scale(a: Vec, f: float) -> Vec:
+    return (a[0] * f, a[1] * f, a[2] * f)
+
+
+def amount_text(v: Vec, resource: int) -> str:
+    """One resource in the user's units: GPU share (1.0 a GPU), GiB, GPUs."""
+    x = v[resource]
+    if x == INF:
+        return "unlimited"
+    if resource == 0:
+        return f"{x / MILLI:.3f}".rstrip("0").rstrip(".") if x % MILLI else f"{x / MILLI:.1f}"
+    if resource == 1:
+        return f"{x / 1024:.1f} GiB"
+    return f"{int(x)}"
+
+
+RESOURCE_WORDS = ("share", "of GPU memory", "GPUs")
+
+
+class QuotaTree:
+    """The units, validated (parents exist, no cycles), with what a model resolves to at each."""
+
+    def __init__(self, units: Iterable[Unit]) -> None:
+        self.units: dict[str, Unit] = {}
+        for u in units:
+            if u.name == ROOT or u.name in self.units:
+                raise ValueError(f"unit name {u.name!r} is empty or repeats")
+            self.units[u.name] = u
+        for u in self.units.values():
+            seen = {u.name}
+            p = u.parent
+            while p != ROOT:
+                if p not in self.units:
+                    raise ValueError(f"unit {u.name}: parent {p} is not in the tree")
+                if p in seen:
+                    raise ValueError(f"unit {u.name}: its parents form a cycle")
+                if self.units[p].team:
+                    raise ValueError(f"unit {u.name}: parent {p} is a team")
+                seen.add(p)
+                p = self.units[p].parent
+        self._paths: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
+
+    def bucket(self, unit: str, model: str) -> str | None:
+        """The bucket `model` resolves to at `unit`; None: a department with no row covering it."""
+        quotas = self.units[unit].quotas
+        if model in quotas:
+            return model
+        if WILDCARD in quotas:
+            return WILDCARD
+        return WILDCARD if self.units[unit].team else None
+
+    def quota(self, unit: str, bucket: str) -> BucketQuota:
+        return self.units[unit].quotas.get(bucket, NO_QUOTA)
+
+    def path(self, team: str, model: str) -> tuple[tuple[str, str], ...]:
+        """(unit, bucket) from the team up to its top-level ancestor, transparent departments left out."""
+        key = (team, model)
+        found = self._paths.get(key)
+        if found is None:
+            out = []
+            unit = team
+            while unit != ROOT:
+                bucket = self.bucket(unit, model)
+                if bucket is not None:
+                    out.append((unit, bucket))
+                unit = self.units[unit].parent
+            found = self._paths[key] = tuple(out)
+        return found
+
+    def parent_of(self, team_path: tuple[tuple[str, str], ...], i: int) -> str:
+        return team_path[i + 1][0] if i + 1 < len(team_path) else ROOT
+
+    def is_team(self, name: str) -> bool:
+        u = self.units.get(name)
+        return u is not None and u.team
+
+
+@dataclass
+class Verdict:
+    """Admission of one request on one model: how, or why not (`never`: can never run as asked)."""
+
+    admission: Admission | None
+    reason: str = ""
+    never: bool = False
+
+
+class Ledger:
+    """One cycle's quota accounting: counted usage per (unit, bucket), the room per model, each
+    team's deserved share; charged and refunded as the cycle decides."""
+
+    def __init__(self, tree: QuotaTree, capacity: Mapping[str, Vec], shares: Iterable[tuple[Share, str, int]],
+                 past: Mapping[str, float] | None = None) -> None:
+        """`capacity`: model → what its GPUs can hold (ready GPUs, plus what counted shares hold on
+        nodes that take nothing new). `shares`: (share, its GPU's model, how many GPUs of the
+        reservation it stands for) for every held share. `past`: team → decayed past use (milli),
+        added to its compute when ordering (off unless the caller passes it)."""
+        self.tree = tree
+        self.models = sorted(capacity)
+        self.capacity = dict(capacity)
+        self.used: dict[tuple[str, str], Vec] = defaultdict(lambda: ZERO)  # (unit, bucket) → counted use
+        self.root_used: dict[str, Vec] = defaultdict(lambda: ZERO)  # model → counted use
+        self.team_used: dict[tuple[str, str], Vec] = defaultdict(lambda: ZERO)  # (team, model) → counted use
+        self.holdings: dict[str, tuple[str, str, Vec, Admission]] = {}  # reservation → team, model, amount, admission
+        self.past = dict(past or {})
+        self._kept: dict[tuple[str, str], Vec] = {}  # (parent, model) → unused quota its children keep
+        self._kept_of: dict[tuple[str, str], Vec] = {}  # (unit, model) → its part of that
+        for share, model, gpus in shares:
+            if share.team in tree.units and model in self.capacity:
+                self._take(share.reservation_id, share.team, model, held_by(share, gpus), Admission(share.admission))
+        self._init_kept()
+        self.deserved: dict[tuple[str, str], Vec] = {}
+
+    # ---- accounting ---------------------------------------------------------------------------
+    def _take(self, rid: str, team: str, model: str, amount: Vec, admission: Admission) -> None:
+        if rid in self.holdings:  # a multi-GPU reservation: one entry per GPU, summed
+            t, m, before, adm = self.holdings[rid]
+            self.holdings[rid] = (t, m, _add(before, amount), adm)
+        else:
+            self.holdings[rid] = (team, model, amount, admission)
+        if admission not in COUNTED:
+            return
+        for unit, bucket in self.tree.path(team, model):
+            self.used[(unit, bucket)] = _add(self.used[(unit, bucket)], amount)
+        self.root_used[model] = _add(self.root_used[model], amount)
+        self.team_used[(team, model)] = _add(self.team_used[(team, model)], amount)
+
+    def _init_kept(self) -> None:
+        for name in self.tree.units:
+            for model in self.models:
+                self._update_kept(name, model)
+
+    def _keeps(self, unit: str, bucket: str) -> Vec:
+        q = self.tree.quota(unit, bucket)
+        return _pos(_sub(_sub(q.vec(), self.used[(unit, bucket)]), q.lending.vec()))
+
+    def _eparent(self, unit: str, model: str) -> str:
+        p = self.tree.units[unit].parent
+        while p != ROOT and self.tree.bucket(p, model) is None:
+            p = self.tree.units[p].parent
+        return p
+
+    def _update_kept(self, unit: str, model: str) -> None:
+        bucket = self.tree.bucket(unit, model)
+        if bucket is None:
+            return
+        new = self._keeps(unit, bucket)
+        key = (self._eparent(unit, model), model)
+        old = self._kept_of.get((unit, model), ZERO)
+        if new != old:
+            self._kept_of[(unit, model)] = new
+            self._kept[key] = _add(_sub(self._kept.get(key, ZERO), old), new)
+
+    def charge(self, rid: str, team: str, model: str, amount: Vec, admission: Admission) -> None:
+        self._take(rid, team, model, amount, admission)
+        if admission in COUNTED:
+            self._touch(team, model)
+
+    def refund(self, rid: str) -> None:
+        found = self.holdings.pop(rid, None)
+        if found is None:
+            return
+        team, model, amount, admission = found
+        if admission not in COUNTED:
+            return
+        neg = _scale(amount, -1)
+        for unit, bucket in self.tree.path(team, model):
+            self.used[(unit, bucket)] = _add(self.used[(unit, bucket)], neg)
+        self.root_used[model] = _add(self.root_used[model], neg)
+        self.team_used[(team, model)] = _add(self.team_used[(team, model)], neg)
+        self._touch(team, model)
+
+    def _touch(self, team: str, model: str) -> None:
+        """Keep the siblings' reserve right for every model the changed buckets cover."""
+        for unit, bucket in self.tree.path(team, model):
+            for m in self.models:
+                if self.tree.bucket(unit, m) == bucket:
+                    self._update_kept(unit, m)
+
+    # ---- admission ----------------------------------------------------------------------------
+    def verdict(self, team: str, model: str, amount: Vec, priority: int) -> Verdict:
+        unit = self.tree.units.get(team)
+        if unit is None or not unit.team:
+            return Verdict(Admission.GUARANTEED)  # a team the tree does not know: no quota policy for it
+        path = self.tree.path(team, model)
+        t_unit, t_bucket = path[0]
+        quota = self.tree.quota(t_unit, t_bucket)
+        used = self.used[(t_unit, t_bucket)]
+        if _le(_add(used, amount), quota.vec()):
+            return Verdict(Admission.GUARANTEED)
+        opportunistic = priority == 0 and unit.allow_over_quota
+        # A hard limit: the request alone is beyond quota + borrowing limit somewhere on its path.
+        for u, b in path:
+            q = self.tree.quota(u, b)
+            cap = _add(q.vec(), q.borrowing.vec())
+            if not _le(amount, cap):
+                r = next(i for i in range(3) if amount[i] > cap[i])
+                why = (f"it needs {amount_text(amount, r)} {RESOURCE_WORDS[r]} of {model}; {self._who(u)} may hold "
+                       f"at most {amount_text(cap, r)} (quota {amount_text(q.vec(), r)} + borrowing limit "
+                       f"{amount_text(q.borrowing.vec(), r)})")
+                if opportunistic:
+                    return Verdict(Admission.OPPORTUNISTIC, why)
+                return Verdict(None, why, never=True)
+        room = self._room(path, model)
+        if _le(amount, room):
+            return Verdict(Admission.BORROWED)
+        if opportunistic:
+            return Verdict(Admission.OPPORTUNISTIC)
+        return Verdict(None, self._wait_reason(path, model, amount, room))
+
+    def _room(self, path: tuple[tuple[str, str], ...], model: str) -> Vec:
+        """How much more the team at path[0] may hold of `model` now, quota and borrowing included."""
+        room = _pos(_sub(self.capacity.get(model, ZERO), self.root_used[model]))
+        parent = ROOT
+        for unit, bucket in reversed(path):
+            siblings_keep = _sub(self._kept.get((parent, model), ZERO), self._kept_of.get((unit, model), ZERO))
+            room = _sub(room, siblings_keep)
+            q = self.tree.quota(unit, bucket)
+            room = _min(room, _sub(_add(q.vec(), q.borrowing.vec()), self.used[(unit, bucket)]))
+            parent = unit
+        return room
+
+    def _who(self, unit: str) -> str:
+        return f"team {unit}" if self.tree.is_team(unit) else unit.removeprefix("department:")
+
+    def _wait_reason(self, path, model: str, amount: Vec, room: Vec) -> str:
+        team, bucket = path[0]
+        q = self.tree.quota(team, bucket)
+        used = self.used[(team, bucket)]
+        r = next((i for i in range(3) if used[i] + amount[i] > q.vec()[i]), 0)
+        what = model if bucket == model else f"any-model ({WILDCARD})"
+        head = (f"{team} holds {amount_text(used, r)} of its {amount_text(q.vec(), r)} {what} "
+                f"{'GPU share' if r == 0 else RESOURCE_WORDS[r]} quota and this needs {amount_text(amount, r)}")
+        r2 = next((i for i in range(3) if amount[i] > room[i]), r)
+        for u, b in path:
+            qq = self.tree.quota(u, b)
+            cap = _add(qq.vec(), qq.borrowing.vec())
+            if self.used[(u, b)][r2] + amount[r2] > cap[r2]:
+                return (f"{head}; {self._who(u)} is at its borrowing limit "
+                        f"({amount_text(self.used[(u, b)], r2)} of {amount_text(cap, r2)})")
+        free = amount_text(_pos(room), r2) + ("" if r2 == 1 else " GPU share" if r2 == 0 else " GPUs")
+        return f"{head}; others lend only {free} of {model} now (it waits for their use to end or quota to free)"
+
+    def best(self, req: Request, models: Sequence[str]) -> dict[Admission | None, list[str]]:
+        """The request's models grouped by admission (None: waits), and the verdicts' reasons."""
+        out: dict[Admission | None, list[str]] = {}
+        amount = demand_of(req)
+        for m in models:
+            out.setdefault(self.verdict(req.team, m, amount, req.priority).admission, []).append(m)
+        return out
+
+    # ---- fair share ---------------------------------------------------------------------------
+    def deserve(self, pending: Sequence[Request]) -> None:
+        """Work out each team's deserved share per model from what it holds and what waits."""
+        self.deserved = self._deserve(pending)
+
+    def _deserve(self, pending: Sequence[Request]) -> dict[tuple[str, str], Vec]:
+        demand: dict[tuple[str, str], Vec] = defaultdict(lambda: ZERO)
+        for (team, model), v in self.team_used.items():
+            demand[(team, model)] = _add(demand[(team, model)], v)
+        for req in pending:
+            if req.team not in self.tree.units:
+                continue
+            models = [m for m in self.models if req.gpu_model is None or m in req.gpu_model]
+            amount = demand_of(req)
+            for m in models:  # a request that may use several models wants each (an upper bound)
+                demand[(req.team, m)] = _add(demand[(req.team, m)], amount)
+        out: dict[tuple[str, str], Vec] = {}
+        children: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for model in self.models:
+            for name in self.tree.units:
+                if self.tree.bucket(name, model) is not None:
+                    children[(self._eparent(name, model), model)].append(name)
+        for model in self.models:
+            subtree: dict[str, Vec] = defaultdict(lambda: ZERO)
+            for (team, m), v in demand.items():
+                if m != model:
+                    continue
+                for unit, _ in self.tree.path(team, model):
+                    subtree[unit] = _add(subtree[unit], v)
+            self._fill(ROOT, model, self.capacity[model], children, subtree, out)
+        return out
+
+    def _fill(self, parent: str, model: str, share: Vec, children, subtree, out) -> None:
+        kids = [c for c in children.get((parent, model), ()) if subtree.get(c, ZERO) != ZERO]
+        if not kids:
+            return
+        quotas = {c: self.tree.quota(c, self.tree.bucket(c, model)) for c in kids}
+        first = {c: _min(quotas[c].vec(), subtree[c]) for c in kids}
+        left = _pos(_sub(share, _sum(first.values())))
+        unmet = {c: _pos(_sub(subtree[c], first[c])) for c in kids}
+        extra = _water_fill(left, {c: v for c, v in unmet.items() if v != ZERO},
+                            {c: quotas[c].weight for c in kids},
+                            {c: _pos(_sub(_add(quotas[c].vec(), quotas[c].borrowing.vec()), first[c])) for c in kids})
+        for c in kids:
+            got = _add(first[c], extra.get(c, ZERO))
+            if self.tree.units[c].team:
+                out[(c, model)] = got
+            else:
+                self._fill(c, model, got, children, subtree, out)
+
+    def saturation(self, team: str, model: str, extra: Vec = ZERO) -> float:
+        """max over compute and memory of (used + extra) / deserved; past use adds to compute."""
+        used = _add(self.team_used[(team, model)], extra)
+        deserved = self.deserved.get((team, model), ZERO)
+        past = self.past.get(team, 0.0)
+        worst = 0.0
+        for r in (0, 1):
+            u = used[r] + (past if r == 0 else 0.0)
+            if u <= 0:
+                continue
+            worst = max(worst, u / deserved[r] if deserved[r] > 0 else INF)
+        return worst
+
+
+def _sum(vs: Iterable[Vec]) -> Vec:
+    out = ZERO
+    for v in vs:
+        out = _add(out, v)
+    return out
+
+
+def _water_fill(left: Vec, unmet: Mapping[str, Vec], weight: Mapping[str, float], cap: Mapping[str, Vec]
+                ) -> dict[str, Vec]:
+    """Split `left` among children with unmet demand by weight, along each one's demand vector,
+    equalising weighted dominant shares (the larger of compute and memory as a fraction of `left`)."""
+    if not unmet:
+        return {}
+    # Each child grows along its unmet vector: fraction f of it, f ≤ its cap. Its dominant share at
+    # f is f * dom; water-filling raises a level λ and gives f = min(top, λ * weight / dom).
+    dom: dict[str, float] = {}
+    top: dict[str, float] = {}
+    for c, u in unmet.items():
+        fractions = [u[r] / left[r] for r in (0, 1) if left[r] > 0 and u[r] > 0]
+        dom[c] = max(fractions) if fractions else 0.0
+        limit = 1.0
+        for r in range(3):
+            if u[r] > 0:
+                limit = min(limit, cap[c][r] / u[r])
+        top[c] = max(0.0, limit)
+
+    def taken(level: float) -> Vec:
+        total = ZERO
+        for c, u in unmet.items():
+            f = top[c] if dom[c] == 0 else min(top[c], level * weight[c] / dom[c])
+            total = _add(total, _scale(u, f))
+        return total
+
+    if _le(taken(1e12), left):  # everyone's unmet demand fits
+        level = 1e12
+    else:
+        lo, hi = 0.0, 1.0
+        while _le(taken(hi), left) and hi < 1e12:
+            hi *= 2
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            if _le(taken(mid), left):
+                lo = mid
+            else:
+                hi = mid
+        level = lo
+    return {c: _scale(u, top[c] if dom[c] == 0 else min(top[c], level * weight[c] / dom[c]))
+            for c, u in unmet.items()}
