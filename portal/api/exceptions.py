@@ -7,7 +7,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from portal.reservations.quota import QuotaExceeded
+from portal.reservations.quota_tree import NeverFits
 from portal.reservations.rules import RuleViolation
 from portal.reservations.states import IllegalTransition
 from portal.security import unavailable
@@ -17,13 +17,9 @@ from portal.tenancy.errors import Refused
 def exception_handler(exc, context):
     if isinstance(exc, RuleViolation | Refused):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, QuotaExceeded):
-        return Response(
-            {"detail": str(exc), "code": "quota_exceeded", "team": exc.team.slug, "quota": {
-                "gpu_share": str(exc.team.quota_gpu_share), "memory_mib": exc.team.quota_memory_mib,
-                "gpus": exc.team.quota_max_gpus}, "in_use": exc.usage.as_dict()},
-            status=status.HTTP_409_CONFLICT,
-        )
+    if isinstance(exc, NeverFits):  # the only refusal for quota: beyond a hard limit, it could never run
+        return Response({"detail": str(exc), "code": "never_fits", "team": exc.team.slug},
+                        status=status.HTTP_409_CONFLICT)
     if isinstance(exc, IllegalTransition):
         return Response(
             {"detail": f"not allowed: the reservation is {exc.current}", "code": "illegal_transition",

@@ -96,6 +96,8 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
     client_node = serializers.CharField(source="client_node.name", read_only=True, default=None, allow_null=True,
                                         help_text="Where the pod of a remote share runs (its GPU is on `node`)")
     allocations = serializers.SerializerMethodField()
+    opportunistic = serializers.BooleanField(
+        read_only=True, help_text="Admitted as opportunistic (admission = opportunistic): kept for older clients")
 
     class Meta:
         model = Reservation
@@ -103,15 +105,15 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
         fields = [
             "id", "name", "team", "owner", "kind", "image", "command",
             "gpu_request", "gpu_limit", "gpu_memory_mib", "gpu_count", "gpu_model", "priority",
-            "opportunistic", "requeue_on_preempt", "affinity", "anti_affinity", "exclusion",
-            "group_name", "group_headcount", "group_threshold", "max_duration_s", "expires_at",
+            "admission", "opportunistic", "reclaim_at", "requeue_on_preempt", "affinity", "anti_affinity",
+            "exclusion", "group_name", "group_headcount", "group_threshold", "max_duration_s", "expires_at",
             "state", "state_reason", "node", "allocations",
             "remote_allowed", "sharing", "sharing_reason", "client_node",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
             "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
         ]
         read_only_fields = [
-            "id", "owner", "opportunistic", "expires_at", "state", "state_reason", "node",
+            "id", "owner", "admission", "opportunistic", "reclaim_at", "expires_at", "state", "state_reason", "node",
             "sharing", "sharing_reason", "client_node",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
             "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
@@ -254,4 +256,8 @@ class CapacityAnswerSerializer(serializers.Serializer):
     gpus = CapacityGpuSerializer(many=True, help_text="the best `limit` of the GPUs that could take it")
     count = serializers.IntegerField(help_text="how many GPUs could take it")
     fits = serializers.BooleanField()
+    admission = serializers.ChoiceField(
+        choices=["guaranteed", "borrowed", "opportunistic"], allow_null=True,
+        help_text="with a team: how it would count against quotas if it started now (null: it would wait)")
+    never = serializers.BooleanField(help_text="it can never run as asked (beyond a hard limit): submit refuses it")
     reasons = serializers.ListField(child=serializers.DictField())

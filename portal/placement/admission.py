@@ -11,7 +11,7 @@ from django.db import IntegrityError
 
 from portal.reservations import services
 from portal.reservations.models import Reservation, Source
-from portal.reservations.quota import QuotaExceeded
+from portal.reservations.quota_tree import NeverFits
 from portal.reservations.rules import RuleViolation
 from scheduler.backends import Backend, BackendError
 
@@ -48,7 +48,7 @@ def ingest(backend: Backend) -> tuple[int, int]:
             spec = spec_from_pod(pod)
             services.submit(system_user(), spec, source=Source.KUBECTL, pod=pod)
             admitted += 1
-        except (RuleViolation, QuotaExceeded) as exc:
+        except (RuleViolation, NeverFits) as exc:
             rejected += 1
             try:
                 backend.reject_external(pod.ref, f"tessera: {exc}"[:1000])

@@ -60,7 +60,9 @@ def apply_pod(backend: Backend, event: PodEvent) -> None:
     if event.deleted:
         if r.state in HOLDS_GPU or (r.state == State.PENDING and r.source == Source.KUBECTL):
             # We delete pods only after the reservation stopped holding its GPUs, so this came from outside.
-            if r.source == Source.KUBECTL:
+            if r.reclaim_at is not None:  # we sent SIGTERM when we warned of the reclaim
+                services.preempt(r.pk, "reclaimed: its pod ended after the reclaim warning", ACTOR)
+            elif r.source == Source.KUBECTL:
                 services.move(r.pk, (State.PENDING, *HOLDS_GPU), State.CANCELLED, "the pod was deleted (kubectl)",
                               ACTOR)
             else:
@@ -81,6 +83,8 @@ def apply_pod(backend: Backend, event: PodEvent) -> None:
     elif pod.phase == Phase.FAILED:
         if pod.reason == "NodeLost" and r.node_id is not None:
             lose_reservation(backend, r, f"node {pod.node} was lost")
+        elif r.reclaim_at is not None:  # it stopped on the reclaim warning's SIGTERM
+            services.preempt(r.pk, "reclaimed: its pod stopped after the reclaim warning", ACTOR)
         else:
             detail = ": ".join(x for x in (pod.reason, pod.message) if x) or "no reason given"
             services.release(r.pk, State.FAILED, f"pod {pod.name} failed ({detail})", ACTOR)

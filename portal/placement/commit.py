@@ -16,12 +16,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.db import transaction
 
 from portal.reservations import services
-from portal.reservations.models import Reservation
+from portal.reservations.models import Admission, Reservation
 from portal.reservations.states import IllegalTransition
 from scheduler import core
 from scheduler.core.remote import SharingChoice, SharingMode
@@ -38,8 +39,9 @@ MILLI = Decimal("0.001")
 FIRST_BATCH = 25
 BATCH_DECISIONS = 200
 
-# A pod to delete before the batch's pods are made: (namespace, name, why).
-Eviction = tuple[str, str, str]
+# A pod to delete before the batch's pods are made: (namespace, name, why), and for a reclaim
+# warning the grace its processes get between SIGTERM and SIGKILL (seconds).
+Eviction = tuple[str, str, str] | tuple[str, str, str, int]
 # Called after each commit with the reservations it placed and the pods of those it preempted.
 OnBind = Callable[[list[int], list[Eviction]], None]
 
@@ -55,6 +57,8 @@ class CycleReport:
     # Where the time went: reading the queue and the cluster, the engine, committing, the rest.
     phases: dict[str, float] = field(default_factory=dict)
 
+    reclaiming: list[int] = field(default_factory=list)  # borrowed reservations warned this cycle
+
     def phase_text(self) -> str:
         return ", ".join(f"{name} {s:.3f}" for name, s in self.phases.items())
 
@@ -66,7 +70,7 @@ def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int
     if remote is not None:
         return services.Placing(int(p.request_id), node_ids[p.node], allocations,
                                 f"placed on {remote.pod_node}, using GPU {remote.gpu_index} of {p.node} remotely",
-                                SharingMode.REMOTE, remote.reason, node_ids[remote.pod_node])
+                                SharingMode.REMOTE, remote.reason, node_ids[remote.pod_node], p.admission)
     if p.gpu_request >= 1:
         mode = SharingMode.EXCLUSIVE
         why = f"{'whole GPUs' if len(p.gpu_indexes) > 1 else 'a whole GPU'} " \
@@ -74,16 +78,23 @@ def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int
     else:
         mode = SharingMode.LOCAL
         why = f"a {p.gpu_request:g} share of GPU {p.gpu_indexes[0]} on {p.node}, where the pod runs"
+    held = {"borrowed": " (borrowed beyond the team's quota: may be reclaimed)",
+            "opportunistic": " (opportunistic: on idle capacity, may be preempted)"}.get(p.admission, "")
     return services.Placing(int(p.request_id), node_ids[p.node], allocations,
-                            f"placed on {p.node} ({', '.join(p.gpu_uuids)})", mode, why)
+                            f"placed on {p.node} ({', '.join(p.gpu_uuids)}){held}", mode, why,
+                            admission=p.admission)
 
 
 def _evict(victim_id: int, by: snapshot.Pending, report: CycleReport, evicted: list[Eviction]) -> None:
-    pod = Reservation.objects.filter(pk=victim_id).values_list("priority", "pod_namespace", "pod_name").first()
+    pod = Reservation.objects.filter(pk=victim_id).values_list(
+        "priority", "pod_namespace", "pod_name", "admission", "team__slug").first()
     if pod is None:
         return
-    priority, namespace, name = pod
-    why = f"preempted by reservation {by.pk} (priority {by.priority} over {priority})"
+    priority, namespace, name, admission, team = pod
+    if admission == Admission.BORROWED and team != by.team_slug:
+        why = f"reclaimed: team {by.team_slug} needs the capacity it lent, within its quota (reservation {by.pk})"
+    else:
+        why = f"preempted by reservation {by.pk} (priority {by.priority} over {priority})"
     if not services.preempt(victim_id, why, ACTOR):
         return
     if name:
@@ -102,6 +113,42 @@ class Batches:
         self.gpu_ids: dict[str, int] = {}
         self.seconds = 0.0  # spent committing
         self.remote: dict[str, SharingChoice] = {}  # request id → its remote share (portal.placement.remote)
+        self.reclaims: list[core.Reclaim] = []
+
+    def reclaim(self, decision: core.Reclaim) -> None:
+        """A request waits while borrowed shares are reclaimed for it: warned in the next commit."""
+        self.reclaims.append(decision)
+        self.waiting[decision.request_id] = "waiting for reclaimed capacity"  # made precise at commit
+
+    def _warn(self, evicted: list[Eviction]) -> None:
+        """Warn the victims of this batch's reclaims (once each: a warned one keeps its time), and
+        say in each request's reason when it can start."""
+        reclaims, self.reclaims = self.reclaims, []
+        if not reclaims:
+            return
+        now = time.time()
+        rows = {r.pk: r for r in Reservation.objects.filter(
+            pk__in={int(v) for d in reclaims for v in d.victims}).select_related("team", "team__policy")}
+        for d in reclaims:
+            by = self.rows[d.request_id]
+            last = max(d.due.values())
+            parts = []
+            for victim, due in sorted(d.due.items(), key=lambda kv: kv[1]):
+                r = rows.get(int(victim))
+                if r is None:
+                    continue
+                if due > now and r.reclaim_at is None:
+                    at = datetime.fromtimestamp(due, tz=UTC)
+                    why = (f"to be reclaimed at {at:%H:%M} UTC: team {by.team_slug} needs the capacity it lent, within "
+                           f"its quota (reservation {by.pk}); save your work, the pod gets SIGTERM now")
+                    if services.warn_reclaim(r.pk, at, why, ACTOR) is not None:
+                        self.report.reclaiming.append(r.pk)
+                        if r.pod_name:
+                            evicted.append((r.pod_namespace, r.pod_name, why, max(0, round(due - now))))
+                parts.append(f"reservation {r.pk} (team {r.team.slug})")
+            start = datetime.fromtimestamp(last, tz=UTC)
+            self.waiting[d.request_id] = (f"within its quota: capacity lent to others is being reclaimed from "
+                                          f"{', '.join(parts)}; it starts by about {start:%H:%M} UTC")[:500]
 
     def add(self, decision: tuple[core.Placement, ...] | core.Preemption) -> bool:
         """Queue a decision (a placement or a gang's placements, or a preemption); commits when
@@ -129,7 +176,7 @@ class Batches:
 
     def _commit(self) -> bool:
         units, self.units = self.units, []
-        if not units:
+        if not units and not self.reclaims:
             return True
         if not self.renew():
             log.warning("placement cycle stops: it lost the placement lease")
@@ -178,6 +225,7 @@ class Batches:
                 report.conflicts += len({id(unit) for unit in plain if any(p.reservation_id in refused for p in unit)})
                 for rid, exc in refused.items():
                     self.waiting[str(rid)] = f"placement lost a race and is retried: {exc}"[:500]
+            self._warn(evicted)
             report.placed.extend(placed)
             if placed or evicted:
                 transaction.on_commit(lambda: self.on_bind(placed, evicted))

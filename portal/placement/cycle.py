@@ -70,6 +70,8 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
             if isinstance(decision, core.Unschedulable):
                 unschedulable.add(decision.request_id)
                 waiting[decision.request_id] = _reason_text(decision.reasons)
+            elif isinstance(decision, core.Reclaim):
+                batches.reclaim(decision)  # not memoised: it is looked at again until its victims go
             elif not batches.add(decision):
                 break
         else:

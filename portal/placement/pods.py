@@ -36,11 +36,12 @@ def delete_pod(backend: Backend, namespace: str, name: str, reason: str, grace_s
     return backend.unbind(PodRef(namespace, name), grace_s, reason)
 
 
-def delete_quietly(backend: Backend, namespace: str, name: str, reason: str) -> None:
+def delete_quietly(backend: Backend, namespace: str, name: str, reason: str, grace_s: int = GRACE_S) -> None:
     """`delete_pod` where a failure only waits for the next sweep (`release_ended_pods` or
-    reconcile retries it): after a preemption, expiry, idle reclaim or node loss."""
+    reconcile retries it): after a preemption, expiry, idle reclaim or node loss, or a reclaim
+    warning (with the grace its team's policy gives)."""
     try:
-        delete_pod(backend, namespace, name, reason)
+        delete_pod(backend, namespace, name, reason, grace_s)
     except BackendError as exc:
         log.warning("could not delete pod %s/%s yet: %s", namespace, name, exc)
 

@@ -15,25 +15,15 @@ from django.utils import timezone
 
 from portal.fleet.models import NodeLink
 from portal.precompiled import Precompiled, param_in
+from portal.reservations import quota_tree
 from portal.reservations.models import Allocation, Reservation
-from portal.reservations.quota import NO_USAGE, usage_by_team
+from portal.reservations.requests import exclusion_of, labels, request_of
 from portal.reservations.states import HOLDS_GPU, State
-from portal.tenancy.models import Team, TeamPolicy
+from portal.tenancy.models import TeamPolicy
 from scheduler import core
 from scheduler.core.remote import Link
 
 from . import fleet_cache
-
-
-def _labels(value: str) -> frozenset[str]:
-    return frozenset([value]) if value else frozenset()
-
-
-def _exclusion(team: str, label: str) -> frozenset[str]:
-    """Exclusion groups belong to a team (portal.tenancy.ExclusionGroup): vision's `secret` and
-    nlp's `secret` are two groups whose workloads must not share a GPU, so the engine sees them
-    as `vision/secret` and `nlp/secret`."""
-    return frozenset([f"{team}/{label}"]) if label else frozenset()
 
 
 class Pending(NamedTuple):
@@ -69,27 +59,7 @@ def pending(ids: list[int]) -> list[Pending]:
 
 
 def to_request(r: Pending) -> core.Request:
-    group = None
-    if r.group_name:
-        group = core.PodGroup(r.group_name, r.group_headcount or 1, float(r.group_threshold or 1))
-    return core.Request(
-        id=str(r.pk),
-        team=r.team_slug,
-        gpu_request=float(r.gpu_request),
-        gpu_limit=float(r.gpu_limit),
-        gpu_memory_mib=r.gpu_memory_mib,
-        gpu_count=r.gpu_count,
-        gpu_model=r.gpu_model or None,
-        priority=r.priority,
-        affinity=_labels(r.affinity),
-        anti_affinity=_labels(r.anti_affinity),
-        exclusion=_exclusion(r.team_slug, r.exclusion),
-        group=group,
-        created_at=r.created_at.timestamp(),
-        # The pod's own needs, on the node it runs on (for a remote share: not the GPU's node).
-        cpu_milli=settings.TESSERA_POD_CPU_MILLI,
-        memory_mib=settings.TESSERA_POD_MEMORY_MIB,
-    )
+    return request_of(r, r.team_slug, str(r.pk), r.created_at)
 
 
 def remote_teams() -> set[str]:
@@ -107,10 +77,10 @@ def links() -> dict[tuple[str, str], Link]:
 # Every cycle (and capacity preview) reads these: compiled once (portal.precompiled).
 _LIVE_SHARES = Precompiled(lambda: Allocation.objects.filter(released_at__isnull=True).order_by().values_list(
     "gpu_id", "reservation_id", "gpu_request", "gpu_memory_mib", "reservation__priority", "reservation__team__slug",
-    "reservation__affinity", "reservation__anti_affinity", "reservation__exclusion", "reservation__group_name"))
+    "reservation__affinity", "reservation__anti_affinity", "reservation__exclusion", "reservation__group_name",
+    "reservation__admission", "reservation__placed_at", "reservation__reclaim_at"))
 _POD_NODES = Precompiled(lambda: Reservation.objects.filter(state__in=HOLDS_GPU, node__isnull=False).order_by()
                          .values_list(Coalesce("client_node_id", "node_id"), flat=True))
-_TEAM_QUOTAS = Precompiled(lambda: Team.objects.order_by().values_list("pk", "slug", "quota_gpu_share"))
 
 
 def _pods_per_node() -> Counter:
@@ -123,15 +93,18 @@ def _free(allocatable: int, pods: int, per_pod: int) -> int | None:
 
 
 def build() -> core.Snapshot:
-    """Nodes → GPUs → the live shares on them, and each team's quota use (for fair share).
+    """Nodes → GPUs → the live shares on them (how each was admitted, since when, and when a
+    reclaimed one goes), and the quota tree (departments, teams, quotas per model: fair share).
     The nodes and GPUs come from fleet_cache (read again only when their rows changed); the
-    shares, pods and quota use are read every time, as plain values: a cycle needs them fresh."""
+    shares, pods and quotas are read every time, as plain values: a cycle needs them fresh."""
     shares: dict[int, list[core.Share]] = defaultdict(list)
-    for gpu_id, rid, share, memory, priority, team, affinity, anti, exclusion, group in _LIVE_SHARES.all():
+    for (gpu_id, rid, share, memory, priority, team, affinity, anti, exclusion, group, admission, placed_at,
+         reclaim_at) in _LIVE_SHARES.all():
         shares[gpu_id].append(core.Share(
             reservation_id=str(rid), gpu_request=float(share), gpu_memory_mib=memory, priority=priority, team=team,
-            affinity=_labels(affinity), anti_affinity=_labels(anti), exclusion=_exclusion(team, exclusion),
-            group=group or None,
+            affinity=labels(affinity), anti_affinity=labels(anti), exclusion=exclusion_of(team, exclusion),
+            group=group or None, admission=admission, since=placed_at.timestamp() if placed_at else 0.0,
+            reclaim_at=reclaim_at.timestamp() if reclaim_at else None,
         ))
     pods = _pods_per_node()
     fleet = fleet_cache.fleet()
@@ -149,7 +122,4 @@ def build() -> core.Snapshot:
             gpus=tuple(replace(gpu, shares=tuple(shares[pk])) if pk in shares else gpu
                        for pk, gpu in zip(node.gpu_pks, node.blank.gpus, strict=True)),
         )
-    used = usage_by_team()
-    teams = {slug: core.TeamUsage(float(quota), float(used.get(pk, NO_USAGE).gpu_share))
-             for pk, slug, quota in _TEAM_QUOTAS.all()}
-    return core.Snapshot(nodes=tuple(nodes), teams=teams, now=time.time(), layout=fleet.layout)
+    return core.Snapshot(nodes=tuple(nodes), now=time.time(), layout=fleet.layout, quotas=quota_tree.load())

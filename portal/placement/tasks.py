@@ -113,8 +113,9 @@ def bind_many(self, reservation_ids: list[int], evicted: list[list[str]] | None 
     preempted (so two pods never share the GPU); retry (with backoff) only those that met a
     transient error. Returns how many pods exist now."""
     backend = get_backend()
-    for namespace, name, why in evicted or ():
-        pods.delete_quietly(backend, namespace, name, why)  # what fails here, housekeeping retries
+    for namespace, name, why, *grace in evicted or ():
+        # A reclaim warning gives the pod its team's grace between SIGTERM and SIGKILL.
+        pods.delete_quietly(backend, namespace, name, why, *grace)  # what fails here, housekeeping retries
     report = binding.bind_batch(backend, [int(rid) for rid in reservation_ids])
     binding.announce(report.nodes)
     if report.transient:

@@ -24,6 +24,17 @@ class Source(models.TextChoices):
     KUBECTL = "kubectl", "kubectl pod"
 
 
+class Admission(models.TextChoices):
+    """How a reservation counts against quotas (scheduler.core.fairshare.Admission)."""
+
+    GUARANTEED = "guaranteed", "Guaranteed (within the team's quota)"
+    BORROWED = "borrowed", "Borrowed (beyond the quota; may be reclaimed)"
+    OPPORTUNISTIC = "opportunistic", "Opportunistic (idle capacity; preemptible)"
+
+
+COUNTED = (Admission.GUARANTEED, Admission.BORROWED)  # what counts against quotas
+
+
 class Sharing(models.TextChoices):
     EXCLUSIVE = "exclusive", "Exclusive GPU"
     LOCAL = "local", "Local share"
@@ -52,8 +63,11 @@ class Reservation(models.Model):
     gpu_count = models.PositiveSmallIntegerField(default=1)
     gpu_model = models.CharField(max_length=200, blank=True, help_text="A model, or several joined by '|'")
     priority = models.PositiveSmallIntegerField(default=50, validators=[MinValueValidator(0), MaxValueValidator(100)])
-    # Accepted beyond the team's quota (priority 0): not counted in the quota, preemptible.
-    opportunistic = models.BooleanField(default=False)
+    # How it counts against quotas: decided when placed (a waiting one shows what it would be now).
+    admission = models.CharField(max_length=16, choices=Admission.choices, default=Admission.GUARANTEED)
+    # A borrowed reservation being reclaimed: when it is preempted (its owner was warned, its pod
+    # got SIGTERM with its team's grace). Null otherwise.
+    reclaim_at = models.DateTimeField(null=True, blank=True)
     requeue_on_preempt = models.BooleanField(default=False)
     # The request may run on a share of a GPU on another node (preload/remote), if its team's policy
     # allows it (portal.tenancy.policy); placement then chooses exclusive, local or remote.
@@ -126,6 +140,11 @@ class Reservation(models.Model):
 
     def __str__(self) -> str:
         return f"reservation {self.pk} ({self.state})"
+
+    @property
+    def opportunistic(self) -> bool:
+        """Runs on idle capacity, counted in no quota, preemptible (the API's `opportunistic`)."""
+        return self.admission == Admission.OPPORTUNISTIC
 
 
 class Allocation(models.Model):

@@ -1,24 +1,29 @@
-"""A team's quota usage and the admission decision for a new reservation."""
+"""What teams hold against their quotas: the live allocations, per team, GPU model and admission.
+
+Quota is charged when a reservation is placed (what waits is demand, not use), as Kueue and KAI
+do: a request beyond its team's quota waits or borrows instead of being refused at submit
+(`portal.placement.quota_tree` and `scheduler.core.fairshare` decide which).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import DecimalField, ExpressionWrapper, F, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Sum
 
 from portal.precompiled import Precompiled, param_eq
-from portal.tenancy.models import Team
 
-from .models import Reservation
-from .states import ACTIVE
+from .models import COUNTED, Allocation
 
 ZERO = Decimal("0")
+MILLI = Decimal("0.001")
 
 
 @dataclass(frozen=True)
 class Usage:
+    """Held now: GPU share (whole GPUs count 1.0), GPU memory, GPUs."""
+
     gpu_share: Decimal
     memory_mib: int
     gpus: int
@@ -26,71 +31,50 @@ class Usage:
     def as_dict(self) -> dict:
         return {"gpu_share": str(self.gpu_share), "memory_mib": self.memory_mib, "gpus": self.gpus}
 
-
-class QuotaExceeded(Exception):
-    def __init__(self, message: str, team: Team, usage: Usage):
-        super().__init__(message)
-        self.team = team
-        self.usage = usage
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.gpu_share + other.gpu_share, self.memory_mib + other.memory_mib, self.gpus + other.gpus)
 
 
 NO_USAGE = Usage(ZERO, 0, 0)
 
 
-def _counted():
-    """The reservations that count against their team's quota: active and guaranteed (non-opportunistic)."""
-    return Reservation.objects.filter(state__in=ACTIVE, opportunistic=False)
-
-
-def _totals() -> dict:
-    """The usage sums, per group of counted reservations."""
-    share = ExpressionWrapper(F("gpu_request") * F("gpu_count"),
-                              output_field=DecimalField(max_digits=8, decimal_places=3))
-    memory = ExpressionWrapper(F("gpu_memory_mib") * F("gpu_count"),
-                               output_field=DecimalField(max_digits=14, decimal_places=0))
-    return {"share": Coalesce(Sum(share), Value(ZERO)), "memory": Coalesce(Sum(memory), Value(ZERO)),
-            "gpus": Coalesce(Sum("gpu_count"), Value(0))}
-
-
 def _usage(share, memory, gpus) -> Usage:
-    return Usage(Decimal(share).quantize(Decimal("0.001")), int(memory), int(gpus))
+    return Usage(Decimal(share or 0).quantize(MILLI), int(memory or 0), int(gpus or 0))
 
 
-# Every submit, capacity preview and cycle asks: compiled once (portal.precompiled), because the
-# ORM compiled the aggregate for ~2 ms of CPU each time (the statement itself ~0.15).
-_BY_TEAM = Precompiled(lambda: _counted().values("team_id").annotate(**_totals()).order_by()
-                       .values_list("team_id", "share", "memory", "gpus"))
-_OF_TEAM = Precompiled(lambda: _counted().filter(param_eq("team_id", "team")).values("team_id")
-                       .annotate(**_totals()).order_by().values_list("share", "memory", "gpus"))
+def _held():
+    return (Allocation.objects.filter(released_at__isnull=True).order_by()
+            .values("reservation__team_id", "gpu__model", "reservation__admission")
+            .annotate(share=Sum("gpu_request"), memory=Sum("gpu_memory_mib"), gpus=Count("id")))
 
 
-def usage_of(team: Team | int) -> Usage:
-    """What the team's active, guaranteed (non-opportunistic) reservations count against its quota
-    (the same as usage_by_team's entry for it)."""
-    rows = _OF_TEAM.all(team=team if isinstance(team, int) else team.pk)
-    return _usage(*(rows[0] if rows else (ZERO, 0, 0)))
+# Every cycle, capacity preview and quota page asks: compiled once (portal.precompiled).
+_HELD = Precompiled(lambda: _held().values_list("reservation__team_id", "gpu__model", "reservation__admission",
+                                                "share", "memory", "gpus"))
+_HELD_BY_TEAM = Precompiled(lambda: _held().filter(param_eq("reservation__team_id", "team"))
+                            .values_list("reservation__team_id", "gpu__model", "reservation__admission",
+                                         "share", "memory", "gpus"))
+
+
+def held(team: int | None = None) -> dict[tuple[int, str, str], Usage]:
+    """(team id, GPU model, admission) → what the team's reservations hold now; one team's or all."""
+    rows = _HELD.all() if team is None else _HELD_BY_TEAM.all(team=team)
+    return {(team_id, model, admission): _usage(*sums) for team_id, model, admission, *sums in rows}
+
+
+def usage_of(team) -> Usage:
+    """What the team holds that counts against its quotas (guaranteed + borrowed), every model."""
+    total = NO_USAGE
+    for (_, _, admission), use in held(team if isinstance(team, int) else team.pk).items():
+        if admission in COUNTED:
+            total += use
+    return total
 
 
 def usage_by_team() -> dict[int, Usage]:
-    """usage_of for every team that uses anything, in one statement (team id → usage; absent: NO_USAGE)."""
-    return {team_id: _usage(*sums) for team_id, *sums in _BY_TEAM.all()}
-
-
-def over_quota(team: Team, usage: Usage, share: Decimal, memory_mib: int, gpus: int) -> str | None:
-    """None if the request fits the quota, else a message naming the quota and what is in use."""
-    if usage.gpu_share + share > team.quota_gpu_share:
-        return (
-            f"team {team.slug} GPU share quota is {team.quota_gpu_share}; {usage.gpu_share} is in use "
-            f"and this request needs {share}"
-        )
-    if usage.memory_mib + memory_mib > team.quota_memory_mib:
-        return (
-            f"team {team.slug} GPU memory quota is {team.quota_memory_mib} MiB; {usage.memory_mib} MiB is "
-            f"in use and this request needs {memory_mib} MiB"
-        )
-    if usage.gpus + gpus > team.quota_max_gpus:
-        return (
-            f"team {team.slug} may hold at most {team.quota_max_gpus} GPUs at once; {usage.gpus} are in use "
-            f"and this request needs {gpus}"
-        )
-    return None
+    """usage_of for every team that holds anything counted (team id → usage; absent: NO_USAGE)."""
+    out: dict[int, Usage] = {}
+    for (team_id, _, admission), use in held().items():
+        if admission in COUNTED:
+            out[team_id] = out.get(team_id, NO_USAGE) + use
+    return out

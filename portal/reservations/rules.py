@@ -69,6 +69,11 @@ def fleet_models() -> dict[str, int]:
     return dict(Gpu.objects.order_by().values_list("model").annotate(Max("memory_mib")))
 
 
+def fleet_model_names() -> list[str]:
+    """The GPU models the fleet has (one indexed DISTINCT; no memory read)."""
+    return sorted(Gpu.objects.order_by().values_list("model", flat=True).distinct())
+
+
 def fleet_holds(models: list[str], memory_mib: int) -> bool:
     """Exactly whether `check` finds nothing wrong with `models` and `memory_mib` against the fleet:
     every model named exists and one of their cards (any card when none is named) holds

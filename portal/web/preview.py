@@ -1,9 +1,9 @@
-"""The request page's feasibility preview: where a request could start now, the quota left after
-it, and if it cannot start now why, where it would stand in the queue and a rough start.
+"""The request page's feasibility preview: whether a request could start now and how it would count
+(guaranteed, borrowed, opportunistic), the team's quotas it counts against, and if it cannot start
+now why, where it would stand in the queue and when it may start.
 
-The same engine as the placement cycle (`scheduler.core.feasible_gpus` on a fresh snapshot) and the
-same queue estimate as the cycle's (`portal.placement.cycle.update_queue`: the k-th waiting
-reservation may start when the k-th known end among the running ones comes)."""
+The same decision as the placement cycle's (`scheduler.core.judge`: the cycle's quota verdicts,
+filters and scoring on a fresh snapshot, for the request built by `reservations.requests`)."""
 
 from __future__ import annotations
 
@@ -17,71 +17,106 @@ from decimal import Decimal
 from django.utils import timezone
 
 from portal.placement import snapshot
-from portal.reservations import rules
-from portal.reservations.models import Reservation
-from portal.reservations.quota import over_quota, usage_of
+from portal.reservations import quota, rules
+from portal.reservations.models import COUNTED, Reservation
+from portal.reservations.requests import request_of
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler import core
 
 from .forms import in_words
 
 REASON_WORDS = {
-    "quota": "your team's quota", "model": "GPU model", "exclusion": "exclusion group",
+    "quota": "quota", "model": "GPU model", "exclusion": "exclusion group",
     "affinity": "affinity", "anti_affinity": "anti-affinity", "memory": "not enough free memory",
     "compute": "not enough free compute", "whole_gpu": "needs whole free GPUs", "no_fit": "no GPU fits",
     "node_not_ready": "node not ready", "node_cpu": "node CPU", "node_memory": "node memory",
 }
+ADMISSION_WORDS = {
+    "guaranteed": "Guaranteed: within your team's quota",
+    "borrowed": "Borrowed: beyond your team's quota, from capacity others lend now; may be reclaimed with "
+                "{grace} warning",
+    "opportunistic": "Opportunistic: priority 0 on idle capacity, counted in no quota; may be preempted at any time",
+}
+
+
+@dataclass
+class QuotaLine:
+    """One quota of the team that the request would count against (a model's, or `*`)."""
+
+    bucket: str
+    quota_share: Decimal
+    held_share: Decimal
+    quota_memory_mib: int
+    held_memory_mib: int
+    quota_gpus: int
+    held_gpus: int
 
 
 @dataclass
 class Preview:
     fits_now: bool = False
+    never: bool = False  # can never run as asked: submitting it is refused
+    admission: str = ""  # how it would count if it started now ("" : it would wait)
+    admission_text: str = ""
     models: list[tuple[str, int]] = field(default_factory=list)  # (model, GPUs that could take it)
     nodes: list[str] = field(default_factory=list)
-    quota_problem: str = ""
-    share_left_after: Decimal | None = None
-    memory_left_after_mib: int | None = None
+    quota: list[QuotaLine] = field(default_factory=list)
     reasons: list[dict] = field(default_factory=list)
     queue_position: int | None = None
     estimated_start: datetime | None = None
-    opportunistic: bool = False
 
 
 def preview(spec: rules.ReservationSpec) -> Preview:
-    """`spec` has passed rules.check (so its numbers are normalised)."""
+    """`spec` has passed rules.check (so its numbers are normalised). The engine's own judgement
+    (`scheduler.core.judge`) on the request built as submit and the cycle build it."""
     out = Preview()
     team = spec.team
-    usage = usage_of(team)
-    share = spec.gpu_request * spec.gpu_count
-    memory = spec.gpu_memory_mib * spec.gpu_count
-    out.quota_problem = in_words(over_quota(team, usage, share, memory, spec.gpu_count) or "")
-    if out.quota_problem and spec.priority == 0 and team.allow_over_quota:
-        out.opportunistic, out.quota_problem = True, ""
-    counted = Decimal(0) if out.opportunistic else share
-    out.share_left_after = team.quota_gpu_share - usage.gpu_share - counted
-    out.memory_left_after_mib = team.quota_memory_mib - usage.memory_mib - (0 if out.opportunistic else memory)
-    group = core.PodGroup(spec.group_name, spec.group_headcount or 1, float(spec.group_threshold or 1)) \
-        if spec.group_name else None
-    request = core.Request(
-        id="preview", team=team.slug, gpu_request=float(spec.gpu_request), gpu_limit=float(spec.gpu_limit),
-        gpu_memory_mib=spec.gpu_memory_mib, gpu_count=spec.gpu_count, gpu_model=spec.gpu_model or None,
-        priority=spec.priority, affinity=frozenset([spec.affinity]) if spec.affinity else frozenset(),
-        anti_affinity=frozenset([spec.anti_affinity]) if spec.anti_affinity else frozenset(),
-        exclusion=frozenset([spec.exclusion]) if spec.exclusion else frozenset(), group=group)
-    candidates, refused = core.feasible_gpus(_fleet_snapshot(), request)
-    by_model = Counter(c.model for c in candidates)
+    fleet = _fleet_snapshot()
+    request = request_of(spec, team.slug, "preview")
+    verdict = core.judge(fleet, request)
+    out.never = verdict.never
+    by_model = Counter(c.model for c in verdict.candidates)
     out.models = sorted(by_model.items())
-    out.nodes = sorted({c.node for c in candidates})
-    out.fits_now = bool(candidates) and not out.quota_problem
-    if out.quota_problem:
-        out.reasons.append({"code": "quota", "what": REASON_WORDS["quota"], "message": out.quota_problem})
-    if not candidates:
-        for r in refused:
-            out.reasons.append({"code": str(r.code), "what": REASON_WORDS.get(str(r.code), str(r.code)),
-                                "message": in_words(r.message)})
-    if not out.fits_now and not out.quota_problem:
+    out.nodes = sorted({c.node for c in verdict.candidates})
+    out.fits_now = verdict.admission is not None
+    if verdict.admission is not None:
+        out.admission = str(verdict.admission)
+        grace = fleet.quotas.units[team.slug].reclaim_grace_s if fleet.quotas and team.slug in fleet.quotas.units \
+            else 0
+        out.admission_text = ADMISSION_WORDS[out.admission].format(grace=_minutes(grace))
+    for r in verdict.reasons:
+        if out.fits_now and r.code != core.ReasonCode.QUOTA:
+            continue  # the GPUs it cannot use do not matter when others take it now
+        out.reasons.append({"code": str(r.code), "what": REASON_WORDS.get(str(r.code), str(r.code)),
+                            "message": in_words(r.message)})
+    out.quota = _quota_lines(fleet.quotas, team, spec)
+    if not out.fits_now and not out.never:
         out.queue_position, out.estimated_start = _queue_place(spec.priority)
     return out
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    return f"{seconds / 60:g} min"
+
+
+def _quota_lines(tree, team, spec) -> list[QuotaLine]:
+    """The team's quotas the request's models resolve to, with what the team holds in each."""
+    if tree is None or team.slug not in tree.units:
+        return []
+    models = spec.models() or rules.fleet_model_names()
+    buckets = sorted({tree.bucket(team.slug, m) for m in models} - {None})
+    held = quota.held(team.pk)
+    lines = []
+    for bucket in buckets:
+        q = tree.quota(team.slug, bucket)
+        use = [u for (_, model, admission), u in held.items()
+               if admission in COUNTED and tree.bucket(team.slug, model) == bucket]
+        total = sum(use, quota.NO_USAGE)
+        lines.append(QuotaLine(bucket, Decimal(q.milli) / 1000, total.gpu_share, q.memory_mib, total.memory_mib,
+                               q.gpus, total.gpus))
+    return lines
 
 
 _snapshot_lock = threading.Lock()

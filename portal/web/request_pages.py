@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from portal.reservations import rules, services
-from portal.reservations.quota import QuotaExceeded
+from portal.reservations.quota_tree import NeverFits
 from portal.tenancy.models import Preset
 from portal.tenancy.policy import max_priority_for, request_problems
 
@@ -40,7 +40,7 @@ def _submit(request, form: RequestForm):
         return services.submit(request.user, spec)
     except rules.RuleViolation as exc:
         form.add_rule_errors(exc.errors)
-    except QuotaExceeded as exc:
+    except NeverFits as exc:
         form.add_error(None, in_words(str(exc)).capitalize() + ".")
     return None
 
@@ -99,8 +99,8 @@ def request_preset(request, pk: int):
     except rules.RuleViolation as exc:
         messages.error(request, f"Preset {preset.name} cannot be requested now: " + "; ".join(
             in_words(m) for problems in exc.errors.values() for m in problems) + ".")
-    except QuotaExceeded as exc:
-        messages.error(request, f"Preset {preset.name} does not fit your team's quota: {in_words(str(exc))}.")
+    except NeverFits as exc:
+        messages.error(request, f"Preset {preset.name} can never run as asked: {in_words(str(exc))}.")
     else:
         messages.success(request, f"Reservation {reservation.pk} submitted from preset {preset.name}.")
         return redirect("reservation", pk=reservation.pk)

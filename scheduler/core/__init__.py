@@ -50,7 +50,7 @@ Reason codes (`ReasonCode`, stable strings): invalid, quota, node_not_ready, nod
 model, exclusion, affinity, anti_affinity, memory, compute, whole_gpu, no_fit, gang_incomplete.
 """
 
-from .cycle import Decision, best_gpus, decide, feasible_gpus, schedule
+from .cycle import Decision, Judgement, best_gpus, decide, feasible_gpus, judge, schedule
 from .engine import POLICIES, Choice, choose, make_scorer
 from .fairshare import Admission, BucketQuota, Limits, QuotaTree, Unit
 from .fragmentation import TypicalPod, typical_pods
@@ -87,6 +87,7 @@ __all__ = [
     "FleetLayout",
     "Gpu",
     "GpuCandidate",
+    "Judgement",
     "Limits",
     "Node",
     "NodeStatus",
@@ -108,6 +109,7 @@ __all__ = [
     "choose",
     "decide",
     "feasible_gpus",
+    "judge",
     "make_scorer",
     "schedule",
     "typical_pods",

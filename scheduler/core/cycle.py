@@ -6,11 +6,13 @@ Reservations live in the cycle's ClusterState only; binding them is the caller's
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from .engine import Choice, choose, make_scorer
 from .fairqueue import Fair
+from .fairshare import Admission
 from .filters import explain, feasible, nodes_with_room
 from .fragmentation import TypicalPod, typical_pods
 from .model import (
@@ -249,10 +251,55 @@ def best_gpus(
     the reasons. Only the candidates asked for are built: a capacity preview on 4,000 free GPUs
     wants the best hundred and the count."""
     state = ClusterState.from_snapshot(snapshot)
+    return _best(snapshot, state, request, limit, policy, typical)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the cycle would do with one request alone now: how it would count against quotas
+    (`admission`; None: it would wait), where it would go (best first, `count` in all), why not
+    sooner or elsewhere, and whether it can never run as asked (`never`)."""
+
+    admission: Admission | None
+    candidates: list[GpuCandidate]
+    count: int
+    reasons: list[Reason]
+    never: bool = False
+
+
+def judge(snapshot: Snapshot, request: Request, limit: int | None = None, policy: str = "tessera",
+          typical: Sequence[TypicalPod] | None = None) -> Judgement:
+    """The cycle's decision for `request` as if it were the only one waiting, without preemption:
+    the same quota verdicts (`Fair.verdicts`) and the same filters and scoring. The request page's
+    preview and the capacity API answer with it."""
+    state = ClusterState.from_snapshot(snapshot)
+    if snapshot.quotas is None:
+        candidates, count, reasons = _best(snapshot, state, request, limit, policy, typical)
+        return Judgement(Admission.GUARANTEED if candidates else None, candidates, count, reasons)
+    fair = Fair(state, snapshot.quotas, (), snapshot.now, snapshot.past_use)
+    groups, quota_reasons, never = fair.verdicts(request)
+    models = fair.models_of(request)
+    for admission in (Admission.GUARANTEED, Admission.BORROWED, Admission.OPPORTUNISTIC):
+        chosen = groups.get(admission)
+        if not chosen:
+            continue
+        mask = None if len(chosen) == len(models) else state.model_mask(frozenset(chosen))
+        candidates, count, reasons = _best(snapshot, state, request, limit, policy, typical, mask)
+        if candidates:
+            return Judgement(admission, candidates, count, quota_reasons + reasons)
+    _, _, reasons = _best(snapshot, state, request, 0, policy, typical) if any(groups) else (None, 0, [])
+    return Judgement(None, [], 0, quota_reasons + reasons, never)
+
+
+def _best(snapshot: Snapshot, state: ClusterState, request: Request, limit: int | None, policy: str,
+          typical: Sequence[TypicalPod] | None, mask: np.ndarray | None = None
+          ) -> tuple[list[GpuCandidate], int, list[Reason]]:
     ok = feasible(state, request)
+    if mask is not None:
+        ok = ok & mask
     room = nodes_with_room(ok, request)
     reasons = explain(state, request)
-    if not room.any():
+    if not room.any() or limit == 0:
         return [], 0, reasons
     scorer = make_scorer(
         policy, state, typical if typical is not None else typical_pods(_workload(snapshot, [request]))

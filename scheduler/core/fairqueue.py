@@ -108,21 +108,32 @@ class Fair:
             push(team)
 
     # ---- placing ------------------------------------------------------------------------------
-    def try_place(self, req: Request, scorer: Scorer, tier: np.ndarray | None = None
-                  ) -> tuple[Choice, Admission] | tuple[None, list[Reason]]:
-        """Place `req` on the models where it is admitted best; charge the ledger. Else the
-        reasons it waits (quota first, then the filters')."""
+    def verdicts(self, req: Request) -> tuple[dict[Admission | None, list[str]], list[Reason], bool]:
+        """The request's models grouped by how it would be admitted on each (None: waits), the
+        quota reasons of those where it waits, and whether it can never run on any."""
         models = self.models_of(req)
         groups: dict[Admission | None, list[str]] = {}
-        quota_reasons: list[str] = []
-        never = True
+        texts: list[str] = []
+        never = bool(models)
         amount = demand_of(req)
         for m in models:
             v = self.ledger.verdict(req.team, m, amount, req.priority)
             groups.setdefault(v.admission, []).append(m)
             never = never and v.never
-            if v.admission is None and v.reason and v.reason not in quota_reasons:
-                quota_reasons.append(v.reason)
+            if v.admission is None and v.reason and v.reason not in texts:
+                texts.append(v.reason)
+        reasons = []
+        if texts:
+            prefix = "can never run as asked: " if never else ""
+            reasons.append(Reason(ReasonCode.QUOTA, prefix + "; ".join(texts)))
+        return groups, reasons, never
+
+    def try_place(self, req: Request, scorer: Scorer, tier: np.ndarray | None = None
+                  ) -> tuple[Choice, Admission] | tuple[None, list[Reason]]:
+        """Place `req` on the models where it is admitted best; charge the ledger. Else the
+        reasons it waits (quota first, then the filters')."""
+        models = self.models_of(req)
+        groups, reasons, _ = self.verdicts(req)
         ok_all = None
         for admission in ORDER:
             chosen = groups.get(admission)
@@ -136,10 +147,6 @@ class Fair:
                 self.state.reserve(req, choice.node, choice.slots, admission=str(admission))
                 self.charge(req, choice, admission)
                 return choice, admission
-        reasons: list[Reason] = []
-        if quota_reasons:
-            prefix = "can never run as asked: " if never and models else ""
-            reasons.append(Reason(ReasonCode.QUOTA, prefix + "; ".join(quota_reasons)))
         if any(a is not None for a in groups):
             reasons.extend(explain(self.state, req))
         return None, reasons

@@ -6,6 +6,7 @@ the binding and lifecycle tasks and the kubectl path all call these; nothing els
 - moving:     `transition`, the compare-and-set `move`, `cancel`, `release`, `preempt`, `lose`
 - pods:       `record_pod(s)`, `forget_pod`, `note_cluster_waits`
 - extending:  `extend` (within the team policy's maximum duration)
+- reclaiming: `warn_reclaim` (a borrowed reservation's warning before it is reclaimed)
 - upkeep:     `note_pending_reason`, `set_queue_positions`, `flag_idle`, `idle_reclaim_at`, `warn_expiry`
 """
 
@@ -13,6 +14,7 @@ from .extending import ExtendRefused, extend
 from .moving import cancel, lose, move, preempt, release, transition
 from .placing import CapacityConflict, NewAllocation, Placing, ends_at, place, place_many
 from .pods import forget_pod, note_cluster_waits, record_pod, record_pods
+from .reclaiming import warn_reclaim
 from .submitting import submit
 from .upkeep import flag_idle, idle_reclaim_at, note_pending_reason, set_queue_positions, warn_expiry
 
@@ -20,5 +22,5 @@ __all__ = [
     "CapacityConflict", "ExtendRefused", "NewAllocation", "Placing", "cancel", "ends_at", "extend", "flag_idle",
     "forget_pod", "idle_reclaim_at", "lose", "move", "note_cluster_waits", "note_pending_reason", "place",
     "place_many", "preempt", "record_pod", "record_pods", "release", "set_queue_positions", "submit",
-    "transition", "warn_expiry",
+    "transition", "warn_expiry", "warn_reclaim",
 ]

@@ -53,6 +53,8 @@ class Placing:
     sharing: str = ""
     sharing_reason: str = ""
     client_node_id: int | None = None
+    # How it counts against quotas (Reservation.admission), as the cycle decided.
+    admission: str = "guaranteed"
 
 
 # Only the fields placing reads and writes: a batch locks hundreds of rows; others load on access.
@@ -178,6 +180,7 @@ def _write(accepted: list[Placing], reservations: dict[int, Reservation], actor)
         r.expires_at = ends_at(r, now)
         r.state_reason = p.reason[:500]
         r.sharing, r.sharing_reason, r.client_node_id = p.sharing, p.sharing_reason[:300], p.client_node_id
+        r.admission = p.admission
         # The pod that runs it: ours are named for the attempt; a kubectl one is the user's pod.
         if r.source == Source.PORTAL:
             r.pod_namespace, r.pod_name = namespace, pod_name(r.pk, r.attempt)
@@ -187,10 +190,11 @@ def _write(accepted: list[Placing], reservations: dict[int, Reservation], actor)
         for p, r in zip(accepted, rows, strict=True) for a in sorted(p.allocations, key=lambda a: a.gpu_id)
     ], same={"created_at": now, "released_at": None})
     same = {"state": State.PLACED, "placed_at": now, "updated_at": now, "queue_position": None,
-            "estimated_start": None, "idle_since": None, "expiry_warned_at": None}
+            "estimated_start": None, "idle_since": None, "expiry_warned_at": None, "reclaim_at": None}
     portal = [r for r in rows if r.source == Source.PORTAL]
     kubectl = [r for r in rows if r.source != Source.PORTAL]
-    varying = ["node", "attempt", "expires_at", "state_reason", "sharing", "sharing_reason", "client_node"]
+    varying = ["node", "attempt", "expires_at", "state_reason", "sharing", "sharing_reason", "client_node",
+               "admission"]
     update_rows(portal, [*varying, "pod_name"], same | {"pod_namespace": namespace, "pod_uid": ""})
     update_rows(kubectl, varying, same)
     for r in rows:

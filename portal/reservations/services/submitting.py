@@ -7,10 +7,11 @@ from typing import Protocol
 
 from django.db import transaction
 
-from portal.reservations import rules
+from portal.reservations import quota_tree, rules
 from portal.reservations.events import announce_reservations, request_cycle
 from portal.reservations.models import Reservation, Source
-from portal.reservations.quota import QuotaExceeded, over_quota, usage_of
+from portal.reservations.quota import held
+from portal.reservations.requests import request_of
 from portal.reservations.states import State
 from portal.tenancy import policy
 from portal.tenancy.models import Team
@@ -28,20 +29,18 @@ class KubectlPod(Protocol):
 
 def submit(user, spec: rules.ReservationSpec, source: str = Source.PORTAL, pod: KubectlPod | None = None
            ) -> Reservation:
-    """Validate, admit against the team's quota under a row lock, store as pending.
+    """Validate, refuse what can never run, store as pending (quota is charged when placed).
 
     `source` says where the request came from; a kubectl one names the user's `pod`, which is
     the request itself and later the pod that runs it. A person's request keeps to the team's
     policy (priority ceiling of their role, longest duration); on the kubectl path the cluster's
-    own access control stands for the person. The team row lock serialises concurrent
-    submissions of one team, so two requests that together exceed the quota can never both be
-    admitted.
+    own access control stands for the person. A request beyond its team's quota is not refused:
+    it borrows or waits (the placement cycle decides); only one beyond a hard limit of its team is
+    (quota_tree.NeverFits).
     """
     if (source == Source.KUBECTL) != (pod is not None):
         raise ValueError("a kubectl reservation, and only one, names the pod it came from")
     rules.check(spec)  # also coerces the numbers in spec
-    share = spec.gpu_request * spec.gpu_count
-    memory = spec.gpu_memory_mib * spec.gpu_count
     with transaction.atomic():
         # The lock also orders this read of the policy after any change to it (set_policy and
         # set_limits lock the team row too), and brings the policy in the same query.
@@ -51,27 +50,27 @@ def submit(user, spec: rules.ReservationSpec, source: str = Source.PORTAL, pod: 
                                                max_duration_s=spec.max_duration_s, remote_allowed=spec.remote_allowed)
             if problems:
                 raise rules.RuleViolation(problems)
-        usage = usage_of(team)
-        problem = over_quota(team, usage, share, memory, spec.gpu_count)
-        opportunistic = False
-        if problem:
-            if spec.priority == 0 and team.allow_over_quota:
-                opportunistic = True
-            else:
-                if not team.allow_over_quota:
-                    problem += f"; team {team.slug} does not allow over-quota use"
-                else:
-                    problem += "; priority-0 (opportunistic, preemptible) requests may run beyond the quota"
-                raise QuotaExceeded(problem, team, usage)
+        admission = _admission_now(team, spec)
         fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "team"}
         if pod is not None:
             fields |= {"pod_namespace": pod.namespace, "pod_name": pod.name, "pod_uid": pod.uid}
         reservation = Reservation.objects.create(
-            owner=user, team=team, opportunistic=opportunistic, source=source,
+            owner=user, team=team, admission=admission, source=source,
             state_reason="waiting for the next placement cycle", **fields,
         )
-        why = "submitted" + (" as opportunistic (over quota)" if opportunistic else "")
-        record(reservation, "", State.PENDING, user, why)
+        record(reservation, "", State.PENDING, user, f"submitted ({admission} if placed now)")
         announce_reservations({reservation.pk: team.pk})
         request_cycle("submitted")
     return reservation
+
+
+def _admission_now(team: Team, spec: rules.ReservationSpec) -> str:
+    """Refuse what can never run (the only refusal for quota); else how the request would count if
+    placed now as far as its own team's quota goes (the cycle decides for good when it places it)."""
+    tree = quota_tree.load()
+    request = request_of(spec, team.slug, "submit")
+    models = spec.models() or rules.fleet_model_names()
+    problem = quota_tree.never_fits(tree, request, models)
+    if problem:
+        raise quota_tree.NeverFits(f"team {team.slug}: this request can never run as asked: {problem}", team)
+    return quota_tree.admission_now(tree, request, models, held(team.pk))

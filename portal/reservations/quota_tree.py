@@ -1,0 +1,108 @@
+"""The organisation's quota tree as the engine sees it (`scheduler.core.QuotaTree`), read from the
+departments, teams, their quotas per GPU model and their policy; and submit's one refusal for
+quota: a request that can never run as asked.
+
+Teams are named by slug (requests and shares carry it), departments `department:<slug>`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+
+from portal.precompiled import Precompiled
+from portal.tenancy.models import Department, Quota, Team, TeamPolicy
+from scheduler import core
+from scheduler.core.fairshare import Ledger, demand_of
+
+DEPARTMENT = "department:"
+DEFAULT_GRACE_S = 300
+
+
+class NeverFits(Exception):
+    """A request no quota, borrowing or idle capacity can ever run (beyond a hard limit)."""
+
+    def __init__(self, message: str, team: Team):
+        super().__init__(message)
+        self.team = team
+
+
+def unit_name(*, team: str | None = None, department: str | None = None) -> str:
+    return team if team is not None else f"{DEPARTMENT}{department}"
+
+
+def _milli(share: Decimal | None) -> int | None:
+    return None if share is None else int((Decimal(share) * 1000).to_integral_value())
+
+
+def _mib(gib: Decimal | None) -> int | None:
+    return None if gib is None else int((Decimal(gib) * 1024).to_integral_value())
+
+
+def bucket_quota(q: Quota) -> core.BucketQuota:
+    return core.BucketQuota(
+        milli=_milli(q.gpu_share), memory_mib=_mib(q.gpu_memory_gib), gpus=q.gpus,
+        borrowing=core.Limits(_milli(q.borrow_gpu_share), _mib(q.borrow_gpu_memory_gib), q.borrow_gpus),
+        lending=core.Limits(_milli(q.lend_gpu_share), _mib(q.lend_gpu_memory_gib), q.lend_gpus),
+        weight=float(q.weight),
+    )
+
+
+_DEPARTMENTS = Precompiled(lambda: Department.objects.order_by().values_list("pk", "slug", "parent_id"))
+_TEAMS = Precompiled(lambda: Team.objects.order_by().values_list("pk", "slug", "department_id", "allow_over_quota"))
+_POLICIES = Precompiled(lambda: TeamPolicy.objects.order_by().values_list("team_id", "reclaim_grace_s",
+                                                                          "limit_allow_over_quota"))
+_QUOTAS = Precompiled(lambda: Quota.objects.order_by())
+
+
+def load() -> core.QuotaTree:
+    """The whole tree, read fresh (a few hundred rows in three statements)."""
+    departments = {pk: (slug, parent) for pk, slug, parent in _DEPARTMENTS.all()}
+    rows: dict[tuple[str, int], dict[str, core.BucketQuota]] = defaultdict(dict)
+    for q in _QUOTAS.all():
+        owner = ("team", q.team_id) if q.team_id is not None else ("department", q.department_id)
+        rows[owner][q.gpu_model] = bucket_quota(q)
+    policies = {team: (grace, allowed) for team, grace, allowed in _POLICIES.all()}
+    units = []
+    for pk, (slug, parent) in departments.items():
+        units.append(core.Unit(unit_name(department=slug), unit_name(department=departments[parent][0])
+                               if parent else "", rows.get(("department", pk), {}), team=False))
+    for pk, slug, department, allow in _TEAMS.all():
+        grace, limit_allows = policies.get(pk, (DEFAULT_GRACE_S, True))
+        units.append(core.Unit(slug, unit_name(department=departments[department][0]) if department else "",
+                               rows.get(("team", pk), {}), team=True, allow_over_quota=allow and limit_allows,
+                               reclaim_grace_s=float(grace)))
+    return core.QuotaTree(units)
+
+
+def never_fits(tree: core.QuotaTree, request: core.Request, models: list[str]) -> str | None:
+    """Why `request` can never run on any of `models` (its team's hard limits), or None. The same
+    verdict the cycle gives (`scheduler.core.fairshare.Ledger.verdict`), usage aside: a hard
+    limit is about the request alone."""
+    if not models:
+        return None
+    ledger = Ledger(tree, {m: (0, 0, 0) for m in models}, ())
+    amount = demand_of(request)
+    reasons = []
+    for m in models:
+        verdict = ledger.verdict(request.team, m, amount, request.priority)
+        if not verdict.never:
+            return None
+        reasons.append(verdict.reason)
+    return "; ".join(dict.fromkeys(reasons))
+
+
+def admission_now(tree: core.QuotaTree, request: core.Request, models: list[str], held: dict) -> str:
+    """How `request` would count if placed now, as far as its own team's quota and limits go (what
+    others lend is the cycle's to judge): guaranteed within the quota, else borrowed, or
+    opportunistic for priority 0 where only that is left. `held`: quota.held(team) of its team."""
+    ledger = Ledger(tree, {m: (10**15, 10**15, 10**15) for m in models}, ())
+    for i, ((_, model, admission), use) in enumerate(held.items()):
+        ledger.charge(f"held-{i}", request.team, model, (_milli(use.gpu_share), use.memory_mib, use.gpus),
+                      core.Admission(admission))
+    amount = demand_of(request)
+    found = {ledger.verdict(request.team, m, amount, request.priority).admission for m in models}
+    for admission in (core.Admission.GUARANTEED, core.Admission.BORROWED, core.Admission.OPPORTUNISTIC):
+        if admission in found:
+            return str(admission)
+    return str(core.Admission.BORROWED)

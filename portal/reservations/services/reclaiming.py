@@ -1,0 +1,35 @@
+"""Reclaim: a borrowed reservation whose capacity its lender wants back (within the lender's quota)
+is warned first and preempted when its team's grace is over (`reclaim_at`). The warning is a note
+on the running reservation (its page, the live push and an audit row say when it goes); the pod
+gets SIGTERM with that grace from the binding task; the preemption itself is the placement cycle's
+(`preempt`, when the time has come)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+
+from portal.reservations.events import announce_reservations
+from portal.reservations.models import Admission, Reservation
+from portal.reservations.states import HOLDS_GPU
+
+from .audit import record
+
+SCHEDULER = "system:scheduler"
+
+
+def warn_reclaim(reservation_id: int, at: datetime, why: str, actor=SCHEDULER) -> Reservation | None:
+    """Mark a borrowed reservation that holds GPUs to be reclaimed at `at` (compare-and-set: one
+    already warned keeps its first time). Returns it when this call warned it, else None."""
+    with transaction.atomic():
+        r = (Reservation.objects.select_for_update().filter(
+            pk=reservation_id, state__in=HOLDS_GPU, admission=Admission.BORROWED, reclaim_at__isnull=True).first())
+        if r is None:
+            return None
+        r.reclaim_at = at
+        r.state_reason = why[:500]
+        r.save(update_fields=["reclaim_at", "state_reason", "updated_at"])
+        record(r, r.state, r.state, actor, why)
+        announce_reservations({r.pk: r.team_id})
+    return r
