@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from portal.audit.admin import AuditedAdmin
 
-from .models import AffinityLabel, ApiToken, ExclusionGroup, Membership, Preset, Team, TeamPolicy
+from .models import AffinityLabel, ApiToken, Department, ExclusionGroup, Membership, Preset, Quota, Team, TeamPolicy
 
 
 class MembershipInline(admin.TabularInline):
@@ -15,11 +15,55 @@ class ExclusionGroupInline(admin.TabularInline):
     extra = 0
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shown, not edited: their writers check rules the admin forms would skip (children's quotas
+    within their parent's, nesting depth); change them on the portal's pages or the API."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class QuotaInline(admin.TabularInline):
+    model = Quota
+    extra = 0
+    fields = ("gpu_model", "gpu_share", "gpu_memory_gib", "gpus", "weight")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Team)
 class TeamAdmin(AuditedAdmin):
-    list_display = ("slug", "name", "quota_gpu_share", "quota_memory_mib", "quota_max_gpus", "allow_over_quota")
+    list_display = ("slug", "name", "department", "quota_gpu_share", "quota_memory_mib", "quota_max_gpus",
+                    "allow_over_quota")
     search_fields = ("slug", "name")
-    inlines = [MembershipInline, ExclusionGroupInline]
+    readonly_fields = ("department",)  # moved by portal.tenancy.departments.move_team, which checks quotas
+    inlines = [MembershipInline, ExclusionGroupInline, QuotaInline]
+
+
+@admin.register(Department)
+class DepartmentAdmin(ReadOnlyAdmin):
+    list_display = ("slug", "name", "parent", "created_at")
+    search_fields = ("slug", "name")
+    inlines = [QuotaInline]
+
+
+@admin.register(Quota)
+class QuotaAdmin(ReadOnlyAdmin):
+    list_display = ("__str__", "gpu_model", "gpu_share", "gpu_memory_gib", "gpus", "weight")
+    list_filter = ("gpu_model",)
 
 
 @admin.register(Membership)
@@ -50,7 +94,8 @@ class PresetAdmin(AuditedAdmin):
 
 @admin.register(TeamPolicy)
 class TeamPolicyAdmin(AuditedAdmin):
-    list_display = ("team", "max_duration_s", "max_priority_member", "max_priority_admin", "limit_priority")
+    list_display = ("team", "max_duration_s", "max_priority_member", "max_priority_admin", "reclaim_grace_s",
+                    "limit_priority")
     audit_type = "policy"
 
 

@@ -1,11 +1,12 @@
-"""Teams (tenants), who belongs to them with which role, their quotas, exclusion groups and
-affinity labels, the presets and policy their admins set, and per-user API tokens."""
+"""Departments and teams (tenants), who belongs to them with which role, their quotas per GPU
+model, exclusion groups and affinity labels, the presets and policy their admins set, and per-user
+API tokens."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -23,15 +24,49 @@ class Role(models.TextChoices):
     MANAGER = "manager", "Manager (read-only)"
 
 
+# Departments nest at most this deep (a top-level department is level 1); the organisation above
+# them is implicit (no row).
+MAX_DEPARTMENT_DEPTH = 4
+
+
+class Department(models.Model):
+    """A node of the organisation's tree above teams. Written only by portal.tenancy.departments."""
+
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=120)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children",
+                               help_text="Blank: directly under the organisation.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+ANY_MODEL = "*"  # the bucket of every GPU model without a quota row of its own at that unit
+GIB = Decimal(1024)
+MILLI = Decimal("0.001")
+
+
+def mib_to_gib(mib: int) -> Decimal:
+    """MiB as GiB to 3 decimals. Exact when `mib` is a multiple of 128 (1/8 GiB); otherwise rounded
+    to the nearest 0.001 GiB (1.024 MiB), half up, so within 0.512 MiB."""
+    return (Decimal(int(mib)) / GIB).quantize(MILLI, rounding=ROUND_HALF_UP)
+
+
+def gib_to_mib(gib: Decimal) -> int:
+    """GiB as whole MiB (half up): mib_to_gib's inverse wherever that one was exact."""
+    return int((Decimal(gib) * GIB).to_integral_value(rounding=ROUND_HALF_UP))
+
+
 class Team(models.Model):
     slug = models.SlugField(max_length=50, unique=True)
     name = models.CharField(max_length=120)
-    # Quota: the guaranteed GPU share (sum of requests, whole GPUs count 1.0 each) the team may hold.
-    quota_gpu_share = models.DecimalField(
-        max_digits=8, decimal_places=3, default=Decimal("1.000"), validators=[MinValueValidator(0)]
-    )
-    quota_memory_mib = models.PositiveBigIntegerField(default=80 * 1024)
-    quota_max_gpus = models.PositiveIntegerField(default=4)
+    # Written by portal.tenancy.teams (at creation) and departments.move_team (which checks quotas).
+    department = models.ForeignKey(Department, null=True, blank=True, on_delete=models.PROTECT, related_name="teams",
+                                   help_text="Blank: directly under the organisation.")
     allow_over_quota = models.BooleanField(
         default=True, help_text="Accept priority-0 requests beyond the quota as opportunistic (preemptible)."
     )
@@ -62,6 +97,81 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    # The team's flat quota of before departments, now its `*` Quota row (deprecated: read
+    # portal.tenancy.quotas.quotas_of, write quotas.replace_quotas or teams.set_quota). 0 without
+    # a `*` row. One query per read unless the team's quotas were prefetched (prefetch_related("quotas")).
+    def _any_model_quota(self) -> Quota | None:
+        cached = getattr(self, "_prefetched_objects_cache", {}).get("quotas")
+        if cached is not None:
+            return next((q for q in cached if q.gpu_model == ANY_MODEL), None)
+        return Quota.objects.filter(team_id=self.pk, gpu_model=ANY_MODEL).first() if self.pk else None
+
+    @property
+    def quota_gpu_share(self) -> Decimal:
+        """Deprecated: the `*` quota row's gpu_share."""
+        row = self._any_model_quota()
+        return row.gpu_share if row else Decimal("0.000")
+
+    @property
+    def quota_memory_mib(self) -> int:
+        """Deprecated: the `*` quota row's gpu_memory_gib, in MiB."""
+        row = self._any_model_quota()
+        return gib_to_mib(row.gpu_memory_gib) if row else 0
+
+    @property
+    def quota_max_gpus(self) -> int:
+        """Deprecated: the `*` quota row's gpus."""
+        row = self._any_model_quota()
+        return row.gpus if row else 0
+
+
+class Quota(models.Model):
+    """A team's or a department's quota for one bucket: a GPU model, or `*` for every model without
+    a row of its own there. Written only by portal.tenancy.quotas, which checks that children's
+    quotas fit their parent's. Limits: null = unlimited."""
+
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas")
+    department = models.ForeignKey(Department, null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="quotas")
+    gpu_model = models.CharField(max_length=100, help_text="A GPU model name, or * for any other model.")
+    gpu_share = models.DecimalField(max_digits=10, decimal_places=3,
+                                    help_text="Guaranteed compute: whole GPUs count 1.0 each.")
+    gpu_memory_gib = models.DecimalField(max_digits=12, decimal_places=3, help_text="Guaranteed GPU memory.")
+    gpus = models.PositiveIntegerField(help_text="GPUs held at once (a share of one GPU counts 1).")
+    borrow_gpu_share = models.DecimalField(max_digits=10, decimal_places=3, null=True, blank=True)
+    borrow_gpu_memory_gib = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
+    borrow_gpus = models.PositiveIntegerField(null=True, blank=True)
+    lend_gpu_share = models.DecimalField(max_digits=10, decimal_places=3, null=True, blank=True)
+    lend_gpu_memory_gib = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
+    lend_gpus = models.PositiveIntegerField(null=True, blank=True)
+    weight = models.DecimalField(max_digits=8, decimal_places=3, default=Decimal("1.000"),
+                                 help_text="Share of what is left over, relative to the siblings'.")
+
+    class Meta:
+        ordering = ["gpu_model"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "gpu_model"], name="unique_team_quota_model"),
+            models.UniqueConstraint(fields=["department", "gpu_model"], name="unique_department_quota_model"),
+            models.CheckConstraint(
+                condition=(models.Q(team__isnull=False) & models.Q(department__isnull=True))
+                | (models.Q(team__isnull=True) & models.Q(department__isnull=False)),
+                name="quota_has_one_owner",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(gpu_share__gte=0) & models.Q(gpu_memory_gib__gte=0)
+                & (models.Q(borrow_gpu_share__isnull=True) | models.Q(borrow_gpu_share__gte=0))
+                & (models.Q(borrow_gpu_memory_gib__isnull=True) | models.Q(borrow_gpu_memory_gib__gte=0))
+                & (models.Q(lend_gpu_share__isnull=True) | models.Q(lend_gpu_share__gte=0))
+                & (models.Q(lend_gpu_memory_gib__isnull=True) | models.Q(lend_gpu_memory_gib__gte=0)),
+                name="quota_amounts_not_negative",
+            ),
+            models.CheckConstraint(condition=models.Q(weight__gt=0), name="quota_weight_positive"),
+        ]
+
+    def __str__(self) -> str:
+        owner = self.team or f"department {self.department}"
+        return f"{owner}:{self.gpu_model}"
 
 
 class Membership(models.Model):
@@ -162,7 +272,7 @@ class TeamPolicy(models.Model):
     The rest of a team's policy stays on Team, where lifecycle reads it: `interactive_max_s` (the
     default duration of interactive reservations given none), `idle_threshold`, `idle_after_s`,
     `idle_reclaim` (warn then reclaim, or warn only), `idle_warning_s` (how long after the warning
-    the reclaim comes) and `allow_over_quota`. Read the whole policy
+    the reclaim comes) and `allow_over_quota`. `reclaim_grace_s` is here. Read the whole policy
     through portal.tenancy.policy.policy_of(team); a team without a row has the defaults below.
     """
 
@@ -177,6 +287,12 @@ class TeamPolicy(models.Model):
     # another node, which a team should choose knowingly (preload/remote/README.md).
     allow_remote = models.BooleanField(
         default=False, help_text="Members may let a request use a share of a GPU on another node (remote share)."
+    )
+    # How long a borrowed reservation runs on once told it will be reclaimed (its pod gets SIGTERM
+    # with this grace).
+    reclaim_grace_s = models.PositiveIntegerField(
+        default=300, validators=[MinValueValidator(0), MaxValueValidator(86400)],
+        help_text="Warned this long before a borrowed reservation is reclaimed.",
     )
     # Set by site admins: what the team's admins may choose.
     limit_duration_s = models.PositiveIntegerField(

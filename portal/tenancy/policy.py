@@ -1,7 +1,8 @@
 """A team's policy: what its admins chose (durations, idle handling, priority ceilings per role,
 opportunistic use) within the limits the site admins set for it.
 
-One reader for everyone: `policy_of(team)` (request page, submit checks, idle reclaim, reports).
+One reader for everyone: `policy_of(team)` (request page, submit checks, idle reclaim, the grace
+before a borrowed reservation is reclaimed, reports).
 One writer per side: `set_policy` (team admins and staff) and `set_limits` (staff only). Both
 refuse, naming the field and the limit, anything outside the limits, and write nothing then.
 """
@@ -47,6 +48,7 @@ class Policy:
     allow_over_quota: bool  # priority-0 requests beyond the quota run opportunistically
     limits: Limits
     allow_remote: bool = False  # requests may ask for a share of a GPU on another node
+    reclaim_grace_s: int = 300  # a borrowed reservation being reclaimed runs this long after its warning
 
     def max_priority(self, role: str | None) -> int:
         """The highest priority someone with `role` may give a request (managers submit nothing)."""
@@ -91,6 +93,7 @@ def policy_of(team: Team) -> Policy:
         allow_over_quota=team.allow_over_quota and limits.allow_over_quota,
         limits=limits,
         allow_remote=row.allow_remote,
+        reclaim_grace_s=row.reclaim_grace_s,
     )
 
 
@@ -124,11 +127,13 @@ def request_problems(user, team: Team, *, priority: int | None, max_duration_s: 
 # Team-admin fields: (name, where it is stored).
 TEAM_FIELDS = ("interactive_max_s", "idle_threshold", "idle_after_s", "idle_reclaim", "idle_warning_s",
                "allow_over_quota")
-POLICY_FIELDS = ("max_duration_s", "max_priority_member", "max_priority_admin", "allow_remote")
+POLICY_FIELDS = ("max_duration_s", "max_priority_member", "max_priority_admin", "allow_remote", "reclaim_grace_s")
 LIMIT_FIELDS = ("limit_duration_s", "limit_priority", "limit_idle_after_s", "limit_idle_threshold",
                 "limit_require_reclaim", "limit_allow_over_quota", "limit_idle_warning_s")
 # A warning must leave the owner time to act, and a reclaim must come within a day of it.
 IDLE_WARNING_MIN_S, IDLE_WARNING_MAX_S = 60, 86400
+# A borrowed reservation may be reclaimed at once (0), or at the latest a day after its warning.
+RECLAIM_GRACE_MAX_S = 86400
 
 
 def _int(value, name: str, errors: dict, *, low: int, high: int, blank_ok: bool = False) -> int | None:
@@ -268,6 +273,8 @@ def _parse(changes: dict, errors: dict) -> dict:
             parsed = _int(value, name, errors, low=IDLE_WARNING_MIN_S, high=IDLE_WARNING_MAX_S, blank_ok=True)
         elif name == "idle_warning_s":
             parsed = _int(value, name, errors, low=IDLE_WARNING_MIN_S, high=IDLE_WARNING_MAX_S)
+        elif name == "reclaim_grace_s":
+            parsed = _int(value, name, errors, low=0, high=RECLAIM_GRACE_MAX_S)
         elif name in ("interactive_max_s", "limit_duration_s", "idle_after_s"):
             parsed = _int(value, name, errors, low=60, high=LONGEST_DURATION_S)
         elif name in ("max_priority_member", "max_priority_admin", "limit_priority"):

@@ -1,6 +1,11 @@
-"""Site admins create teams and set their quotas (the limits on their policy are in
-portal.tenancy.policy.set_limits). A quota below what the team already holds is refused: running
-shares are never ended to make a quota fit."""
+"""Site admins create teams and change their name and flat quota (the limits on their policy are in
+portal.tenancy.policy.set_limits, the department a team is in in portal.tenancy.departments).
+
+The flat quota (quota_gpu_share, quota_memory_mib, quota_max_gpus) is deprecated: it is the team's
+`*` Quota row (any GPU model without a row of its own), read through Team's properties of those
+names and written here through portal.tenancy.quotas; quotas per model are quotas.replace_quotas.
+A quota below what the team holds now is allowed: work beyond a quota is borrowed, and reclaimable;
+running shares are never ended to make a quota fit."""
 
 from __future__ import annotations
 
@@ -11,11 +16,16 @@ from django.db import IntegrityError, transaction
 
 from portal.audit import services as audit
 
+from . import quota_tree, quotas
 from .errors import Refused
-from .models import Team
+from .models import Department, Team, mib_to_gib
 
 SLUG_RE = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,48}[a-z0-9])?$")
 QUOTA_FIELDS = ("quota_gpu_share", "quota_memory_mib", "quota_max_gpus")
+# What the deprecated fields are in the `*` row, and what a team got when they were not given.
+RESOURCE_OF = {"quota_gpu_share": "gpu_share", "quota_memory_mib": "gpu_memory_gib", "quota_max_gpus": "gpus"}
+DEFAULT_QUOTA = {"quota_gpu_share": Decimal("1.000"), "quota_memory_mib": 80 * 1024, "quota_max_gpus": 4}
+BOUNDS = {"quota_memory_mib": (10**12, "MiB"), "quota_max_gpus": (10**6, "GPUs")}
 
 
 def _quota_values(changes: dict, errors: dict) -> dict:
@@ -36,19 +46,30 @@ def _quota_values(changes: dict, errors: dict) -> dict:
             except (TypeError, ValueError):
                 errors[name] = [f"must be a whole number, got {value!r}"]
                 continue
-            if not 0 <= number <= 10**12:
-                errors[name] = ["must not be negative"]
+            high, unit = BOUNDS[name]
+            if not 0 <= number <= high:
+                errors[name] = [f"must be between 0 and {high} {unit}"]
                 continue
         out[name] = number
     return out
 
 
+def _amounts(values: dict) -> dict:
+    """Deprecated field values as the `*` row's resources (MiB → GiB: quotas.models.mib_to_gib)."""
+    return {RESOURCE_OF[f]: mib_to_gib(v) if f == "quota_memory_mib" else v for f, v in values.items()}
+
+
 def _snapshot(team: Team) -> dict:
-    return {"slug": team.slug, "name": team.name, "quota_gpu_share": str(team.quota_gpu_share),
-            "quota_memory_mib": team.quota_memory_mib, "quota_max_gpus": team.quota_max_gpus}
+    return {"slug": team.slug, "name": team.name, "department": team.department.slug if team.department_id else None,
+            "quota_gpu_share": str(team.quota_gpu_share), "quota_memory_mib": team.quota_memory_mib,
+            "quota_max_gpus": team.quota_max_gpus}
 
 
-def create_team(by: audit.Actor, slug: str, name: str, **quota) -> Team:
+def create_team(by: audit.Actor, slug: str, name: str, department: Department | str | None = None, **quota) -> Team:
+    """A team under `department` (a Department or its slug; None: directly under the organisation)
+    with its `*` quota row from the deprecated fields (1.0 GPU of share, 80 GiB, 4 GPUs where not
+    given). Refused if the department's quotas would not hold it (on the quota fields given, else on
+    `department`)."""
     errors: dict[str, list[str]] = {}
     slug = (slug or "").strip()
     name = (name or "").strip()
@@ -61,12 +82,22 @@ def create_team(by: audit.Actor, slug: str, name: str, **quota) -> Team:
     unknown = set(quota) - set(QUOTA_FIELDS)
     for field in sorted(unknown):
         errors[field] = ["not a quota"]
-    values = _quota_values({k: v for k, v in quota.items() if k in QUOTA_FIELDS}, errors)
+    given = _quota_values({k: v for k, v in quota.items() if k in QUOTA_FIELDS}, errors)
+    if isinstance(department, str) and department:
+        found = Department.objects.filter(slug=department).first()
+        if found is None:
+            errors["department"] = [f"no department '{department}'; create it first, or leave this blank for none"]
+        department = found
+    elif not isinstance(department, Department):
+        department = None
     if errors:
         raise Refused(errors)
     try:
         with transaction.atomic():
-            team = Team.objects.create(slug=slug, name=name, **values)
+            quota_tree.lock()
+            team = Team.objects.create(slug=slug, name=name, department=department)
+            fields = {RESOURCE_OF[f]: f if f in given or department is None else "department" for f in QUOTA_FIELDS}
+            quotas.set_any_model_quota(team, by, _amounts(DEFAULT_QUOTA | given), fields)
             audit.record(by, object_type="team", object_id=team.pk, object_repr=slug, team=team, action="created",
                          after=_snapshot(team))
     except IntegrityError:
@@ -75,9 +106,8 @@ def create_team(by: audit.Actor, slug: str, name: str, **quota) -> Team:
 
 
 def set_quota(team: Team, by: audit.Actor, changes: dict) -> Team:
-    """Quota fields (and the name); below what is in use is refused with the numbers."""
-    from portal.reservations.quota import usage_of  # reservations depends on tenancy at import
-
+    """The deprecated quota fields (the team's `*` row) and the name. Refused, on the field, if a
+    department above the team would no longer hold its children's quotas."""
     errors: dict[str, list[str]] = {}
     unknown = set(changes) - set(QUOTA_FIELDS) - {"name"}
     for field in sorted(unknown):
@@ -89,30 +119,14 @@ def set_quota(team: Team, by: audit.Actor, changes: dict) -> Team:
     if errors:
         raise Refused(errors)
     with transaction.atomic():
-        # The submit path locks the team row too: no request is admitted between check and write.
+        quota_tree.lock()
         team = Team.objects.select_for_update().get(pk=team.pk)
-        usage = usage_of(team)
-        in_use = {"quota_gpu_share": (usage.gpu_share, "GPU share"), "quota_memory_mib": (usage.memory_mib, "MiB"),
-                  "quota_max_gpus": (usage.gpus, "GPUs")}
-        for field, number in values.items():
-            used, unit = in_use[field]
-            if number < used:
-                errors[field] = [f"team {team.slug} holds {used} {unit} now; set at least that, or wait until its "
-                                 "reservations end (running shares are never ended to fit a quota)"]
-        if errors:
-            raise Refused(errors)
-        before = _snapshot(team)
-        for field, number in values.items():
-            setattr(team, field, number)
-        if name is not None:
+        if name is not None and str(name).strip() != team.name:
+            before = team.name
             team.name = str(name).strip()
-        team.save(update_fields=[*values, *(["name"] if name is not None else [])])
-        old, new = audit.changed(before, _snapshot(team))
-        if new:
+            team.save(update_fields=["name"])
             audit.record(by, object_type="team", object_id=team.pk, object_repr=team.slug, team=team,
-                         action="quota changed", before=old, after=new)
-    from portal.reservations.events import request_cycle
-
-    if values:
-        request_cycle(f"quota of team {team.slug} changed")
-    return team
+                         action="renamed", before={"name": before}, after={"name": team.name})
+        if values:
+            quotas.set_any_model_quota(team, by, _amounts(values), {RESOURCE_OF[f]: f for f in QUOTA_FIELDS})
+    return Team.objects.get(pk=team.pk)
