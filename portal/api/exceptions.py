@@ -7,7 +7,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from portal.reservations.quota_tree import NeverFits
+from portal.reservations.engine_quotas import NeverFits
 from portal.reservations.rules import RuleViolation
 from portal.reservations.states import IllegalTransition
 from portal.security import unavailable

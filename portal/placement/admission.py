@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError
 
 from portal.reservations import services
+from portal.reservations.engine_quotas import NeverFits
 from portal.reservations.models import Reservation, Source
-from portal.reservations.quota_tree import NeverFits
 from portal.reservations.rules import RuleViolation
 from scheduler.backends import Backend, BackendError
 

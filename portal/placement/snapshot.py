@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from portal.fleet.models import NodeLink
 from portal.precompiled import Precompiled, param_in
-from portal.reservations import quota_tree
+from portal.reservations import engine_quotas
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.requests import exclusion_of, labels, request_of
 from portal.reservations.states import HOLDS_GPU, State
@@ -122,4 +122,4 @@ def build() -> core.Snapshot:
             gpus=tuple(replace(gpu, shares=tuple(shares[pk])) if pk in shares else gpu
                        for pk, gpu in zip(node.gpu_pks, node.blank.gpus, strict=True)),
         )
-    return core.Snapshot(nodes=tuple(nodes), now=time.time(), layout=fleet.layout, quotas=quota_tree.load())
+    return core.Snapshot(nodes=tuple(nodes), now=time.time(), layout=fleet.layout, quotas=engine_quotas.load())

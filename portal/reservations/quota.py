@@ -2,7 +2,7 @@
 
 Quota is charged when a reservation is placed (what waits is demand, not use), as Kueue and KAI
 do: a request beyond its team's quota waits or borrows instead of being refused at submit
-(`portal.placement.quota_tree` and `scheduler.core.fairshare` decide which).
+(`portal.reservations.engine_quotas` and `scheduler.core.fairshare` decide which).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from portal.reservations import rules, services
-from portal.reservations.quota_tree import NeverFits
+from portal.reservations.engine_quotas import NeverFits
 from portal.tenancy.models import Preset
 from portal.tenancy.policy import max_priority_for, request_problems
 

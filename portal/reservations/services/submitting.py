@@ -7,7 +7,7 @@ from typing import Protocol
 
 from django.db import transaction
 
-from portal.reservations import quota_tree, rules
+from portal.reservations import engine_quotas, rules
 from portal.reservations.events import announce_reservations, request_cycle
 from portal.reservations.models import Reservation, Source
 from portal.reservations.quota import held
@@ -36,7 +36,7 @@ def submit(user, spec: rules.ReservationSpec, source: str = Source.PORTAL, pod: 
     policy (priority ceiling of their role, longest duration); on the kubectl path the cluster's
     own access control stands for the person. A request beyond its team's quota is not refused:
     it borrows or waits (the placement cycle decides); only one beyond a hard limit of its team is
-    (quota_tree.NeverFits).
+    (engine_quotas.NeverFits).
     """
     if (source == Source.KUBECTL) != (pod is not None):
         raise ValueError("a kubectl reservation, and only one, names the pod it came from")
@@ -67,10 +67,10 @@ def submit(user, spec: rules.ReservationSpec, source: str = Source.PORTAL, pod: 
 def _admission_now(team: Team, spec: rules.ReservationSpec) -> str:
     """Refuse what can never run (the only refusal for quota); else how the request would count if
     placed now as far as its own team's quota goes (the cycle decides for good when it places it)."""
-    tree = quota_tree.load()
+    tree = engine_quotas.load()
     request = request_of(spec, team.slug, "submit")
     models = spec.models() or rules.fleet_model_names()
-    problem = quota_tree.never_fits(tree, request, models)
+    problem = engine_quotas.never_fits(tree, request, models)
     if problem:
-        raise quota_tree.NeverFits(f"team {team.slug}: this request can never run as asked: {problem}", team)
-    return quota_tree.admission_now(tree, request, models, held(team.pk))
+        raise engine_quotas.NeverFits(f"team {team.slug}: this request can never run as asked: {problem}", team)
+    return engine_quotas.admission_now(tree, request, models, held(team.pk))
