@@ -1,15 +1,16 @@
-"""API shapes of the admin operations: members, groups and labels, presets, policy, quotas,
-fleet actions and the audit log. The rules are the services' (portal.tenancy, portal.fleet);
+"""API shapes of the admin operations: members, groups and labels, presets, policy, departments,
+quotas, fleet actions and the audit log. The rules are the services' (portal.tenancy, portal.fleet);
 these only check types and pass the values on."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.audit.models import AuditEntry
-from portal.tenancy.models import AffinityLabel, Membership, Preset, Role
+from portal.tenancy.models import AffinityLabel, Department, Membership, Preset, Role
 
 from .serializers import SHARE, VisibleTeamField
 from .strict import StrictTypesMixin
@@ -105,6 +106,8 @@ class PolicySerializer(StrictTypesMixin, serializers.Serializer):
     max_priority_admin = serializers.IntegerField(required=False)
     allow_over_quota = serializers.BooleanField(required=False)
     allow_remote = serializers.BooleanField(required=False, help_text="Requests may use a share of another node's GPU")
+    reclaim_grace_s = serializers.IntegerField(
+        required=False, help_text="Seconds a borrowed reservation runs on once warned it will be reclaimed (0-86400)")
 
 
 class LimitsSerializer(StrictTypesMixin, serializers.Serializer):
@@ -116,6 +119,103 @@ class LimitsSerializer(StrictTypesMixin, serializers.Serializer):
                                                     required=False)
     limit_require_reclaim = serializers.BooleanField(required=False)
     limit_allow_over_quota = serializers.BooleanField(required=False)
+
+
+class DepartmentSlugField(serializers.CharField):
+    """A department by its slug (null: the organisation); the service says when there is none."""
+
+    def to_representation(self, value):
+        return value.slug
+
+
+class DepartmentSerializer(StrictTypesMixin, serializers.ModelSerializer):
+    """A department: site admins create, rename, move (`parent`) and delete them; everyone sees the
+    departments their teams are under."""
+
+    slug = serializers.CharField(max_length=50, help_text="Short name: lowercase letters, digits and '-'")
+    name = serializers.CharField(max_length=120)
+    parent = DepartmentSlugField(max_length=50, allow_null=True, default=None,
+                                 help_text="The slug of the department above it; null: directly under the "
+                                           "organisation. Departments nest at most 4 levels deep.")
+
+    class Meta:
+        model = Department
+        fields = ["slug", "name", "parent", "created_at"]
+        read_only_fields = ["created_at"]
+        validators = []  # the service checks the slug with a clearer message
+
+
+class DepartmentChangeSerializer(StrictTypesMixin, serializers.Serializer):
+    name = serializers.CharField(max_length=120, required=False)
+    parent = serializers.CharField(max_length=50, required=False, allow_null=True,
+                                   help_text="The slug of the department above it; null: the organisation")
+
+
+def _amount(integer_digits: int, maximum: str, exclusive_zero: bool = False) -> dict:
+    number = {"type": "number", "minimum": 0, "maximum": float(maximum)}
+    if exclusive_zero:
+        number["exclusiveMinimum"] = True
+    return {"oneOf": [number, {"type": "string", "pattern": rf"^[0-9]{{1,{integer_digits}}}(\.[0-9]{{1,3}})?$"}]}
+
+
+# Requests give amounts as JSON numbers or decimal strings; answers give decimal strings.
+@extend_schema_field(_amount(6, "100000"))
+class ShareAmountField(serializers.DecimalField):
+    def __init__(self, **kwargs):
+        super().__init__(max_digits=10, decimal_places=3, **kwargs)
+
+
+@extend_schema_field(_amount(9, "999999999.999"))
+class MemoryAmountField(serializers.DecimalField):
+    def __init__(self, **kwargs):
+        super().__init__(max_digits=12, decimal_places=3, **kwargs)
+
+
+@extend_schema_field(_amount(4, "1000", exclusive_zero=True))
+class WeightField(serializers.DecimalField):
+    def __init__(self, **kwargs):
+        super().__init__(max_digits=8, decimal_places=3, **kwargs)
+
+
+class QuotaLimitInputSerializer(StrictTypesMixin, serializers.Serializer):
+    gpu_share = ShareAmountField(required=False, allow_null=True)
+    gpu_memory_gib = MemoryAmountField(required=False, allow_null=True)
+    gpus = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=10**6)
+
+
+class QuotaRowInputSerializer(StrictTypesMixin, serializers.Serializer):
+    """One bucket's quota: a GPU model of the fleet, or `*` for every model without a row of its own."""
+
+    gpu_model = serializers.CharField(max_length=100, help_text="A GPU model of the fleet, or * for any other model")
+    gpu_share = ShareAmountField(help_text="Guaranteed compute, whole GPUs counting 1.0 each")
+    gpu_memory_gib = MemoryAmountField(help_text="Guaranteed GPU memory, GiB")
+    gpus = serializers.IntegerField(min_value=0, max_value=10**6,
+                                    help_text="GPUs held at once (a share of one GPU counts 1)")
+    borrowing_limit = QuotaLimitInputSerializer(
+        required=False, allow_null=True,
+        help_text="The most beyond its quota it may borrow, per resource; null (or a null value): unlimited")
+    lending_limit = QuotaLimitInputSerializer(
+        required=False, allow_null=True,
+        help_text="The most of its unused quota others may borrow, per resource (at most the quota); null: all of it")
+    weight = WeightField(required=False, help_text="Its share of what is left over, against its siblings' (default 1)")
+
+
+class QuotaLimitSerializer(serializers.Serializer):
+    gpu_share = serializers.DecimalField(max_digits=10, decimal_places=3, allow_null=True)
+    gpu_memory_gib = serializers.DecimalField(max_digits=12, decimal_places=3, allow_null=True)
+    gpus = serializers.IntegerField(allow_null=True)
+
+
+class QuotaRowSerializer(serializers.Serializer):
+    """One bucket's quota as stored (decimals as strings; null limits: unlimited)."""
+
+    gpu_model = serializers.CharField()
+    gpu_share = serializers.DecimalField(max_digits=10, decimal_places=3)
+    gpu_memory_gib = serializers.DecimalField(max_digits=12, decimal_places=3)
+    gpus = serializers.IntegerField()
+    borrowing_limit = QuotaLimitSerializer(allow_null=True)
+    lending_limit = QuotaLimitSerializer(allow_null=True)
+    weight = serializers.DecimalField(max_digits=8, decimal_places=3)
 
 
 class GpuActionSerializer(StrictTypesMixin, serializers.Serializer):

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.db.models import prefetch_related_objects
 from django.db.models.manager import BaseManager
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.fleet.model_names import display_model
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Kind, Reservation, StateTransition
-from portal.tenancy import roles
+from portal.tenancy import departments, roles
 from portal.tenancy.models import ApiToken, ExclusionGroup, Team
 
 from . import reservation_related
@@ -144,19 +146,77 @@ class StateTransitionSerializer(serializers.ModelSerializer):
         fields = ["from_state", "to_state", "actor_label", "reason", "at"]
 
 
+class VisibleDepartmentField(SafeSlugRelatedField):
+    """A department given by slug, among those the user may see (others read as unknown)."""
+
+    default_error_messages = {
+        "does_not_exist": "no department '{value}'",
+        "invalid": "must be a department slug, or null",
+    }
+
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="slug", **kwargs)
+
+    def get_queryset(self):
+        return departments.visible_departments(self.context["request"].user)
+
+
+DEPRECATED = "Deprecated: {}, from the team's `*` quota row (every GPU model without a row of its own); " \
+             "read and write quotas per model at /api/v1/teams/{{slug}}/quotas/."
+
+
+# The flat quota of before departments: still read and written, as the team's `*` quota row.
+@extend_schema_field({"type": "number", "format": "double", "minimum": 0, "maximum": 100000, "deprecated": True})
+class DeprecatedShareField(serializers.DecimalField):
+    pass
+
+
+@extend_schema_field({"type": "integer", "minimum": 0, "maximum": 10**12, "deprecated": True})
+class DeprecatedMemoryField(serializers.IntegerField):
+    pass
+
+
+@extend_schema_field({"type": "integer", "minimum": 0, "maximum": 1_000_000, "deprecated": True})
+class DeprecatedGpusField(serializers.IntegerField):
+    pass
+
+
+class TeamListSerializer(serializers.ListSerializer):
+    """Reads every listed team's quota rows and department in one query each."""
+
+    def to_representation(self, data):
+        items = list(data.all() if isinstance(data, BaseManager) else data)
+        prefetch_related_objects(items, "quotas", "department")
+        return super().to_representation(items)
+
+
 class TeamSerializer(StrictTypesMixin, serializers.ModelSerializer):
-    quota_gpu_share = serializers.DecimalField(max_digits=8, decimal_places=3, coerce_to_string=False,
-                                               min_value=Decimal("0"), max_value=Decimal("100000"))
-    quota_memory_mib = serializers.IntegerField(min_value=0, max_value=10**12)
-    quota_max_gpus = serializers.IntegerField(min_value=0, max_value=1_000_000)
+    department = VisibleDepartmentField(
+        required=False, allow_null=True,
+        help_text="The slug of the department the team is in; null: directly under the organisation")
+    quota_gpu_share = DeprecatedShareField(
+        max_digits=8, decimal_places=3, coerce_to_string=False, min_value=Decimal("0"), max_value=Decimal("100000"),
+        required=False, help_text=DEPRECATED.format("the guaranteed GPU share (whole GPUs count 1.0)"))
+    quota_memory_mib = DeprecatedMemoryField(
+        min_value=0, max_value=10**12, required=False,
+        help_text=DEPRECATED.format("the guaranteed GPU memory in MiB (its gpu_memory_gib × 1024)"))
+    quota_max_gpus = DeprecatedGpusField(
+        min_value=0, max_value=1_000_000, required=False,
+        help_text=DEPRECATED.format("how many GPUs the team holds at once (its gpus)"))
     my_role = serializers.SerializerMethodField()
     in_use = serializers.SerializerMethodField()
 
     class Meta:
         model = Team
-        fields = ["slug", "name", "quota_gpu_share", "quota_memory_mib", "quota_max_gpus",
+        list_serializer_class = TeamListSerializer
+        fields = ["slug", "name", "department", "quota_gpu_share", "quota_memory_mib", "quota_max_gpus",
                   "allow_over_quota", "my_role", "in_use", "created_at"]
         read_only_fields = ["created_at"]
+
+    def to_representation(self, instance):
+        if "quotas" not in getattr(instance, "_prefetched_objects_cache", {}):
+            prefetch_related_objects([instance], "quotas")  # the three quota fields: one query
+        return super().to_representation(instance)
 
     def get_my_role(self, obj) -> str | None:
         return roles.role_in(self.context["request"].user, obj)

@@ -8,6 +8,7 @@ from . import admin_views, views
 router = DefaultRouter()
 router.register("reservations", views.ReservationViewSet, basename="reservation")
 router.register("teams", views.TeamViewSet, basename="team")
+router.register("departments", admin_views.DepartmentViewSet, basename="department")
 router.register("memberships", admin_views.MembershipViewSet, basename="membership")
 router.register("exclusion-groups", admin_views.ExclusionGroupViewSet, basename="exclusion-group")
 router.register("affinity-labels", admin_views.AffinityLabelViewSet, basename="affinity-label")
@@ -25,6 +26,8 @@ urlpatterns = [
     path("teams/<slug:slug>/policy/", admin_views.TeamPolicyView.as_view(), name="api-team-policy"),
     path("teams/<slug:slug>/limits/", admin_views.TeamLimitsView.as_view(), name="api-team-limits"),
     path("teams/<slug:slug>/usage/", admin_views.TeamUsageView.as_view(), name="api-team-usage"),
+    path("teams/<slug:slug>/quotas/", admin_views.TeamQuotasView.as_view(), name="api-team-quotas"),
+    path("departments/<slug:slug>/quotas/", admin_views.DepartmentQuotasView.as_view(), name="api-department-quotas"),
     re_path(r"^nodes/(?P<name>[-a-zA-Z0-9_.]{1,253})/token/$", admin_views.NodeTokenView.as_view(),
             name="api-node-token"),
     re_path(r"^gpus/(?P<uuid>[-a-zA-Z0-9_.]{1,96})/cordon/$", admin_views.GpuCordonView.as_view(),

@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 
 from portal.fleet import inventory
 from portal.fleet.models import Gpu
-from portal.tenancy.models import ExclusionGroup, Membership, Role, Team
+from portal.tenancy.models import ExclusionGroup, Membership, Quota, Role, Team, mib_to_gib
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_INVENTORY = ROOT / "deploy" / "inventory" / "demo.yaml"
@@ -47,10 +47,13 @@ def fleet(db):
 
 @pytest.fixture
 def teams(db):
-    vision = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=Decimal("2.0"),
-                                 quota_memory_mib=200_000, quota_max_gpus=4, allow_over_quota=True)
-    nlp = Team.objects.create(slug="nlp", name="NLP", quota_gpu_share=Decimal("1.5"),
-                              quota_memory_mib=100_000, quota_max_gpus=3, allow_over_quota=False)
+    """vision and nlp, directly under the organisation, each with a `*` quota (any GPU model)."""
+    vision = Team.objects.create(slug="vision", name="Vision", allow_over_quota=True)
+    nlp = Team.objects.create(slug="nlp", name="NLP", allow_over_quota=False)
+    # 200,000 MiB and 100,000 MiB of GPU memory, as the flat quotas of before were.
+    Quota.objects.create(team=vision, gpu_model="*", gpu_share=Decimal("2.0"), gpu_memory_gib=mib_to_gib(200_000),
+                         gpus=4)
+    Quota.objects.create(team=nlp, gpu_model="*", gpu_share=Decimal("1.5"), gpu_memory_gib=mib_to_gib(100_000), gpus=3)
     ExclusionGroup.objects.create(team=vision, label="secure")
     return {"vision": vision, "nlp": nlp}
 

@@ -8,9 +8,11 @@ from decimal import Decimal
 import pytest
 from django.db import connection, connections
 
+from portal.audit import services as audit
 from portal.reservations import rules, services
 from portal.reservations.models import Reservation
 from portal.reservations.quota import QuotaExceeded, usage_of
+from portal.tenancy.teams import set_quota
 
 URL = "/api/v1/reservations/"
 
@@ -47,8 +49,7 @@ def test_priority_zero_refused_where_team_forbids_over_quota(client_for, fleet, 
 
 
 def test_memory_and_gpu_count_quotas(client_for, fleet, reservation_body, teams):
-    teams["nlp"].quota_gpu_share = Decimal("10")
-    teams["nlp"].save()
+    set_quota(teams["nlp"], audit.cli("test"), {"quota_gpu_share": 10})
     bob = client_for("bob")
     assert bob.post(URL, reservation_body(team="nlp", gpu_memory_mib=60000), format="json").status_code == 201
     r = bob.post(URL, reservation_body(team="nlp", gpu_memory_mib=50000), format="json")
@@ -142,7 +143,7 @@ def test_usage_of_and_usage_by_team_say_what_the_orm_aggregate_says(people, flee
     from tests.reservations import ended, placed, running, submitted
 
     vision, nlp = teams["vision"], teams["nlp"]
-    type(vision).objects.filter(pk=vision.pk).update(quota_gpu_share=10, quota_max_gpus=10)
+    set_quota(vision, audit.cli("test"), {"quota_gpu_share": 10, "quota_max_gpus": 10})
     gpus = list(fleet)
     assert usage_of(vision) == usage_of(nlp) == NO_USAGE
     submitted(people["alice"], vision, gpu_request="0.125", gpu_memory_mib=1000)
