@@ -29,25 +29,28 @@ def submitted(user, team, *, image: str = "busybox:1.36", **spec):
     return services.submit(user, rules.ReservationSpec(team=team, image=image, **spec))
 
 
-def placed(reservation, gpu, share: Decimal | str | None = None, memory_mib: int | None = None):
-    """`reservation` placed on `gpu` (with its own share and memory unless given), as the cycle
-    commits it; the row as it is now."""
+def placed(reservation, gpu, share: Decimal | str | None = None, memory_mib: int | None = None,
+           admission: str = "guaranteed"):
+    """`reservation` placed on `gpu` (with its own share and memory unless given, admitted as
+    `admission`), as the cycle commits it; the row as it is now."""
     from portal.reservations import services
     from portal.reservations.models import Reservation
 
     share = Decimal(share) if share is not None else reservation.gpu_request
     memory = memory_mib if memory_mib is not None else reservation.gpu_memory_mib
-    services.place(reservation.pk, gpu.node_id, [services.NewAllocation(gpu.pk, share, memory)])
+    services.place(reservation.pk, gpu.node_id, [services.NewAllocation(gpu.pk, share, memory)],
+                   admission=admission)
     return Reservation.objects.get(pk=reservation.pk)
 
 
-def running(reservation, gpu, share: Decimal | str | None = None, memory_mib: int | None = None):
+def running(reservation, gpu, share: Decimal | str | None = None, memory_mib: int | None = None,
+            admission: str = "guaranteed"):
     """`reservation` placed on `gpu` and its pod reported running."""
     from portal.reservations import services
     from portal.reservations.models import Reservation
     from portal.reservations.states import State
 
-    placed(reservation, gpu, share, memory_mib)
+    placed(reservation, gpu, share, memory_mib, admission)
     assert services.move(reservation.pk, State.PLACED, State.RUNNING, "its pod runs", SYSTEM)
     return Reservation.objects.get(pk=reservation.pk)
 

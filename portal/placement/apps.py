@@ -5,10 +5,13 @@ from django.apps import AppConfig
 log = logging.getLogger(__name__)
 
 
-def _enqueue_cycle(sender, reason: str = "", **kwargs) -> None:
+def _enqueue_cycle(sender, reason: str = "", freed: bool = False, **kwargs) -> None:
+    from . import memo
     from .tasks import request_cycle
 
     try:
+        if freed:
+            memo.bump()
         request_cycle(reason)
     except Exception:  # the broker is away: the periodic cycle will place it
         log.exception("could not enqueue a placement cycle (%s)", reason)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 from dataclasses import replace
 from datetime import datetime
@@ -122,4 +121,6 @@ def build() -> core.Snapshot:
             gpus=tuple(replace(gpu, shares=tuple(shares[pk])) if pk in shares else gpu
                        for pk, gpu in zip(node.gpu_pks, node.blank.gpus, strict=True)),
         )
-    return core.Snapshot(nodes=tuple(nodes), now=time.time(), layout=fleet.layout, quotas=engine_quotas.load())
+    # Django's clock: the same as the rows' timestamps (created_at, placed_at, reclaim_at).
+    return core.Snapshot(nodes=tuple(nodes), now=timezone.now().timestamp(), layout=fleet.layout,
+                         quotas=engine_quotas.load())

@@ -13,13 +13,15 @@ GROUP_HEADERS = {"team": "team", "user": "user", "node": "node", "gpu_model": "G
 
 def usage_table(data: dict) -> tuple[list[str], list[list]]:
     device = data["total"]["device_busy_hours"] is not None
-    header = [GROUP_HEADERS[data["group_by"]], "allocated (GPU-hours)", "used (GPU-hours)",
+    header = ([GROUP_HEADERS[data["group_by"]], "allocated (GPU-hours)", "used (GPU-hours)",
               "used / allocated (%)", "idle allocated (GPU-hours)", "burst above request (GPU-hours)",
-              "opportunistic (GPU-hours)"] + (["device busy (hours)"] if device else []) + ["note"]
+              "borrowed beyond quota (GPU-hours)", "opportunistic (GPU-hours)"]
+              + (["device busy (hours)"] if device else []) + ["note"])
 
     def line(r: dict) -> list:
         return ([r["label"], r["allocated_gpu_hours"], r["used_gpu_hours"], _blank(r["used_pct"]),
-                 r["idle_allocated_gpu_hours"], r["burst_gpu_hours"], r["opportunistic_gpu_hours"]]
+                 r["idle_allocated_gpu_hours"], r["burst_gpu_hours"], r["borrowed_gpu_hours"],
+                 r["opportunistic_gpu_hours"]]
                 + ([r["device_busy_hours"]] if device else []) + [r["note"]])
 
     return header, [line(r) for r in data["rows"]] + [line(data["total"])]

@@ -23,7 +23,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.fleet.models import Gpu
-from portal.reservations.models import Allocation, Reservation
+from portal.reservations.models import Admission, Allocation, Reservation
 from portal.tenancy.models import Team
 
 from . import sources
@@ -42,12 +42,13 @@ class Row:
     used_gpu_hours: float = 0.0
     idle_allocated_gpu_hours: float = 0.0
     burst_gpu_hours: float = 0.0
+    borrowed_gpu_hours: float = 0.0  # held beyond the team's quota, from what others lent
     opportunistic_gpu_hours: float = 0.0
     device_busy_hours: float | None = None
 
     def add(self, other: Row) -> None:
         for name in ("allocated_gpu_hours", "used_gpu_hours", "idle_allocated_gpu_hours", "burst_gpu_hours",
-                     "opportunistic_gpu_hours"):
+                     "borrowed_gpu_hours", "opportunistic_gpu_hours"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         if other.device_busy_hours is not None:
             self.device_busy_hours = (self.device_busy_hours or 0.0) + other.device_busy_hours
@@ -70,6 +71,7 @@ class Row:
                 "allocated_gpu_hours": _r(self.allocated_gpu_hours), "used_gpu_hours": _r(self.used_gpu_hours),
                 "used_pct": self.used_pct, "idle_allocated_gpu_hours": _r(self.idle_allocated_gpu_hours),
                 "burst_gpu_hours": _r(self.burst_gpu_hours),
+                "borrowed_gpu_hours": _r(self.borrowed_gpu_hours),
                 "opportunistic_gpu_hours": _r(self.opportunistic_gpu_hours),
                 "device_busy_hours": None if self.device_busy_hours is None else _r(self.device_busy_hours),
                 "note": self.note}
@@ -112,7 +114,7 @@ class _Res:
     team: str
     owner: str
     name: str
-    opportunistic: bool
+    admission: str
     state: str
 
 
@@ -167,8 +169,10 @@ def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
         r = row(*_reservation_key(group_by, res, rid, gpus.get(gpu_id)))
         r.allocated_gpu_hours += float(share) * held
         per_reservation[rid].allocated_gpu_hours += float(share) * held
-        if res.opportunistic:
+        if res.admission == Admission.OPPORTUNISTIC:
             r.opportunistic_gpu_hours += float(share) * held
+        elif res.admission == Admission.BORROWED:
+            r.borrowed_gpu_hours += float(share) * held
         for i, v in enumerate(spread(edges, start, end, float(share))):
             series[res.team]["allocated"][i] += v
 
@@ -203,9 +207,9 @@ def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
 
 
 def _reservations(ids: set[int], slugs: dict[int, str]) -> dict[int, _Res]:
-    return {pk: _Res(team=slugs[team_id], owner=owner, name=name, opportunistic=opp, state=state)
-            for pk, team_id, owner, name, opp, state in Reservation.objects.filter(pk__in=ids)
-            .values_list("pk", "team_id", "owner__username", "name", "opportunistic", "state")}
+    return {pk: _Res(team=slugs[team_id], owner=owner, name=name, admission=admission, state=state)
+            for pk, team_id, owner, name, admission, state in Reservation.objects.filter(pk__in=ids)
+            .values_list("pk", "team_id", "owner__username", "name", "admission", "state")}
 
 
 def _top_idle(per_reservation: dict[int, Row], info: dict[int, _Res]) -> list[dict]:

@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections import defaultdict
 from decimal import Decimal
 
-from portal.precompiled import Precompiled
+from portal.precompiled import Precompiled, param_eq
 from portal.tenancy.models import Department, Quota, Team, TeamPolicy
+from portal.tenancy.policy import policy_of
 from scheduler import core
 from scheduler.core.fairshare import Ledger, demand_of
 
 DEPARTMENT = "department:"
+QUOTA_AMOUNTS = ("gpu_share", "gpu_memory_gib", "gpus", "borrow_gpu_share", "borrow_gpu_memory_gib", "borrow_gpus",
+                 "lend_gpu_share", "lend_gpu_memory_gib", "lend_gpus", "weight")
 DEFAULT_GRACE_S = 300
 
 
@@ -75,6 +78,51 @@ def load() -> core.QuotaTree:
     return core.QuotaTree(units)
 
 
+_DEPARTMENT_ROWS = Precompiled(lambda: Department.objects.order_by().values_list(
+    "pk", "slug", "parent_id", "quotas__gpu_model", "quotas__gpu_share", "quotas__gpu_memory_gib", "quotas__gpus",
+    "quotas__borrow_gpu_share", "quotas__borrow_gpu_memory_gib", "quotas__borrow_gpus", "quotas__lend_gpu_share",
+    "quotas__lend_gpu_memory_gib", "quotas__lend_gpus", "quotas__weight"))
+_TEAM_QUOTAS = Precompiled(lambda: Quota.objects.filter(param_eq("team_id", "team")).order_by())
+
+
+def path_tree(team: Team) -> core.QuotaTree:
+    """The tree of `team` and its ancestors only (two statements): what submit needs to judge one
+    request (its team's hard limits and how it would count), without reading every team."""
+    departments: dict[int, tuple[str, int | None]] = {}
+    rows: dict[int, dict[str, core.BucketQuota]] = defaultdict(dict)
+    for pk, slug, parent, model, *amounts in _DEPARTMENT_ROWS.all():
+        departments[pk] = (slug, parent)
+        if model is not None:
+            rows[pk][model] = bucket_quota(Quota(gpu_model=model, **dict(zip(QUOTA_AMOUNTS, amounts, strict=True))))
+    units = []
+    pk = team.department_id
+    while pk is not None and len(units) <= len(departments):
+        slug, parent = departments[pk]
+        units.append(core.Unit(unit_name(department=slug), unit_name(department=departments[parent][0])
+                               if parent else "", rows.get(pk, {}), team=False))
+        pk = parent
+    policy = policy_of(team)
+    units.append(core.Unit(team.slug, unit_name(department=departments[team.department_id][0])
+                           if team.department_id else "",
+                           {q.gpu_model: bucket_quota(q) for q in _TEAM_QUOTAS.all(team=team.pk)}, team=True,
+                           allow_over_quota=policy.allow_over_quota, reclaim_grace_s=float(policy.reclaim_grace_s)))
+    return core.QuotaTree(units)
+
+
+def models_to_judge(tree: core.QuotaTree, team: str, named: list[str], fleet_models) -> list[str]:
+    """The models a request is judged on: those it names; else, when no unit on its team's path has
+    a row for a particular model, one stands for all (every model resolves to the same quotas);
+    else the fleet's models (`fleet_models()`, read only then)."""
+    if named:
+        return named
+    specific = set()
+    unit = team
+    while unit:
+        specific |= set(tree.units[unit].quotas) - {core.fairshare.WILDCARD}
+        unit = tree.units[unit].parent
+    return fleet_models() if specific else [core.fairshare.WILDCARD]
+
+
 def never_fits(tree: core.QuotaTree, request: core.Request, models: list[str]) -> str | None:
     """Why `request` can never run on any of `models` (its team's hard limits), or None. The same
     verdict the cycle gives (`scheduler.core.fairshare.Ledger.verdict`), usage aside: a hard
@@ -96,7 +144,8 @@ def admission_now(tree: core.QuotaTree, request: core.Request, models: list[str]
     """How `request` would count if placed now, as far as its own team's quota and limits go (what
     others lend is the cycle's to judge): guaranteed within the quota, else borrowed, or
     opportunistic for priority 0 where only that is left. `held`: quota.held(team) of its team."""
-    ledger = Ledger(tree, {m: (10**15, 10**15, 10**15) for m in models}, ())
+    huge = (10**15, 10**15, 10**15)  # what others lend is not judged here
+    ledger = Ledger(tree, {m: huge for m in {*models, *(model for _, model, _ in held)}}, ())
     for i, ((_, model, admission), use) in enumerate(held.items()):
         ledger.charge(f"held-{i}", request.team, model, (_milli(use.gpu_share), use.memory_mib, use.gpus),
                       core.Admission(admission))

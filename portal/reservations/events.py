@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from django.db import transaction
 from django.dispatch import Signal
 
-cycle_requested = Signal()  # kwargs: reason (str)
+cycle_requested = Signal()  # kwargs: reason (str), freed (bool: capacity or quota may have been freed)
 # A reservation that named a pod stopped holding its GPUs: its pod is to be deleted on the cluster.
 pod_ended = Signal()  # kwargs: reservation_id (int)
 # What is allocated on some nodes changed (placed, released); telemetry pushes each node's
@@ -22,8 +22,10 @@ reservations_changed = Signal()  # kwargs: changes (dict[int, int])
 # cycle, sync and reconcile catch up on any that fail. `robust`: a failing one (Redis away) is
 # logged, and neither stops the others nor turns the committed change into an error answer,
 # which a client would retry and so duplicate.
-def request_cycle(reason: str) -> None:
-    transaction.on_commit(lambda: cycle_requested.send(sender=None, reason=reason), robust=True)
+def request_cycle(reason: str, freed: bool = False) -> None:
+    """`freed`: the change may let waiting reservations in that did not fit before (quotas or the
+    quota tree changed), so the next cycle looks at all of them again."""
+    transaction.on_commit(lambda: cycle_requested.send(sender=None, reason=reason, freed=freed), robust=True)
 
 
 def request_pod_cleanup(reservation_id: int) -> None:

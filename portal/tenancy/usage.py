@@ -72,7 +72,7 @@ class TeamUsage:
 
 
 def team_usage(team: Team, waiting_limit: int = 50) -> TeamUsage:
-    from portal.reservations.models import Reservation
+    from portal.reservations.models import COUNTED, Admission, Reservation
     from portal.reservations.quota import usage_of
     from portal.reservations.states import ACTIVE, HOLDS_GPU, State
 
@@ -84,12 +84,14 @@ def team_usage(team: Team, waiting_limit: int = 50) -> TeamUsage:
     memory = ExpressionWrapper(F("gpu_memory_mib") * F("gpu_count"), output_field=DecimalField(max_digits=14,
                                                                                                decimal_places=0))
     active = Reservation.objects.filter(team=team, state__in=ACTIVE)
-    opportunistic = active.filter(opportunistic=True, state__in=HOLDS_GPU).aggregate(
-        s=Coalesce(Sum(share), Value(ZERO)))["s"]
+    # Quota is charged while a reservation holds GPUs: guaranteed and borrowed count, opportunistic not.
+    counted = Q(admission__in=COUNTED, state__in=HOLDS_GPU)
+    beyond = Q(admission=Admission.OPPORTUNISTIC, state__in=HOLDS_GPU)
+    opportunistic = active.filter(beyond).aggregate(s=Coalesce(Sum(share), Value(ZERO)))["s"]
     rows = (active.values("owner__username").annotate(
-        g_share=Coalesce(Sum(share, filter=Q(opportunistic=False)), Value(ZERO)),
-        o_share=Coalesce(Sum(share, filter=Q(opportunistic=True, state__in=HOLDS_GPU)), Value(ZERO)),
-        mem=Coalesce(Sum(memory, filter=Q(opportunistic=False)), Value(Decimal(0))),
+        g_share=Coalesce(Sum(share, filter=counted), Value(ZERO)),
+        o_share=Coalesce(Sum(share, filter=beyond), Value(ZERO)),
+        mem=Coalesce(Sum(memory, filter=counted), Value(Decimal(0))),
         n_held=Count("id", filter=Q(state__in=HOLDS_GPU)),
         n_waiting=Count("id", filter=Q(state=State.PENDING)),
     ).order_by("owner__username"))

@@ -50,6 +50,10 @@ def ledger_of(state: ClusterState, tree: QuotaTree, past=None) -> Ledger:
     return Ledger(tree, capacity, shares, past)
 
 
+def _newer(reservation_id: str) -> tuple:
+    return (0, -int(reservation_id)) if reservation_id.isdigit() else (1, reservation_id)
+
+
 class Fair:
     def __init__(self, state: ClusterState, tree: QuotaTree, pending: Sequence[Request], now: float,
                  past=None, aging_s: float = DEFAULT_AGING_S) -> None:
@@ -169,7 +173,8 @@ class Fair:
                 return False
             if share.team == req.team:
                 return share.priority < req.priority  # within a team, priorities order work
-            if share.admission == Admission.OPPORTUNISTIC:
+            if share.admission == Admission.OPPORTUNISTIC or share.priority == 0:
+                # Priority 0 is preemptible by any higher priority, counted in a quota or not (KubeShare's).
                 return share.priority < req.priority
             return guaranteed and share.admission == Admission.BORROWED
 
@@ -178,15 +183,16 @@ class Fair:
     def _rank(self, req: Request):
         def rank(h: Holding) -> tuple:
             s = h.share
-            if s.admission == Admission.OPPORTUNISTIC and s.team != req.team:
+            if (s.admission == Admission.OPPORTUNISTIC or s.priority == 0) and s.team != req.team:
                 kind = 0
             elif s.team != req.team:
                 kind = 1
             else:
                 kind = 2
             model = self.state.models[int(self.state.gpu_model[h.node, h.gpus[0]])] if h.gpus else ""
-            # Most saturated team first, then lowest priority, then newest.
-            return (kind, -self.ledger.saturation(s.team, model), s.priority, -s.since)
+            # Most saturated team first, then lowest priority, then newest (placed later, or in the
+            # same commit submitted later: a higher id).
+            return (kind, -self.ledger.saturation(s.team, model), s.priority, -s.since, _newer(s.reservation_id))
 
         return rank
 

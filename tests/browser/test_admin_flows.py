@@ -22,8 +22,9 @@ from portal.fleet import inventory
 from portal.fleet.models import Node
 from portal.fleet.services import issue_node_token
 from portal.reservations.models import Reservation
-from portal.tenancy.models import Membership, Role, Team
+from portal.tenancy.models import Membership, Role
 from tests.integration.conftest import INVENTORY, wait_for
+from tests.teams import make_team
 
 from .stack import shoot, sign_in
 
@@ -33,9 +34,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 @pytest.fixture
 def org(stack):
     inventory.load(INVENTORY)
-    vision = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=Decimal(3), quota_memory_mib=300_000,
+    vision = make_team("vision", "Vision", quota_gpu_share=Decimal(3), quota_memory_mib=300_000,
                                  quota_max_gpus=6)
-    nlp = Team.objects.create(slug="nlp", name="NLP", quota_gpu_share=Decimal(3), quota_memory_mib=300_000,
+    nlp = make_team("nlp", "NLP", quota_gpu_share=Decimal(3), quota_memory_mib=300_000,
                               quota_max_gpus=6)
     users = get_user_model().objects
     people = {name: users.create_user(name, password=f"{name}-pw", email=f"{name}@example.com")

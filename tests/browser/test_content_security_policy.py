@@ -7,7 +7,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from portal.fleet import inventory
-from portal.tenancy.models import Membership, Role, Team
+from portal.tenancy.models import Membership, Role
+from tests.teams import make_team
 
 from .stack import sign_in
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.browser
 def people(chromium, transactional_db, settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     inventory.load(os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "inventory", "demo.yaml"))
-    team = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=2)
+    team = make_team("vision", "Vision", quota_gpu_share=2)
     carol = get_user_model().objects.create_user("carol", password="s3cret-carol", is_staff=True,
                                                   is_superuser=True)
     Membership.objects.create(user=carol, team=team, role=Role.ADMIN)

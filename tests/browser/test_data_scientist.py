@@ -18,8 +18,9 @@ from portal.fleet import inventory
 from portal.fleet.models import Node
 from portal.fleet.services import issue_node_token
 from portal.reservations.models import Reservation
-from portal.tenancy.models import Membership, Preset, Role, Team, TeamPolicy
+from portal.tenancy.models import Membership, Preset, Role, TeamPolicy
 from tests.integration.conftest import INVENTORY
+from tests.teams import make_team
 
 from .stack import shoot, sign_in
 
@@ -30,9 +31,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 def people(stack):
     # The default password hasher: Daphne, another process, checks the passwords with its own settings.
     inventory.load(INVENTORY)
-    vision = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=Decimal(2), quota_memory_mib=200_000,
+    vision = make_team("vision", "Vision", quota_gpu_share=Decimal(2), quota_memory_mib=200_000,
                                  quota_max_gpus=4)
-    nlp = Team.objects.create(slug="nlp", name="NLP", quota_gpu_share=Decimal(2))
+    nlp = make_team("nlp", "NLP", quota_gpu_share=Decimal(2))
     TeamPolicy.objects.create(team=vision, max_duration_s=6 * 3600)
     Preset.objects.create(team=vision, name="Quarter T4, 4 GiB, 2 h", kind="interactive", gpu_model="T4",
                           gpu_request=Decimal("0.25"), gpu_limit=Decimal("0.5"), gpu_memory_mib=4096,

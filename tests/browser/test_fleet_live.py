@@ -22,8 +22,9 @@ from portal.fleet.models import Gpu, LostCause, Node
 from portal.reservations import rules, services
 from portal.reservations.models import Reservation
 from portal.tenancy import policy
-from portal.tenancy.models import Membership, Role, Team
+from portal.tenancy.models import Membership, Role
 from tests.integration.conftest import INVENTORY, wait_for
+from tests.teams import make_team
 
 from .stack import shoot, sign_in
 from .test_admin_flows import new_page
@@ -35,7 +36,7 @@ SOON_MS = 5_000  # "within a few seconds": a push, not the page's old 30 s refre
 
 def test_the_fleet_page_follows_drains_losses_and_new_shares_without_reload(chromium, stack):
     inventory.load(INVENTORY)
-    vision = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=Decimal(3), quota_memory_mib=300_000,
+    vision = make_team("vision", "Vision", quota_gpu_share=Decimal(3), quota_memory_mib=300_000,
                                  quota_max_gpus=6)
     users = get_user_model().objects
     admin_user = users.create_user("admin", password="admin-pw", is_staff=True)

@@ -13,7 +13,8 @@ from portal.fleet.models import Node, NodeLink
 from portal.placement import backend as backend_module
 from portal.placement import tasks
 from portal.reservations import rules, services
-from portal.tenancy.models import Membership, Role, Team, TeamPolicy
+from portal.tenancy.models import Membership, Role, TeamPolicy
+from tests.teams import make_team
 
 from .stack import shoot, sign_in
 
@@ -38,7 +39,7 @@ def remote_share(chromium, transactional_db, settings, tmp_path):
     cpu = Node.objects.create(name="cpu-near", cpu_milli=16000, memory_mib=65536)
     NodeLink.objects.create(client=cpu, gpu_node=Node.objects.get(name="t4-node-1"), rtt_ms=0.1,
                             bandwidth_mbps=25000, measured_at=timezone.now())
-    team = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=2, quota_memory_mib=100_000)
+    team = make_team("vision", "Vision", quota_gpu_share=2, quota_memory_mib=100_000)
     TeamPolicy.objects.create(team=team, allow_remote=True)
     alice = get_user_model().objects.create_user("alice", password="s3cret-alice", is_staff=True)
     Membership.objects.create(user=alice, team=team, role=Role.MEMBER)

@@ -16,8 +16,9 @@ from portal.fleet import inventory
 from portal.fleet.models import Gpu
 from portal.reservations.models import Allocation
 from portal.telemetry.models import ShareMinute
-from portal.tenancy.models import Membership, Role, Team
+from portal.tenancy.models import Membership, Role
 from tests.reservations import clock_at, ended, placed, submitted
+from tests.teams import make_team
 
 from .stack import sign_in
 
@@ -32,8 +33,8 @@ def world(chromium, transactional_db, settings):
     hours (bursting to 0.8 of it); nlp held a whole A100 for 4 hours."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     inventory.load(DEMO)
-    vision = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=4)
-    nlp = Team.objects.create(slug="nlp", name="NLP", quota_gpu_share=4)
+    vision = make_team("vision", "Vision", quota_gpu_share=4)
+    nlp = make_team("nlp", "NLP", quota_gpu_share=4)
     users = {}
     for name, team, role in (("dave", vision, Role.MANAGER), ("alice", vision, Role.MEMBER),
                              ("bob", nlp, Role.MEMBER)):

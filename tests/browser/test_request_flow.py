@@ -9,7 +9,8 @@ from django.contrib.auth import get_user_model
 
 from portal.fleet import inventory
 from portal.reservations.models import Reservation
-from portal.tenancy.models import Membership, Role, Team
+from portal.tenancy.models import Membership, Role
+from tests.teams import make_team
 
 pytestmark = pytest.mark.browser
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.browser
 def world(chromium, transactional_db, settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     inventory.load(os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "inventory", "demo.yaml"))
-    team = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=2)
+    team = make_team("vision", "Vision", quota_gpu_share=2)
     alice = get_user_model().objects.create_user("alice", password="s3cret-alice")
     Membership.objects.create(user=alice, team=team, role=Role.MEMBER)
     return team

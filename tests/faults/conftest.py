@@ -25,6 +25,8 @@ import redis
 from django.contrib.auth import get_user_model
 from django.db import connection
 
+from tests.teams import make_team
+
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "deploy" / "inventory" / "demo.yaml"
 
@@ -143,11 +145,11 @@ def stage(transactional_db, own_redis, settings, tmp_path):
     from portal.fleet import inventory
     from portal.placement import backend as backend_module
     from portal.placement.locking import forget_locks
-    from portal.tenancy.models import Membership, Team
+    from portal.tenancy.models import Membership
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     inventory.load(INVENTORY)
-    team = Team.objects.create(slug="faults", name="Faults", quota_gpu_share=Decimal("10000"),
+    team = make_team("faults", "Faults", quota_gpu_share=Decimal("10000"),
                                quota_memory_mib=10**9, quota_max_gpus=10_000, allow_over_quota=True)
     user = get_user_model().objects.create_user("faulty", password="pw-faulty")
     Membership.objects.create(user=user, team=team)

@@ -16,6 +16,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import Client
 
+from tests.teams import make_team
+
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "deploy" / "inventory" / "demo.yaml"
 # This suite's own Redis database, flushed before and after; TESSERA_TEST_REDIS_DB moves it so that two
@@ -168,12 +170,12 @@ def world(transactional_db, settings):
     from portal.reservations import rules, services
     from portal.reservations.models import Reservation
     from portal.reservations.states import State
-    from portal.tenancy.models import Membership, Role, Team
+    from portal.tenancy.models import Membership, Role
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     inventory.load(INVENTORY)
     users = get_user_model().objects
-    teams = {slug: Team.objects.create(slug=slug, name=slug.upper(), quota_gpu_share=Decimal(4),
+    teams = {slug: make_team(slug, name=slug.upper(), quota_gpu_share=Decimal(4),
                                        quota_memory_mib=500_000, quota_max_gpus=8)
              for slug in ("vision", "nlp")}
     people = {"alice": users.create_user("alice", password="x"), "bob": users.create_user("bob", password="x"),

@@ -22,6 +22,7 @@ from scheduler.backends.base import REMOTE_CLIENT_DIR, REMOTE_SERVER_PORT
 from scheduler.backends.kubernetes.manifests import SHARE_RESOURCE
 from tests.scheduler.backends.conftest import load_fake_apiserver
 from tests.scheduler.backends.portal_on_fake_cluster import point_portal_at
+from tests.teams import make_team
 
 from .conftest import INVENTORY, ROOT, Portal, wait_for
 
@@ -82,7 +83,7 @@ def test_a_cpu_only_nodes_agent_makes_room_for_a_remote_share_whose_pod_runs_the
     from portal.placement import tasks
     from portal.reservations import rules, services
     from portal.reservations.models import Reservation
-    from portal.tenancy.models import Membership, Role, Team, TeamPolicy
+    from portal.tenancy.models import Membership, Role, TeamPolicy
 
     # The portal as deploy/portal configures it, in this process (the cycle) and in Daphne (the agents).
     point_portal_at(apiserver, settings, tmp_path, monkeypatch)
@@ -100,7 +101,7 @@ def test_a_cpu_only_nodes_agent_makes_room_for_a_remote_share_whose_pod_runs_the
     Node.objects.exclude(gpus=None).update(cpu_milli=500, memory_mib=65536)  # no room for a 1-CPU pod
     cpu_node = Node.objects.create(name="cpu-node-1")  # manage.py node_token cpu-node-1 --create
     token = issue_node_token(cpu_node)
-    team = Team.objects.create(slug="vision", name="Vision", namespace="team-vision", quota_gpu_share=Decimal(4),
+    team = make_team("vision", "Vision", namespace="team-vision", quota_gpu_share=Decimal(4),
                                quota_memory_mib=400_000, quota_max_gpus=4)
     TeamPolicy.objects.create(team=team, allow_remote=True)
     from django.contrib.auth import get_user_model

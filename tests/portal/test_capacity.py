@@ -36,13 +36,21 @@ def test_empty_answer_says_why(client_for, fleet):
     assert any(r["code"] == "memory" for r in body["reasons"]), body
 
 
-def test_quota_is_a_reason(client_for, fleet):
-    body = client_for("bob").get(URL, {"gpu_request": "1.0", "gpu_memory_mib": 1000, "gpu_count": 2,
-                                       "team": "nlp"}).json()
-    assert body["fits"] is False
+def test_beyond_the_quota_it_says_borrowed_and_where_nobody_lends_why_it_waits(client_for, fleet, teams):
+    from portal.audit import services as audit
+    from portal.tenancy import quotas
+
+    query = {"gpu_request": "1.0", "gpu_memory_mib": 1000, "gpu_count": 2, "team": "nlp"}
+    body = client_for("bob").get(URL, query).json()
+    assert body["fits"] is True and body["admission"] == "borrowed" and body["never"] is False
+    for team in ("vision", "nlp"):
+        quotas.replace_quotas(teams[team], audit.cli("test"), [
+            {"gpu_model": "*", "gpu_share": "9" if team == "vision" else "1.5", "gpu_memory_gib": "900", "gpus": 18,
+             "lending_limit": {"gpu_share": "0", "gpu_memory_gib": "0", "gpus": 0}}])
+    body = client_for("bob").get(URL, query).json()
+    assert body["fits"] is False and body["admission"] is None and body["gpus"] == []
     assert body["reasons"][0]["code"] == "quota"
-    assert "GPU share quota is 1.500" in body["reasons"][0]["message"]
-    assert body["gpus"], "the GPUs are free; only the quota stands in the way"
+    assert "nlp holds 0.0 of its 1.5 any-model (*) GPU share quota and this needs 2.0" in body["reasons"][0]["message"]
 
 
 def test_bad_queries_are_400(client_for, fleet):

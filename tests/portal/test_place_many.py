@@ -14,6 +14,7 @@ from portal.fleet.models import Gpu, NodeStatus
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation, StateTransition
 from portal.reservations.states import IllegalTransition, State
+from tests.teams import set_any_quota
 
 
 def _pending(people, teams, share="0.5", memory=1000, count=1) -> Reservation:
@@ -58,8 +59,7 @@ def test_the_number_of_queries_does_not_grow_with_the_batch(fleet, people, teams
 
     gpus = list(Gpu.objects.select_related("node").order_by("pk"))
     counts = {}
-    teams["vision"].quota_gpu_share, teams["vision"].quota_max_gpus = Decimal(10), 100
-    teams["vision"].save()
+    set_any_quota(teams["vision"], share=10, gpus=100)
     for n in (1, 30):
         rs = [_pending(people, teams, share="0.1", memory=100) for _ in range(n)]
         units = [[_decision(r, gpus[i % len(gpus)], share="0.1", memory=100)] for i, r in enumerate(rs)]
@@ -202,7 +202,7 @@ def test_the_same_on_sqlite(on_sqlite):
         from portal.reservations.models import Allocation, Reservation, StateTransition
         from portal.tenancy.models import Membership, Team
         inventory.load(os.environ["INVENTORY"])
-        team = Team.objects.create(slug="t", name="T", quota_gpu_share=Decimal(10), quota_memory_mib=10**7,
+        team = make_team("t", "T", quota_gpu_share=Decimal(10), quota_memory_mib=10**7,
                                    quota_max_gpus=10)
         user = get_user_model().objects.create_user("u")
         Membership.objects.create(user=user, team=team)

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
-from django.db.models import Q
+from django.db.models import DecimalField, ExpressionWrapper, F, Q, Sum, Value
 from django.db.models.functions import Coalesce
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
@@ -17,9 +17,10 @@ from portal.fleet.models import Gpu, Node
 from portal.precompiled import Precompiled, param_eq, param_in
 from portal.reservations import services
 from portal.reservations.models import Allocation, Reservation
-from portal.reservations.quota import _counted, _totals, usage_by_team
+from portal.reservations.quota import usage_by_team
 from portal.reservations.rules import ReservationSpec
 from portal.reservations.services import submit
+from portal.reservations.states import ACTIVE
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +28,20 @@ pytestmark = pytest.mark.django_db
 def _submit(person, team, share: str, count: int = 1):
     return submit(person, ReservationSpec(team=team, image="img", gpu_request=Decimal(share), gpu_memory_mib=1024,
                                           gpu_count=count))
+
+
+def _counted():
+    return Reservation.objects.filter(state__in=ACTIVE)
+
+
+def _totals() -> dict:
+    """Sums whose expressions convert their values (decimal products, a count)."""
+    share = ExpressionWrapper(F("gpu_request") * F("gpu_count"), output_field=DecimalField(max_digits=8,
+                                                                                           decimal_places=3))
+    memory = ExpressionWrapper(F("gpu_memory_mib") * F("gpu_count"), output_field=DecimalField(max_digits=14,
+                                                                                               decimal_places=0))
+    return {"share": Coalesce(Sum(share), Value(Decimal(0))), "memory": Coalesce(Sum(memory), Value(Decimal(0))),
+            "gpus": Coalesce(Sum("gpu_count"), Value(0))}
 
 
 def test_rows_are_the_orms_for_every_kind_of_column(fleet, teams, people):
@@ -61,12 +76,16 @@ def test_later_calls_see_new_rows_and_compile_nothing(fleet, teams, people):
     assert len(queries) == 1
 
 
-def test_usage_by_team_counts_active_guaranteed_use(fleet, teams, people):
-    _submit(people["alice"], teams["vision"], "1", 2)
-    _submit(people["bob"], teams["nlp"], "0.5")
+def test_usage_by_team_counts_what_is_held(fleet, teams, people):
+    from tests.reservations import placed
+
+    gpus = list(fleet.filter(model="A100-80GB"))
+    placed(_submit(people["alice"], teams["vision"], "1"), gpus[0])
+    placed(_submit(people["bob"], teams["nlp"], "0.5"), gpus[1])
+    _submit(people["alice"], teams["vision"], "1", 2)  # waiting: holds nothing
     used = usage_by_team()
-    assert used[teams["vision"].pk].gpu_share == Decimal("2.000")
-    assert used[teams["vision"].pk].gpus == 2
+    assert used[teams["vision"].pk].gpu_share == Decimal("1.000")
+    assert used[teams["vision"].pk].gpus == 1
     assert used[teams["nlp"].pk].memory_mib == 1024
 
 
@@ -153,7 +172,7 @@ def test_the_same_on_sqlite(on_sqlite):
         from portal.tenancy.models import Membership, Team
         from tests.portal.test_precompiled import _PARAMETERISED, _same_as_the_orm
         inventory.load(os.environ["INVENTORY"])
-        teams = [Team.objects.create(slug=s, name=s, quota_gpu_share=Decimal(10), quota_memory_mib=10**7,
+        teams = [make_team(s, name=s, quota_gpu_share=Decimal(10), quota_memory_mib=10**7,
                                      quota_max_gpus=10) for s in ("t", "u")]
         user = get_user_model().objects.create_user("u")
         for team in teams:

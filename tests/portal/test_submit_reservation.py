@@ -145,12 +145,13 @@ def test_fleet_check_answers_as_grouping_every_gpu_did(fleet, teams):
                 assert list(got) == list(_fleet_errors_reading_every_gpu(spec))
 
 
-def test_submit_over_a_token_costs_ten_queries_and_answers_without_reading_allocations(
+def test_submit_over_a_token_costs_twelve_queries_and_answers_without_reading_allocations(
         people, fleet, reservation_body, django_assert_num_queries):
     """token (with the roles), the team by slug, the model named, the fleet check, the team
-    locked with its policy, quota usage, the reservation and its audit row (in a savepoint here,
-    a transaction in production); a reservation just submitted holds no GPUs, so its answer
-    reads none."""
+    locked with its policy, the departments with their quotas and the team's quotas (its hard
+    limits), what the team holds (how it would count), the reservation and its audit row (in a
+    savepoint here, a transaction in production); a reservation just submitted holds no GPUs, so
+    its answer reads none."""
     from django.utils import timezone
     from rest_framework.test import APIClient
 
@@ -161,7 +162,7 @@ def test_submit_over_a_token_costs_ten_queries_and_answers_without_reading_alloc
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(12):
         r = client.post(URL, reservation_body(gpu_model="A100-80GB"), format="json")
     assert r.status_code == 201, r.content
     assert r.json()["allocations"] == [] and r.json()["team"] == "vision" and r.json()["owner"] == "alice"

@@ -85,10 +85,11 @@ def ends_at(reservation: Reservation, placed_at: datetime) -> datetime | None:
 
 
 def place(reservation_id: int, node_id: int, allocations: Iterable[NewAllocation], actor=SCHEDULER,
-          reason: str = "placed") -> Reservation:
+          reason: str = "placed", admission: str = "guaranteed") -> Reservation:
     """Commit one placement. Raises CapacityConflict (or IllegalTransition) when it no longer
     fits, leaving nothing written."""
-    placed, refused = place_many([[Placing(reservation_id, node_id, tuple(allocations), reason)]], actor)
+    placed, refused = place_many([[Placing(reservation_id, node_id, tuple(allocations), reason,
+                                           admission=admission)]], actor)
     if refused:
         raise refused[reservation_id]
     return placed[0]

@@ -67,9 +67,9 @@ def submit(user, spec: rules.ReservationSpec, source: str = Source.PORTAL, pod: 
 def _admission_now(team: Team, spec: rules.ReservationSpec) -> str:
     """Refuse what can never run (the only refusal for quota); else how the request would count if
     placed now as far as its own team's quota goes (the cycle decides for good when it places it)."""
-    tree = engine_quotas.load()
+    tree = engine_quotas.path_tree(team)
     request = request_of(spec, team.slug, "submit")
-    models = spec.models() or rules.fleet_model_names()
+    models = engine_quotas.models_to_judge(tree, team.slug, spec.models(), rules.fleet_model_names)
     problem = engine_quotas.never_fits(tree, request, models)
     if problem:
         raise engine_quotas.NeverFits(f"team {team.slug}: this request can never run as asked: {problem}", team)

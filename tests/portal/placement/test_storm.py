@@ -27,10 +27,11 @@ from portal.placement.invariants import live_shares_ok
 from portal.placement.locking import forget_locks
 from portal.placement.tasks import cycle, reconcile, sync
 from portal.reservations import rules, services
+from portal.reservations.engine_quotas import NeverFits
 from portal.reservations.models import Allocation, Reservation
-from portal.reservations.quota import QuotaExceeded
 from portal.reservations.states import HOLDS_GPU, IllegalTransition, State
-from portal.tenancy.models import Membership, Team
+from portal.tenancy.models import Membership
+from tests.teams import make_team
 
 ROOT = Path(__file__).resolve().parents[3]
 REDIS_DB = 5  # this test's own Redis database; flushed before and after
@@ -104,7 +105,7 @@ def workers(settings, tmp_path, fleet):
 
 
 def _storm_team():
-    team = Team.objects.create(slug="storm", name="Storm", quota_gpu_share=Decimal("10000"),
+    team = make_team("storm", "Storm", quota_gpu_share=Decimal("10000"),
                                quota_memory_mib=10**9, quota_max_gpus=10000, allow_over_quota=True)
     user = get_user_model().objects.create_user("stormer", password="pw-storm")
     Membership.objects.create(user=user, team=team)
@@ -165,7 +166,7 @@ def test_storm_of_submits_and_cancels_never_overcommits_or_loses_anything(worker
         else:
             try:
                 submitted.append(services.submit(user, _random_spec(rng, team)).pk)
-            except QuotaExceeded:
+            except NeverFits:
                 refused += 1
         if i == OPERATIONS // 2:
             _faults(procs)

@@ -16,6 +16,7 @@ from portal.fleet.models import Gpu, Node
 from portal.fleet.services import node_for_token
 from portal.reservations import rules, services
 from portal.tenancy.models import ExclusionGroup, Membership, Preset
+from tests.teams import set_any_quota
 
 TEAM_TABS = ["members", "groups", "presets", "policy", "quota"]
 
@@ -216,8 +217,7 @@ def test_the_fleet_page_is_compressed_and_a_shown_once_token_is_not(fleet, brows
 
 
 def test_fleet_page_queries_do_not_grow_with_shares(fleet, browser_for, teams, people):
-    teams["vision"].quota_max_gpus = 100
-    teams["vision"].save()
+    set_any_quota(teams["vision"], gpus=100)
     admin = browser_for("admin")
     admin.get("/fleet/")
     with CaptureQueriesContext(connection) as before:

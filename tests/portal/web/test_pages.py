@@ -11,6 +11,7 @@ from portal.reservations.models import Reservation
 from portal.reservations.states import State
 from portal.tenancy.models import Preset, TeamPolicy
 from tests.reservations import running, submitted
+from tests.teams import set_any_quota
 
 
 @pytest.fixture
@@ -84,8 +85,7 @@ def test_preview_follows_the_fields(alice):
 
 def test_preview_says_why_it_would_wait_and_where_in_the_queue(alice, people, fleet, teams):
     """Both T4s taken by nlp work that ends in 3 h: a T4 request waits, first in the queue."""
-    teams["nlp"].quota_gpu_share = Decimal(2)  # room in nlp's quota for two whole T4s
-    teams["nlp"].save()
+    set_any_quota(teams["nlp"], share=2)  # room in nlp's quota for two whole T4s
     for gpu in fleet.filter(model="T4"):
         running(submitted(people["bob"], teams["nlp"], image="i", gpu_request=Decimal(1), gpu_memory_mib=1024,
                           max_duration_s=3 * 3600), gpu)

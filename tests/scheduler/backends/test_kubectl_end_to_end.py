@@ -22,6 +22,7 @@ from agents.placements import PlacementTable
 from scheduler.backends.base import PLACEMENT_ANNOTATION, RESERVATION_LABEL
 from scheduler.backends.kubernetes.webhook import share_patch
 from tests.scheduler.backends.portal_on_fake_cluster import point_portal_at
+from tests.teams import make_team
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +36,6 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
     from portal.celery import app as celery_app
     from portal.fleet import inventory
     from portal.placement import backend as backend_module
-    from portal.tenancy.models import Team
 
     point_portal_at(apiserver, settings, tmp_path, monkeypatch)
     eager = celery_app.conf.task_always_eager
@@ -43,7 +43,7 @@ def portal_on_kubernetes(settings, apiserver, tmp_path, monkeypatch, django_capt
     inventory.load(INVENTORY)
     for node in load_inventory(INVENTORY):
         apiserver.add_node(node.name)
-    Team.objects.create(slug="vision", name="Vision", namespace="team-vision", quota_gpu_share=Decimal("4"),
+    make_team("vision", "Vision", namespace="team-vision", quota_gpu_share=Decimal("4"),
                         quota_memory_mib=400_000, quota_max_gpus=4, allow_over_quota=True)
     backend_module.forget_backends()
 

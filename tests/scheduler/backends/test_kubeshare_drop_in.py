@@ -80,9 +80,9 @@ spec:
 def gtx_node(portal_on_kubernetes, apiserver):  # noqa: F811 - the fixture imported above
     """A node whose GPUs NVML calls "NVIDIA GeForce GTX 1080" (the README's model, with a space)."""
     from portal.fleet.models import Gpu, Node
-    from portal.tenancy.models import Team
+    from portal.tenancy.models import Quota
 
-    Team.objects.filter(slug="vision").update(quota_max_gpus=16)  # room for the Job's 5 pods
+    Quota.objects.filter(team__slug="vision", gpu_model="*").update(gpus=16)  # room for the Job's 5 pods
     node = Node.objects.create(name="gtx-node-1")
     for i in range(4):
         Gpu.objects.create(node=node, uuid=f"GPU-1080aaaa-0000-4000-8000-00000000000{i}", index=i,
