@@ -103,6 +103,9 @@ def test_site_admin_builds_the_tree_through_the_api(client_for, teams):
     assert moved.status_code == 200, moved.content
     assert moved.json()["department"] == "perception"
     assert admin.get("/api/v1/teams/vision/").json()["department"] == "perception"
+    audio = admin.post("/api/v1/teams/", {"slug": "audio", "name": "Audio", "department": "research"}, format="json")
+    assert audio.status_code == 201 and audio.json()["department"] == "research"
+    assert [t["department"] for t in admin.get("/api/v1/teams/").json()["results"]] == ["research", None, "perception"]
     refused = admin.delete("/api/v1/departments/perception/")
     assert refused.status_code == 400
     assert refused.json() == {"department": ["department perception still holds team vision; move it elsewhere "
@@ -113,6 +116,7 @@ def test_site_admin_builds_the_tree_through_the_api(client_for, teams):
     assert admin.delete("/api/v1/departments/perception/").status_code == 204
     slugs = [d["slug"] for d in admin.get("/api/v1/departments/").json()["results"]]
     assert slugs == ["research"]
+    assert admin.delete("/api/v1/departments/research/").status_code == 400  # audio is still there
     assert AuditEntry.objects.get(object_type="team", action="moved", after={"department": None}).actor_label == "admin"
 
 
