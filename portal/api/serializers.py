@@ -157,6 +157,11 @@ class VisibleDepartmentField(SafeSlugRelatedField):
     def __init__(self, **kwargs):
         super().__init__(slug_field="slug", **kwargs)
 
+    def run_validation(self, data=serializers.empty):
+        if data == "":  # DRF would read it as null; the schema (and this field) say a slug or null
+            self.fail("invalid")
+        return super().run_validation(data)
+
     def get_queryset(self):
         return departments.visible_departments(self.context["request"].user)
 

@@ -160,7 +160,7 @@ def move_team(team: Team, by: audit.Actor, department_slug: str | None) -> Team:
     department above it would no longer hold its children's quotas."""
     with transaction.atomic():
         quota_tree.lock()
-        team = Team.objects.select_for_update().select_related("department").get(pk=team.pk)
+        team = Team.objects.select_for_update(of=("self",)).select_related("department").get(pk=team.pk)
         department = _find(department_slug, "department")
         if (department.pk if department else None) == team.department_id:
             return team

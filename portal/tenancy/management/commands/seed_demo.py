@@ -7,14 +7,42 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from portal.audit import services as audit
 from portal.fleet import inventory as fleet_inventory
 from portal.security.demo import DEMO_PASSWORD, mark_demo_user
-from portal.tenancy.models import AffinityLabel, ExclusionGroup, Membership, Preset, Role, Team, TeamPolicy
+from portal.tenancy import departments, quotas
+from portal.tenancy import teams as team_services
+from portal.tenancy.models import AffinityLabel, Department, ExclusionGroup, Membership, Preset, Role, Team, TeamPolicy
 
-TEAMS = {
-    "vision": ("Computer vision", Decimal("3.0")),
-    "nlp": ("Language models", Decimal("2.5")),
+# slug: (name, parent). Research holds the A100s both teams share: vision's lie under perception,
+# which has no quota of its own (it counts as the sum of its teams), nlp's under language.
+DEPARTMENTS = {
+    "research": ("Research", None),
+    "perception": ("Perception", "research"),
+    "language": ("Language", "research"),
 }
+# slug: (name, department)
+TEAMS = {
+    "vision": ("Computer vision", "perception"),
+    "nlp": ("Language models", "language"),
+}
+
+
+def _row(model: str, share: str, gib: int, gpus: int, **extra) -> dict:
+    return {"gpu_model": model, "gpu_share": share, "gpu_memory_gib": gib, "gpus": gpus, **extra}
+
+
+# The demo fleet has 12 A100-80GB, 4 V100-32GB and 2 T4. Quotas hold 6 of the A100s for research,
+# 5 of them promised to its teams: one A100 of research's and whatever vision or nlp leave unused
+# is lent to the other (borrowed, reclaimable), and the other 6 A100s are idle capacity beyond every
+# quota (opportunistic). Children are set before their parents, so every step fits.
+QUOTAS = [
+    ("team", "vision", [_row("A100-80GB", "3.0", 240, 4, borrowing_limit={"gpu_share": "2.0"}),
+                        _row("T4", "1.0", 15, 2, lending_limit={"gpu_share": "0.5"})]),
+    ("team", "nlp", [_row("A100-80GB", "1.0", 80, 2), _row("V100-32GB", "2.0", 64, 2)]),
+    ("department", "language", [_row("A100-80GB", "2.0", 160, 2), _row("V100-32GB", "2.0", 64, 2)]),
+    ("department", "research", [_row("A100-80GB", "6.0", 480, 6), _row("*", "4.0", 96, 6)]),
+]
 PEOPLE = [
     # username, staff, [(team, role)]
     ("alice", False, [("vision", Role.MEMBER)]),
@@ -37,7 +65,8 @@ PRESETS = [
 
 
 class Command(BaseCommand):
-    help = "Create the demo fleet (from a YAML inventory), teams vision and nlp, and demo users."
+    help = ("Create the demo fleet (from a YAML inventory), departments, teams vision and nlp with quotas per GPU "
+            "model, and demo users.")
 
     def add_arguments(self, parser):
         parser.add_argument("--inventory", default=settings.TESSERA_INVENTORY, help="inventory YAML file")
@@ -50,12 +79,9 @@ class Command(BaseCommand):
             nodes, gpus = fleet_inventory.load(inventory)
         except fleet_inventory.InventoryError as exc:
             raise CommandError(str(exc)) from None
+        by = audit.cli("seed_demo")
         with transaction.atomic():
-            teams = {}
-            for slug, (name, quota) in TEAMS.items():
-                teams[slug], _ = Team.objects.get_or_create(
-                    slug=slug, defaults={"name": name, "quota_gpu_share": quota, "quota_memory_mib": 160 * 1024,
-                                         "quota_max_gpus": 6})
+            teams = self._tree(by)
             ExclusionGroup.objects.get_or_create(team=teams["vision"], label="vision-secure",
                                                  defaults={"description": "Never shares a GPU with others"})
             AffinityLabel.objects.get_or_create(team=teams["vision"], label="vision-dataloaders",
@@ -78,5 +104,31 @@ class Command(BaseCommand):
                 for slug, role in memberships:
                     Membership.objects.update_or_create(user=user, team=teams[slug], defaults={"role": role})
         self.stdout.write(f"fleet: {nodes} nodes, {gpus} GPUs from {inventory}")
+        self.stdout.write("departments: research (perception: vision; language: nlp), quotas per GPU model")
         self.stdout.write(f"people (password: {DEMO_PASSWORD}): alice (vision member), bob (nlp member), "
                           "carol (vision admin), dave (manager of both), admin (site admin)")
+
+    def _tree(self, by: audit.Actor) -> dict[str, Team]:
+        """Departments, teams in them and their quotas, through the tenancy services (checked and
+        audited). Run again, it changes nothing where the demo's tree is already in place."""
+        for slug, (name, parent) in DEPARTMENTS.items():
+            if not Department.objects.filter(slug=slug).exists():
+                departments.create_department(by, slug, name, parent)
+        teams = {}
+        for slug, (name, _) in TEAMS.items():
+            teams[slug] = Team.objects.filter(slug=slug).first() or team_services.create_team(by, slug, name)
+        if any(teams[slug].department_id is None or teams[slug].department.slug != department
+               for slug, (_, department) in TEAMS.items()):
+            # Teams come from elsewhere (a database seeded before departments, where they sit under
+            # `default` with their old quotas): clear the demo departments' quotas, move the teams
+            # in, and give everyone the demo's quotas below.
+            for kind, slug, _ in QUOTAS:
+                if kind == "department":
+                    quotas.replace_quotas(Department.objects.get(slug=slug), by, [])
+            for slug, (_, department) in TEAMS.items():
+                quotas.replace_quotas(teams[slug], by, [])
+                teams[slug] = departments.move_team(teams[slug], by, department)
+        for kind, slug, rows in QUOTAS:
+            unit = teams[slug] if kind == "team" else Department.objects.get(slug=slug)
+            quotas.replace_quotas(unit, by, rows)
+        return teams
