@@ -16,7 +16,7 @@ from portal.precompiled import Precompiled, param_eq
 
 from .models import COUNTED, Allocation
 
-ZERO = Decimal("0")
+ZERO = Decimal("0.000")
 MILLI = Decimal("0.001")
 
 

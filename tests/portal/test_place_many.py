@@ -201,6 +201,7 @@ def test_the_same_on_sqlite(on_sqlite):
         from portal.reservations import rules, services
         from portal.reservations.models import Allocation, Reservation, StateTransition
         from portal.tenancy.models import Membership, Team
+        from tests.teams import make_team
         inventory.load(os.environ["INVENTORY"])
         team = make_team("t", "T", quota_gpu_share=Decimal(10), quota_memory_mib=10**7,
                                    quota_max_gpus=10)

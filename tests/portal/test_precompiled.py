@@ -170,6 +170,7 @@ def test_the_same_on_sqlite(on_sqlite):
         from portal.fleet.models import Gpu
         from portal.reservations import rules, services
         from portal.tenancy.models import Membership, Team
+        from tests.teams import make_team
         from tests.portal.test_precompiled import _PARAMETERISED, _same_as_the_orm
         inventory.load(os.environ["INVENTORY"])
         teams = [make_team(s, name=s, quota_gpu_share=Decimal(10), quota_memory_mib=10**7,

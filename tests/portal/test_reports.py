@@ -24,11 +24,12 @@ def gpu(node, index=0):
     return Gpu.objects.get(node__name=node, index=index)
 
 
-def hold(people, teams, who, team, on, share, start, end=None, limit=None, priority=50):
-    """A reservation of `who` holding `share` of GPU `on` from start to end (None: still held)."""
+def hold(people, teams, who, team, on, share, start, end=None, limit=None, priority=50, admission="guaranteed"):
+    """A reservation of `who` holding `share` of GPU `on` from start to end (None: still held),
+    admitted as `admission`."""
     with clock_at(start):
         r = placed(submitted(people[who], teams[team], image="busybox:1", gpu_request=share, gpu_limit=limit or share,
-                             gpu_memory_mib=100, priority=priority), on)
+                             gpu_memory_mib=100, priority=priority), on, admission=admission)
     if end is not None:
         with clock_at(end):
             ended(r)
@@ -118,13 +119,17 @@ def test_minutes_without_measurements_are_not_idle(client_for, fleet, teams, peo
     assert by_key(data)["vision"]["idle_allocated_gpu_hours"] == 0 and data["top_idle"] == []
 
 
-def test_opportunistic_hours(client_for, fleet, teams, people):
+def test_opportunistic_and_borrowed_hours(client_for, fleet, teams, people):
     hold(people, teams, "alice", "vision", gpu("t4-node-1", 1), "0.5", T0, T0 + timedelta(hours=2))
-    teams["vision"].quota_gpu_share = Decimal(0)  # over its quota, a priority-0 request runs opportunistically
-    teams["vision"].save()
-    hold(people, teams, "alice", "vision", gpu("t4-node-1"), "0.5", T0, T0 + timedelta(hours=2), priority=0)
-    row = by_key(report(client_for("dave")))["vision"]
-    assert row["allocated_gpu_hours"] == 2.0 and row["opportunistic_gpu_hours"] == 1.0
+    hold(people, teams, "alice", "vision", gpu("t4-node-1"), "0.5", T0, T0 + timedelta(hours=2), priority=0,
+         admission="opportunistic")
+    hold(people, teams, "alice", "vision", gpu("a100-node-1"), "0.25", T0, T0 + timedelta(hours=2),
+         admission="borrowed")
+    data = report(client_for("dave"))
+    row = by_key(data)["vision"]
+    assert row["allocated_gpu_hours"] == 2.5 and row["opportunistic_gpu_hours"] == 1.0
+    assert row["borrowed_gpu_hours"] == 0.5
+    assert data["total"]["borrowed_gpu_hours"] == 0.5
 
 
 def test_partly_sampled_minute_counts_only_its_seconds(client_for, fleet, teams, people):

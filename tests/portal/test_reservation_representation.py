@@ -21,8 +21,9 @@ from portal.reservations import services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
 from portal.tenancy import roles
-from portal.tenancy.models import Team, TeamPolicy
+from portal.tenancy.models import TeamPolicy
 from tests.reservations import clock_at, ended, placed, running, submitted
+from tests.teams import set_any_quota
 
 
 class GenericAllocationSerializer(AllocationSerializer):
@@ -62,8 +63,7 @@ def varied(fleet, teams, people):
     cleared), one whose client node is gone, one in the other team."""
     vision, nlp = teams["vision"], teams["nlp"]
     TeamPolicy.objects.create(team=vision, allow_remote=True)
-    Team.objects.filter(pk=vision.pk).update(quota_gpu_share=100, quota_max_gpus=100)
-    vision.refresh_from_db()
+    set_any_quota(vision, share=100, gpus=100)
     alice, carol, bob = people["alice"], people["alice2"], people["bob"]
     gpus = list(Gpu.objects.select_related("node").order_by("node__name", "index"))
     a100 = [g for g in gpus if g.node.name == "a100-node-1"]

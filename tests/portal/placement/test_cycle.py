@@ -8,6 +8,7 @@ from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
 from scheduler.backends import Phase, PodEvent, PodRef
+from tests.teams import set_any_quota
 
 
 def _submit(client, body) -> int:
@@ -160,8 +161,7 @@ def test_a_burst_larger_than_one_commit_is_placed_in_batches_and_every_pod_made(
     monkeypatch.setattr(commit.services, "place_many", place_many)
     # 250 submitted before any cycle runs (their cycle requests wait for a commit that never comes).
     vision = teams["vision"]
-    vision.quota_gpu_share, vision.quota_memory_mib, vision.quota_max_gpus = Decimal(20), 10**6, 1000
-    vision.save()
+    set_any_quota(vision, share=20, memory_mib=10**6, gpus=1000)
     ids = [services.submit(people["alice"], rules.ReservationSpec(
         team=teams["vision"], image="busybox:1.36", gpu_request=Decimal("0.05"), gpu_memory_mib=64)).pk
         for _ in range(250)]

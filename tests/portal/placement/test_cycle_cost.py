@@ -20,6 +20,7 @@ from portal.reservations.rules import ReservationSpec
 from portal.reservations.services import submit
 from portal.reservations.states import State
 from scheduler import core
+from tests.teams import set_any_quota
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -37,8 +38,7 @@ def _cycle_statements(django_capture_on_commit_callbacks) -> list[str]:
 
 def test_a_cycle_runs_the_same_statements_for_one_placement_or_many(people, teams, cluster,
                                                                     django_capture_on_commit_callbacks):
-    teams["vision"].quota_gpu_share, teams["vision"].quota_max_gpus = Decimal(100), 100
-    teams["vision"].save()
+    set_any_quota(teams["vision"], share=100, gpus=100)
     fleet_cache.fleet()  # the process has seen this fleet (a worker has, after its first cycle)
     _submit(people, teams, 1)
     one = _cycle_statements(django_capture_on_commit_callbacks)

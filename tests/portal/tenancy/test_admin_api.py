@@ -113,7 +113,8 @@ def test_quota_below_what_is_in_use_is_allowed(fleet, client_for, teams, people)
     teams["vision"].refresh_from_db()
     assert teams["vision"].quota_gpu_share == Decimal("0.500")
     usage = client_for("carol").get("/api/v1/teams/vision/usage/").json()
-    assert usage["in_use"]["gpu_share"] == "1.000" and usage["members"][0]["username"] == "alice"
+    # A waiting reservation holds nothing yet: quota is charged when it is placed.
+    assert usage["in_use"]["gpu_share"] == "0.000" and usage["members"][0]["username"] == "alice"
     assert usage["waiting"][0]["owner"] == "alice" and usage["waiting_total"] == 1
     made = client_for("admin").post("/api/v1/teams/", {"slug": "audio", "name": "Audio", "quota_gpu_share": 1,
                                                        "quota_memory_mib": 1, "quota_max_gpus": 1}, format="json")

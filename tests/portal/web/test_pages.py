@@ -75,9 +75,12 @@ def test_priority_above_the_roles_ceiling_is_refused(alice, teams):
 
 def test_preview_follows_the_fields(alice):
     fits = alice.get("/reservations/new/preview/", _form()).content.decode()
-    assert 'data-fits="yes"' in fits and "A100-80GB" in fits and "GPU share left" in fits
-    too_big = alice.get("/reservations/new/preview/", _form(gpu_count="3", gpu_request="1", memory_gib="8"))
-    assert 'data-fits="no"' in too_big.content.decode() and "quota" in too_big.content.decode()
+    assert 'data-fits="yes"' in fits and "A100-80GB" in fits and 'data-admission="guaranteed"' in fits
+    assert "Your team's quota" in fits and "any model" in fits and "0 of 2" in fits
+    # Beyond vision's quota of 2.0: it would borrow what others lend, and says what that means.
+    beyond = alice.get("/reservations/new/preview/", _form(gpu_count="3", gpu_request="1", memory_gib="8")).content
+    assert 'data-fits="yes"' in beyond.decode() and 'data-admission="borrowed"' in beyond.decode()
+    assert "may be reclaimed with 5 min warning" in beyond.decode()
     invalid = alice.get("/reservations/new/preview/", _form(memory_gib="")).content.decode()
     assert 'data-fits="invalid"' in invalid and "GPU memory (GiB)" in invalid
     assert not Reservation.objects.exists()
