@@ -155,3 +155,20 @@ def admission_now(tree: core.QuotaTree, request: core.Request, models: list[str]
         if admission in found:
             return str(admission)
     return str(core.Admission.BORROWED)
+
+
+def standings() -> list[core.fairshare.Standing]:
+    """Every department's and team's standing now, per bucket: quota, what its subtree holds that
+    counts, borrowed beyond its quota, lent to others (`scheduler.core.fairshare.standings`).
+    Vectors are (compute milli, memory MiB, GPUs); units are named as in `load()`."""
+    from portal.reservations.quota import held
+
+    tree = load()
+    slugs = dict(Team.objects.order_by().values_list("pk", "slug"))
+    rows = held()
+    ledger = Ledger(tree, {model: (0, 0, 0) for _, model, _ in rows}, ())
+    for i, ((team_id, model, admission), use) in enumerate(rows.items()):
+        if slugs.get(team_id) in tree.units:
+            ledger.charge(f"held-{i}", slugs[team_id], model, (_milli(use.gpu_share), use.memory_mib, use.gpus),
+                          core.Admission(admission))
+    return core.fairshare.standings(ledger)

@@ -497,3 +497,53 @@ def _water_fill(left: Vec, unmet: Mapping[str, Vec], weight: Mapping[str, float]
         level = lo
     return {c: _scale(u, top[c] if dom[c] == 0 else min(top[c], level * weight[c] / dom[c]))
             for c, u in unmet.items()}
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where one unit stands in one bucket now: its quota, what its subtree holds that counts
+    (guaranteed + borrowed), how much of that is beyond its quota (borrowed from others), and how
+    much of its unused quota others hold (lent). Vectors: (compute milli, memory MiB, GPUs)."""
+
+    unit: str
+    bucket: str
+    quota: Vec
+    used: Vec
+    borrowed: Vec
+    lent: Vec
+
+
+def standings(ledger: Ledger) -> list[Standing]:
+    """Every unit's standing in every bucket it has a row for (teams: also where they hold something).
+    Lent: under each parent, what the children hold beyond their quotas is taken from the siblings'
+    unused quota (up to each one's lending limit) in proportion to it, then from the parent's own
+    room; so the lent amounts of a parent's children add up to what their siblings borrowed there,
+    as far as unused quota covers it."""
+    tree = ledger.tree
+    keys: set[tuple[str, str]] = set()
+    for name, unit in tree.units.items():
+        keys.update((name, b) for b in unit.quotas)
+    keys.update(k for k, v in ledger.used.items() if v != ZERO)
+    out: dict[tuple[str, str], Standing] = {}
+    for unit, bucket in keys:
+        q = tree.quota(unit, bucket).vec()
+        used = ledger.used[(unit, bucket)]
+        out[(unit, bucket)] = Standing(unit, bucket, q, used, _pos(_sub(used, q)), ZERO)
+    # Group siblings per (effective parent, model the bucket covers): a bucket is lent within the
+    # group of each model it covers; `*` buckets are grouped under their own name.
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+    for unit, bucket in keys:
+        model = bucket if bucket != WILDCARD else WILDCARD
+        parent = ledger._eparent(unit, model) if model != WILDCARD else tree.units[unit].parent
+        groups[(parent, bucket)].append((unit, bucket))
+    for members in groups.values():
+        borrowed = _sum(out[k].borrowed for k in members)
+        if borrowed == ZERO:
+            continue
+        spare = {k: _min(_pos(_sub(out[k].quota, out[k].used)), tree.quota(*k).lending.vec()) for k in members}
+        total = _sum(spare.values())
+        for k, s in spare.items():
+            share = tuple(min(s[r], borrowed[r] * s[r] / total[r]) if total[r] > 0 else 0 for r in range(3))
+            st = out[k]
+            out[k] = Standing(st.unit, st.bucket, st.quota, st.used, st.borrowed, share)  # type: ignore[arg-type]
+    return sorted(out.values(), key=lambda s: (s.unit, s.bucket))

@@ -250,3 +250,17 @@ def test_a_tree_with_a_cycle_or_a_missing_parent_is_refused():
         QuotaTree([Unit("department:x", "department:y", team=False), Unit("department:y", "department:x", team=False)])
     with pytest.raises(ValueError, match="not in the tree"):
         QuotaTree([Unit("a", "department:nowhere")])
+
+
+def test_standings_say_who_borrows_and_who_lends():
+    from scheduler.core.fairshare import standings
+
+    quotas = research(q(2), q(2), dept=q(4))
+    running = {0: [share("a1", "a")], 1: [share("a2", "a")], 2: [share("a3", "a", admission="borrowed")]}
+    ledger = ledger_of(ClusterState.from_snapshot(Snapshot((node("n1", "A100", 4, running),))), quotas)
+    by = {(s.unit, s.bucket): s for s in standings(ledger)}
+    a, b = by[("a", "A100")], by[("b", "A100")]
+    assert a.used[0] == 3000 and a.borrowed[0] == 1000 and a.lent == (0, 0, 0)
+    assert b.used == (0, 0, 0) and b.borrowed == (0, 0, 0) and b.lent[0] == pytest.approx(1000)
+    dept = by[("department:research", "*")]
+    assert dept.used[0] == 3000 and dept.borrowed == (0, 0, 0)
