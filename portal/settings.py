@@ -229,6 +229,10 @@ TESSERA_INVENTORY = os.environ.get("TESSERA_INVENTORY", str(BASE_DIR / "deploy" 
 # Placement: the engine's policy; the namespace of portal reservations' pods; the simulated
 # cluster's state file (shared by web, workers and beat), pod start delay and batch run time.
 TESSERA_POLICY = os.environ.get("TESSERA_POLICY", "tessera")
+# Fair share counts past use too when this is set (seconds; 0: off): a team's GPU share held over
+# the past, decayed with this half-life, is added to what it holds now when the queue is ordered
+# (as Kueue's admission fair sharing and KAI's time-based fair share do).
+TESSERA_FAIR_SHARE_HALF_LIFE_S = float(os.environ.get("TESSERA_FAIR_SHARE_HALF_LIFE_S", "0"))
 TESSERA_NAMESPACE = os.environ.get("TESSERA_NAMESPACE", "tessera")
 TESSERA_LOCAL_STATE = os.environ.get("TESSERA_LOCAL_STATE", str(BASE_DIR / "var" / "local-cluster.sqlite3"))
 TESSERA_LOCAL_START_S = float(os.environ.get("TESSERA_LOCAL_START_S", "1"))

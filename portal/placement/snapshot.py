@@ -122,5 +122,6 @@ def build() -> core.Snapshot:
                        for pk, gpu in zip(node.gpu_pks, node.blank.gpus, strict=True)),
         )
     # Django's clock: the same as the rows' timestamps (created_at, placed_at, reclaim_at).
-    return core.Snapshot(nodes=tuple(nodes), now=timezone.now().timestamp(), layout=fleet.layout,
-                         quotas=engine_quotas.load())
+    now = timezone.now()
+    return core.Snapshot(nodes=tuple(nodes), now=now.timestamp(), layout=fleet.layout, quotas=engine_quotas.load(),
+                         past_use=engine_quotas.past_use(settings.TESSERA_FAIR_SHARE_HALF_LIFE_S, now))

@@ -172,3 +172,37 @@ def standings() -> list[core.fairshare.Standing]:
             ledger.charge(f"held-{i}", slugs[team_id], model, (_milli(use.gpu_share), use.memory_mib, use.gpus),
                           core.Admission(admission))
     return core.fairshare.standings(ledger)
+
+
+HALF_LIVES_KEPT = 5  # use older than this many half-lives weighs under 3 %: not read
+
+
+def past_use(half_life_s: float, now) -> dict[str, float]:
+    """team slug → its GPU share held over the past, decayed: the average of what it held (milli),
+    each moment weighted by 2^(-age / half_life_s), over the last HALF_LIVES_KEPT half-lives.
+    Counted use only (guaranteed and borrowed). Empty when half_life_s is 0 (off)."""
+    import math
+    from datetime import timedelta
+
+    from django.db.models import Q
+
+    from portal.reservations.models import COUNTED, Allocation
+
+    if half_life_s <= 0:
+        return {}
+    k = math.log(2) / half_life_s
+    horizon = HALF_LIVES_KEPT * half_life_s
+    since = now - timedelta(seconds=horizon)
+    weight_total = (1 - math.exp(-k * horizon)) / k
+    out: dict[str, float] = {}
+    rows = (Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=since),
+                                      created_at__lt=now, reservation__admission__in=COUNTED)
+            .order_by().values_list("reservation__team__slug", "gpu_request", "created_at", "released_at"))
+    for team, share, start, end in rows:
+        a = (now - max(start, since)).total_seconds()  # age at the start of the part in the window
+        b = (now - min(end or now, now)).total_seconds()  # age at its end
+        if a <= b:
+            continue
+        weight = (math.exp(-k * b) - math.exp(-k * a)) / k
+        out[team] = out.get(team, 0.0) + float(share) * 1000 * weight / weight_total
+    return out

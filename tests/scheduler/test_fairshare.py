@@ -264,3 +264,14 @@ def test_standings_say_who_borrows_and_who_lends():
     assert b.used == (0, 0, 0) and b.borrowed == (0, 0, 0) and b.lent[0] == pytest.approx(1000)
     dept = by[("department:research", "*")]
     assert dept.used[0] == 3000 and dept.borrowed == (0, 0, 0)
+
+
+def test_past_use_orders_the_team_that_used_more_lately_after_the_other():
+    quotas = tree(Unit("a", quotas={"A100": q(1)}), Unit("b", quotas={"A100": q(1)}))
+    pending = [req("a1", "a", created=0), req("b1", "b", created=1)]
+    nodes = (node("n1", "A100", 1),)
+    (first,) = [d for d in decide(Snapshot(nodes, quotas=quotas), pending) if isinstance(d, tuple)]
+    assert first[0].request_id == "a1"  # equal standing: the older request
+    ds = decide(Snapshot(nodes, quotas=quotas, past_use={"a": 900.0}), pending)
+    (first,) = [d for d in ds if isinstance(d, tuple)]
+    assert first[0].request_id == "b1"  # a used the card lately: b goes first
