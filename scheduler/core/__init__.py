@@ -10,7 +10,14 @@ Data in (frozen dataclasses, `scheduler.core.model`):
 - `Gpu(uuid, index, model, memory_mib, nvlink_peers=frozenset[int], numa_node=0, shares=())`
 - `Share(reservation_id, gpu_request, gpu_memory_mib, priority, team, affinity, anti_affinity, exclusion, group)`:
   a share already on a GPU (a multi-GPU reservation appears once per GPU, same reservation_id)
-- `TeamUsage(quota_gpus, used_gpus)`: optional, for fair-share ordering only (quota is the portal's)
+- `TeamUsage(quota_gpus, used_gpus)`: optional, the queue's team order by usage / quota when the
+  snapshot has no quota tree (traces)
+- `Snapshot.quotas`: a `QuotaTree` of `Unit(name, parent, quotas={bucket: BucketQuota(milli,
+  memory_mib, gpus, borrowing=Limits(...), lending=Limits(...), weight)}, team, allow_over_quota,
+  reclaim_grace_s)`; with it the cycle admits each request as guaranteed, borrowed or opportunistic
+  per GPU model, orders the queue by fair share and reclaims borrowed shares (fairshare.py,
+  fairqueue.py; the formula is in ARCHITECTURE.md). `Snapshot.past_use`: team → decayed past use.
+  Shares carry `admission`, `since` and `reclaim_at`; placements carry `admission`.
 - `Request(id, team, gpu_request, gpu_limit, gpu_memory_mib, gpu_count, gpu_model, priority,
   affinity, anti_affinity, exclusion, group=PodGroup(name, headcount, threshold), created_at,
   cpu_milli, memory_mib)`; gpu_model: None, "A100", {"V100M16", "V100M32"} or "V100M16|V100M32";
@@ -26,6 +33,10 @@ Entry points:
 - `decide(...)` (same arguments): the same decisions one at a time, in queue order, as they are
   made: a tuple of Placements (a request, or a pod group's members together), a Preemption or an
   Unschedulable; a caller can commit the first ones while the rest are computed.
+- `Reclaim(request_id, victims, due, reasons)`: a request within its quota waits while borrowed
+  victims are warned; each goes at its `due` time (then the next cycle preempts it).
+- `judge(snapshot, request, limit=None) -> Judgement(admission, candidates, count, reasons, never)`:
+  what the cycle would do with the request alone now (the preview and the capacity API).
 - `feasible_gpus(snapshot, request, policy="tessera") -> (list[GpuCandidate], list[Reason])`:
   candidates best first (node, gpu_uuid, gpu_index, model, free_share, free_memory_mib, score).
 - `best_gpus(snapshot, request, limit) -> (first `limit` candidates, how many in all, reasons)`: the same
