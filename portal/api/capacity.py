@@ -10,8 +10,9 @@ from rest_framework.exceptions import ValidationError
 
 from portal.placement import snapshot
 from portal.reservations.requests import request_of
-from portal.reservations.rules import fleet_models
+from portal.reservations.rules import LABEL, fleet_models
 from portal.tenancy import roles
+from portal.tenancy.models import ExclusionGroup
 from scheduler import core
 
 
@@ -34,7 +35,7 @@ class _Query:
 
 
 def answer(user, gpu_request: Decimal, gpu_memory_mib: int, gpu_model: str, gpu_count: int, team: str,
-           limit: int) -> dict:
+           limit: int, priority: int = 50, exclusion: str = "", affinity: str = "", anti_affinity: str = "") -> dict:
     """`limit`: the most GPUs listed, best first; `count` says how many could take the request.
     With a team, `admission` says how it would count (guaranteed, borrowed, opportunistic; null:
     it would wait) and a quota reason says why it waits or can never run."""
@@ -48,9 +49,18 @@ def answer(user, gpu_request: Decimal, gpu_memory_mib: int, gpu_model: str, gpu_
                                              f"{', '.join(sorted(known)) or 'none'}"]})
     if gpu_count >= 2 and gpu_request != 1:
         raise ValidationError({"gpu_request": ["multi-GPU requests take whole cards: gpu_request must be 1.0"]})
-    if team and not roles.visible_teams(user).filter(slug=team).exists():
+    row = roles.visible_teams(user).filter(slug=team).first() if team else None
+    if team and row is None:
         raise ValidationError({"team": [f"no team '{team}' that you belong to"]})
-    request = request_of(_Query(gpu_request, gpu_memory_mib, gpu_count, gpu_model), team, "capacity-query")
+    for name, value in (("exclusion", exclusion), ("affinity", affinity), ("anti_affinity", anti_affinity)):
+        if value and not LABEL.match(value):
+            raise ValidationError({name: ["must be 1-63 letters, digits, '-', '_' or '.', starting and ending "
+                                          "alphanumeric"]})
+    if exclusion and (row is None or not ExclusionGroup.objects.filter(team=row, label=exclusion).exists()):
+        raise ValidationError({"exclusion": [f"team {team or '(none given)'} has no exclusion group '{exclusion}'"]})
+    terms = _Query(gpu_request, gpu_memory_mib, gpu_count, gpu_model, priority=priority, exclusion=exclusion,
+                   affinity=affinity, anti_affinity=anti_affinity)
+    request = request_of(terms, team, "capacity-query")
     fleet = snapshot.build()
     if not team:  # no team: where it fits, quota aside
         fleet = core.Snapshot(fleet.nodes, now=fleet.now, layout=fleet.layout)

@@ -301,6 +301,12 @@ class CapacityQuerySerializer(serializers.Serializer):
     gpu_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     gpu_count = serializers.IntegerField(min_value=1, max_value=64, default=1)
     team = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
+    priority = serializers.IntegerField(min_value=0, max_value=100, default=50,
+                                        help_text="with a team: 0 may run opportunistically beyond its quota")
+    exclusion = serializers.CharField(max_length=63, required=False, allow_blank=True, default="",
+                                      help_text="one of the team's exclusion groups (needs `team`)")
+    affinity = serializers.CharField(max_length=63, required=False, allow_blank=True, default="")
+    anti_affinity = serializers.CharField(max_length=63, required=False, allow_blank=True, default="")
     limit = serializers.IntegerField(min_value=1, max_value=MAX_CAPACITY_GPUS, default=DEFAULT_CAPACITY_GPUS,
                                      help_text="the most GPUs to list, best first (`count` says how many fit)")
 
