@@ -50,6 +50,12 @@ def ledger_of(state: ClusterState, tree: QuotaTree, past=None) -> Ledger:
     return Ledger(tree, capacity, shares, past)
 
 
+def _preemptible(share: Share, req: Request) -> bool:
+    """Another team's share any higher priority may take at once: opportunistic, or priority 0
+    (counted in a quota or not, as KubeShare's priority 0 is)."""
+    return (share.admission == Admission.OPPORTUNISTIC or share.priority == 0) and share.priority < req.priority
+
+
 def _newer(reservation_id: str) -> tuple:
     return (0, -int(reservation_id)) if reservation_id.isdigit() else (1, reservation_id)
 
@@ -173,9 +179,8 @@ class Fair:
                 return False
             if share.team == req.team:
                 return share.priority < req.priority  # within a team, priorities order work
-            if share.admission == Admission.OPPORTUNISTIC or share.priority == 0:
-                # Priority 0 is preemptible by any higher priority, counted in a quota or not (KubeShare's).
-                return share.priority < req.priority
+            if _preemptible(share, req):
+                return True
             return guaranteed and share.admission == Admission.BORROWED
 
         return may
@@ -183,7 +188,7 @@ class Fair:
     def _rank(self, req: Request):
         def rank(h: Holding) -> tuple:
             s = h.share
-            if (s.admission == Admission.OPPORTUNISTIC or s.priority == 0) and s.team != req.team:
+            if s.team != req.team and _preemptible(s, req):
                 kind = 0
             elif s.team != req.team:
                 kind = 1
@@ -222,7 +227,7 @@ class Fair:
             due = {}
             for h in released:
                 s = h.share
-                if s.admission == Admission.BORROWED and s.team != req.team:
+                if s.admission == Admission.BORROWED and s.team != req.team and not _preemptible(s, req):
                     grace = self.tree.units[s.team].reclaim_grace_s if s.team in self.tree.units else 0.0
                     when = s.reclaim_at if s.reclaim_at is not None else self.now + grace
                     if when > self.now:

@@ -275,3 +275,12 @@ def test_past_use_orders_the_team_that_used_more_lately_after_the_other():
     ds = decide(Snapshot(nodes, quotas=quotas, past_use={"a": 900.0}), pending)
     (first,) = [d for d in ds if isinstance(d, tuple)]
     assert first[0].request_id == "b1"  # a used the card lately: b goes first
+
+
+def test_a_priority_zero_request_within_its_quota_reclaims_priority_zero_borrowed_work():
+    quotas = research(q(2), q(2), grace=0)
+    running = {0: [share("b1", "b")], 1: [share("b2", "b")],
+               2: [share("b3", "b", admission="borrowed", priority=0, since=1)],
+               3: [share("b4", "b", admission="borrowed", priority=0, since=2)]}
+    (d,) = decisions([node("n1", "A100", 4, running)], quotas, [req("a0", "a", priority=0)])
+    assert isinstance(d, Preemption) and d.victims == ("b4",) and d.placement.admission == "guaranteed"
