@@ -56,4 +56,5 @@ def test_demo_moves_teams_seeded_before_departments(demo):
     Quota.objects.create(department=default, gpu_model="*", gpu_share=6, gpu_memory_gib=320, gpus=12)
     demo()
     assert tree()["vision"] == "perception" and tree()["nlp"] == "language"
+    assert not Department.objects.filter(slug="default").exists()
     assert not Quota.objects.filter(team__slug="vision", gpu_model="*").exists()

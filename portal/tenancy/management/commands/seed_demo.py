@@ -131,4 +131,8 @@ class Command(BaseCommand):
         for kind, slug, rows in QUOTAS:
             unit = teams[slug] if kind == "team" else Department.objects.get(slug=slug)
             quotas.replace_quotas(unit, by, rows)
+        # The department the migration put those teams under, left empty.
+        default = Department.objects.filter(slug="default", teams=None, children=None).first()
+        if default is not None:
+            departments.delete_department(default, by)
         return teams
