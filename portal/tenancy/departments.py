@@ -181,4 +181,4 @@ def move_team(team: Team, by: audit.Actor, department_slug: str | None) -> Team:
 def _request_cycle(reason: str) -> None:
     from portal.reservations.events import request_cycle  # reservations imports tenancy at import time
 
-    request_cycle(reason)
+    request_cycle(reason, freed=True)  # what waited for quota may fit the new tree

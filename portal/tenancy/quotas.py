@@ -271,7 +271,7 @@ def _store(unit: Unit, by: audit.Actor, rows: list[Row], key_of, locked: bool = 
                  action="changed", before={b: old.get(b) for b in buckets}, after={b: new.get(b) for b in buckets})
     from portal.reservations.events import request_cycle  # reservations imports tenancy at import time
 
-    request_cycle(f"quotas of {'team' if is_team else 'department'} {unit.slug} changed")
+    request_cycle(f"quotas of {'team' if is_team else 'department'} {unit.slug} changed", freed=True)
 
 
 def _jsonable(rows: list[Row]) -> dict:

@@ -45,3 +45,28 @@ def test_unplaceable_request_is_skipped_until_capacity_is_freed(client_for, rese
     placement_loop()
     assert Reservation.objects.get(pk=late).state == State.RUNNING
     assert Reservation.objects.get(pk=second).state == State.RUNNING
+
+
+def test_a_request_waiting_for_quota_is_looked_at_again_when_quotas_change(
+        client_for, reservation_body, teams, redis_memo, placement_loop, django_capture_on_commit_callbacks):
+    from portal.audit import services as audit
+    from portal.tenancy import quotas
+
+    no_lending = {"gpu_share": "0", "gpu_memory_gib": "0", "gpus": 0}
+    for team in ("vision", "nlp"):
+        quotas.replace_quotas(teams[team], audit.cli("test"), [
+            {"gpu_model": "T4", "gpu_share": "1", "gpu_memory_gib": "16", "gpus": 1, "lending_limit": no_lending}])
+    whole_t4 = dict(gpu_request=1.0, gpu_memory_mib=15_000, gpu_model="T4")
+    alice = client_for("alice")
+    ids = [alice.post("/api/v1/reservations/", reservation_body(**whole_t4), format="json").json()["id"]
+           for _ in range(2)]
+    placement_loop()
+    assert Reservation.objects.get(pk=ids[1]).state == State.PENDING
+    assert str(ids[1]) in memo.load()[1]
+    with django_capture_on_commit_callbacks(execute=True):  # nlp lends its idle T4 now
+        quotas.replace_quotas(teams["nlp"], audit.cli("test"), [
+            {"gpu_model": "T4", "gpu_share": "1", "gpu_memory_gib": "16", "gpus": 1}])
+    assert str(ids[1]) not in memo.load()[1]
+    placement_loop()
+    second = Reservation.objects.get(pk=ids[1])
+    assert second.state == State.RUNNING and second.admission == "borrowed"
