@@ -212,7 +212,7 @@ class CapacityView(APIView):
                    responses={200: serializers.CapacityAnswerSerializer, **ERRORS})
     def get(self, request):
         refuse_unknown(request.query_params, set(serializers.CapacityQuerySerializer().fields))
-        refuse_empty(request.query_params, {"gpu_request", "gpu_memory_mib", "gpu_count", "limit"})
+        refuse_empty(request.query_params, {"gpu_request", "gpu_memory_mib", "gpu_count", "limit", "priority"})
         query = serializers.CapacityQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return Response(capacity.answer(request.user, **query.validated_data))
