@@ -243,3 +243,44 @@ class Fair:
             self.charge(req, choice, admission)
             return choice, victims, admission, {}
         return None
+
+
+class FairHooks:
+    """Fair share for the forecast (`scheduler.core.forecast`): as its gate, the models where quota
+    lets a request start; as its order, the cycle's (guaranteed first, then the team furthest below
+    its fair share, within a team by priority with aging, then age), as the forecast places and
+    ends work. One object serves as both."""
+
+    def __init__(self, snapshot, pending: Sequence[Request], aging_s: float = DEFAULT_AGING_S) -> None:
+        assert snapshot.quotas is not None
+        state = ClusterState.from_snapshot(snapshot)
+        self.fair = Fair(state, snapshot.quotas, pending, snapshot.now, snapshot.past_use, aging_s)
+        self.aging_s = aging_s
+        self._charged: set[str] = set()
+
+    def allowed(self, req: Request) -> frozenset[str]:
+        groups, _, _ = self.fair.verdicts(req)
+        return frozenset(m for admission, models in groups.items() if admission is not None for m in models)
+
+    def key(self, req: Request, at: float) -> tuple:
+        ledger = self.fair.ledger
+        amount = demand_of(req)
+        rank, sat = 1, INF
+        for m in self.fair.models_of(req):
+            verdict = ledger.verdict(req.team, m, amount, req.priority)
+            if verdict.admission is None:
+                continue
+            rank = min(rank, 0 if verdict.admission == Admission.GUARANTEED else 1)
+            sat = min(sat, ledger.saturation(req.team, m))
+        return (rank, sat, -effective_priority(req, at, self.aging_s), req.created_at, req.id)
+
+    def charge(self, req: Request, model: str) -> None:
+        if req.id in self._charged:  # the forecast may call the gate and the order both
+            return
+        self._charged.add(req.id)
+        verdict = self.fair.ledger.verdict(req.team, model, demand_of(req), req.priority)
+        self.fair.ledger.charge(req.id, req.team, model, demand_of(req), verdict.admission or Admission.GUARANTEED)
+
+    def refund(self, reservation_id: str) -> None:
+        self._charged.discard(reservation_id)
+        self.fair.ledger.refund(reservation_id)
