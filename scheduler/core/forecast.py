@@ -36,6 +36,7 @@ whole cluster); with a gate, a line whose allowed models grew is tried everywher
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -43,11 +44,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+import numpy as np
+
 from .cycle import _place_gang, _workload
 from .engine import choose, make_scorer
-from .fragmentation import TypicalPod, typical_pods
+from .fragmentation import FgdScorer, TypicalPod, typical_pods
 from .model import MILLI, Request, Snapshot
-from .scorers import Scorer
+from .scorers import Scorer, pick_slot
 from .state import ClusterState
 
 DEFAULT_LIMIT = 1000  # estimate this many waiting requests, the first in the queue
@@ -89,6 +92,45 @@ class Gate(Protocol):
     def refund(self, reservation_id: str) -> None: ...
 
 
+class _RoomScorer:
+    """An FGD-family scorer's scores for the nodes with room only.
+
+    FgdScorer keeps every request shape's scores for every node, recomputing the nodes changed
+    since the shape was last scored: right for a cycle, but the forecast changes a node at every
+    end and tries hundreds of shapes, each of which fits on one or two nodes at a time. The values
+    (node_values) and the slot rule are the scorer's own, so `choose` picks the same node and GPU
+    (tests/scheduler/test_forecast.py compares with a walk that uses the scorer as the cycle does).
+    """
+
+    def __init__(self, inner: FgdScorer) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def score(self, state: ClusterState, req: Request, ok: np.ndarray, room: np.ndarray):
+        n = ok.shape[0]
+        nodes = np.flatnonzero(room)
+        best = np.full(n, -np.inf)
+        slot = np.full(n, -1, dtype=np.int64)
+        one_gpu = req.gpu_count == 1 and not req.whole
+        if nodes.size == 1:
+            # One node has room (the usual case after an end): the scores cannot change the node,
+            # and on one GPU that fits, nor the GPU.
+            i = int(nodes[0])
+            fits = np.flatnonzero(ok[i])
+            if not one_gpu or fits.size == 1:
+                best[i] = 0.0
+                slot[i] = int(fits[0]) if one_gpu else -1
+                return best, slot
+        self.inner.frag.refresh()
+        values = self.inner.node_values(req, nodes)
+        if one_gpu:
+            values = np.where(state.free[nodes] >= req.milli, values, -np.inf)
+            best[nodes], slot[nodes] = pick_slot(values, ok[nodes] & np.isfinite(values))
+        else:
+            best[nodes] = values
+        return best, slot
+
+
 @dataclass
 class _Line:
     """Waiting requests that succeed or fail together at one moment: one shape (or one pod group)."""
@@ -100,6 +142,7 @@ class _Line:
     last_allowed: frozenset[str] | None = None  # what the gate allowed at its last try
     quota_limited: bool = False  # the gate narrowed or refused it at its last try
     capable_gpus: int = 0  # ready GPUs that could take one GPU's worth of it when empty
+    need: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # _need of its requests (one shape)
 
     @property
     def head(self) -> tuple[int, Request]:
@@ -150,77 +193,124 @@ class _Forecast:
         else:
             self.unending.append(rec.node)
 
-    def try_head(self, line: _Line, t: float, why_of) -> bool:
-        """Place the line's first request (or its pod group) at `t`; True if it started."""
+    def try_head(self, line: _Line, t: float, why_of) -> list[int]:
+        """Place the line's first request (or its pod group) at `t`; the nodes it took (none: it waits)."""
         if line.group is not None:
             return self._try_group(line, t, why_of)
         _, req = line.head
         use = self._narrow(line, req)
         if use is None:
-            return False
+            return []
         choice = choose(self.state, use, self.scorer)
         if choice is None:
-            return False
+            return []
         line.quota_limited = False
         self.state.reserve(req, choice.node, choice.slots)
         line.waiting.popleft()
         self._placed(req, t, why_of(choice.node))
-        return True
+        return [choice.node]
 
-    def _try_group(self, line: _Line, t: float, why_of) -> bool:
+    def _try_group(self, line: _Line, t: float, why_of) -> list[int]:
         members = []
         for _, req in line.waiting:
             use = self._narrow(line, req)
             if use is not None:
                 members.append(use)
         if not members:
-            return False
+            return []
         placed, _ = _place_gang(self.state, self.scorer, members)
         if not placed:
-            return False
-        ids = {p.request_id for p in placed}
+            return []
+        ids = [p.request_id for p in placed]
         originals = {r.id: r for _, r in line.waiting}
-        line.waiting = deque((pos, r) for pos, r in line.waiting if r.id not in ids)
+        line.waiting = deque((pos, r) for pos, r in line.waiting if r.id not in set(ids))
         for rid in ids:
             self._placed(originals[rid], t, why_of(self.state.placed[rid].node))
-        return True
+        return [self.state.placed[rid].node for rid in ids]
 
     # ---- after an end -------------------------------------------------------------------------
-    def summaries(self, nodes: list[int]) -> list[tuple[int, int, dict[int, tuple[int, int, int]]]]:
-        """Per node: CPU and memory left, and per GPU model (most compute free on one GPU, most GPU
+    def summary(self, i: int) -> tuple[int, int, dict[int, tuple[int, int, int]]]:
+        """Node `i`: CPU and memory left, and per GPU model (most compute free on one GPU, most GPU
         memory free on one GPU, fully free GPUs)."""
         st = self.state
-        out = []
-        for i in nodes:
-            per: dict[int, tuple[int, int, int]] = {}
-            for m, free, mem in zip(st.gpu_model[i].tolist(), st.free[i].tolist(), st.mem_free[i].tolist(),
-                                    strict=True):
-                if m < 0:
-                    continue
-                top, top_mem, full = per.get(m, (0, 0, 0))
-                per[m] = (max(top, free), max(top_mem, mem), full + (free >= MILLI))
-            out.append((int(st.cpu_free[i]), int(st.node_mem_free[i]), per))
-        return out
+        per: dict[int, tuple[int, int, int]] = {}
+        for m, free, mem in zip(st.gpu_model[i].tolist(), st.free[i].tolist(), st.mem_free[i].tolist(), strict=True):
+            if m < 0:
+                continue
+            top, top_mem, full = per.get(m, (0, 0, 0))
+            per[m] = (max(top, free), max(top_mem, mem), full + (free >= MILLI))
+        return int(st.cpu_free[i]), int(st.node_mem_free[i]), per
 
 
-def _might_fit(req: Request, models: frozenset[int] | None, summaries) -> bool:
-    """A necessary condition for `req` to fit on one of the summarised nodes (labels not looked at)."""
-    need = MILLI if req.whole else req.milli
+class _Index:
+    """Lines by GPU model, each model's lines ordered by the compute one GPU of theirs needs: after an
+    end, only lines whose need is within the most compute now free on one GPU of a model are looked at."""
+
+    def __init__(self, lines: list[_Line]) -> None:
+        self.groups: dict[int | None, tuple[list[int], list[_Line]]] = {}
+        self.cpu_only: list[_Line] = []
+        for line in lines:
+            if line.need[1] == 0:
+                self.cpu_only.append(line)
+                continue
+            for m in line.models if line.models is not None else (None,):
+                self.groups.setdefault(m, ([], []))[1].append(line)
+        for keys, group in self.groups.values():
+            group.sort(key=lambda line: line.need[0])
+            keys[:] = [line.need[0] for line in group]
+        self.emptied = 0
+
+    def candidates(self, top: Mapping[int, int]):
+        """Lines with waiting requests whose need fits `top` (model id -> most compute free on one GPU)."""
+        yield from (line for line in self.cpu_only if line.waiting)
+        for m, most in (*top.items(), (None, max(top.values(), default=0))):
+            found = self.groups.get(m)
+            if found is None:
+                continue
+            keys, group = found
+            for line in group[: bisect.bisect_right(keys, most)]:
+                if line.waiting:
+                    yield line
+
+    def forget_empty(self) -> None:
+        """Drop emptied lines now and then (they are skipped meanwhile)."""
+        self.emptied += 1
+        if self.emptied % 64:
+            return
+        self.cpu_only = [line for line in self.cpu_only if line.waiting]
+        for m, (_, group) in list(self.groups.items()):
+            kept = [line for line in group if line.waiting]
+            self.groups[m] = ([line.need[0] for line in kept], kept)
+
+
+def _most_free(local: Mapping[int, tuple]) -> int:
+    """The most compute free on one GPU of the summarised nodes."""
+    return max((most for _, _, per in local.values() for most, _, _ in per.values()), default=0)
+
+
+def _need(req: Request) -> tuple[int, int, int, int, int]:
+    """What one request needs, as _might_fit reads it: milli per GPU, GPUs, GPU memory, CPU, memory."""
+    return (MILLI if req.whole else req.milli), req.gpu_count, req.gpu_memory_mib, req.cpu_milli, req.memory_mib
+
+
+def _might_fit(need: tuple[int, int, int, int, int], models: frozenset[int] | None, summaries) -> bool:
+    """A necessary condition for a request to fit on one of the summarised nodes (labels not looked at)."""
+    milli, count, gpu_mem, cpu_need, mem_need = need
     for cpu, mem, per in summaries:
-        if cpu < req.cpu_milli or mem < req.memory_mib:
+        if cpu < cpu_need or mem < mem_need:
             continue
-        if req.gpu_count == 0:
+        if count == 0:
             return True
         whole = 0
         for m, (top, top_mem, full) in per.items():
-            if (models is not None and m not in models) or top_mem < req.gpu_memory_mib:
+            if (models is not None and m not in models) or top_mem < gpu_mem:
                 continue
-            if req.gpu_count == 1:
-                if top >= need:
+            if count == 1:
+                if top >= milli:
                     return True
             else:
                 whole += full
-        if whole >= req.gpu_count:
+        if whole >= count:
             return True
     return False
 
@@ -293,6 +383,8 @@ def estimate_starts(
     durations = durations or {}
     state = ClusterState.from_snapshot(snapshot)
     scorer = make_scorer(policy, state, typical if typical is not None else typical_pods(_workload(snapshot, queue)))
+    if isinstance(scorer, FgdScorer):
+        scorer = _RoomScorer(scorer)
     out: dict[str, Estimate] = {}
     fc = _Forecast(state, scorer, gate, durations, out)
     fc.node_models = [frozenset(row[row >= 0].tolist()) for row in state.gpu_model]
@@ -324,7 +416,7 @@ def estimate_starts(
         key = _shape(req, gate is not None)
         line = by_key.get(key)
         if line is None:
-            line = by_key[key] = _Line(deque(), _model_ids(state, req), bool(req.affinity))
+            line = by_key[key] = _Line(deque(), _model_ids(state, req), bool(req.affinity), need=_need(req))
             lines.append(line)
         line.waiting.append((pos, req))
 
@@ -350,38 +442,51 @@ def estimate_starts(
             line.capable_gpus = max(count for (count, _), _ in answers)
         live.append(line)
 
-    def admit(t: float, candidates: list[_Line], why_of) -> None:
-        """Try each candidate line's requests in queue order while they start."""
+    def admit(t: float, candidates: list[_Line], why_of, local: dict[int, tuple] | None = None,
+              anywhere: frozenset[int] = frozenset()) -> None:
+        """Try each candidate line's requests in queue order while they start. With `local` (the
+        summaries of the nodes where something just ended), a line not in `anywhere` (by id) can only
+        fit there: it is tried only while its shape may fit on one of them."""
         heap = [(line.head[0], k, line) for k, line in enumerate(candidates) if line.waiting]
         heapq.heapify(heap)
+        most = _most_free(local) if local is not None else 0
         while heap:
             _, k, line = heapq.heappop(heap)
-            if fc.try_head(line, t, why_of) and line.waiting:
+            if local is not None and id(line) not in anywhere and (
+                    (line.need[1] and line.need[0] > most) or not _might_fit(line.need, line.models, local.values())):
+                continue
+            took = fc.try_head(line, t, why_of)
+            if local is not None and took:
+                for i in took:
+                    if i in local:
+                        local[i] = fc.summary(i)
+                most = _most_free(local)
+            if took and line.waiting:
                 heapq.heappush(heap, (line.head[0], k, line))
 
     admit(now, live, lambda node: "")
     live = [line for line in live if line.waiting]
 
+    # A line that would not fit even once every known end has come (labels aside) waits for an
+    # unknown end: answered now, and left out of the walk.
+    room = _room_at_last(state, [*ends, *(rid for rid in fc.forecast_ids if rid in durations)])
+    blocked = {id(line): line for line in live if not line.always and not _fits_in(state, room, line)}
+    if blocked:
+        _explain_rest(fc, list(blocked.values()), False, max_events)
+        live = [line for line in live if id(line) not in blocked]
+
     for rid, end in ends.items():
         if rid in state.placed:
             heapq.heappush(fc.events, (max(float(end), now), next(fc.seq), rid))
 
-    by_model: dict[int, list[_Line]] = {}
-    any_model: list[_Line] = []
-    always: list[_Line] = []
-    for line in live:
-        if line.always:
-            always.append(line)
-        elif line.models is None:
-            any_model.append(line)
-        else:
-            for m in line.models:
-                by_model.setdefault(m, []).append(line)
+    index = _Index([line for line in live if not line.always])
+    always = [line for line in live if line.always]
 
     walked = 0
     budget_hit = False
-    remaining = sum(len(line.waiting) for line in live)
-    while fc.events and remaining:
+    waiting = sum(len(line.waiting) for line in live)
+    started = len(fc.forecast_ids)
+    while fc.events and len(fc.forecast_ids) - started < waiting:
         if walked >= max_events:
             budget_hit = True
             break
@@ -396,26 +501,29 @@ def estimate_starts(
             released.setdefault(rec.node, []).append(rid)
             if gate is not None:
                 gate.refund(rid)
-        if not released:
-            continue
         touched = [i for i in released if state.ready[i]]
-        chosen: dict[int, _Line] = {id(line): line for line in always if line.waiting}
+        chosen: list[_Line] = [line for line in always if line.waiting]
+        anywhere = {id(line) for line in chosen}
+        local: dict[int, tuple] = {}
         if touched:
-            models = frozenset().union(*(fc.node_models[i] for i in touched))
-            maybe: dict[int, _Line] = {id(line): line for line in any_model if line.waiting}
-            for m in models:
-                for line in by_model.get(m, ()):
-                    if line.waiting:
-                        maybe[id(line)] = line
-            summaries = fc.summaries(touched)
-            for key, line in maybe.items():
-                if key not in chosen and _might_fit(line.head[1], line.models, summaries):
-                    chosen[key] = line
-        if gate is not None:  # a line the gate had narrowed may now use more models: anywhere
+            local = {i: fc.summary(i) for i in touched}
+            summaries = local.values()
+            seen: set[int] = set(anywhere)
+            top: dict[int, int] = {}
+            for _, _, per in summaries:
+                for m, (most, _, _) in per.items():
+                    top[m] = max(top.get(m, 0), most)
+            for line in index.candidates(top):
+                if id(line) not in seen:
+                    seen.add(id(line))
+                    chosen.append(line)
+        if gate is not None and released:  # a line the gate had narrowed may now use more models: anywhere
             for line in live:
-                if (line.waiting and line.last_allowed is not None and id(line) not in chosen
+                if (line.waiting and line.last_allowed is not None and id(line) not in anywhere
                         and gate.allowed(line.head[1]) != line.last_allowed):
-                    chosen[id(line)] = line
+                    if line not in chosen:
+                        chosen.append(line)
+                    anywhere.add(id(line))
         if not chosen:
             continue
 
@@ -429,12 +537,43 @@ def estimate_starts(
                 return f"when {_names(own)}, expected to start before it, finish(es) on {name}"
             return f"when {_names(rids)} end(s) on {name}"
 
-        before = {id(line): len(line.waiting) for line in chosen.values()}
-        admit(t, sorted(chosen.values(), key=lambda line: line.head[0]), why_of)
-        remaining -= sum(before[k] - len(line.waiting) for k, line in chosen.items())
+        admit(t, chosen, why_of, local, frozenset(anywhere))
+        index.forget_empty()
 
     _explain_rest(fc, live, budget_hit, max_events)
     return out
+
+
+def _room_at_last(state: ClusterState, ending: list[str]) -> tuple[np.ndarray, ...]:
+    """GPU compute and memory free per slot, CPU and memory free per node, once all of `ending`
+    (the holders with a known end) have ended."""
+    free, mem = state.free.copy(), state.mem_free.copy()
+    cpu, node_mem = state.cpu_free.copy(), state.node_mem_free.copy()
+    for rid in ending:
+        rec = state.placed.get(rid)
+        if rec is not None:
+            for j in rec.gpus:
+                free[rec.node, j] += rec.milli
+                mem[rec.node, j] += rec.gpu_memory_mib
+            cpu[rec.node] += rec.cpu_milli
+            node_mem[rec.node] += rec.node_memory_mib
+    return free, mem, cpu, node_mem
+
+
+def _fits_in(state: ClusterState, room: tuple[np.ndarray, ...], line: _Line) -> bool:
+    """Whether the line's shape fits somewhere in `room` (node rules, model, memory, compute; not labels)."""
+    milli, count, gpu_mem, cpu_need, mem_need = line.need
+    free, mem_free, cpu, node_mem = room
+    node_ok = state.ready & (cpu >= cpu_need) & (node_mem >= mem_need)
+    if count == 0:
+        return bool(node_ok.any())
+    ok = (free >= milli) & node_ok[:, None]
+    if gpu_mem > 0:
+        ok &= mem_free >= gpu_mem
+    req = line.head[1]
+    if req.gpu_model is not None:
+        ok &= state.model_mask(req.gpu_model)
+    return bool((ok.sum(axis=1) >= count).any())
 
 
 def _names(rids: list[str]) -> str:
