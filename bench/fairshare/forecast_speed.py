@@ -62,7 +62,7 @@ def build(fill: float, known: float, spread_h: float, waiting: int, seed: int):
             used += req.total_milli
     # The state as a snapshot: one Share per GPU a running pod holds.
     per_gpu: dict[tuple[int, int], list[Share]] = {}
-    for rid, rec in state.placed.items():
+    for rec in state.placed.values():
         for j in rec.gpus:
             per_gpu.setdefault((rec.node, j), []).append(rec.share)
     gpu_nodes = [n for n in nodes if n.gpus > 0]
@@ -94,7 +94,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=42)
     ns = parser.parse_args()
-    empty, full, ends, queue, durations, typical, filled = build(ns.fill, ns.known, ns.spread_h, ns.waiting, ns.seed)
+    empty, full, ends, queue, durations, _, filled = build(ns.fill, ns.known, ns.spread_h, ns.waiting, ns.seed)
     layout = FleetLayout(empty)
     rows = []
     for with_layout in (False, True):

@@ -10,6 +10,7 @@ from scheduler.core import NodeStatus, PodGroup, Request, Share, Snapshot
 from scheduler.core.engine import choose, make_scorer
 from scheduler.core.forecast import Estimate, estimate_starts
 from scheduler.core.fragmentation import typical_pods
+from scheduler.core.run_lengths import RunLengths
 from scheduler.core.state import ClusterState
 
 from .conftest import make_node
@@ -257,3 +258,17 @@ def test_the_forecast_matches_a_plain_walk(seed):
     expected = plain_walk(snap, queue, ends, NOW, durations, policy, typical)
     assert {rid: e.start for rid, e in out.items() if e.start is not None} == expected
     assert set(out) == {r.id for r in queue}
+
+
+# ---- likely ends of reservations with an expiry ---------------------------------------------------
+
+def test_run_lengths_turn_an_expiry_into_the_likely_end():
+    lengths = RunLengths()
+    assert lengths.end(0, 3600, now=100) == 3600  # nothing learnt: its expiry
+    for used in (900, 1800, 1800, 2700, 3600):
+        lengths.observe(used, 3600)
+    assert lengths.end(0, 3600, now=100) == 1800  # the median of the past ones
+    assert lengths.end(0, 3600, now=2000) == 2700  # it outlived half of them: the median of the rest
+    assert lengths.end(0, 3600, now=3500) == 3600
+    assert lengths.end(0, 3600, now=4000) == 4000  # past its expiry and still there: any moment
+    assert lengths.run(7200) == 3600
