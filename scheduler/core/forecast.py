@@ -42,7 +42,7 @@ import itertools
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from .cycle import _place_gang, _workload
 from .engine import choose, make_scorer
 from .fragmentation import FgdScorer, TypicalPod, typical_pods
 from .model import MILLI, Request, Snapshot
+from .queue import DEFAULT_AGING_S, effective_priority
 from .scorers import Scorer, pick_slot
 from .state import ClusterState
 
@@ -90,6 +91,54 @@ class Gate(Protocol):
     def charge(self, req: Request, model: str) -> None: ...
 
     def refund(self, reservation_id: str) -> None: ...
+
+
+class Order(Protocol):
+    """The cycle's queue order as the forecast runs forward. Under fair share the order follows each
+    team's use, which the forecast changes as it places and ends work: `key(req, at)` ranks a waiting
+    request at time `at` (lowest first); `charge` and `refund` as in Gate (one object may be both).
+    Requests of one team, priority and shape must keep their order in `queue` under it (age does)."""
+
+    def key(self, req: Request, at: float) -> Any: ...
+
+    def charge(self, req: Request, model: str) -> None: ...
+
+    def refund(self, reservation_id: str) -> None: ...
+
+
+class QueueOrder:
+    """Today's order (`queue.queue_order`: priority with aging, then the team's quota use, then
+    age), with the use kept up to date as the forecast places and ends work."""
+
+    def __init__(self, snapshot: Snapshot, aging_s: float = DEFAULT_AGING_S) -> None:
+        self.aging_s = aging_s
+        self.quota = {team: usage.quota_gpus for team, usage in snapshot.teams.items()}
+        self.used = {team: usage.used_gpus for team, usage in snapshot.teams.items()}
+        self.held: dict[str, tuple[str, float]] = {}  # reservation -> (team, GPUs it counts)
+        for node in snapshot.nodes:
+            for gpu in node.gpus:
+                for share in gpu.shares:
+                    team, gpus = self.held.get(share.reservation_id, (share.team, 0.0))
+                    self.held[share.reservation_id] = (team, gpus + share.gpu_request)
+
+    def key(self, req: Request, at: float) -> tuple[int, float, float, str]:
+        if req.team in self.quota:
+            quota, used = self.quota[req.team], self.used[req.team]
+            ratio = used / quota if quota > 0 else 1e18
+        else:
+            ratio = 0.0
+        return (-effective_priority(req, at, self.aging_s), ratio, req.created_at, req.id)
+
+    def charge(self, req: Request, model: str) -> None:
+        gpus = req.gpu_request * req.gpu_count
+        self.held[req.id] = (req.team, gpus)
+        if req.team in self.used:
+            self.used[req.team] += gpus
+
+    def refund(self, reservation_id: str) -> None:
+        team, gpus = self.held.pop(reservation_id, ("", 0.0))
+        if team in self.used:
+            self.used[team] -= gpus
 
 
 class _RoomScorer:
@@ -154,6 +203,7 @@ class _Forecast:
     state: ClusterState
     scorer: Scorer
     gate: Gate | None
+    order: Order | None
     durations: Mapping[str, float]
     out: dict[str, Estimate]
     events: list[tuple[float, int, str]] = field(default_factory=list)
@@ -183,9 +233,11 @@ class _Forecast:
         rec = self.state.placed[req.id]
         code = NOW if why == "" else AFTER_ENDS
         self.out[req.id] = Estimate(t, why or "it fits now", code)
+        model = self.state.models[int(self.state.gpu_model[rec.node, rec.gpus[0]])] if rec.gpus else ""
         if self.gate is not None:
-            model = self.state.models[int(self.state.gpu_model[rec.node, rec.gpus[0]])] if rec.gpus else ""
             self.gate.charge(req, model)
+        if self.order is not None and self.order is not self.gate:
+            self.order.charge(req, model)
         self.forecast_ids.add(req.id)
         run = self.durations.get(req.id)
         if run is not None:
@@ -318,7 +370,7 @@ def _might_fit(need: tuple[int, int, int, int, int], models: frozenset[int] | No
 def _shape(req: Request, gated: bool) -> tuple:
     key: tuple = (req.milli, req.gpu_count, req.gpu_model, req.gpu_memory_mib, req.cpu_milli, req.memory_mib,
                   req.exclusion, req.anti_affinity, req.affinity)
-    if gated:  # the gate may answer differently per team and priority
+    if gated:  # the gate and the order may answer differently per team and priority
         key += (req.team, req.priority)
     return key
 
@@ -364,6 +416,7 @@ def estimate_starts(
     now: float,
     durations: Mapping[str, float] | None = None,
     gate: Gate | None = None,
+    order: Order | None = None,
     policy: str = "tessera",
     typical: Sequence[TypicalPod] | None = None,
     limit: int = DEFAULT_LIMIT,
@@ -374,8 +427,9 @@ def estimate_starts(
     `ends`: reservation id -> its known end (same clock as `now`) for running shares of the
     snapshot; a share without one never ends within the forecast. `durations`: request id -> how
     long it runs once started, where known (its room is free again after that). `gate`: quota
-    (default: none). Only the first `limit` requests are estimated (those behind get `behind`), and
-    at most `max_events` ends are walked. Every request of `queue` gets an Estimate.
+    (default: none). `order`: the cycle's order as use changes (default: `queue`'s order throughout).
+    Only the first `limit` requests are estimated (those behind get `behind`), and at most
+    `max_events` ends are walked. Every request of `queue` gets an Estimate.
     """
     ids = [r.id for r in queue]
     if len(set(ids)) != len(ids):
@@ -386,7 +440,7 @@ def estimate_starts(
     if isinstance(scorer, FgdScorer):
         scorer = _RoomScorer(scorer)
     out: dict[str, Estimate] = {}
-    fc = _Forecast(state, scorer, gate, durations, out)
+    fc = _Forecast(state, scorer, gate, order, durations, out)
     fc.node_models = [frozenset(row[row >= 0].tolist()) for row in state.gpu_model]
 
     # Lines, in queue order of their first request.
@@ -413,7 +467,7 @@ def estimate_starts(
         if pos >= limit:
             out[req.id] = Estimate(None, f"no estimate: more than {limit} requests wait ahead of it", BEHIND)
             continue
-        key = _shape(req, gate is not None)
+        key = _shape(req, gate is not None or order is not None)
         line = by_key.get(key)
         if line is None:
             line = by_key[key] = _Line(deque(), _model_ids(state, req), bool(req.affinity), need=_need(req))
@@ -447,7 +501,10 @@ def estimate_starts(
         """Try each candidate line's requests in queue order while they start. With `local` (the
         summaries of the nodes where something just ended), a line not in `anywhere` (by id) can only
         fit there: it is tried only while its shape may fit on one of them."""
-        heap = [(line.head[0], k, line) for k, line in enumerate(candidates) if line.waiting]
+        def rank(line: _Line) -> Any:
+            return line.head[0] if order is None else order.key(line.head[1], t)
+
+        heap = [(rank(line), k, line) for k, line in enumerate(candidates) if line.waiting]
         heapq.heapify(heap)
         most = _most_free(local) if local is not None else 0
         while heap:
@@ -462,7 +519,7 @@ def estimate_starts(
                         local[i] = fc.summary(i)
                 most = _most_free(local)
             if took and line.waiting:
-                heapq.heappush(heap, (line.head[0], k, line))
+                heapq.heappush(heap, (rank(line), k, line))
 
     admit(now, live, lambda node: "")
     live = [line for line in live if line.waiting]
@@ -501,6 +558,8 @@ def estimate_starts(
             released.setdefault(rec.node, []).append(rid)
             if gate is not None:
                 gate.refund(rid)
+            if order is not None and order is not gate:
+                order.refund(rid)
         touched = [i for i in released if state.ready[i]]
         chosen: list[_Line] = [line for line in always if line.waiting]
         anywhere = {id(line) for line in chosen}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from scheduler.core import FleetLayout, Node, Placement, Preemption, Request, Share, Snapshot, TeamUsage, decide
-from scheduler.core.forecast import Estimate, estimate_starts
+from scheduler.core.forecast import Estimate, QueueOrder, estimate_starts
 from scheduler.core.queue import DEFAULT_AGING_S, queue_order
 from scheduler.core.run_lengths import RunLengths
 
@@ -72,15 +72,19 @@ class Estimator(Protocol):
     def __call__(self, sim: Simulation, snapshot: Snapshot, queue: list[Request]) -> Mapping[str, Estimate]: ...
 
 
-def forecast_estimator(policy: str = "tessera", *, learn_run_lengths: bool = False, **kw) -> Estimator:
+def forecast_estimator(policy: str = "tessera", *, learn_run_lengths: bool = False, follow_order: bool = False,
+                       **kw) -> Estimator:
     """`estimate_starts` over what the portal knows: the expiries of running interactive jobs and
     the maximum durations of waiting ones. With `learn_run_lengths`, each expiry becomes the likely
     end that the run lengths of interactive jobs finished so far give (`RunLengths`), and each
-    maximum duration the likely run time."""
+    maximum duration the likely run time. With `follow_order`, the forecast keeps the cycle's
+    order (`QueueOrder`: priority with aging, then the team's use) up to date as it runs forward,
+    instead of the order of the moment."""
 
     def estimate(sim: Simulation, snapshot: Snapshot, queue: list[Request]) -> Mapping[str, Estimate]:
         lengths = sim.run_lengths if learn_run_lengths else None
-        return estimate_starts(snapshot, queue, sim.known_ends(lengths), now=sim.now,
+        order = QueueOrder(snapshot, sim.aging_s) if follow_order else None
+        return estimate_starts(snapshot, queue, sim.known_ends(lengths), now=sim.now, order=order,
                                durations=sim.known_durations(lengths), policy=policy, **kw)
 
     return estimate
@@ -149,7 +153,8 @@ class Simulation:
         self.aging_s = aging_s
         self.estimators = dict(estimators) if estimators is not None else {
             "forecast": forecast_estimator(policy),
-            "forecast_learnt": forecast_estimator(policy, learn_run_lengths=True),
+            "forecast_order": forecast_estimator(policy, follow_order=True),
+            "forecast_learnt": forecast_estimator(policy, follow_order=True, learn_run_lengths=True),
             "kth_end": kth_end_estimator}
         self.estimate_s = estimate_s
         # After the last arrival the queue drains; stop at the latest at this time.

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from scheduler.core import NodeStatus, PodGroup, Request, Share, Snapshot
+from scheduler.core import NodeStatus, PodGroup, Request, Share, Snapshot, TeamUsage
 from scheduler.core.engine import choose, make_scorer
-from scheduler.core.forecast import Estimate, estimate_starts
+from scheduler.core.forecast import Estimate, QueueOrder, estimate_starts
 from scheduler.core.fragmentation import typical_pods
 from scheduler.core.run_lengths import RunLengths
 from scheduler.core.state import ClusterState
@@ -149,6 +149,18 @@ def test_durations_of_requests_placed_in_the_forecast_free_their_room():
     assert out["second"].start == NOW + 600 and "first" in out["second"].reason
     without = estimate_starts(snap, queue, {"run": NOW + 100}, now=NOW)
     assert without["second"].start is None and "expected to start before it" in without["second"].reason
+
+
+def test_following_the_order_a_team_that_got_a_gpu_falls_behind_one_that_did_not():
+    snap = Snapshot((make_node("a1", gpus=2, shares={0: [busy("x", team="ops")], 1: [busy("y", team="ops")]}),),
+                    teams={"vision": TeamUsage(2, 0), "nlp": TeamUsage(2, 0)})
+    queue = [Request("v1", team="vision", created_at=0), Request("v2", team="vision", created_at=1),
+             Request("n1", team="nlp", created_at=2)]
+    ends = {"x": NOW + 100, "y": NOW + 200}
+    fixed = estimate_starts(snap, queue, ends, now=NOW)
+    assert (fixed["v1"].start, fixed["v2"].start, fixed["n1"].start) == (NOW + 100, NOW + 200, None)
+    moving = estimate_starts(snap, queue, ends, now=NOW, order=QueueOrder(snap))
+    assert (moving["v1"].start, moving["n1"].start, moving["v2"].start) == (NOW + 100, NOW + 200, None)
 
 
 def test_an_end_already_past_counts_as_now():

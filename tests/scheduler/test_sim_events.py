@@ -88,7 +88,7 @@ def test_waiting_jobs_get_estimates_that_the_backtest_can_score(result):
     waited = [log for log in result.jobs.values() if log.estimates]
     assert waited
     for log in waited:
-        for name in ("forecast", "forecast_learnt", "kth_end"):
+        for name in ("forecast", "forecast_order", "forecast_learnt", "kth_end"):
             for made_at, start, code in log.estimates[name]:
                 assert log.start_after(made_at) is not None
                 assert start is None or start >= made_at
