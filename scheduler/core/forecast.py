@@ -48,6 +48,7 @@ import numpy as np
 
 from .cycle import _place_gang, _workload
 from .engine import choose, make_scorer
+from .forecast_preemption import evictable_room, might_preempt, preempt_on
 from .fragmentation import FgdScorer, TypicalPod, typical_pods
 from .model import MILLI, Request, Snapshot
 from .queue import DEFAULT_AGING_S, effective_priority
@@ -211,6 +212,18 @@ class _Forecast:
     forecast_ids: set[str] = field(default_factory=set)  # placed by the forecast itself
     unending: list[int] = field(default_factory=list)  # nodes of forecast placements without a duration
     node_models: list[frozenset[int]] = field(default_factory=list)
+    on_node: dict[int, set[str]] = field(default_factory=dict)  # node -> reservations on it
+    placed_at: set[int] = field(default_factory=set)  # nodes placed on at the current time
+
+    def release(self, rid: str) -> int:
+        """End (or evict) a reservation in the forecast; the node it was on."""
+        rec = self.state.release(rid)
+        self.on_node[rec.node].discard(rid)
+        if self.gate is not None:
+            self.gate.refund(rid)
+        if self.order is not None and self.order is not self.gate:
+            self.order.refund(rid)
+        return rec.node
 
     # ---- one try ------------------------------------------------------------------------------
     def _narrow(self, line: _Line, req: Request) -> Request | None:
@@ -231,6 +244,8 @@ class _Forecast:
 
     def _placed(self, req: Request, t: float, why: str) -> None:
         rec = self.state.placed[req.id]
+        self.on_node.setdefault(rec.node, set()).add(req.id)
+        self.placed_at.add(rec.node)
         code = NOW if why == "" else AFTER_ENDS
         self.out[req.id] = Estimate(t, why or "it fits now", code)
         model = self.state.models[int(self.state.gpu_model[rec.node, rec.gpus[0]])] if rec.gpus else ""
@@ -442,6 +457,8 @@ def estimate_starts(
     out: dict[str, Estimate] = {}
     fc = _Forecast(state, scorer, gate, order, durations, out)
     fc.node_models = [frozenset(row[row >= 0].tolist()) for row in state.gpu_model]
+    for rid, rec in state.placed.items():
+        fc.on_node.setdefault(rec.node, set()).add(rid)
 
     # Lines, in queue order of their first request.
     lines: list[_Line] = []
@@ -527,7 +544,9 @@ def estimate_starts(
     # A line that would not fit even once every known end has come (labels aside) waits for an
     # unknown end: answered now, and left out of the walk.
     room = _room_at_last(state, [*ends, *(rid for rid in fc.forecast_ids if rid in durations)])
-    blocked = {id(line): line for line in live if not line.always and not _fits_in(state, room, line)}
+    evictable = _Evictable(state)
+    blocked = {id(line): line for line in live
+               if not line.always and not _fits_in(state, room, line, evictable.get(line.head[1], None))}
     if blocked:
         _explain_rest(fc, list(blocked.values()), False, max_events)
         live = [line for line in live if id(line) not in blocked]
@@ -539,6 +558,69 @@ def estimate_starts(
     index = _Index([line for line in live if not line.always])
     always = [line for line in live if line.always]
 
+    def select(nodes: list[int], ended: bool) -> tuple[list[_Line], dict[int, tuple], set[int]]:
+        """Lines to try after room appeared on `nodes` (and, with a gate, after any end), the
+        summaries of those nodes, and the ids of lines that may now fit anywhere."""
+        chosen: list[_Line] = [line for line in always if line.waiting]
+        anywhere = {id(line) for line in chosen}
+        local: dict[int, tuple] = {}
+        if nodes:
+            local = {i: fc.summary(i) for i in nodes}
+            seen: set[int] = set(anywhere)
+            top: dict[int, int] = {}
+            for _, _, per in local.values():
+                for m, (most, _, _) in per.items():
+                    top[m] = max(top.get(m, 0), most)
+            for line in index.candidates(top):
+                if id(line) not in seen:
+                    seen.add(id(line))
+                    chosen.append(line)
+        if gate is not None and ended:  # a line the gate had narrowed may now use more models: anywhere
+            for line in live:
+                if (line.waiting and line.last_allowed is not None and id(line) not in anywhere
+                        and gate.allowed(line.head[1]) != line.last_allowed):
+                    if line not in chosen:
+                        chosen.append(line)
+                    anywhere.add(id(line))
+        return chosen, local, anywhere
+
+    def preempt(t: float, nodes: list[int], why_of) -> list[int]:
+        """Guarantee requests that may now evict lower-priority work on `nodes`, as the cycle would;
+        the nodes where something was evicted."""
+        nodes = sorted({i for i in nodes if state.ready[i]})
+        if not nodes:
+            return []
+        rooms = {i: evictable_room(state, i, fc.on_node) for i in nodes}
+        top = dict.fromkeys(frozenset().union(*(fc.node_models[i] for i in nodes)), MILLI)
+        lines = [line for line in (*index.candidates(top), *always)
+                 if line.waiting and line.group is None and line.head[1].priority > 0]
+        lines = sorted({id(line): line for line in lines}.values(),
+                       key=lambda line: line.head[0] if order is None else order.key(line.head[1], t))
+        evicted: list[int] = []
+        for line in lines:
+            while line.waiting:
+                _, req = line.head
+                use = fc._narrow(line, req)
+                if use is None or not might_preempt(state, use, rooms):
+                    break
+                found = preempt_on(state, use, nodes, fc.on_node)
+                if found is None:
+                    break
+                choice, victims = found
+                for rid in victims:
+                    fc.release(rid)
+                state.reserve(req, choice.node, choice.slots)
+                line.waiting.popleft()
+                line.quota_limited = False
+                why = why_of(choice.node)
+                why = (why + ", " if why != "when running reservations end" else "")
+                fc._placed(req, t, f"{why}by preempting {_names(list(victims))} (lower priority) on "
+                           f"{state.node_names[choice.node]}")
+                rooms[choice.node] = evictable_room(state, choice.node, fc.on_node)
+                evicted.append(choice.node)
+        return evicted
+
+    preempting = any(r.priority > 0 for line in live for _, r in line.waiting)
     walked = 0
     budget_hit = False
     waiting = sum(len(line.waiting) for line in live)
@@ -554,37 +636,10 @@ def estimate_starts(
             walked += 1
             if rid not in state.placed:
                 continue
-            rec = state.release(rid)
-            released.setdefault(rec.node, []).append(rid)
-            if gate is not None:
-                gate.refund(rid)
-            if order is not None and order is not gate:
-                order.refund(rid)
+            released.setdefault(fc.release(rid), []).append(rid)
+        fc.placed_at = set()
         touched = [i for i in released if state.ready[i]]
-        chosen: list[_Line] = [line for line in always if line.waiting]
-        anywhere = {id(line) for line in chosen}
-        local: dict[int, tuple] = {}
-        if touched:
-            local = {i: fc.summary(i) for i in touched}
-            summaries = local.values()
-            seen: set[int] = set(anywhere)
-            top: dict[int, int] = {}
-            for _, _, per in summaries:
-                for m, (most, _, _) in per.items():
-                    top[m] = max(top.get(m, 0), most)
-            for line in index.candidates(top):
-                if id(line) not in seen:
-                    seen.add(id(line))
-                    chosen.append(line)
-        if gate is not None and released:  # a line the gate had narrowed may now use more models: anywhere
-            for line in live:
-                if (line.waiting and line.last_allowed is not None and id(line) not in anywhere
-                        and gate.allowed(line.head[1]) != line.last_allowed):
-                    if line not in chosen:
-                        chosen.append(line)
-                    anywhere.add(id(line))
-        if not chosen:
-            continue
+        chosen, local, anywhere = select(touched, bool(released))
 
         def why_of(node: int, released=released) -> str:
             rids = released.get(node)
@@ -596,7 +651,14 @@ def estimate_starts(
                 return f"when {_names(own)}, expected to start before it, finish(es) on {name}"
             return f"when {_names(rids)} end(s) on {name}"
 
-        admit(t, chosen, why_of, local, frozenset(anywhere))
+        if chosen:
+            admit(t, chosen, why_of, local, frozenset(anywhere))
+        if preempting:  # after what ended or was placed now, guarantee work may evict lower priorities
+            evicted = preempt(t, [*touched, *(i for i in fc.placed_at if i not in released)], why_of)
+            if evicted:
+                chosen, local, anywhere = select(evicted, False)
+                if chosen:
+                    admit(t, chosen, why_of, local, frozenset(anywhere))
         index.forget_empty()
 
     _explain_rest(fc, live, budget_hit, max_events)
@@ -619,10 +681,34 @@ def _room_at_last(state: ClusterState, ending: list[str]) -> tuple[np.ndarray, .
     return free, mem, cpu, node_mem
 
 
-def _fits_in(state: ClusterState, room: tuple[np.ndarray, ...], line: _Line) -> bool:
-    """Whether the line's shape fits somewhere in `room` (node rules, model, memory, compute; not labels)."""
+class _Evictable:
+    """Compute held per GPU slot by shares a guarantee request could evict: priority-0 ones (any
+    team's) and, per team, its own with a priority (by team, built when asked)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.zero = np.zeros_like(state.free)
+        self.teams: dict[str, np.ndarray] = {}
+        for rec in state.placed.values():
+            target = self.zero if rec.share.priority == 0 else self.teams.setdefault(
+                rec.share.team, np.zeros_like(state.free))
+            for j in rec.gpus:
+                target[rec.node, j] += rec.milli
+
+    def get(self, req: Request, default: None) -> np.ndarray | None:
+        if req.priority <= 0 or req.gpu_count == 0:
+            return default
+        own = self.teams.get(req.team)
+        return self.zero if own is None else self.zero + own
+
+
+def _fits_in(state: ClusterState, room: tuple[np.ndarray, ...], line: _Line, evictable: np.ndarray | None) -> bool:
+    """Whether the line's shape fits somewhere in `room` (node rules, model, memory, compute; not
+    labels), with `evictable` compute added (what it may preempt)."""
     milli, count, gpu_mem, cpu_need, mem_need = line.need
     free, mem_free, cpu, node_mem = room
+    if evictable is not None:  # memory that evictions free is not counted: the GPU memory test is skipped
+        free, gpu_mem = free + evictable, 0
     node_ok = state.ready & (cpu >= cpu_need) & (node_mem >= mem_need)
     if count == 0:
         return bool(node_ok.any())

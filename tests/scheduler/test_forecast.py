@@ -9,7 +9,9 @@ import pytest
 from scheduler.core import NodeStatus, PodGroup, Request, Share, Snapshot, TeamUsage
 from scheduler.core.engine import choose, make_scorer
 from scheduler.core.forecast import Estimate, QueueOrder, estimate_starts
+from scheduler.core.forecast_preemption import preempt_on
 from scheduler.core.fragmentation import typical_pods
+from scheduler.core.preemption import find_preemption
 from scheduler.core.run_lengths import RunLengths
 from scheduler.core.state import ClusterState
 
@@ -163,6 +165,22 @@ def test_following_the_order_a_team_that_got_a_gpu_falls_behind_one_that_did_not
     assert (moving["v1"].start, moving["n1"].start, moving["v2"].start) == (NOW + 100, NOW + 200, None)
 
 
+def test_a_guarantee_request_evicts_opportunistic_work_once_the_rest_of_the_gpu_ends():
+    snap = Snapshot((make_node("a1", shares={0: [busy("guaranteed", 0.5, team="nlp", priority=1),
+                                                  busy("spare-time", 0.5, team="ops", priority=0)]}),))
+    out = estimate_starts(snap, [Request("mine", team="vision", priority=2)], {"guaranteed": NOW + 300}, now=NOW)
+    assert out["mine"].start == NOW + 300
+    assert "preempting spare-time" in out["mine"].reason
+    low = estimate_starts(snap, [Request("low", team="vision", priority=0)], {"guaranteed": NOW + 300}, now=NOW)
+    assert low["low"].start is None and low["low"].code == "unknown_ends"
+
+
+def test_another_teams_guaranteed_work_is_never_evicted_in_the_forecast():
+    snap = Snapshot((make_node("a1", shares={0: [busy("theirs", 1.0, team="nlp", priority=1)]}),))
+    out = estimate_starts(snap, [Request("mine", team="vision", priority=50)], {}, now=NOW)
+    assert out["mine"].start is None and out["mine"].code == "unknown_ends"
+
+
 def test_an_end_already_past_counts_as_now():
     snap = Snapshot((make_node("a1", shares={0: [busy("late")]}),))
     out = estimate_starts(snap, [Request("mine")], {"late": NOW - 50}, now=NOW)
@@ -284,3 +302,34 @@ def test_run_lengths_turn_an_expiry_into_the_likely_end():
     assert lengths.end(0, 3600, now=3500) == 3600
     assert lengths.end(0, 3600, now=4000) == 4000  # past its expiry and still there: any moment
     assert lengths.run(7200) == 3600
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_preemption_on_all_nodes_finds_what_the_cycle_finds(seed):
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(6):
+        gpus, shares = rng.choice([1, 2, 4]), {}
+        for j in range(gpus):
+            used = 0.0
+            while used < 0.99:
+                size = rng.choice([0.25, 0.5, 1.0])
+                if used + size > 1.0:
+                    break
+                shares.setdefault(j, []).append(busy(f"s{i}-{j}-{used}", size, team=rng.choice(["a", "b"]),
+                                                     priority=rng.choice([0, 0, 1, 3]),
+                                                     exclusion=rng.choice(["", "", "red"])))
+                used += size
+        nodes.append(make_node(f"n{i}", gpus=gpus, model=rng.choice(["A100", "T4"]), shares=shares))
+    snap = Snapshot(tuple(nodes))
+    for k in range(10):
+        count = rng.choice([1, 1, 2])
+        req = Request(f"q{k}", team=rng.choice(["a", "b"]), priority=rng.choice([1, 2, 5]), gpu_count=count,
+                      gpu_request=1.0 if count > 1 else rng.choice([0.25, 0.5, 1.0]),
+                      gpu_model=rng.choice([None, "A100", "T4"]), exclusion=rng.choice(["", "red"]))
+        state = ClusterState.from_snapshot(snap)
+        on_node = {}
+        for rid, rec in state.placed.items():
+            on_node.setdefault(rec.node, set()).add(rid)
+        ours = preempt_on(state, req, range(len(nodes)), on_node)
+        assert ours == find_preemption(ClusterState.from_snapshot(snap), req)
