@@ -1,10 +1,12 @@
 """Speed of the estimated-start forecast (scheduler.core.forecast) at the Alibaba cluster's size.
 
 Method: the Alibaba node list (1,213 GPU nodes, 6,212 GPUs) filled with the default trace's pods
-(placed by the engine, in the replay's shuffled order) until `--fill` of GPU capacity is held; a
-part of those running shares (`--known`) get a known end, spread over the next `--spread-h` hours,
-the rest none. Then `--waiting` requests drawn from the trace's shapes wait (half with a known
-duration); `estimate_starts` estimates the first `--limit` of them. Each configuration is timed
+(placed by the engine, in the replay's shuffled order, each of one of 20 teams with priority 0, 1,
+2 or 5: 30/40/20/10%) until `--fill` of GPU capacity is held; a part of those running shares
+(`--known`) get a known end, spread over the next `--spread-h` hours, the rest none. Then
+`--waiting` requests drawn the same way wait (half with a known duration), by priority then age;
+`estimate_starts` estimates the first `--limit` of them (guarantee requests may evict priority-0
+work and lower priorities of their own team after an end, as the cycle does). Each configuration is timed
 `--repeat` times (wall and CPU seconds), the snapshot built once, with and without a FleetLayout
 (the portal keeps one per fleet version).
 
@@ -37,12 +39,16 @@ from scheduler.sim.trace import DEFAULT_TRACE_DIR, load_nodes, load_pods, resolv
 OUT = Path(__file__).resolve().parents[1] / "results" / "fairshare"
 
 
-def clone(req: Request, uid: str, **kw) -> Request:
+PRIORITIES, PRIORITY_P = (0, 1, 2, 5), (0.3, 0.4, 0.2, 0.1)
+
+
+def clone(req: Request, uid: str, rng: np.random.Generator, teams: int, **kw) -> Request:
     return Request(id=uid, gpu_request=req.gpu_request, gpu_count=req.gpu_count, gpu_model=req.gpu_model,
-                   cpu_milli=req.cpu_milli, memory_mib=req.memory_mib, **kw)
+                   cpu_milli=req.cpu_milli, memory_mib=req.memory_mib, team=f"team{int(rng.integers(teams))}",
+                   priority=int(rng.choice(PRIORITIES, p=PRIORITY_P)), **kw)
 
 
-def build(fill: float, known: float, spread_h: float, waiting: int, seed: int):
+def build(fill: float, known: float, spread_h: float, waiting: int, seed: int, teams: int = 20):
     pods = [p for p in load_pods(resolve_trace("default")).rows if p.num_gpu > 0]
     nodes = load_nodes(DEFAULT_TRACE_DIR / "csv" / "openb_node_list_gpu_node.csv").rows
     rng = np.random.default_rng(seed)
@@ -54,7 +60,7 @@ def build(fill: float, known: float, spread_h: float, waiting: int, seed: int):
     order = arrival_order(pods, capacity, 1.3, rng)
     used, k = 0, 0
     while used < fill * capacity and k < len(order):
-        req = clone(requests[order[k]], f"run{k}")
+        req = clone(requests[order[k]], f"run{k}", rng, teams)
         k += 1
         choice = choose(state, req, scorer)
         if choice is not None:
@@ -78,8 +84,9 @@ def build(fill: float, known: float, spread_h: float, waiting: int, seed: int):
     running = sorted(state.placed)
     chosen = rng.choice(len(running), size=int(known * len(running)), replace=False)
     ends = {running[int(c)]: float(rng.uniform(0, spread_h * 3600)) for c in chosen}
-    queue = [clone(requests[int(rng.integers(len(requests)))], f"wait{w}", created_at=-float(w))
+    queue = [clone(requests[int(rng.integers(len(requests)))], f"wait{w}", rng, teams, created_at=-float(w))
              for w in range(waiting)]
+    queue.sort(key=lambda r: (-r.priority, -r.created_at))  # the cycle's order: priority, then age
     durations = {r.id: float(rng.lognormal(np.log(3600), 1.0)) for r in queue[::2]}
     return empty, full, ends, queue, durations, typical, used / capacity
 
@@ -97,18 +104,20 @@ def main() -> int:
     empty, full, ends, queue, durations, _, filled = build(ns.fill, ns.known, ns.spread_h, ns.waiting, ns.seed)
     layout = FleetLayout(empty)
     rows = []
-    for with_layout in (False, True):
+    for with_layout, preemption in ((False, True), (True, True), (True, False)):
         snap = Snapshot(tuple(full), now=0.0, layout=layout if with_layout else None)
         for limit in [int(x) for x in ns.limits.split(",")]:
             wall, cpu, codes = [], [], Counter()
             for _ in range(ns.repeat):
                 t0, c0 = time.perf_counter(), time.process_time()
-                out = estimate_starts(snap, queue, ends, now=0.0, durations=durations, limit=limit)
+                out = estimate_starts(snap, queue, ends, now=0.0, durations=durations, limit=limit,
+                                      preemption=preemption)
                 wall.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
                 codes = Counter(e.code for e in out.values())
+                codes["by preempting"] = sum("preempting" in e.reason for e in out.values())
             row = {
-                "layout": with_layout, "limit": limit, "waiting": len(queue),
+                "layout": with_layout, "preemption": preemption, "limit": limit, "waiting": len(queue),
                 "running_shares": sum(len(g.shares) for n in full for g in n.gpus), "known_ends": len(ends),
                 "nodes": len(full), "gpus": sum(len(n.gpus) for n in full), "filled_pct": round(filled * 100, 1),
                 "median_s": round(float(np.median(wall)), 3), "max_s": round(float(np.max(wall)), 3),
@@ -130,16 +139,18 @@ def main() -> int:
         f"State: {r0['nodes']} nodes, {r0['gpus']} GPUs, {r0['filled_pct']}% of GPU compute held by "
         f"{r0['running_shares']} shares of the default trace's pods; {r0['known_ends']} of the running "
         f"reservations have a known end (uniform over the next {ns.spread_h:g} h), the rest none. "
-        f"{r0['waiting']} requests wait (trace shapes, half with a known duration); the first `limit` are "
+        f"{r0['waiting']} requests wait (trace shapes, 20 teams, priorities 0/1/2/5, half with a known "
+        "duration); the first `limit` are "
         "estimated, the rest answered `behind`. Time per call includes building the cluster state and the "
         f"scorer; median and max of {ns.repeat} calls.",
         "",
-        "| FleetLayout | limit | median s (wall) | max s | median CPU s | answers |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| FleetLayout | preemption | limit | median s (wall) | max s | median CPU s | answers |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         codes = ", ".join(f"{k} {v}" for k, v in r["codes"].items())
-        lines.append(f"| {'yes' if r['layout'] else 'no'} | {r['limit']} | {r['median_s']} | {r['max_s']} "
+        lines.append(f"| {'yes' if r['layout'] else 'no'} | {'yes' if r['preemption'] else 'no'} | {r['limit']} "
+                     f"| {r['median_s']} | {r['max_s']} "
                      f"| {r['median_cpu_s']} | {codes} |")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "forecast_speed.md").write_text("\n".join(lines) + "\n")

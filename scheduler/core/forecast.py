@@ -193,6 +193,7 @@ class _Line:
     quota_limited: bool = False  # the gate narrowed or refused it at its last try
     capable_gpus: int = 0  # ready GPUs that could take one GPU's worth of it when empty
     need: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # _need of its requests (one shape)
+    fit: tuple = ()  # its shape for fitting (team and priority aside): lines alike fail alike
 
     @property
     def head(self) -> tuple[int, Request]:
@@ -214,11 +215,17 @@ class _Forecast:
     node_models: list[frozenset[int]] = field(default_factory=list)
     on_node: dict[int, set[str]] = field(default_factory=dict)  # node -> reservations on it
     placed_at: set[int] = field(default_factory=set)  # nodes placed on at the current time
+    # Nodes where, at the current time, a share with a priority ended (room any guarantee request
+    # may now use), and where a team placed shares with a priority (its higher priorities may evict).
+    freed_guaranteed: set[int] = field(default_factory=set)
+    team_placed: dict[int, set[str]] = field(default_factory=dict)
 
     def release(self, rid: str) -> int:
         """End (or evict) a reservation in the forecast; the node it was on."""
         rec = self.state.release(rid)
         self.on_node[rec.node].discard(rid)
+        if rec.share.priority > 0:
+            self.freed_guaranteed.add(rec.node)
         if self.gate is not None:
             self.gate.refund(rid)
         if self.order is not None and self.order is not self.gate:
@@ -246,6 +253,8 @@ class _Forecast:
         rec = self.state.placed[req.id]
         self.on_node.setdefault(rec.node, set()).add(req.id)
         self.placed_at.add(rec.node)
+        if req.priority > 0:
+            self.team_placed.setdefault(rec.node, set()).add(req.team)
         code = NOW if why == "" else AFTER_ENDS
         self.out[req.id] = Estimate(t, why or "it fits now", code)
         model = self.state.models[int(self.state.gpu_model[rec.node, rec.gpus[0]])] if rec.gpus else ""
@@ -309,45 +318,65 @@ class _Forecast:
         return int(st.cpu_free[i]), int(st.node_mem_free[i]), per
 
 
+@dataclass
+class _Shape:
+    """Lines of one shape for fitting (teams and priorities apart): they fit, or not, alike."""
+
+    need: tuple[int, int, int, int, int]
+    models: frozenset[int] | None
+    lines: list[_Line]
+
+
 class _Index:
-    """Lines by GPU model, each model's lines ordered by the compute one GPU of theirs needs: after an
-    end, only lines whose need is within the most compute now free on one GPU of a model are looked at."""
+    """Shapes by GPU model, each model's ordered by the compute one GPU of theirs needs: after an end,
+    only shapes whose need is within the most compute now free on one GPU of a model are looked at."""
 
     def __init__(self, lines: list[_Line]) -> None:
-        self.groups: dict[int | None, tuple[list[int], list[_Line]]] = {}
-        self.cpu_only: list[_Line] = []
+        shapes: dict[tuple, _Shape] = {}
         for line in lines:
-            if line.need[1] == 0:
-                self.cpu_only.append(line)
+            shapes.setdefault(line.fit, _Shape(line.need, line.models, [])).lines.append(line)
+        self.groups: dict[int | None, tuple[list[int], list[_Shape]]] = {}
+        self.cpu_only: list[_Shape] = []
+        for shape in shapes.values():
+            if shape.need[1] == 0:
+                self.cpu_only.append(shape)
                 continue
-            for m in line.models if line.models is not None else (None,):
-                self.groups.setdefault(m, ([], []))[1].append(line)
+            for m in shape.models if shape.models is not None else (None,):
+                self.groups.setdefault(m, ([], []))[1].append(shape)
         for keys, group in self.groups.values():
-            group.sort(key=lambda line: line.need[0])
-            keys[:] = [line.need[0] for line in group]
-        self.emptied = 0
+            group.sort(key=lambda shape: shape.need[0])
+            keys[:] = [shape.need[0] for shape in group]
+        self.rounds = 0
 
     def candidates(self, top: Mapping[int, int]):
-        """Lines with waiting requests whose need fits `top` (model id -> most compute free on one GPU)."""
-        yield from (line for line in self.cpu_only if line.waiting)
+        """Shapes (each once) whose need fits `top` (model id -> most compute free on one GPU)."""
+        seen: set[int] = set()
+        for shape in self.cpu_only:
+            seen.add(id(shape))
+            yield shape
         for m, most in (*top.items(), (None, max(top.values(), default=0))):
             found = self.groups.get(m)
             if found is None:
                 continue
             keys, group = found
-            for line in group[: bisect.bisect_right(keys, most)]:
-                if line.waiting:
-                    yield line
+            for shape in group[: bisect.bisect_right(keys, most)]:
+                if id(shape) not in seen:
+                    seen.add(id(shape))
+                    yield shape
 
     def forget_empty(self) -> None:
-        """Drop emptied lines now and then (they are skipped meanwhile)."""
-        self.emptied += 1
-        if self.emptied % 64:
+        """Drop emptied lines and shapes now and then (meanwhile their lines are skipped as empty)."""
+        self.rounds += 1
+        if self.rounds % 64:
             return
-        self.cpu_only = [line for line in self.cpu_only if line.waiting]
+        for shape in self.cpu_only:
+            shape.lines = [line for line in shape.lines if line.waiting]
+        self.cpu_only = [shape for shape in self.cpu_only if shape.lines]
         for m, (_, group) in list(self.groups.items()):
-            kept = [line for line in group if line.waiting]
-            self.groups[m] = ([line.need[0] for line in kept], kept)
+            for shape in group:
+                shape.lines = [line for line in shape.lines if line.waiting]
+            kept = [shape for shape in group if shape.lines]
+            self.groups[m] = ([shape.need[0] for shape in kept], kept)
 
 
 def _most_free(local: Mapping[int, tuple]) -> int:
@@ -385,7 +414,7 @@ def _might_fit(need: tuple[int, int, int, int, int], models: frozenset[int] | No
 def _shape(req: Request, gated: bool) -> tuple:
     key: tuple = (req.milli, req.gpu_count, req.gpu_model, req.gpu_memory_mib, req.cpu_milli, req.memory_mib,
                   req.exclusion, req.anti_affinity, req.affinity)
-    if gated:  # the gate and the order may answer differently per team and priority
+    if gated or req.priority > 0:  # the gate, the order and preemption answer per team and priority
         key += (req.team, req.priority)
     return key
 
@@ -433,6 +462,7 @@ def estimate_starts(
     gate: Gate | None = None,
     order: Order | None = None,
     policy: str = "tessera",
+    preemption: bool = True,
     typical: Sequence[TypicalPod] | None = None,
     limit: int = DEFAULT_LIMIT,
     max_events: int = DEFAULT_MAX_EVENTS,
@@ -443,6 +473,8 @@ def estimate_starts(
     snapshot; a share without one never ends within the forecast. `durations`: request id -> how
     long it runs once started, where known (its room is free again after that). `gate`: quota
     (default: none). `order`: the cycle's order as use changes (default: `queue`'s order throughout).
+    `preemption`: after an end, guarantee requests may evict lower-priority work as the cycle does
+    (the cycle is taken to have tried that for every request just before: none is tried at `now`).
     Only the first `limit` requests are estimated (those behind get `behind`), and at most
     `max_events` ends are walked. Every request of `queue` gets an Estimate.
     """
@@ -487,7 +519,8 @@ def estimate_starts(
         key = _shape(req, gate is not None or order is not None)
         line = by_key.get(key)
         if line is None:
-            line = by_key[key] = _Line(deque(), _model_ids(state, req), bool(req.affinity), need=_need(req))
+            line = by_key[key] = _Line(deque(), _model_ids(state, req), bool(req.affinity), need=_need(req),
+                                       fit=_shape(req, False)[:9])
             lines.append(line)
         line.waiting.append((pos, req))
 
@@ -515,28 +548,54 @@ def estimate_starts(
 
     def admit(t: float, candidates: list[_Line], why_of, local: dict[int, tuple] | None = None,
               anywhere: frozenset[int] = frozenset()) -> None:
-        """Try each candidate line's requests in queue order while they start. With `local` (the
+        """Try the candidate lines' requests in queue order while they start. With `local` (the
         summaries of the nodes where something just ended), a line not in `anywhere` (by id) can only
-        fit there: it is tried only while its shape may fit on one of them."""
+        fit there: it is tried only while its shape may fit on one of them. Lines of one shape fit or
+        fail alike (without a gate, which answers per request): a shape that fails at `t` is not
+        tried again at `t`, room only shrinking meanwhile."""
+
         def rank(line: _Line) -> Any:
             return line.head[0] if order is None else order.key(line.head[1], t)
 
-        heap = [(rank(line), k, line) for k, line in enumerate(candidates) if line.waiting]
+        alike = gate is None
+        groups: dict[object, list[_Line]] = {}
+        for line in candidates:
+            if line.waiting:
+                single = line.group is not None or line.always or id(line) in anywhere or not alike
+                groups.setdefault(id(line) if single else line.fit, []).append(line)
+
+        def best(key: object) -> tuple[Any, _Line] | None:
+            lines = [line for line in groups[key] if line.waiting]
+            groups[key] = lines
+            return min(((rank(line), line) for line in lines), key=lambda x: x[0], default=None)
+
+        heap = []
+        for k, key in enumerate(groups):
+            first = best(key)
+            if first is not None:
+                heap.append((first[0], k, key, first[1]))
         heapq.heapify(heap)
         most = _most_free(local) if local is not None else 0
+        dirty = False  # the candidates passed `select`'s room check; after a start, check again
         while heap:
-            _, k, line = heapq.heappop(heap)
-            if local is not None and id(line) not in anywhere and (
-                    (line.need[1] and line.need[0] > most) or not _might_fit(line.need, line.models, local.values())):
+            _, k, key, line = heapq.heappop(heap)
+            if (dirty and local is not None and line.group is None and not line.always
+                    and id(line) not in anywhere
+                    and ((line.need[1] and line.need[0] > most)
+                         or not _might_fit(line.need, line.models, local.values()))):
                 continue
             took = fc.try_head(line, t, why_of)
-            if local is not None and took:
+            if not took:
+                continue  # a shape (or a single line) that fails at `t` is not tried again at `t`
+            dirty = True
+            if local is not None:
                 for i in took:
                     if i in local:
                         local[i] = fc.summary(i)
                 most = _most_free(local)
-            if took and line.waiting:
-                heapq.heappush(heap, (rank(line), k, line))
+            nxt = best(key)
+            if nxt is not None:
+                heapq.heappush(heap, (nxt[0], k, key, nxt[1]))
 
     admit(now, live, lambda node: "")
     live = [line for line in live if line.waiting]
@@ -571,10 +630,12 @@ def estimate_starts(
             for _, _, per in local.values():
                 for m, (most, _, _) in per.items():
                     top[m] = max(top.get(m, 0), most)
-            for line in index.candidates(top):
-                if id(line) not in seen:
-                    seen.add(id(line))
-                    chosen.append(line)
+            for shape in index.candidates(top):
+                if _might_fit(shape.need, shape.models, local.values()):
+                    for line in shape.lines:
+                        if line.waiting and id(line) not in seen:
+                            seen.add(id(line))
+                            chosen.append(line)
         if gate is not None and ended:  # a line the gate had narrowed may now use more models: anywhere
             for line in live:
                 if (line.waiting and line.last_allowed is not None and id(line) not in anywhere
@@ -584,24 +645,57 @@ def estimate_starts(
                     anywhere.add(id(line))
         return chosen, local, anywhere
 
-    def preempt(t: float, nodes: list[int], why_of) -> list[int]:
-        """Guarantee requests that may now evict lower-priority work on `nodes`, as the cycle would;
-        the nodes where something was evicted."""
-        nodes = sorted({i for i in nodes if state.ready[i]})
+    def preempt(t: float, why_of) -> list[int]:
+        """Guarantee requests that may now evict lower-priority work, as the cycle would; the nodes
+        where something was evicted. The cycle found no preemption before; one can be new only
+        where a share with a priority ended (what any guarantee request may use grew: the room of a
+        priority-0 share that ends was evictable already) or, for a team, where it placed shares
+        with a priority (which its higher priorities may evict)."""
+        freed = {i for i in fc.freed_guaranteed if state.ready[i]}
+        placed = {i: teams for i, teams in fc.team_placed.items() if state.ready[i]}
+        nodes = sorted(freed | set(placed))
         if not nodes:
             return []
         rooms = {i: evictable_room(state, i, fc.on_node) for i in nodes}
-        top = dict.fromkeys(frozenset().union(*(fc.node_models[i] for i in nodes)), MILLI)
-        lines = [line for line in (*index.candidates(top), *always)
-                 if line.waiting and line.group is None and line.head[1].priority > 0]
-        lines = sorted({id(line): line for line in lines}.values(),
-                       key=lambda line: line.head[0] if order is None else order.key(line.head[1], t))
+        anyone_rooms = [rooms[i] for i in sorted(freed)]
+        team_rooms: dict[str, list] = {}
+        for i in nodes:
+            for team in set(rooms[i].own) if i in freed else placed.get(i, ()):
+                team_rooms.setdefault(team, []).append(rooms[i])
+        top: dict[int, int] = {}  # per model, the most compute one GPU could have after evictions
+        for i, room in rooms.items():
+            most = list(room.compute)
+            for recs in room.own.values():
+                for rec in recs:
+                    for j in rec.gpus:
+                        most[j] += rec.milli
+            for j, model in enumerate(state.gpu_model[i].tolist()[: int(state.gpu_count[i])]):
+                top[model] = max(top.get(model, 0), most[j])
+        lines: dict[int, _Line] = {}
+        for shape in index.candidates(top):
+            anyone = None
+            for line in shape.lines:
+                if not line.waiting:
+                    continue
+                req = line.head[1]
+                if req.priority <= 0:
+                    continue
+                if anyone is None:
+                    anyone = bool(anyone_rooms) and might_preempt(state, shape.need, shape.models, anyone_rooms)
+                mine = team_rooms.get(req.team)
+                if anyone or (mine and might_preempt(state, shape.need, shape.models, mine, req.team, req.priority)):
+                    lines[id(line)] = line
+        for line in always:
+            if line.waiting and line.group is None and line.head[1].priority > 0:
+                lines[id(line)] = line
+        lines = sorted(lines.values(), key=lambda line: line.head[0] if order is None else order.key(line.head[1], t))
         evicted: list[int] = []
         for line in lines:
             while line.waiting:
                 _, req = line.head
                 use = fc._narrow(line, req)
-                if use is None or not might_preempt(state, use, rooms):
+                if use is None or not might_preempt(state, line.need, _model_ids(state, use), rooms.values(),
+                                                    req.team, req.priority):
                     break
                 found = preempt_on(state, use, nodes, fc.on_node)
                 if found is None:
@@ -620,7 +714,7 @@ def estimate_starts(
                 evicted.append(choice.node)
         return evicted
 
-    preempting = any(r.priority > 0 for line in live for _, r in line.waiting)
+    preempting = preemption and any(r.priority > 0 for line in live for _, r in line.waiting)
     walked = 0
     budget_hit = False
     waiting = sum(len(line.waiting) for line in live)
@@ -631,13 +725,13 @@ def estimate_starts(
             break
         t = fc.events[0][0]
         released: dict[int, list[str]] = {}
+        fc.placed_at, fc.freed_guaranteed, fc.team_placed = set(), set(), {}
         while fc.events and fc.events[0][0] == t:
             _, _, rid = heapq.heappop(fc.events)
             walked += 1
             if rid not in state.placed:
                 continue
             released.setdefault(fc.release(rid), []).append(rid)
-        fc.placed_at = set()
         touched = [i for i in released if state.ready[i]]
         chosen, local, anywhere = select(touched, bool(released))
 
@@ -654,7 +748,7 @@ def estimate_starts(
         if chosen:
             admit(t, chosen, why_of, local, frozenset(anywhere))
         if preempting:  # after what ended or was placed now, guarantee work may evict lower priorities
-            evicted = preempt(t, [*touched, *(i for i in fc.placed_at if i not in released)], why_of)
+            evicted = preempt(t, why_of)
             if evicted:
                 chosen, local, anywhere = select(evicted, False)
                 if chosen:

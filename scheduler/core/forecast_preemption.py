@@ -12,6 +12,7 @@ find_preemption would find (tests/scheduler/test_forecast.py compares the two).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from .engine import Choice
 from .filters import feasible
@@ -20,44 +21,63 @@ from .preemption import _slot_victims
 from .state import ClusterState, Holding
 
 
-def evictable_room(state: ClusterState, i: int, on_node: Mapping[int, set[str]]) -> tuple[list[int], dict]:
-    """Node `i` per GPU slot: free compute plus that of priority-0 shares (anyone with a priority
-    may evict them), and per team the compute of its own shares with a priority (its higher
-    priorities may evict them)."""
-    room = state.free[i].tolist()
-    own: dict[str, list[int]] = {}
+@dataclass
+class EvictableRoom:
+    """One node as a guarantee request could find it: per GPU slot, free compute plus that of the
+    priority-0 shares (anyone with a priority may evict them), CPU and memory likewise, and per
+    team its own shares with a priority (its higher priorities may evict them)."""
+
+    node: int
+    compute: list[int]
+    cpu: int
+    memory: int
+    own: dict[str, list[Holding]]
+
+
+def evictable_room(state: ClusterState, i: int, on_node: Mapping[int, set[str]]) -> EvictableRoom:
+    room = EvictableRoom(i, state.free[i].tolist(), int(state.cpu_free[i]), int(state.node_mem_free[i]), {})
     for rid in on_node.get(i, ()):
         rec = state.placed.get(rid)
         if rec is None:
             continue
         if rec.share.priority == 0:
             for j in rec.gpus:
-                room[j] += rec.milli
+                room.compute[j] += rec.milli
+            room.cpu += rec.cpu_milli
+            room.memory += rec.node_memory_mib
         else:
-            extra = own.setdefault(rec.share.team, [0] * len(room))
-            for j in rec.gpus:
-                extra[j] += rec.milli
-    return room, own
+            room.own.setdefault(rec.share.team, []).append(rec)
+    return room
 
 
-def might_preempt(state: ClusterState, req: Request, rooms: Mapping[int, tuple[list[int], dict]]) -> bool:
-    """A quick necessary condition for preemption on one of the nodes of `rooms` (evictable_room of
-    each): enough GPUs of the request's model whose evictable room covers it (labels, memory and the
-    priorities within the team not looked at)."""
-    if req.priority <= 0 or req.gpu_count == 0:
+def might_preempt(state: ClusterState, need: tuple[int, int, int, int, int], models: frozenset[int] | None,
+                  rooms: Iterable[EvictableRoom], team: str | None = None, priority: int = 0) -> bool:
+    """A quick necessary condition for preemption on one of `rooms`' nodes by a request that needs
+    `need` (milli per GPU, GPUs, GPU memory, CPU, memory) of one of `models` (ids; None: any): CPU
+    and memory, and enough GPUs whose evictable compute covers it (labels and GPU memory not looked
+    at). With `team`, its own shares of a priority below `priority` count as evictable too."""
+    milli, count, _, cpu_need, mem_need = need
+    if count == 0:
         return False
-    need = 1000 if req.whole else req.milli
-    allowed = None if req.gpu_model is None else {state.model_id[m] for m in req.gpu_model if m in state.model_id}
-    for i, (room, own) in rooms.items():
+    for room in rooms:
+        i = room.node
         if not state.ready[i]:
             continue
-        extra = own.get(req.team)
-        models = state.gpu_model[i]
-        slots = 0
-        for j in range(int(state.gpu_count[i])):
-            if (room[j] + (extra[j] if extra else 0)) >= need and (allowed is None or int(models[j]) in allowed):
-                slots += 1
-        if slots >= req.gpu_count:
+        compute, cpu, memory = room.compute, room.cpu, room.memory
+        mine = [rec for rec in room.own.get(team, ()) if rec.share.priority < priority] if team is not None else ()
+        if mine:
+            compute = list(compute)
+            for rec in mine:
+                for j in rec.gpus:
+                    compute[j] += rec.milli
+                cpu += rec.cpu_milli
+                memory += rec.node_memory_mib
+        if cpu < cpu_need or memory < mem_need:
+            continue
+        row = state.gpu_model[i].tolist()
+        slots = sum(1 for j in range(int(state.gpu_count[i]))
+                    if compute[j] >= milli and (models is None or row[j] in models))
+        if slots >= count:
             return True
     return False
 
