@@ -51,6 +51,7 @@ def errors(result: SimResult, name: str) -> dict:
     first_made = first_given = 0
     why_none: Counter[str] = Counter()
     by_code: dict[str, list[float]] = {}
+    by_cause: dict[str, list[float]] = {}
     for log in result.jobs.values():
         records = log.estimates.get(name, [])
         for k, (at, start, code) in enumerate(records):
@@ -74,6 +75,7 @@ def errors(result: SimResult, name: str) -> dict:
             signed.append((start - actual) / waited)
             absolute.append(abs(start - actual))
             by_code.setdefault(code, []).append(e)
+            by_cause.setdefault(log.causes[log.starts.index(actual)], []).append(e)
             if first:
                 first_given += 1
                 first_rel.append(e)
@@ -96,6 +98,8 @@ def errors(result: SimResult, name: str) -> dict:
         "first_p90_error": pct(first_rel, 90),
         "no_time_because": dict(why_none.most_common()),
         "median_error_by_code": {c: pct(v, 50) for c, v in sorted(by_code.items())},
+        # What made room for the start the estimate was about: [estimates, median error].
+        "by_start_cause": {c: [len(v), pct(v, 50)] for c, v in sorted(by_cause.items(), key=lambda kv: -len(kv[1]))},
         "left_out_not_started": unstarted,
     }
 
@@ -112,17 +116,28 @@ def timing(result: SimResult, name: str) -> dict:
             "median_waiting": int(np.median(sizes))}
 
 
-def run(seed: int, ns: argparse.Namespace) -> dict:
+# Where the error comes from: the same seed with one source of surprise taken away at a time.
+VARIANTS = (
+    ("as configured", {}),
+    ("interactive jobs run to their expiry", {"early_median": 1.0, "early_sigma": 0.0}),
+    ("... and no priority-0 work", {"early_median": 1.0, "early_sigma": 0.0, "opportunistic": 0.0}),
+    ("... and every job interactive (every end known)",
+     {"early_median": 1.0, "early_sigma": 0.0, "opportunistic": 0.0, "interactive": 1.0}),
+)
+
+
+def run(seed: int, ns: argparse.Namespace, changes: dict | None = None) -> dict:
+    settings = {"interactive": ns.interactive, "opportunistic": ns.opportunistic, "early_median": ns.early_median,
+                "early_sigma": ns.early_sigma, **(changes or {})}
     cfg = TenantConfig(seed=seed, load=ns.load, horizon_s=ns.horizon_h * HOUR, scale=ns.scale,
-                       departments=ns.departments, teams=ns.teams, interactive=ns.interactive,
-                       opportunistic=ns.opportunistic, early_median=ns.early_median, early_sigma=ns.early_sigma)
+                       departments=ns.departments, teams=ns.teams, **settings)
     trace = generate(cfg)
     t0 = time.perf_counter()
     result = simulate(trace, cycle_s=ns.cycle_s, estimate_s=ns.estimate_s, policy=ns.policy)
     wall = time.perf_counter() - t0
     waits = [log.starts[0] - log.job.arrival for log in result.jobs.values() if log.starts]
     return {
-        "seed": seed, "jobs": len(trace.jobs), "gpus": trace.gpus, "nodes": len(trace.nodes),
+        "seed": seed, "changes": changes or {}, "jobs": len(trace.jobs), "gpus": trace.gpus, "nodes": len(trace.nodes),
         "finished": len(result.finished), "sim_hours": round(result.ended_at / HOUR, 1), "cycles": result.cycles,
         "placements": result.placements, "preemptions": result.preemptions,
         "wait_p50_min": round(float(np.percentile(waits, 50)) / 60, 1),
@@ -154,17 +169,24 @@ def main() -> int:
     parser.add_argument("--policy", default="tessera")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
     parser.add_argument("--out", default="estimate_backtest")
+    parser.add_argument("--variants", action="store_true",
+                        help="also run the first seed with each source of surprise taken away in turn")
     ns = parser.parse_args()
     seeds = [int(s) for s in ns.seeds.split(",")]
+    work = [(s, None) for s in seeds]
+    if ns.variants:
+        work += [(seeds[0], changes) for _, changes in VARIANTS[1:]]
     if ns.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=ns.jobs) as pool:
-            runs = list(pool.map(run, seeds, [ns] * len(seeds)))
+            done = list(pool.map(run, [w[0] for w in work], [ns] * len(work), [w[1] for w in work]))
     else:
-        runs = [run(s, ns) for s in seeds]
-    for r in runs:
+        done = [run(s, ns, changes) for s, changes in work]
+    for r in done:
         print(json.dumps(r), flush=True)
+    runs = done[: len(seeds)]
+    variants = [done[0], *done[len(seeds):]] if ns.variants else []
     command = "python bench/fairshare/estimate_backtest.py " + " ".join(sys.argv[1:])
     load = os.getloadavg()
     r0 = runs[0]
@@ -192,6 +214,29 @@ def main() -> int:
                 f"| {name} | {e['estimates']} | {e['with_time_pct']}% | {e['median_error']} | {e['p90_error']} "
                 f"| {e['within_25pct']}% | {e['median_signed_error']} "
                 f"| {e['first_with_time_pct']}%, {e['first_median_error']}, {e['first_p90_error']} |")
+    names = list(r0["estimators"])
+    lines += ["", "Median error by what made room for the start (all seeds pooled; estimates with a time):", "",
+              "| start came after | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    causes: dict[str, dict[str, list]] = {}
+    for r in runs:
+        for name in names:
+            for cause, (n, med) in r["estimators"][name]["by_start_cause"].items():
+                causes.setdefault(cause, {}).setdefault(name, []).append((n, med))
+    for cause, per in sorted(causes.items(), key=lambda kv: -sum(n for n, _ in kv[1].get(names[0], []))):
+        cells = []
+        for name in names:
+            vals = per.get(name, [])
+            n = sum(v[0] for v in vals)
+            med = ", ".join(str(v[1]) for v in vals)
+            cells.append(f"{med} (n={n})" if vals else "-")
+        lines.append(f"| {cause} | " + " | ".join(cells) + " |")
+    if variants:
+        lines += ["", f"Where the error comes from (seed {seeds[0]}, one source of surprise taken away at a time; "
+                  "median error / share of estimates with a time):", "",
+                  "| trace | preemptions | " + " | ".join(names) + " |", "| --- | ---: |" + " ---: |" * len(names)]
+        for (label, _), r in zip(VARIANTS, variants, strict=True):
+            cells = [f"{r['estimators'][n]['median_error']} / {r['estimators'][n]['with_time_pct']}%" for n in names]
+            lines.append(f"| {label} | {r['preemptions']} | " + " | ".join(cells) + " |")
     lines += ["", "Why the forecast gave no time (estimates, all seeds):", ""]
     why: Counter[str] = Counter()
     for r in runs:
@@ -207,7 +252,8 @@ def main() -> int:
                          f"| {t['median_ms']} | {t['p99_ms']} | {t['max_ms']} |")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{ns.out}.md").write_text("\n".join(lines) + "\n")
-    (OUT / f"{ns.out}.json").write_text(json.dumps({"command": command.strip(), "runs": runs}, indent=1) + "\n")
+    (OUT / f"{ns.out}.json").write_text(json.dumps({"command": command.strip(), "runs": runs, "variants": variants},
+                                                   indent=1) + "\n")
     print("\n".join(lines))
     return 0
 

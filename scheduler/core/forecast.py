@@ -411,12 +411,12 @@ def _might_fit(need: tuple[int, int, int, int, int], models: frozenset[int] | No
     return False
 
 
-def _shape(req: Request, gated: bool) -> tuple:
+def _shape(req: Request, per_team: bool) -> tuple:
+    """What decides whether a request fits: with `per_team`, its team and priority too (for the
+    gate, the order and preemption, which answer per team and priority)."""
     key: tuple = (req.milli, req.gpu_count, req.gpu_model, req.gpu_memory_mib, req.cpu_milli, req.memory_mib,
                   req.exclusion, req.anti_affinity, req.affinity)
-    if gated or req.priority > 0:  # the gate, the order and preemption answer per team and priority
-        key += (req.team, req.priority)
-    return key
+    return (*key, req.team, req.priority) if per_team else key
 
 
 def _model_ids(state: ClusterState, req: Request) -> frozenset[int] | None:
@@ -516,11 +516,11 @@ def estimate_starts(
         if pos >= limit:
             out[req.id] = Estimate(None, f"no estimate: more than {limit} requests wait ahead of it", BEHIND)
             continue
-        key = _shape(req, gate is not None or order is not None)
+        key = _shape(req, gate is not None or order is not None or (preemption and req.priority > 0))
         line = by_key.get(key)
         if line is None:
             line = by_key[key] = _Line(deque(), _model_ids(state, req), bool(req.affinity), need=_need(req),
-                                       fit=_shape(req, False)[:9])
+                                       fit=_shape(req, False))
             lines.append(line)
         line.waiting.append((pos, req))
 

@@ -57,6 +57,10 @@ class JobLog:
     starts: list[float] = field(default_factory=list)
     ended: float | None = None  # finished (not preempted)
     preempted: list[float] = field(default_factory=list)
+    # Per start, what made room for it: "preempted others", or what ended at that time ("interactive
+    # expiry", "interactive early end", "batch end", joined by "+"), or "nothing ended" (room left by
+    # an eviction or a start elsewhere, a new order).
+    causes: list[str] = field(default_factory=list)
     # estimator name -> [(made at, estimated start or None, code)]
     estimates: dict[str, list[tuple[float, float | None, str]]] = field(default_factory=dict)
 
@@ -177,7 +181,9 @@ class Simulation:
         self.estimate_wall: dict[str, list[tuple[int, float]]] = {name: [] for name in self.estimators}
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._last_estimate = -float("inf")
+        self._cause = "nothing ended"
         self.run_lengths = RunLengths()  # interactive jobs that ended (not preempted): used / reserved
+        self._ended_now: list[Run] = []  # ended since the last cycle
         # Waiting jobs a cycle found no room for, since when nothing ended, was evicted or was
         # placed: the next cycle decides only for the others (the same answers: the portal's memo).
         self._looked: set[str] = set()
@@ -221,13 +227,14 @@ class Simulation:
         return held
 
     # ---- changes ------------------------------------------------------------------------------
-    def _start(self, job: Job, placement: Placement) -> Run:
+    def _start(self, job: Job, placement: Placement, preempting: bool = False) -> Run:
         run = Run(job, self.node_index[placement.node], tuple(placement.gpu_indexes), self.now,
                   self.now + job.duration)
         self.running[job.id] = run
         del self.waiting[job.id]
         log = self.logs[job.id]
         log.starts.append(self.now)
+        log.causes.append("preempted others" if preempting else self._cause)
         heapq.heappush(self._end_heap, (run.ends, job.id, len(log.starts)))
         self.placements += 1
         return run
@@ -247,6 +254,7 @@ class Simulation:
                 run = self.running.pop(job_id)
                 log.ended = self.now
                 ended = True
+                self._ended_now.append(run)
                 if run.job.max_duration is not None:
                     self.run_lengths.observe(self.now - run.started, run.job.max_duration)
         if ended:
@@ -256,6 +264,11 @@ class Simulation:
     def cycle(self) -> None:
         """One placement cycle at `now`, then the estimates (when due)."""
         self.cycles += 1
+        kinds = {"batch end" if run.job.max_duration is None else
+                 "interactive expiry" if run.ends >= run.known_end - 1e-6 else "interactive early end"
+                 for run in self._ended_now}
+        self._cause = "+".join(sorted(kinds)) or "nothing ended"
+        self._ended_now = []
         fresh = [job for jid, job in self.waiting.items() if jid not in self._looked]
         if fresh:
             snap = self.snapshot()
@@ -271,7 +284,7 @@ class Simulation:
                     for victim in decision.victims:
                         if victim in self.running:
                             self._evict(victim)
-                    self._start(self.waiting[decision.request_id], decision.placement)
+                    self._start(self.waiting[decision.request_id], decision.placement, preempting=True)
                     changed = True
                 elif isinstance(decision, tuple):
                     for placement in decision:

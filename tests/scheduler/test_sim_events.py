@@ -61,6 +61,7 @@ def test_the_queue_drains_after_the_last_arrival(result, trace):
     for log in result.jobs.values():
         assert log.starts and log.starts[0] >= log.job.arrival
         assert log.ended == pytest.approx(log.starts[-1] + log.job.duration, abs=1e-6)
+        assert len(log.causes) == len(log.starts)
 
 
 def test_a_stopped_run_keeps_every_job_somewhere(trace):
@@ -79,6 +80,7 @@ def test_the_replay_is_deterministic_per_seed(trace, result):
 def test_a_preempted_job_goes_back_to_the_queue_and_runs_again(result):
     preempted = [log for log in result.jobs.values() if log.preempted]
     assert result.preemptions == sum(len(log.preempted) for log in preempted) > 0
+    assert any("preempted others" in log.causes for log in result.jobs.values())
     for log in preempted:
         assert len(log.starts) == len(log.preempted) + 1
         assert all(p < s for p, s in zip(log.preempted, log.starts[1:], strict=True))
