@@ -26,9 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from scheduler.core import FleetLayout, Node, Placement, Preemption, Request, Share, Snapshot, TeamUsage, decide
-from scheduler.core.forecast import Estimate, QueueOrder, estimate_starts
+from scheduler.core.forecast import Estimate, QueueOrder, RunLengths, estimate_starts
 from scheduler.core.queue import DEFAULT_AGING_S, queue_order
-from scheduler.core.run_lengths import RunLengths
 
 from .tenants import Job, TenantTrace
 

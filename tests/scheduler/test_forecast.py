@@ -8,11 +8,10 @@ import pytest
 
 from scheduler.core import NodeStatus, PodGroup, Request, Share, Snapshot, TeamUsage
 from scheduler.core.engine import choose, make_scorer
-from scheduler.core.forecast import Estimate, QueueOrder, estimate_starts
-from scheduler.core.forecast_preemption import preempt_on
+from scheduler.core.forecast import Estimate, QueueOrder, RunLengths, estimate_starts
+from scheduler.core.forecast.preemption import preempt_on
 from scheduler.core.fragmentation import typical_pods
 from scheduler.core.preemption import find_preemption
-from scheduler.core.run_lengths import RunLengths
 from scheduler.core.state import ClusterState
 
 from .conftest import make_node

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .engine import Choice
-from .filters import feasible
-from .model import Request
-from .preemption import _slot_victims
-from .state import ClusterState, Holding
+from ..engine import Choice
+from ..filters import feasible
+from ..model import Request
+from ..preemption import _slot_victims
+from ..state import ClusterState, Holding
 
 
 @dataclass
