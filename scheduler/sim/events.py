@@ -13,8 +13,8 @@ Hooks, so that other policies can run the same trace: `snapshot_extra(sim)` retu
 Snapshot fields (default: `teams` with each team's flat quota and use; a quota tree goes here as
 `quotas=`), `share_extra(run)` the extra Share fields of a running job (e.g. `since`), `order(sim,
 snapshot, requests)` the queue order the estimators get (default: the cycle's `queue_order`), and
-`on_decision(sim, decision)` sees every decision before it is applied (e.g. to read a placement's
-admission into `run.extra`).
+`on_decision(sim, decision)` sees every decision once it is applied (a placed job's Run is in
+`sim.running` then: e.g. keep the placement's admission in `run.extra`).
 """
 
 from __future__ import annotations
@@ -277,8 +277,6 @@ class Simulation:
             self.cycle_wall.append(time.perf_counter() - t0)
             changed = False
             for decision in decisions:
-                if self.on_decision is not None:
-                    self.on_decision(self, decision)
                 if isinstance(decision, Preemption):
                     for victim in decision.victims:
                         if victim in self.running:
@@ -289,6 +287,8 @@ class Simulation:
                     for placement in decision:
                         self._start(self.waiting[placement.request_id], placement)
                     changed = True
+                if self.on_decision is not None:
+                    self.on_decision(self, decision)
             self._looked = set() if changed else self._looked | {job.id for job in fresh}
         self.samples.append((self.now, self.held_gpus()))
         if self.waiting and self.estimators and self.now - self._last_estimate >= self.estimate_s:

@@ -113,10 +113,16 @@ def test_hooks_shape_the_snapshot_and_see_every_decision(trace):
         snaps.append(sim.now)
         return {"teams": {}}
 
+    def decided(sim, decision):
+        seen.append(decision)
+        for p in decision if isinstance(decision, tuple) else ():
+            sim.running[p.request_id].extra["node"] = p.node
+
     sim = Simulation(trace, cycle_s=600, estimate_s=3600, until_s=2 * HOUR, snapshot_extra=extra,
-                     share_extra=lambda run: {"team": run.job.team.upper()},
-                     on_decision=lambda sim, d: seen.append(d), estimators={})
+                     share_extra=lambda run: {"team": run.job.team.upper()}, on_decision=decided, estimators={})
     sim.run()
     assert snaps and seen
+    assert all(run.extra.get("node") == sim.nodes[run.node].name for run in sim.running.values()
+               if "node" in run.extra)
     assert all(sim.share_of(run).team == run.job.team.upper() for run in sim.running.values())
     assert sim.snapshot().teams == {}
