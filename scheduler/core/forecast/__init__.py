@@ -1,0 +1,197 @@
+"""Estimated starts: the waiting queue run forward over the known ends of running reservations.
+
+`estimate_starts(snapshot, queue, ends, *, now, durations=None, gate=None, order=None, policy,
+preemption=True, limit=1000, max_events=20000) -> {request id: Estimate(start, reason, code)}`
+
+It starts from the snapshot's state (`ClusterState.from_snapshot`, the cycle's `choose` and
+scorer, so model, drained/lost nodes, exclusion, affinity, whole-GPU and node CPU and memory rules
+all apply as they do in a cycle). Requests that fit now start at `now`. Then it walks the known
+ends in time order; at each end time it releases what ends there (running shares whose end is
+known, and requests placed earlier in the forecast whose duration is known), tries the remaining
+requests again in queue order (every remaining one, as the cycle does, so a small request may pass
+a large one that is still blocked), and lets guarantee requests evict lower-priority work where
+the cycle's preemption rule would now allow it. Where no start is found, the estimate's start is
+None, with the reason in the user's words and a stable `code`:
+
+- `now`: it fits now; `after_ends`: it starts when the named reservations end (or by preempting).
+- `no_ready_gpu`: no ready GPU of the model it asks for could ever take it (absent, drained, lost,
+  too little memory, not enough GPUs on one node), whatever ends.
+- `unknown_ends`: the GPUs that could take it are held by reservations without a known end (or by
+  waiting requests expected to start before it whose run time is unknown).
+- `quota`: the gate (quota) does not let it use GPUs where room appears within the known ends.
+- `pod_group`: a pod group whose members never fit together within the known ends.
+- `behind`: more than `limit` requests wait ahead of it; `event_budget`: the forecast stopped
+  after `max_events` ends before it could start.
+- `invalid`: the request already holds a share in the snapshot.
+
+Pod groups are forecast together: a group's members wait in one line at the place of its first
+member and are placed with the cycle's own gang rule (at least the group's threshold at once,
+running members counted), so a member's estimate is when its group can start.
+
+Hooks: a `Gate` (quota: which models a request may use now, charged and refunded as the forecast
+places and ends work) and an `Order` (the cycle's order as use changes: `QueueOrder` is today's
+rule; without one, the order of `queue` holds throughout). `RunLengths` turns expiries into likely
+ends from what ended reservations used, for callers that want a likely start rather than the latest.
+
+Not modelled: requests that arrive later (a higher priority, or a team below its share, passes
+ahead), ends that come early (unless the caller passes likely ends), and batch work whose end
+nobody knows. The walk does no work that cannot change an answer (lines.py, walk.py): requests
+of one shape wait in one line (if the first fails, the rest fail), and a line is tried again
+after an end only where room appeared on a ready node with a GPU of its model and its shape may
+fit there (room only grows when something ends).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+from ..cycle import _workload
+from ..engine import make_scorer
+from ..fragmentation import FgdScorer, TypicalPod, typical_pods
+from ..model import Request, Snapshot
+from ..state import ClusterState
+from .answers import (
+    AFTER_ENDS,
+    BEHIND,
+    EVENT_BUDGET,
+    INVALID,
+    NO_READY_GPU,
+    NOW,
+    POD_GROUP,
+    QUOTA,
+    UNKNOWN_ENDS,
+    Estimate,
+    behind,
+    capable,
+)
+from .hooks import Gate, Order, QueueOrder
+from .lines import Line, RoomScorer, model_ids, need_of, shape_of
+from .run_lengths import RunLengths
+from .walk import Walk
+
+DEFAULT_LIMIT = 1000  # estimate this many waiting requests, the first in the queue
+DEFAULT_MAX_EVENTS = 20_000  # ends walked at most
+
+__all__ = [
+    "AFTER_ENDS",
+    "BEHIND",
+    "DEFAULT_LIMIT",
+    "DEFAULT_MAX_EVENTS",
+    "EVENT_BUDGET",
+    "INVALID",
+    "NOW",
+    "NO_READY_GPU",
+    "POD_GROUP",
+    "QUOTA",
+    "UNKNOWN_ENDS",
+    "Estimate",
+    "Gate",
+    "Order",
+    "QueueOrder",
+    "RunLengths",
+    "estimate_starts",
+]
+
+
+def estimate_starts(
+    snapshot: Snapshot,
+    queue: Sequence[Request],
+    ends: Mapping[str, float],
+    *,
+    now: float,
+    durations: Mapping[str, float] | None = None,
+    gate: Gate | None = None,
+    order: Order | None = None,
+    policy: str = "tessera",
+    preemption: bool = True,
+    typical: Sequence[TypicalPod] | None = None,
+    limit: int = DEFAULT_LIMIT,
+    max_events: int = DEFAULT_MAX_EVENTS,
+) -> dict[str, Estimate]:
+    """An estimated start for each request of `queue` (in the order the cycle admits them).
+
+    `ends`: reservation id -> its known end (same clock as `now`) for running shares of the
+    snapshot; a share without one never ends within the forecast. `durations`: request id -> how
+    long it runs once started, where known (its room is free again after that). `gate`: quota
+    (default: none). `order`: the cycle's order as use changes (default: `queue`'s order throughout).
+    `preemption`: after an end, guarantee requests may evict lower-priority work as the cycle does
+    (the cycle is taken to have tried that for every request just before: none is tried at `now`).
+    `typical`: the workload the FGD-family scorers plan for (default: as the cycle computes it).
+    Only the first `limit` requests are estimated (those behind get `behind`), and at most
+    `max_events` ends are walked. Every request of `queue` gets an Estimate.
+    """
+    ids = [r.id for r in queue]
+    if len(set(ids)) != len(ids):
+        raise ValueError("queue repeats a request id")
+    state = ClusterState.from_snapshot(snapshot)
+    scorer = make_scorer(policy, state, typical if typical is not None else typical_pods(_workload(snapshot, queue)))
+    if isinstance(scorer, FgdScorer):
+        scorer = RoomScorer(scorer)
+    walk = Walk(state, scorer, gate=gate, order=order, durations=durations or {}, preemption=preemption,
+                max_events=max_events)
+    out = walk.out
+    lines = _lines(state, queue, limit, per_team=lambda req: (gate is not None or order is not None
+                                                              or (preemption and req.priority > 0)), out=out)
+    walk.run(_startable(state, lines, out), ends, now)
+    return out
+
+
+def _lines(state: ClusterState, queue: Sequence[Request], limit: int, per_team, out: dict[str, Estimate]) -> list[Line]:
+    """The queue as lines, in the order of their first request; what is answered at once goes to `out`."""
+    lines: list[Line] = []
+    by_key: dict[tuple, Line] = {}
+    group_lines: dict[str, Line] = {}
+    cut_groups: set[str] = set()
+    for pos, req in enumerate(queue):
+        if req.id in state.placed:
+            out[req.id] = Estimate(None, "it already holds a share", INVALID)
+            continue
+        if req.group is not None:
+            line = group_lines.get(req.group.name)
+            if line is None and pos >= limit:
+                cut_groups.add(req.group.name)
+            if req.group.name in cut_groups:
+                out[req.id] = behind(limit)
+                continue
+            if line is None:
+                line = group_lines[req.group.name] = Line(deque(), None, True, req.group.name)
+                lines.append(line)
+            line.waiting.append((pos, req))
+            continue
+        if pos >= limit:
+            out[req.id] = behind(limit)
+            continue
+        key = shape_of(req, per_team(req))
+        line = by_key.get(key)
+        if line is None:
+            line = by_key[key] = Line(deque(), model_ids(state, req), bool(req.affinity), need=need_of(req),
+                                      fit=shape_of(req, False))
+            lines.append(line)
+        line.waiting.append((pos, req))
+    return lines
+
+
+def _startable(state: ClusterState, lines: list[Line], out: dict[str, Estimate]) -> list[Line]:
+    """The lines that some ready node could take, whatever ends; the others are answered in `out`."""
+    live: list[Line] = []
+    for line in lines:
+        if line.group is None:
+            count, why = capable(state, line.head[1])
+            if not count:
+                for _, req in line.waiting:
+                    out[req.id] = Estimate(None, why, NO_READY_GPU)
+                continue
+            line.capable_gpus = count
+        else:
+            answers = [(capable(state, r), r) for _, r in line.waiting]
+            group = line.head[1].group
+            assert group is not None
+            if sum(1 for (count, _), _ in answers if count) < group.min_members:
+                for (_, why), r in answers:
+                    out[r.id] = Estimate(None, why or f"no estimate: too few members of pod group {group.name} "
+                                         "could ever run here together", NO_READY_GPU)
+                continue
+            line.capable_gpus = max(count for (count, _), _ in answers)
+        live.append(line)
+    return live

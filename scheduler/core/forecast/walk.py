@@ -1,0 +1,393 @@
+"""The forecast's walk: the waiting lines run forward over the ends, as the cycle would admit them."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..cycle import _place_gang
+from ..engine import choose
+from ..model import MILLI, Request
+from ..scorers import Scorer
+from ..state import ClusterState
+from .answers import (
+    AFTER_ENDS,
+    EVENT_BUDGET,
+    NOW,
+    POD_GROUP,
+    QUOTA,
+    UNKNOWN_ENDS,
+    Estimate,
+    Evictable,
+    fits_in,
+    models_text,
+    names,
+    room_at_last,
+)
+from .hooks import Gate, Order
+from .lines import Index, Line, Summary, might_fit, model_ids, most_free
+from .preemption import evictable_room, might_preempt, preempt_on
+
+WhyOf = Callable[[int], str]  # node -> why a request starts there now ("" at `now`)
+
+
+class Walk:
+    def __init__(self, state: ClusterState, scorer: Scorer, *, gate: Gate | None, order: Order | None,
+                 durations: Mapping[str, float], preemption: bool, max_events: int) -> None:
+        self.state, self.scorer, self.gate, self.order = state, scorer, gate, order
+        self.durations, self.preemption, self.max_events = durations, preemption, max_events
+        self.out: dict[str, Estimate] = {}
+        self.events: list[tuple[float, int, str]] = []  # (time, sequence, reservation id that ends)
+        self.seq = itertools.count()
+        self.forecast_ids: set[str] = set()  # placed by the forecast itself
+        self.unending: list[int] = []  # nodes of forecast placements without a duration
+        self.node_models = [frozenset(row[row >= 0].tolist()) for row in state.gpu_model]
+        self.on_node: dict[int, set[str]] = {}  # node -> reservations on it
+        for rid, rec in state.placed.items():
+            self.on_node.setdefault(rec.node, set()).add(rid)
+        # At the current time: nodes placed on; nodes where a share with a priority ended (room any
+        # guarantee request may now use); nodes where a team placed shares with a priority.
+        self.placed_at: set[int] = set()
+        self.freed_guaranteed: set[int] = set()
+        self.team_placed: dict[int, set[str]] = {}
+        self.index = Index([])
+        self.always: list[Line] = []
+        self.live: list[Line] = []
+
+    # ---- changes ------------------------------------------------------------------------------
+    def release(self, rid: str) -> int:
+        """End (or evict) a reservation in the forecast; the node it was on."""
+        rec = self.state.release(rid)
+        self.on_node[rec.node].discard(rid)
+        if rec.share.priority > 0:
+            self.freed_guaranteed.add(rec.node)
+        if self.gate is not None:
+            self.gate.refund(rid)
+        if self.order is not None and self.order is not self.gate:
+            self.order.refund(rid)
+        return rec.node
+
+    def placed(self, req: Request, t: float, why: str) -> None:
+        """`req` was reserved in the state at `t`: its estimate, and what follows from it."""
+        state = self.state
+        rec = state.placed[req.id]
+        self.on_node.setdefault(rec.node, set()).add(req.id)
+        self.placed_at.add(rec.node)
+        if req.priority > 0:
+            self.team_placed.setdefault(rec.node, set()).add(req.team)
+        self.out[req.id] = Estimate(t, why or "it fits now", AFTER_ENDS if why else NOW)
+        model = state.models[int(state.gpu_model[rec.node, rec.gpus[0]])] if rec.gpus else ""
+        if self.gate is not None:
+            self.gate.charge(req, model)
+        if self.order is not None and self.order is not self.gate:
+            self.order.charge(req, model)
+        self.forecast_ids.add(req.id)
+        run = self.durations.get(req.id)
+        if run is not None:
+            heapq.heappush(self.events, (t + max(0.0, float(run)), next(self.seq), req.id))
+        else:
+            self.unending.append(rec.node)
+
+    def narrow(self, line: Line, req: Request) -> Request | None:
+        """The request as the gate lets it run now (None: not at all); remembers what it allowed."""
+        if self.gate is None:
+            return req
+        allowed = self.gate.allowed(req)
+        line.last_allowed = allowed
+        line.quota_limited = False
+        if allowed is None:
+            return req
+        wanted = req.gpu_model if req.gpu_model is not None else frozenset(self.state.models)
+        models = wanted & allowed
+        line.quota_limited = models != wanted
+        if not models:
+            return None
+        return req if models == req.gpu_model else replace(req, gpu_model=models)
+
+    def try_head(self, line: Line, t: float, why_of: WhyOf) -> list[int]:
+        """Place the line's first request (or its pod group) at `t`; the nodes it took (none: it waits)."""
+        if line.group is not None:
+            return self._try_group(line, t, why_of)
+        _, req = line.head
+        use = self.narrow(line, req)
+        if use is None:
+            return []
+        choice = choose(self.state, use, self.scorer)
+        if choice is None:
+            return []
+        line.quota_limited = False
+        self.state.reserve(req, choice.node, choice.slots)
+        line.waiting.popleft()
+        self.placed(req, t, why_of(choice.node))
+        return [choice.node]
+
+    def _try_group(self, line: Line, t: float, why_of: WhyOf) -> list[int]:
+        members = [use for _, req in line.waiting if (use := self.narrow(line, req)) is not None]
+        if not members:
+            return []
+        done, _ = _place_gang(self.state, self.scorer, members)  # the cycle's own rule for pod groups
+        if not done:
+            return []
+        ids = {p.request_id for p in done}
+        originals = {r.id: r for _, r in line.waiting}
+        line.waiting = deque((pos, r) for pos, r in line.waiting if r.id not in ids)
+        for p in done:
+            self.placed(originals[p.request_id], t, why_of(self.state.placed[p.request_id].node))
+        return [self.state.placed[p.request_id].node for p in done]
+
+    def summary(self, i: int) -> Summary:
+        """Node `i`: CPU and memory left, and per GPU model (most compute free on one GPU, most GPU
+        memory free on one GPU, fully free GPUs)."""
+        st = self.state
+        per: dict[int, tuple[int, int, int]] = {}
+        for m, free, mem in zip(st.gpu_model[i].tolist(), st.free[i].tolist(), st.mem_free[i].tolist(), strict=True):
+            if m < 0:
+                continue
+            top, top_mem, full = per.get(m, (0, 0, 0))
+            per[m] = (max(top, free), max(top_mem, mem), full + (free >= MILLI))
+        return int(st.cpu_free[i]), int(st.node_mem_free[i]), per
+
+    def rank(self, line: Line, t: float) -> Any:
+        return line.head[0] if self.order is None else self.order.key(line.head[1], t)
+
+    # ---- admission ----------------------------------------------------------------------------
+    def admit(self, t: float, candidates: list[Line], why_of: WhyOf, local: dict[int, Summary] | None = None,
+              anywhere: frozenset[int] = frozenset()) -> None:
+        """Try the candidate lines' requests in queue order while they start. With `local` (the
+        summaries of the nodes where something just ended), a line not in `anywhere` (by id) can only
+        fit there: it is tried only while its shape may fit on one of them. Lines of one shape fit or
+        fail alike (without a gate, which answers per request): a shape that fails at `t` is not
+        tried again at `t`, room only shrinking meanwhile."""
+        alike = self.gate is None
+        groups: dict[object, list[Line]] = {}
+        for line in candidates:
+            if line.waiting:
+                single = line.group is not None or line.always or id(line) in anywhere or not alike
+                groups.setdefault(id(line) if single else line.fit, []).append(line)
+
+        def best(key: object) -> tuple[Any, Line] | None:
+            lines = groups[key] = [line for line in groups[key] if line.waiting]
+            return min(((self.rank(line, t), line) for line in lines), key=lambda x: x[0], default=None)
+
+        heap = [(first[0], k, key, first[1]) for k, key in enumerate(groups) if (first := best(key)) is not None]
+        heapq.heapify(heap)
+        most = most_free(local) if local is not None else 0
+        dirty = False  # the candidates passed `select`'s room check; after a start, check again
+        while heap:
+            _, k, key, line = heapq.heappop(heap)
+            if (dirty and local is not None and line.group is None and not line.always
+                    and id(line) not in anywhere
+                    and ((line.need[1] and line.need[0] > most) or not might_fit(line.need, line.models,
+                                                                                  local.values()))):
+                continue
+            took = self.try_head(line, t, why_of)
+            if not took:
+                continue  # a shape (or a single line) that fails at `t` is not tried again at `t`
+            dirty = True
+            if local is not None:
+                for i in took:
+                    if i in local:
+                        local[i] = self.summary(i)
+                most = most_free(local)
+            nxt = best(key)
+            if nxt is not None:
+                heapq.heappush(heap, (nxt[0], k, key, nxt[1]))
+
+    def select(self, nodes: list[int], ended: bool) -> tuple[list[Line], dict[int, Summary], set[int]]:
+        """Lines to try after room appeared on `nodes` (and, with a gate, after any end), the
+        summaries of those nodes, and the ids of lines that may now fit anywhere."""
+        chosen = [line for line in self.always if line.waiting]
+        anywhere = {id(line) for line in chosen}
+        local: dict[int, Summary] = {}
+        if nodes:
+            local = {i: self.summary(i) for i in nodes}
+            seen = set(anywhere)
+            top: dict[int, int] = {}
+            for _, _, per in local.values():
+                for m, (most, _, _) in per.items():
+                    top[m] = max(top.get(m, 0), most)
+            for shape in self.index.candidates(top):
+                if might_fit(shape.need, shape.models, local.values()):
+                    for line in shape.lines:
+                        if line.waiting and id(line) not in seen:
+                            seen.add(id(line))
+                            chosen.append(line)
+        if self.gate is not None and ended:  # a line the gate had narrowed may use more models: anywhere
+            for line in self.live:
+                if (line.waiting and line.last_allowed is not None and id(line) not in anywhere
+                        and self.gate.allowed(line.head[1]) != line.last_allowed):
+                    if line not in chosen:
+                        chosen.append(line)
+                    anywhere.add(id(line))
+        return chosen, local, anywhere
+
+    # ---- preemption ---------------------------------------------------------------------------
+    def preempt(self, t: float, why_of: WhyOf) -> list[int]:
+        """Guarantee requests that may now evict lower-priority work, as the cycle would; the nodes
+        where something was evicted. The cycle found no preemption before; one can be new only
+        where a share with a priority ended (what any guarantee request may use grew: the room of a
+        priority-0 share that ends was evictable already) or, for a team, where it placed shares
+        with a priority (which its higher priorities may evict)."""
+        state = self.state
+        freed = {i for i in self.freed_guaranteed if state.ready[i]}
+        placed = {i: teams for i, teams in self.team_placed.items() if state.ready[i]}
+        nodes = sorted(freed | set(placed))
+        if not nodes:
+            return []
+        rooms = {i: evictable_room(state, i, self.on_node) for i in nodes}
+        anyone_rooms = [rooms[i] for i in sorted(freed)]
+        team_rooms: dict[str, list] = {}
+        for i in nodes:
+            for team in set(rooms[i].own) if i in freed else placed.get(i, ()):
+                team_rooms.setdefault(team, []).append(rooms[i])
+        top: dict[int, int] = {}  # per model, the most compute one GPU could have after evictions
+        for i, room in rooms.items():
+            most = list(room.compute)
+            for recs in room.own.values():
+                for rec in recs:
+                    for j in rec.gpus:
+                        most[j] += rec.milli
+            for j, model in enumerate(state.gpu_model[i].tolist()[: int(state.gpu_count[i])]):
+                top[model] = max(top.get(model, 0), most[j])
+        found_lines: dict[int, Line] = {}
+        for shape in self.index.candidates(top):
+            anyone = None
+            for line in shape.lines:
+                if not line.waiting or line.head[1].priority <= 0:
+                    continue
+                req = line.head[1]
+                if anyone is None:
+                    anyone = bool(anyone_rooms) and might_preempt(state, shape.need, shape.models, anyone_rooms)
+                mine = team_rooms.get(req.team)
+                if anyone or (mine and might_preempt(state, shape.need, shape.models, mine, req.team, req.priority)):
+                    found_lines[id(line)] = line
+        for line in self.always:
+            if line.waiting and line.group is None and line.head[1].priority > 0:
+                found_lines[id(line)] = line
+        evicted: list[int] = []
+        for line in sorted(found_lines.values(), key=lambda line: self.rank(line, t)):
+            while line.waiting:
+                _, req = line.head
+                use = self.narrow(line, req)
+                if use is None or not might_preempt(state, line.need, model_ids(state, use), rooms.values(),
+                                                    req.team, req.priority):
+                    break
+                found = preempt_on(state, use, nodes, self.on_node)
+                if found is None:
+                    break
+                choice, victims = found
+                for rid in victims:
+                    self.release(rid)
+                state.reserve(req, choice.node, choice.slots)
+                line.waiting.popleft()
+                line.quota_limited = False
+                why = why_of(choice.node)
+                why = why + ", " if why != "when running reservations end" else ""
+                self.placed(req, t, f"{why}by preempting {names(list(victims))} (lower priority) on "
+                                    f"{state.node_names[choice.node]}")
+                rooms[choice.node] = evictable_room(state, choice.node, self.on_node)
+                evicted.append(choice.node)
+        return evicted
+
+    # ---- the walk -----------------------------------------------------------------------------
+    def run(self, lines: list[Line], ends: Mapping[str, float], now: float) -> None:
+        state = self.state
+        self.admit(now, lines, lambda node: "")
+        live = [line for line in lines if line.waiting]
+        # A line that would not fit even once every known end has come (labels aside; with what it
+        # may preempt) waits for an unknown end: answered now, and left out of the walk.
+        room = room_at_last(state, [*ends, *(rid for rid in self.forecast_ids if rid in self.durations)])
+        evictable = Evictable(state) if self.preemption else None
+        blocked = {id(line): line for line in live if not line.always and not fits_in(
+            state, room, line.need, line.head[1], evictable.of(line.head[1]) if evictable else None)}
+        if blocked:
+            self.explain(list(blocked.values()), budget_hit=False)
+            live = [line for line in live if id(line) not in blocked]
+        self.live = live
+        self.index = Index([line for line in live if not line.always])
+        self.always = [line for line in live if line.always]
+        for rid, end in ends.items():
+            if rid in state.placed:
+                heapq.heappush(self.events, (max(float(end), now), next(self.seq), rid))
+
+        preempting = self.preemption and any(r.priority > 0 for line in live for _, r in line.waiting)
+        walked = 0
+        budget_hit = False
+        waiting = sum(len(line.waiting) for line in live)
+        started = len(self.forecast_ids)
+        while self.events and len(self.forecast_ids) - started < waiting:
+            if walked >= self.max_events:
+                budget_hit = True
+                break
+            t = self.events[0][0]
+            released: dict[int, list[str]] = {}
+            self.placed_at, self.freed_guaranteed, self.team_placed = set(), set(), {}
+            while self.events and self.events[0][0] == t:
+                _, _, rid = heapq.heappop(self.events)
+                walked += 1
+                if rid in state.placed:
+                    released.setdefault(self.release(rid), []).append(rid)
+            why_of = self._why_of(released)
+            chosen, local, anywhere = self.select([i for i in released if state.ready[i]], bool(released))
+            if chosen:
+                self.admit(t, chosen, why_of, local, frozenset(anywhere))
+            if preempting:  # after what ended or was placed now, guarantee work may evict lower priorities
+                evicted = self.preempt(t, why_of)
+                if evicted:
+                    chosen, local, anywhere = self.select(evicted, False)
+                    if chosen:
+                        self.admit(t, chosen, why_of, local, frozenset(anywhere))
+            self.index.forget_empty()
+        self.explain(live, budget_hit)
+
+    def _why_of(self, released: dict[int, list[str]]) -> WhyOf:
+        def why_of(node: int) -> str:
+            rids = released.get(node)
+            name = self.state.node_names[node]
+            if not rids:
+                return "when running reservations end"
+            own = [r for r in rids if r in self.forecast_ids]
+            if own and len(own) == len(rids):
+                return f"when {names(own)}, expected to start before it, finish(es) on {name}"
+            return f"when {names(rids)} end(s) on {name}"
+
+        return why_of
+
+    def explain(self, lines: list[Line], budget_hit: bool) -> None:
+        """Why each request of `lines` left without a start has none."""
+        blocked_by_own: dict[frozenset[int] | None, bool] = {}
+        for line in lines:
+            if not line.waiting:
+                continue
+            req = line.head[1]
+            if budget_hit:
+                why = (f"no estimate: more than {self.max_events} running reservations end before it could "
+                       "start (the forecast looks no further)")
+                code = EVENT_BUDGET
+            elif line.quota_limited:
+                allowed = line.last_allowed or frozenset()
+                now_ok = "|".join(sorted(allowed)) if allowed else "no GPU"
+                why = (f"no estimate: its team's quota lets it use {now_ok} now, and no known end frees enough "
+                       f"quota for a GPU {models_text(req)}")
+                code = QUOTA
+            elif line.group is not None:
+                group = req.group
+                assert group is not None
+                why = (f"no estimate: pod group {group.name} needs {group.min_members} members placed together, "
+                       "and the GPUs that could take them are held by reservations without a known end")
+                code = POD_GROUP
+            else:
+                if line.models not in blocked_by_own:
+                    blocked_by_own[line.models] = any(
+                        line.models is None or self.node_models[i] & line.models for i in self.unending)
+                tail = (" (or by waiting requests expected to start before it, whose run time is not known)"
+                        if blocked_by_own[line.models] else "")
+                why = (f"no estimate: the {line.capable_gpus} ready GPU(s) {models_text(req)} that could take it "
+                       f"are held by reservations without a known end{tail}")
+                code = UNKNOWN_ENDS
+            for _, r in line.waiting:
+                self.out[r.id] = Estimate(None, why, code)
