@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..engine import Choice
 from ..filters import feasible
 from ..model import Request
-from ..preemption import _slot_victims
+from ..preemption import _by_priority, _slot_victims, may_evict
 from ..state import ClusterState, Holding
 
 
@@ -110,7 +110,7 @@ def preempt_on(state: ClusterState, req: Request, nodes: Iterable[int], on_node:
                 continue
             if req.gpu_memory_mib > state.mem_total[node, slot]:
                 continue
-            victims = _slot_victims(state, req, node, slot, by_slot)
+            victims = _slot_victims(state, req, node, slot, by_slot, may_evict, _by_priority)
             if victims is not None:
                 top = max((p.share.priority for p in victims), default=-1)
                 per_slot.append((len(victims), top, slot, victims))
