@@ -241,6 +241,14 @@ class Ledger:
         self.past = dict(past or {})
         self._kept: dict[tuple[str, str], Vec] = {}  # (parent, model) → unused quota its children keep
         self._kept_of: dict[tuple[str, str], Vec] = {}  # (unit, model) → its part of that
+        # Verdicts and saturations are asked for again and again while the queue is ordered and
+        # placed (per request and model, several times) but change only when the ledger does: a
+        # verdict on model M reads the counted use of the units on the team's path for M, the
+        # root's use of M and the siblings' reserve for M, so each is kept until a charge or refund
+        # touches one of those (`_version[M]` moves); a saturation until the team's use of M moves.
+        self._version: dict[str, int] = defaultdict(int)
+        self._verdicts: dict[tuple[str, str, Vec, bool], tuple[int, Verdict]] = {}
+        self._saturations: dict[tuple[str, str], dict[Vec, float]] = {}  # (team, model) → extra → saturation
         for share, model, gpus in shares:
             if share.team in tree.units and model in self.capacity:
                 self._take(share.reservation_id, share.team, model, held_by(share, gpus), Admission(share.admission))
@@ -260,6 +268,7 @@ class Ledger:
             self.used[(unit, bucket)] = _add(self.used[(unit, bucket)], amount)
         self.root_used[model] = _add(self.root_used[model], amount)
         self.team_used[(team, model)] = _add(self.team_used[(team, model)], amount)
+        self._saturations.pop((team, model), None)
 
     def _init_kept(self) -> None:
         for name in self.tree.units:
@@ -304,17 +313,32 @@ class Ledger:
             self.used[(unit, bucket)] = _add(self.used[(unit, bucket)], neg)
         self.root_used[model] = _add(self.root_used[model], neg)
         self.team_used[(team, model)] = _add(self.team_used[(team, model)], neg)
+        self._saturations.pop((team, model), None)
         self._touch(team, model)
 
     def _touch(self, team: str, model: str) -> None:
-        """Keep the siblings' reserve right for every model the changed buckets cover."""
+        """Keep the siblings' reserve right for every model the changed buckets cover; the verdicts
+        on those models are stale from now."""
         for unit, bucket in self.tree.path(team, model):
             for m in self.models:
                 if self.tree.bucket(unit, m) == bucket:
                     self._update_kept(unit, m)
+                    self._version[m] += 1
+        self._version[model] += 1
 
     # ---- admission ----------------------------------------------------------------------------
     def verdict(self, team: str, model: str, amount: Vec, priority: int) -> Verdict:
+        """How `team` would be admitted now for `amount` of `model` (see the module's text)."""
+        key = (team, model, amount, priority == 0)
+        version = self._version[model]
+        found = self._verdicts.get(key)
+        if found is not None and found[0] == version:
+            return found[1]
+        verdict = self._verdict(team, model, amount, priority)
+        self._verdicts[key] = (version, verdict)
+        return verdict
+
+    def _verdict(self, team: str, model: str, amount: Vec, priority: int) -> Verdict:
         unit = self.tree.units.get(team)
         if unit is None or not unit.team:
             return Verdict(Admission.GUARANTEED)  # a team the tree does not know: no quota policy for it
@@ -389,6 +413,7 @@ class Ledger:
     def deserve(self, pending: Sequence[Request]) -> None:
         """Work out each team's deserved share per model from what it holds and what waits."""
         self.deserved = self._deserve(pending)
+        self._saturations.clear()
 
     def _deserve(self, pending: Sequence[Request]) -> dict[tuple[str, str], Vec]:
         demand: dict[tuple[str, str], Vec] = defaultdict(lambda: ZERO)
@@ -437,6 +462,13 @@ class Ledger:
 
     def saturation(self, team: str, model: str, extra: Vec = ZERO) -> float:
         """max over compute and memory of (used + extra) / deserved; past use adds to compute."""
+        known = self._saturations.setdefault((team, model), {})
+        found = known.get(extra)
+        if found is None:
+            found = known[extra] = self._saturation(team, model, extra)
+        return found
+
+    def _saturation(self, team: str, model: str, extra: Vec) -> float:
         used = _add(self.team_used[(team, model)], extra)
         deserved = self.deserved.get((team, model), ZERO)
         past = self.past.get(team, 0.0)
