@@ -43,7 +43,7 @@ def ledger_of(state: ClusterState, tree: QuotaTree, past=None) -> Ledger:
             continue
         model = state.models[int(state.gpu_model[h.node, h.gpus[0]])]
         shares.append((h.share, model, len(h.gpus)))
-        if not state.ready[h.node] and h.share.admission != Admission.OPPORTUNISTIC:
+        if not state.ready[h.node] and h.share.admission != Admission.OPPORTUNISTIC and h.share.team in tree.units:
             held = held_by(h.share, len(h.gpus))
             c = capacity[model]
             capacity[model] = (c[0] + held[0], c[1] + held[1], c[2] + held[2])
@@ -140,7 +140,7 @@ class Fair:
         if quota_reasons:
             prefix = "can never run as asked: " if never and models else ""
             reasons.append(Reason(ReasonCode.QUOTA, prefix + "; ".join(quota_reasons)))
-        if any(a is not None for a in groups):
+        if not models or any(a is not None for a in groups):  # no model: the filters say why (model)
             reasons.extend(explain(self.state, req))
         return None, reasons
 

@@ -297,6 +297,8 @@ class Ledger:
             self._kept[key] = _add(_sub(self._kept.get(key, ZERO), old), new)
 
     def charge(self, rid: str, team: str, model: str, amount: Vec, admission: Admission) -> None:
+        if team not in self.tree.units:
+            return  # a team the tree does not know: no quota policy, nothing to count (as in __init__)
         self._take(rid, team, model, amount, admission)
         if admission in COUNTED:
             self._touch(team, model)
