@@ -11,7 +11,10 @@ children count directly under its nearest ancestor that has one (the organisatio
 team without one has quota 0 for M: all it holds of M is borrowed.
 
 A request of team t for demand d on model M is admitted as
-- **guaranteed** when t's own usage of M's bucket plus d stays within t's quota;
+- **guaranteed** when t's own usage of M's bucket plus d stays within t's quota. When with d a
+  department on t's path would pass its quota + borrowing limit (others below it borrowed what t
+  lent), the verdict says `reclaim`: the request takes those borrowed shares back (fairqueue)
+  instead of placing beyond the department's limit;
 - **borrowed** when not, but every unit on t's path stays within quota + borrowing limit and the
   room exists: what the fleet's ready GPUs of M hold beyond counted use, less the unused quota that
   each unit's siblings keep (unused beyond their lending limit);
@@ -219,6 +222,9 @@ class Verdict:
     admission: Admission | None
     reason: str = ""
     never: bool = False
+    # Guaranteed, but a department on its path is at its borrowing limit (others below it borrowed
+    # this quota): it reclaims borrowed shares instead of taking free GPUs beyond that limit.
+    reclaim: bool = False
 
 
 class Ledger:
@@ -349,7 +355,19 @@ class Ledger:
         quota = self.tree.quota(t_unit, t_bucket)
         used = self.used[(t_unit, t_bucket)]
         if _le(_add(used, amount), quota.vec()):
-            return Verdict(Admission.GUARANTEED)
+            # Within its own quota; but when others below a department borrowed what it lent, taking
+            # free GPUs would pass that department's borrowing limit: then it takes its quota back.
+            over = self.beyond_limit(path, amount)
+            if over is None:
+                return Verdict(Admission.GUARANTEED)
+            u, b, r = over
+            cap, held = self.tree.quota(u, b), self.used[(u, b)]
+            cap_vec = _add(cap.vec(), cap.borrowing.vec())
+            why = (f"{team} holds {amount_text(used, r)} of its {amount_text(quota.vec(), r)} "
+                   f"{model if t_bucket == model else f'any-model ({WILDCARD})'} quota, lent to others now: "
+                   f"{self._who(u)} is at its borrowing limit ({amount_text(held, r)} of {amount_text(cap_vec, r)}) "
+                   f"until their borrowed shares go back")
+            return Verdict(Admission.GUARANTEED, why, reclaim=True)
         opportunistic = priority == 0 and unit.allow_over_quota
         # A hard limit: the request alone is beyond quota + borrowing limit somewhere on its path.
         for u, b in path:
@@ -369,6 +387,27 @@ class Ledger:
         if opportunistic:
             return Verdict(Admission.OPPORTUNISTIC)
         return Verdict(None, self._wait_reason(path, model, amount, room))
+
+    def beyond_limit(self, path: tuple[tuple[str, str], ...], amount: Vec) -> tuple[str, str, int] | None:
+        """The first unit above the team on `path` that `amount` more would take beyond its quota +
+        borrowing limit, its bucket and the resource; None when none."""
+        for u, b in path[1:]:
+            q = self.tree.quota(u, b)
+            after = _add(self.used[(u, b)], amount)
+            cap = _add(q.vec(), q.borrowing.vec())
+            if not _le(after, cap):
+                return u, b, next(i for i in range(3) if after[i] > cap[i])
+        return None
+
+    def excess(self, path: tuple[tuple[str, str], ...], amount: Vec) -> list[float]:
+        """How far `amount` more would take each unit above the team on `path` beyond its quota +
+        borrowing limit, per resource (0 where within)."""
+        out: list[float] = []
+        for u, b in path[1:]:
+            q = self.tree.quota(u, b)
+            after, cap = _add(self.used[(u, b)], amount), _add(q.vec(), q.borrowing.vec())
+            out.extend(max(0, after[r] - cap[r]) for r in range(3))
+        return out
 
     def _room(self, path: tuple[tuple[str, str], ...], model: str) -> Vec:
         """How much more the team at path[0] may hold of `model` now, quota and borrowing included."""
