@@ -196,7 +196,7 @@ def warm_fleet(teams: list[str], demand: np.ndarray, tree_for, warm: float, seed
             continue
         model = state.models[int(state.gpu_model[choice.node, choice.slots[0]])]
         verdict = ledger.verdict(team, model, demand_of(req), priority)
-        if verdict.admission is None:
+        if verdict.admission is None or verdict.reclaim:  # waits, or would take back lent quota
             continue
         state.reserve(req, choice.node, choice.slots, admission=str(verdict.admission))
         ledger.charge(req.id, team, model, demand_of(req), verdict.admission)
