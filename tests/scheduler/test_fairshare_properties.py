@@ -233,7 +233,7 @@ class Account:
             g, s = gs[0]
             self.held[rid] = Held(rid, s.team, g.model, to_milli(s.gpu_request), s.gpu_memory_mib, len(gs),
                                   s.admission, s.priority, [x.uuid for x, _ in gs])
-        self.capacity = {m: [0, 0, 0] for m in MODELS}
+        self.capacity: dict[str, list] = defaultdict(lambda: [0, 0, 0])
         for n in nodes:
             if n.status == NodeStatus.READY:
                 for g in n.gpus:
@@ -437,6 +437,72 @@ def test_the_ledgers_caches_never_change_a_decision(case):
         fresh2 = list(decide(Snapshot(tuple(nodes2), quotas=tree, now=SECOND), second))
     assert signature(cached) == signature(fresh)
     assert signature(cached2) == signature(fresh2)
+
+
+def seeded_cycle(seed: int = 7) -> tuple[QuotaTree, list[Node], list[Request], list[Request]]:
+    """A department tree of 24 teams over 3 models, a 30-node fleet and two queues of 250 (a smaller
+    bench/fairshare/cycle_speed.py): skewed demand, gangs, labels, priorities, pinned models."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    models = ("A", "B", "C")
+    depts = [Unit("department:r", quotas={"*": _q(40, borrow=Limits(8000, None, None))}, team=False),
+             Unit("department:r-v", "department:r", {"A": _q(12, borrow=Limits(0, 0, 0))}, team=False),
+             Unit("department:p", team=False)]
+    homes = ["department:r", "department:r-v", "department:p", ""]
+    teams = []
+    for t in range(24):
+        rows = {}
+        for bucket in ("A", "*"):
+            n = int(rng.integers(0, 4))
+            borrow = None if rng.random() < 0.6 else int(rng.integers(0, 3000))
+            rows[bucket] = BucketQuota(n * MILLI, n * 16000, n, weight=float(rng.choice([0.5, 1.0, 2.0])),
+                                       borrowing=Limits(borrow, None, None),
+                                       lending=Limits(0, 0, 0) if rng.random() < 0.2 else Limits())
+        teams.append(Unit(f"t{t}", homes[t % 4] if t % 4 != 1 or t < 12 else "department:r-v", rows,
+                          allow_over_quota=bool(rng.random() < 0.8), reclaim_grace_s=float(rng.choice([0, 300]))))
+    tree = QuotaTree([*depts, *teams])
+    nodes = [Node(f"n{i}", tuple(Gpu(f"n{i}g{j}", j, models[i % 3], 16000) for j in range(4))) for i in range(30)]
+    weights = 1.0 / np.arange(1, 25) ** 0.8
+    weights /= weights.sum()
+
+    def queue(prefix: str, now: float) -> list[Request]:
+        out = []
+        for i in range(250):
+            gang = PodGroup(f"{prefix}g{i}", headcount=2) if rng.random() < 0.03 else None
+            whole = gang is not None or rng.random() < 0.3
+            out.append(Request(f"{prefix}{i}", f"t{int(rng.choice(24, p=weights))}",
+                               1.0 if whole else float(rng.choice(SHARES)),
+                               gpu_count=2 if whole and rng.random() < 0.1 and gang is None else 1,
+                               gpu_memory_mib=int(rng.choice([0, 2000, 6000])),
+                               gpu_model=rng.choice([None, None, "A", "B|C"]), priority=int(rng.choice([0, 10, 50])),
+                               exclusion=frozenset({"x"}) if rng.random() < 0.05 else frozenset(), group=gang,
+                               created_at=now - float(rng.integers(0, 900))))
+        return out
+
+    return tree, nodes, queue("a", FIRST), queue("b", SECOND)
+
+
+def test_the_ledgers_caches_decide_a_seeded_cycle_as_without_them():
+    tree, nodes, first, second = seeded_cycle()
+    ledger = fairshare_module.Ledger
+
+    def saturation(self, team, model, extra=ZERO):
+        return self._saturation(team, model, extra)
+
+    def both() -> tuple[list, list, list[Node]]:
+        ds = list(decide(Snapshot(tuple(nodes), quotas=tree, now=FIRST), first))
+        later = after(nodes, first, ds, FIRST, {"n0"})
+        return ds, list(decide(Snapshot(tuple(later), quotas=tree, now=SECOND), second)), later
+
+    cached = both()
+    with patch.object(ledger, "verdict", ledger._verdict), patch.object(ledger, "saturation", saturation):
+        fresh = both()
+    assert [signature(c) for c in cached[:2]] == [signature(f) for f in fresh[:2]]
+    kinds = {type(d).__name__ for d in cached[1]}
+    assert {"tuple", "Unschedulable"} <= kinds  # the seeded cycle places some and leaves some waiting
+    check(tree, nodes, first, cached[0])
+    check(tree, cached[2], second, cached[1])
 
 
 # ---- cases the properties found, kept as examples ------------------------------------------------
