@@ -1,7 +1,7 @@
 """Fair share's promises over random department trees, fleets and queues (hypothesis, bounded).
 
-Each case runs two cycles: the first on an empty fleet, the second on what the first left (some
-nodes drained, borrowed shares older than the lenders' grace) with more requests. After each, the
+Each case runs two cycles: the first on an empty fleet, the second on what the first left (its
+placements bound, its preemptions' victims gone, maybe a node drained) with more requests. After each, the
 decisions are replayed against a reference account written here from the design's words (not the
 engine's ledger): what each unit (team or department) holds per bucket, what its siblings keep.
 """
