@@ -7,6 +7,9 @@ then borrowed, then opportunistic), charges the ledger, and when a request withi
 nowhere finds victims: opportunistic work first, then other teams' borrowed shares (the team
 furthest above its fair share, lowest priority, newest first), then the team's own lower
 priorities. Borrowed victims go after their team's grace: until then the decision is a `Reclaim`.
+A request within its quota whose department is at its borrowing limit because others below it
+borrowed (`Verdict.reclaim`) is not placed on free GPUs beyond that limit: it takes back those
+borrowed shares, then places; every preemption is checked against the ledger with its victims gone.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from .filters import explain, feasible
 from .model import Reason, ReasonCode, Request, Share
 from .preemption import find_preemption
 from .queue import DEFAULT_AGING_S, effective_priority
-from .scorers import Scorer
+from .scorers import BestFitScorer, Scorer
 from .state import ClusterState, Holding
 
 ORDER = (Admission.GUARANTEED, Admission.BORROWED, Admission.OPPORTUNISTIC)
+GivenBack = dict[str, tuple[str, str, Vec, Admission]]  # victim → what the ledger held: team, model, amount, how
 
 
 def ledger_of(state: ClusterState, tree: QuotaTree, past=None) -> Ledger:
@@ -43,7 +47,7 @@ def ledger_of(state: ClusterState, tree: QuotaTree, past=None) -> Ledger:
             continue
         model = state.models[int(state.gpu_model[h.node, h.gpus[0]])]
         shares.append((h.share, model, len(h.gpus)))
-        if not state.ready[h.node] and h.share.admission != Admission.OPPORTUNISTIC:
+        if not state.ready[h.node] and h.share.admission != Admission.OPPORTUNISTIC and h.share.team in tree.units:
             held = held_by(h.share, len(h.gpus))
             c = capacity[model]
             capacity[model] = (c[0] + held[0], c[1] + held[1], c[2] + held[2])
@@ -67,6 +71,11 @@ class Fair:
         self.ledger = ledger_of(state, tree, past)
         self.ledger.deserve(pending)
         self.claimed: set[str] = set()  # victims promised this cycle to a request waiting for a reclaim
+        self._scorer: Scorer | None = None  # the cycle's, as try_place last had it (placing after a reclaim)
+        # The snapshot's borrowed shares with their model: all a reclaim may take back (what this
+        # cycle places is never a victim), listed once instead of searched for per request.
+        self._borrowed = [(h, state.models[int(state.gpu_model[h.node, h.gpus[0]])]) for h in state.placed.values()
+                          if h.gpus and h.share.admission == Admission.BORROWED]
         self._models: dict[frozenset[str] | None, list[str]] = {}
 
     # ---- order --------------------------------------------------------------------------------
@@ -119,8 +128,9 @@ class Fair:
 
     # ---- placing ------------------------------------------------------------------------------
     def verdicts(self, req: Request) -> tuple[dict[Admission | None, list[str]], list[Reason], bool]:
-        """The request's models grouped by how it would be admitted on each (None: waits), the
-        quota reasons of those where it waits, and whether it can never run on any."""
+        """The request's models grouped by how it would be admitted on each (None: waits, or its
+        quota is lent out and is taken back first), the quota reasons of those where it waits, and
+        whether it can never run on any."""
         models = self.models_of(req)
         groups: dict[Admission | None, list[str]] = {}
         texts: list[str] = []
@@ -128,9 +138,10 @@ class Fair:
         amount = demand_of(req)
         for m in models:
             v = self.ledger.verdict(req.team, m, amount, req.priority)
-            groups.setdefault(v.admission, []).append(m)
+            admission = None if v.reclaim else v.admission  # its quota is lent out: reclaimed (preempt), not taken
+            groups.setdefault(admission, []).append(m)
             never = never and v.never
-            if v.admission is None and v.reason and v.reason not in texts:
+            if admission is None and v.reason and v.reason not in texts:
                 texts.append(v.reason)
         reasons = []
         if texts:
@@ -142,6 +153,7 @@ class Fair:
                   ) -> tuple[Choice, Admission] | tuple[None, list[Reason]]:
         """Place `req` on the models where it is admitted best; charge the ledger. Else the
         reasons it waits (quota first, then the filters')."""
+        self._scorer = scorer
         models = self.models_of(req)
         groups, reasons, _ = self.verdicts(req)
         ok_all = None
@@ -157,7 +169,7 @@ class Fair:
                 self.state.reserve(req, choice.node, choice.slots, admission=str(admission))
                 self.charge(req, choice, admission)
                 return choice, admission
-        if any(a is not None for a in groups):
+        if not models or any(a is not None for a in groups):  # no model: the filters say why (model)
             reasons.extend(explain(self.state, req))
         return None, reasons
 
@@ -201,6 +213,84 @@ class Fair:
 
         return rank
 
+    def _refund_if_it_makes_room(self, req: Request, choice: Choice, admission: Admission, victims: tuple[str, ...]
+                                 ) -> GivenBack | None:
+        """Refund the victims and return what they held, when without them `req` is admitted on the
+        chosen GPUs' model as `admission` or better (a reclaim must give back what its quota lent,
+        not only a free GPU); else change nothing and return None."""
+        held = {v: self.ledger.holdings[v] for v in victims if v in self.ledger.holdings}
+        for v in held:
+            self.ledger.refund(v)
+        model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+        v = self.ledger.verdict(req.team, model, demand_of(req), req.priority)
+        if v.admission is not None and not v.reclaim and ORDER.index(v.admission) <= ORDER.index(admission):
+            return held
+        for rid, (team, m, amount, adm) in held.items():
+            self.ledger.charge(rid, team, m, amount, adm)
+        return None
+
+    def _take_back(self, req: Request, models: list[str]
+                   ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack] | None:
+        """For a request within its quota whose quota is lent out on `models` (a department on its
+        path at its borrowing limit): other teams' borrowed shares on them, in `_rank` order, each
+        taken only when giving it back narrows how far the request would pass that limit, until it
+        is admitted as guaranteed on one of them and fits there (evicting more by find_preemption if
+        it must). Returns the choice, the victims, their holdings (released from the state) and what
+        the ledger held for them (refunded); else None, with nothing changed."""
+        placed = self.state.placed
+        may = self._may_evict(True)
+        candidates = [h for h, m in self._borrowed if m in models and h.share.team != req.team
+                      and placed.get(h.share.reservation_id) is h and may(h.share, req)]
+        if not candidates:
+            return None
+        amount = demand_of(req)
+        rank = self._rank(req)
+        candidates.sort(key=lambda h: (rank(h), h.share.reservation_id))
+
+        def lacking() -> list[float]:
+            out: list[float] = []
+            for m in models:
+                out.extend(self.ledger.excess(self.tree.path(req.team, m), amount))
+            return out
+
+        released: list[Holding] = []
+        held: GivenBack = {}
+        for h in candidates:
+            rid = h.share.reservation_id
+            entry = self.ledger.holdings.get(rid)
+            if entry is None:
+                continue
+            before = lacking()
+            self.ledger.refund(rid)
+            if not any(a < b for a, b in zip(lacking(), before, strict=True)):
+                self.ledger.charge(rid, *entry)  # giving it back does not help this request
+                continue
+            held[rid] = entry
+            released.append(self.state.release(rid))
+            for m in models:
+                v = self.ledger.verdict(req.team, m, amount, req.priority)
+                if v.admission != Admission.GUARANTEED or v.reclaim:
+                    continue
+                target = replace(req, gpu_model=frozenset([m]))
+                choice = choose(self.state, target, self._scorer or BestFitScorer())
+                if choice is not None:
+                    return choice, tuple(sorted(held)), released, held
+                more = find_preemption(self.state, target, may, rank)  # it fits nowhere yet: evict more
+                if more is None:
+                    continue
+                choice, extra, extra_released = more
+                extra_held = self._refund_if_it_makes_room(req, choice, Admission.GUARANTEED, extra)
+                if extra_held is None:
+                    for x in extra_released:
+                        self.state.restore(x)
+                    continue
+                return choice, tuple(sorted({*held, *extra})), released + extra_released, held | extra_held
+        for x in released:
+            self.state.restore(x)
+        for rid, entry in held.items():
+            self.ledger.charge(rid, *entry)
+        return None
+
     def preempt(self, req: Request) -> tuple[Choice, tuple[str, ...], Admission, dict[str, float]] | None:
         """Victims that make room for `req`, on the models where it is admitted (guaranteed ones may
         reclaim borrowed shares). Returns the choice (reserved and charged when nothing needs a
@@ -208,10 +298,13 @@ class Fair:
         it goes."""
         amount = demand_of(req)
         by: dict[Admission, list[str]] = {}
+        lent: set[str] = set()  # models where its quota is lent out (Verdict.reclaim)
         for m in self.models_of(req):
             v = self.ledger.verdict(req.team, m, amount, req.priority)
             if v.admission is not None:
                 by.setdefault(v.admission, []).append(m)
+            if v.reclaim:
+                lent.add(m)
         for admission in ORDER:
             models = by.get(admission)
             if not models:
@@ -219,11 +312,25 @@ class Fair:
             guaranteed = admission == Admission.GUARANTEED
             if not guaranteed and req.priority <= 0:
                 continue  # only reclaim (quota) lets a priority-0 request take another's place
-            target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
-            found = find_preemption(self.state, target, self._may_evict(guaranteed), self._rank(req))
+            found = None
+            free = [m for m in models if m not in lent]
+            if free:
+                target = req if len(free) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(free))
+                found = find_preemption(self.state, target, self._may_evict(guaranteed), self._rank(req))
+                if found is not None:
+                    choice, victims, released = found
+                    given_back = self._refund_if_it_makes_room(req, choice, admission, victims)
+                    if given_back is None:
+                        for h in released:
+                            self.state.restore(h)
+                        found = None
+            if found is None and guaranteed and len(free) < len(models):
+                taken = self._take_back(req, [m for m in models if m in lent])
+                if taken is not None:
+                    choice, victims, released, given_back = taken
+                    found = (choice, victims, released)
             if found is None:
                 continue
-            choice, victims, released = found
             due = {}
             for h in released:
                 s = h.share
@@ -235,6 +342,8 @@ class Fair:
             if due:
                 for h in released:
                     self.state.restore(h)
+                for rid, (team, model, amount_, adm) in given_back.items():  # they run until then
+                    self.ledger.charge(rid, team, model, amount_, adm)
                 self.claimed.update(victims)
                 return choice, victims, admission, {v: due.get(v, self.now) for v in victims}
             for v in victims:

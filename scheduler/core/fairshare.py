@@ -11,7 +11,10 @@ children count directly under its nearest ancestor that has one (the organisatio
 team without one has quota 0 for M: all it holds of M is borrowed.
 
 A request of team t for demand d on model M is admitted as
-- **guaranteed** when t's own usage of M's bucket plus d stays within t's quota;
+- **guaranteed** when t's own usage of M's bucket plus d stays within t's quota. When with d a
+  department on t's path would pass its quota + borrowing limit (others below it borrowed what t
+  lent), the verdict says `reclaim`: the request takes those borrowed shares back (fairqueue)
+  instead of placing beyond the department's limit;
 - **borrowed** when not, but every unit on t's path stays within quota + borrowing limit and the
   room exists: what the fleet's ready GPUs of M hold beyond counted use, less the unused quota that
   each unit's siblings keep (unused beyond their lending limit);
@@ -219,6 +222,9 @@ class Verdict:
     admission: Admission | None
     reason: str = ""
     never: bool = False
+    # Guaranteed, but a department on its path is at its borrowing limit (others below it borrowed
+    # this quota): it reclaims borrowed shares instead of taking free GPUs beyond that limit.
+    reclaim: bool = False
 
 
 class Ledger:
@@ -241,6 +247,14 @@ class Ledger:
         self.past = dict(past or {})
         self._kept: dict[tuple[str, str], Vec] = {}  # (parent, model) → unused quota its children keep
         self._kept_of: dict[tuple[str, str], Vec] = {}  # (unit, model) → its part of that
+        # Verdicts and saturations are asked for again and again while the queue is ordered and
+        # placed (per request and model, several times) but change only when the ledger does: a
+        # verdict on model M reads the counted use of the units on the team's path for M, the
+        # root's use of M and the siblings' reserve for M, so each is kept until a charge or refund
+        # touches one of those (`_version[M]` moves); a saturation until the team's use of M moves.
+        self._version: dict[str, int] = defaultdict(int)
+        self._verdicts: dict[tuple[str, str, Vec, bool], tuple[int, Verdict]] = {}
+        self._saturations: dict[tuple[str, str], dict[Vec, float]] = {}  # (team, model) → extra → saturation
         for share, model, gpus in shares:
             if share.team in tree.units and model in self.capacity:
                 self._take(share.reservation_id, share.team, model, held_by(share, gpus), Admission(share.admission))
@@ -260,6 +274,7 @@ class Ledger:
             self.used[(unit, bucket)] = _add(self.used[(unit, bucket)], amount)
         self.root_used[model] = _add(self.root_used[model], amount)
         self.team_used[(team, model)] = _add(self.team_used[(team, model)], amount)
+        self._saturations.pop((team, model), None)
 
     def _init_kept(self) -> None:
         for name in self.tree.units:
@@ -288,6 +303,8 @@ class Ledger:
             self._kept[key] = _add(_sub(self._kept.get(key, ZERO), old), new)
 
     def charge(self, rid: str, team: str, model: str, amount: Vec, admission: Admission) -> None:
+        if team not in self.tree.units:
+            return  # a team the tree does not know: no quota policy, nothing to count (as in __init__)
         self._take(rid, team, model, amount, admission)
         if admission in COUNTED:
             self._touch(team, model)
@@ -304,17 +321,32 @@ class Ledger:
             self.used[(unit, bucket)] = _add(self.used[(unit, bucket)], neg)
         self.root_used[model] = _add(self.root_used[model], neg)
         self.team_used[(team, model)] = _add(self.team_used[(team, model)], neg)
+        self._saturations.pop((team, model), None)
         self._touch(team, model)
 
     def _touch(self, team: str, model: str) -> None:
-        """Keep the siblings' reserve right for every model the changed buckets cover."""
+        """Keep the siblings' reserve right for every model the changed buckets cover; the verdicts
+        on those models are stale from now."""
         for unit, bucket in self.tree.path(team, model):
             for m in self.models:
                 if self.tree.bucket(unit, m) == bucket:
                     self._update_kept(unit, m)
+                    self._version[m] += 1
+        self._version[model] += 1
 
     # ---- admission ----------------------------------------------------------------------------
     def verdict(self, team: str, model: str, amount: Vec, priority: int) -> Verdict:
+        """How `team` would be admitted now for `amount` of `model` (see the module's text)."""
+        key = (team, model, amount, priority == 0)
+        version = self._version[model]
+        found = self._verdicts.get(key)
+        if found is not None and found[0] == version:
+            return found[1]
+        verdict = self._verdict(team, model, amount, priority)
+        self._verdicts[key] = (version, verdict)
+        return verdict
+
+    def _verdict(self, team: str, model: str, amount: Vec, priority: int) -> Verdict:
         unit = self.tree.units.get(team)
         if unit is None or not unit.team:
             return Verdict(Admission.GUARANTEED)  # a team the tree does not know: no quota policy for it
@@ -323,7 +355,19 @@ class Ledger:
         quota = self.tree.quota(t_unit, t_bucket)
         used = self.used[(t_unit, t_bucket)]
         if _le(_add(used, amount), quota.vec()):
-            return Verdict(Admission.GUARANTEED)
+            # Within its own quota; but when others below a department borrowed what it lent, taking
+            # free GPUs would pass that department's borrowing limit: then it takes its quota back.
+            over = self.beyond_limit(path, amount)
+            if over is None:
+                return Verdict(Admission.GUARANTEED)
+            u, b, r = over
+            cap, held = self.tree.quota(u, b), self.used[(u, b)]
+            cap_vec = _add(cap.vec(), cap.borrowing.vec())
+            why = (f"{team} holds {amount_text(used, r)} of its {amount_text(quota.vec(), r)} "
+                   f"{model if t_bucket == model else f'any-model ({WILDCARD})'} quota, lent to others now: "
+                   f"{self._who(u)} is at its borrowing limit ({amount_text(held, r)} of {amount_text(cap_vec, r)}) "
+                   f"until their borrowed shares go back")
+            return Verdict(Admission.GUARANTEED, why, reclaim=True)
         opportunistic = priority == 0 and unit.allow_over_quota
         # A hard limit: the request alone is beyond quota + borrowing limit somewhere on its path.
         for u, b in path:
@@ -343,6 +387,27 @@ class Ledger:
         if opportunistic:
             return Verdict(Admission.OPPORTUNISTIC)
         return Verdict(None, self._wait_reason(path, model, amount, room))
+
+    def beyond_limit(self, path: tuple[tuple[str, str], ...], amount: Vec) -> tuple[str, str, int] | None:
+        """The first unit above the team on `path` that `amount` more would take beyond its quota +
+        borrowing limit, its bucket and the resource; None when none."""
+        for u, b in path[1:]:
+            q = self.tree.quota(u, b)
+            after = _add(self.used[(u, b)], amount)
+            cap = _add(q.vec(), q.borrowing.vec())
+            if not _le(after, cap):
+                return u, b, next(i for i in range(3) if after[i] > cap[i])
+        return None
+
+    def excess(self, path: tuple[tuple[str, str], ...], amount: Vec) -> list[float]:
+        """How far `amount` more would take each unit above the team on `path` beyond its quota +
+        borrowing limit, per resource (0 where within)."""
+        out: list[float] = []
+        for u, b in path[1:]:
+            q = self.tree.quota(u, b)
+            after, cap = _add(self.used[(u, b)], amount), _add(q.vec(), q.borrowing.vec())
+            out.extend(max(0, after[r] - cap[r]) for r in range(3))
+        return out
 
     def _room(self, path: tuple[tuple[str, str], ...], model: str) -> Vec:
         """How much more the team at path[0] may hold of `model` now, quota and borrowing included."""
@@ -389,6 +454,7 @@ class Ledger:
     def deserve(self, pending: Sequence[Request]) -> None:
         """Work out each team's deserved share per model from what it holds and what waits."""
         self.deserved = self._deserve(pending)
+        self._saturations.clear()
 
     def _deserve(self, pending: Sequence[Request]) -> dict[tuple[str, str], Vec]:
         demand: dict[tuple[str, str], Vec] = defaultdict(lambda: ZERO)
@@ -437,6 +503,13 @@ class Ledger:
 
     def saturation(self, team: str, model: str, extra: Vec = ZERO) -> float:
         """max over compute and memory of (used + extra) / deserved; past use adds to compute."""
+        known = self._saturations.setdefault((team, model), {})
+        found = known.get(extra)
+        if found is None:
+            found = known[extra] = self._saturation(team, model, extra)
+        return found
+
+    def _saturation(self, team: str, model: str, extra: Vec) -> float:
         used = _add(self.team_used[(team, model)], extra)
         deserved = self.deserved.get((team, model), ZERO)
         past = self.past.get(team, 0.0)
