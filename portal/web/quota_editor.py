@@ -126,12 +126,25 @@ def place_errors(refused: Refused, rows: list[dict], unit_slug: str, is_departme
     return summary, per_row
 
 
+_NEED = re.compile(r"is (?P<limit>[\d.]+); its (?:children (?P<parts>.+?) = (?P<total>[\d.]+) exceed|"
+                   r"child (?P<one>.+? (?P<single>[\d.]+)) exceeds) it")
+
+
 def _place_tree_problem(found, problem: str, rows, per_row, unit_slug: str, is_department: bool) -> None:
+    """On the field: the short form (what the units need, or what this one does not fit in); the
+    whole sentence is in the summary above the form."""
     bucket, resource = found["bucket"], found["resource"]
     ours = is_department and found["department"] == unit_slug
+    need = _NEED.search(problem)
+    short = in_words(problem)
+    if need:
+        parts, total = (need["parts"], need["total"]) if need["parts"] else (need["one"], need["single"])
+        short = (f"its units need {total} here ({parts})" if ours else
+                 f"does not fit in {found['department']}'s {in_words(found['resource'])} of {need['limit']} for "
+                 f"{'any model (*)' if bucket == ANY_MODEL else bucket}: {parts} = {total}")
     for i, r in enumerate(rows):
         if r["gpu_model"] == bucket or (not ours and bucket == ANY_MODEL and r["gpu_model"] == ANY_MODEL):
-            per_row[i].setdefault(resource, []).append(in_words(problem))
+            per_row[i].setdefault(resource, []).append(short)
             return
 
 

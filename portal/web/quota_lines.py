@@ -77,6 +77,11 @@ class Line:
     def over(self) -> bool:
         return not self.borrowed.zero
 
+    @property
+    def meter_max(self) -> Decimal:
+        """A meter of in-use against quota: over the quota it runs past `high` (drawn as a warning)."""
+        return max(self.quota.share, self.used.share) or Decimal(1)
+
 
 def standings() -> dict[str, list[Line]]:
     """Engine unit name → its lines, `*` first then by model."""
@@ -118,21 +123,41 @@ def unit_labels() -> dict[str, str]:
     return labels
 
 
-def borrowers_from(unit: str, lines: dict[str, list[Line]]) -> list[Borrower]:
-    """The siblings of `unit` (same parent) that hold beyond their quota now in a bucket `unit` has a
-    row for: who borrows from the group that `unit` lends its unused quota to."""
-    parents = unit_parents()
+def _buckets() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for team, department, model in Quota.objects.order_by().values_list("team__slug", "department__slug", "gpu_model"):
+        out[team if team is not None else f"{DEPARTMENT}{department}"].add(model)
+    return out
+
+
+def group_parent(unit: str, bucket: str, parents: dict[str, str], buckets: dict[str, set[str]]) -> str:
+    """The unit whose children share `bucket` with `unit`, as the engine groups lenders and borrowers
+    (scheduler.core.fairshare.standings): for `*`, its parent; for a model, its nearest department
+    with a row covering the model (the model's or `*`), departments without one being transparent."""
     parent = parents.get(unit, "")
-    mine = {line.bucket for line in lines.get(unit, ()) if line.has_row}
+    if bucket == ANY_MODEL:
+        return parent
+    while parent and not ({bucket, ANY_MODEL} & buckets.get(parent, set())):
+        parent = parents.get(parent, "")
+    return parent
+
+
+def borrowers_from(unit: str, lines: dict[str, list[Line]]) -> list[Borrower]:
+    """The units that share a bucket group with `unit` (a bucket `unit` has a quota row for) and hold
+    beyond their quota in it now: who borrows from the unused quota `unit` lends."""
+    parents = unit_parents()
+    buckets = _buckets()
     labels = unit_labels()
     out = []
-    for other, parent_of_other in sorted(parents.items()):
-        if other == unit or parent_of_other != parent:
-            continue
-        for line in lines.get(other, ()):
-            if line.bucket in mine and line.over:
-                out.append(Borrower(other, labels.get(other, other), line.bucket, line.borrowed,
-                                    not other.startswith(DEPARTMENT)))
+    for bucket in sorted(buckets.get(unit, set()), key=lambda b: (b != ANY_MODEL, b)):
+        group = group_parent(unit, bucket, parents, buckets)
+        for other in sorted(lines):
+            if other == unit:
+                continue
+            for line in lines[other]:
+                if line.bucket == bucket and line.over and group_parent(other, bucket, parents, buckets) == group:
+                    out.append(Borrower(other, labels.get(other, other), bucket, line.borrowed,
+                                        not other.startswith(DEPARTMENT)))
     return out
 
 
