@@ -42,7 +42,7 @@ class Amount:
     @classmethod
     def of(cls, vec) -> Amount:
         milli, mib, gpus = vec
-        return cls((Decimal(str(round(float(milli)))) / MILLI).quantize(Decimal("0.001")), int(round(float(mib))),
+        return cls((Decimal(str(round(float(milli)))) / MILLI).quantize(Decimal("0.001")), round(float(mib)),
                    round(float(gpus), 2))
 
     @property
