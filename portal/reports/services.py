@@ -164,6 +164,12 @@ def _quota_columns(report: Report, group_by: str) -> None:
     total_quota = sum(quota.values())
     total_lent = sum(lent.get(t.slug, 0.0) for t in report.teams)
     by_team = {r.key: r for r in report.rows} if report.group_by == "team" else {}
+    if report.group_by == "team":
+        # A team that held nothing in the window still had its quota, and may have lent it.
+        for t in report.teams:
+            if t.slug not in by_team and (quota.get(t.slug) or lent.get(t.slug)):
+                by_team[t.slug] = Row(key=t.slug, label=t.slug)
+                report.rows.append(by_team[t.slug])
     for slug, r in by_team.items():
         r.quota_gpu_hours, r.lent_gpu_hours = quota.get(slug, 0.0), lent.get(slug, 0.0)
         r.department = tree.path_label(slug)

@@ -190,7 +190,7 @@ def test_adding_and_removing_a_row_saves_nothing(research, browser_for, teams):
     html = r.content.decode()
     assert r.status_code == 200 and 'name="rows" value="2"' in html and "Not saved yet" in html
     assert 'id="r1-gpu_model"' in html
-    r = admin.post("/fleet/teams/vision/quotas/", quota_post(start + [{"gpu_model": A100}], "remove-0"))
+    r = admin.post("/fleet/teams/vision/quotas/", quota_post([*start, {"gpu_model": A100}], "remove-0"))
     html = r.content.decode()
     assert 'name="rows" value="1"' in html and re.search(r'<option value="A100-80GB" selected>', html)
     assert Quota.objects.filter(team=teams["vision"]).count() == 1
