@@ -61,7 +61,7 @@
     // which screen readers hear, says the time once; this figure is for the eye only).
     function tick() {
       document.querySelectorAll("[data-countdown]").forEach(function (el) {
-        var left = Math.round((Date.parse(el.getAttribute("data-countdown")) - Date.now()) / 1000);
+        var left = Math.floor((Date.parse(el.getAttribute("data-countdown")) - Date.now()) / 1000);
         if (isNaN(left)) { return; }
         if (left <= 0) { el.textContent = "Due now"; return; }
         var h = Math.floor(left / 3600), m = Math.floor(left % 3600 / 60), sec = left % 60;
