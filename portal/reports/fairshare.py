@@ -8,15 +8,16 @@
 - **Used (allocated) GPU-hours**: share × hours held (services.usage), as every report counts them.
 - **Borrowed GPU-hours**: the allocated time of reservations admitted as borrowed (held beyond the
   team's quota, on what others lend); a department's is its teams'.
-- **Lent GPU-hours**, hour by hour: at every moment of each hour of the window, what every team held
-  that counts (guaranteed + borrowed) is charged to the engine's ledger over the current quota tree,
-  and `scheduler.core.fairshare.standings` tells what each unit lent: under each parent (per
-  bucket), what the children hold beyond their quotas is split among the siblings with unused
-  quota, in proportion to the unused quota each leaves (up to its lending limit). A team's lent
-  GPU-hours are the compute part of that, summed over the hours. A department's are what it lent as
-  a unit to its own siblings; a department without quota rows lends through its units, and its
-  figure adds up theirs. Moments in which no borrowed reservation is held lend nothing (with quotas
-  as they are, nothing is beyond a quota then) and are skipped.
+- **Lent GPU-hours**, hour by hour: through each hour of the window, in slots of 5 minutes (longer
+  for long windows: see slot_length), what every team held that counts (guaranteed + borrowed, the
+  slot's mean) is charged to the engine's ledger over the current quota tree, and
+  `scheduler.core.fairshare.standings` tells what each unit lent: under each parent (per bucket),
+  what the children hold beyond their quotas is split among the siblings with unused quota, in
+  proportion to the unused quota each leaves (up to its lending limit). A team's lent GPU-hours are
+  the compute part of that, summed over the slots. A department's are what it lent as a unit to
+  its own siblings; a department without quota rows lends through its units, and its figure adds
+  up theirs. Slots in which no borrowed reservation is held lend nothing (with quotas as they are,
+  nothing is beyond a quota then) and are skipped.
 
 Everyone's allocations enter the ledger (lending is between teams), but a report shows only the rows
 of the teams the viewer may see (scope.py) and their departments.
@@ -24,6 +25,7 @@ of the teams the viewer may see (scope.py) and their departments.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,7 +39,6 @@ from portal.tenancy.models import ANY_MODEL, Department, Quota, Team
 from scheduler.core import fairshare
 from scheduler.core.model import MILLI
 
-HOUR = timedelta(hours=1)
 QUOTA_RULE = ("Quota GPU-hours: the GPU share of the current quota rows (every GPU model and *) × the window's hours "
               "up to now; quota changes inside the window are not replayed.")
 LENT_RULE = ("Lent GPU-hours, hour by hour: what a unit's siblings held beyond their own quotas, taken from the "
@@ -110,22 +111,37 @@ def effective_hours(since: datetime, until: datetime, now: datetime) -> float:
     return max(0.0, (min(until, now) - since).total_seconds() / 3600.0)
 
 
-def _edges(since: datetime, end: datetime, events: list[datetime]) -> list[datetime]:
-    """The window cut at whole UTC hours and wherever a reservation took or gave back a GPU."""
-    edges = {since, end, *(e for e in events if since < e < end)}
-    at = since.replace(minute=0, second=0, microsecond=0) + HOUR
-    while at < end:
-        edges.add(at)
-        at += HOUR
-    return sorted(edges)
+MAX_SLOTS = 720  # the ledger is worked out at most this many times per report (a few ms each)
+MIN_SLOT = timedelta(minutes=5)
+
+
+def slot_length(since: datetime, end: datetime) -> timedelta:
+    """5 minutes, or longer (in whole 5 minutes) so that the window has at most MAX_SLOTS slots:
+    5 min for a day, 15 for a week, an hour for 30 days."""
+    slots = -(-(end - since) // MIN_SLOT)  # ceil
+    return MIN_SLOT * max(1, -(-slots // MAX_SLOTS))
+
+
+def _slots(since: datetime, end: datetime) -> list[datetime]:
+    """Slot edges from the whole hour before `since`, cut to the window."""
+    step = slot_length(since, end)
+    at = since.replace(minute=0, second=0, microsecond=0)
+    edges = [since]
+    while (at := at + step) < end:
+        if at > since:
+            edges.append(at)
+    edges.append(end)
+    return edges
 
 
 def lent_hours(since: datetime, until: datetime, now: datetime) -> dict[str, float]:
     """Engine unit name → the GPU-hours of compute it lent in [since, min(until, now)) (see above).
 
-    The window is cut at every hour and at every start and end of an allocation, so that within a
-    piece every team holds the same; the ledger is worked out once per distinct holding (a long run
-    of unchanged pieces costs one)."""
+    The window is cut into slots (slot_length: 5 minutes for a day's report, an hour for a month's)
+    and in each slot with a borrowed reservation held the ledger is charged with what every team
+    held on average in it; slots with the same holding (a long run of unchanged ones) cost one. A
+    holding that changes inside a slot counts with its mean: what starts and ends within one slot of
+    each other may be seen only in part."""
     end = min(until, now)
     if end <= since:
         return {}
@@ -135,35 +151,42 @@ def lent_hours(since: datetime, until: datetime, now: datetime) -> dict[str, flo
                              "gpu_memory_mib", "created_at", "released_at"))
     if not any(r[2] == Admission.BORROWED for r in rows):
         return {}
-    events: list[tuple[datetime, int, tuple[str, str, str], tuple[int, int, int]]] = []
+    edges = _slots(since, end)
+    n = len(edges) - 1
+
+    def span(start: datetime, stop: datetime) -> range:
+        last = bisect_right(edges, stop - timedelta(microseconds=1))
+        return range(max(0, bisect_right(edges, start) - 1), min(n, last))
+
+    lending = [False] * n  # slots in which some borrowed reservation is held
+    for _, _, admission, _, _, created, released in rows:
+        if admission == Admission.BORROWED:
+            for i in span(max(created, since), min(released or end, end)):
+                lending[i] = True
+    held: list[dict[tuple[str, str, str], list[float]]] = [defaultdict(lambda: [0.0, 0.0, 0.0]) for _ in range(n)]
     for team, model, admission, share, memory, created, released in rows:
         start, stop = max(created, since), min(released or end, end)
-        if stop > start:
-            amount = (int((Decimal(share) * MILLI).to_integral_value()), int(memory), 1)
-            events += [(start, 1, (team, model, admission), amount), (stop, -1, (team, model, admission), amount)]
-    events.sort(key=lambda e: (e[0], e[1]))
-    edges = _edges(since, end, [e[0] for e in events])
+        for i in span(start, stop):
+            if lending[i]:
+                seconds = (min(stop, edges[i + 1]) - max(start, edges[i])).total_seconds()
+                total = held[i][(team, model, admission)]
+                total[0] += float(share) * MILLI * seconds
+                total[1] += memory * seconds
+                total[2] += seconds
     tree = engine_quotas.load()
-    held: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     out: dict[str, float] = defaultdict(float)
     seen: dict[tuple, dict[str, float]] = {}
-    k = 0
-    for i in range(len(edges) - 1):
-        while k < len(events) and events[k][0] <= edges[i]:
-            _, sign, key, amount = events[k]
-            total = held[key]
-            for r in range(3):
-                total[r] += sign * amount[r]
-            k += 1
-        holding = tuple(sorted((key, *v) for key, v in held.items() if v[2] > 0))
-        if not any(key[2] == Admission.BORROWED for key, *_ in holding):
-            continue  # nothing beyond a quota: nothing lent
+    for i in range(n):
+        if not lending[i]:
+            continue
+        length = (edges[i + 1] - edges[i]).total_seconds()
+        holding = tuple(sorted((key, round(v[0] / length, 3), round(v[1] / length, 3), round(v[2] / length, 6))
+                               for key, v in held[i].items()))
         lent = seen.get(holding)
         if lent is None:
             lent = seen[holding] = _lent_rates(tree, holding)
-        hours = (edges[i + 1] - edges[i]).total_seconds() / 3600.0
         for unit, milli in lent.items():
-            out[unit] += milli / MILLI * hours
+            out[unit] += milli / MILLI * length / 3600.0
     return dict(out)
 
 

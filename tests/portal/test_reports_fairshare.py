@@ -165,3 +165,23 @@ def test_the_page_shows_the_columns_and_says_how_they_are_counted(client_for, pe
     assert "current quota rows" in html and "in proportion to what each left unused" in html
     html = browser.get("/reports/", WINDOW).content.decode()
     assert 'class="muted unit-path">Research</small>' in html
+
+
+def test_lending_off_the_hour_counts_its_minutes(client_for, fleet, teams, people):
+    # nlp's own 1.5 runs all along; 1.0 more, borrowed, for 20 minutes from 08:07.
+    hold(people, teams, "bob", "nlp", a100(0), "1.0", T0 - timedelta(minutes=30), T0 + timedelta(hours=2))
+    hold(people, teams, "bob", "nlp", a100(1), "0.5", T0 - timedelta(minutes=30), T0 + timedelta(hours=2))
+    hold(people, teams, "bob", "nlp", a100(2), "1.0", T0 + timedelta(minutes=7), T0 + timedelta(minutes=27),
+         admission="borrowed")
+    data = client_for("admin").get(URL, WINDOW).json()
+    assert rows(data)["vision"]["lent_gpu_hours"] == pytest.approx(20 / 60, abs=1e-3)
+    assert rows(data)["nlp"]["borrowed_gpu_hours"] == pytest.approx(20 / 60, abs=1e-3)
+
+
+@pytest.mark.parametrize(("span", "slot"), [(timedelta(hours=24), 5), (timedelta(days=7), 15),
+                                            (timedelta(days=30), 60), (timedelta(days=400), 800)])
+def test_lending_is_worked_out_on_at_most_720_slots(span, slot):
+    from portal.reports.fairshare import MAX_SLOTS, slot_length
+
+    assert slot_length(T0, T0 + span) == timedelta(minutes=slot)
+    assert span / slot_length(T0, T0 + span) <= MAX_SLOTS
