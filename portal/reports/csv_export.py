@@ -7,21 +7,28 @@ import io
 
 from rest_framework.renderers import BaseRenderer
 
-GROUP_HEADERS = {"team": "team", "user": "user", "node": "node", "gpu_model": "GPU model", "gpu": "GPU",
-                 "reservation": "reservation"}
+GROUP_HEADERS = {"team": "team", "department": "department", "user": "user", "node": "node",
+                 "gpu_model": "GPU model", "gpu": "GPU", "reservation": "reservation"}
+QUOTA_GROUPS = ("team", "department")  # the groupings whose rows carry quota and lent GPU-hours
 
 
 def usage_table(data: dict) -> tuple[list[str], list[list]]:
+    """The usage report's rows and total. Grouped by team or department, also the unit's departments,
+    its quota GPU-hours (from the current quota rows) and the GPU-hours it lent (reports.fairshare)."""
     device = data["total"]["device_busy_hours"] is not None
+    quota = data["group_by"] in QUOTA_GROUPS
     header = ([GROUP_HEADERS[data["group_by"]], "allocated (GPU-hours)", "used (GPU-hours)",
               "used / allocated (%)", "idle allocated (GPU-hours)", "burst above request (GPU-hours)",
               "borrowed beyond quota (GPU-hours)", "opportunistic (GPU-hours)"]
+              + (["quota (GPU-hours, current quota rows)", "lent to others (GPU-hours)",
+                  "department" if data["group_by"] == "team" else "within"] if quota else [])
               + (["device busy (hours)"] if device else []) + ["note"])
 
     def line(r: dict) -> list:
         return ([r["label"], r["allocated_gpu_hours"], r["used_gpu_hours"], _blank(r["used_pct"]),
                  r["idle_allocated_gpu_hours"], r["burst_gpu_hours"], r["borrowed_gpu_hours"],
                  r["opportunistic_gpu_hours"]]
+                + ([_blank(r["quota_gpu_hours"]), _blank(r["lent_gpu_hours"]), r["department"]] if quota else [])
                 + ([r["device_busy_hours"]] if device else []) + [r["note"]])
 
     return header, [line(r) for r in data["rows"]] + [line(data["total"])]

@@ -8,7 +8,11 @@ GPU or reservation, for the teams a user may see (see scope.py).
   without measurements are not idle, as the lifecycle's idle detection judges). Burst: use above
   the share's request, which a share may reach (up to its limit) while the GPU has spare time; it
   is why used can exceed allocated.
-- Opportunistic GPU-hours: the allocated time of requests accepted beyond their team's quota.
+- Borrowed GPU-hours: the allocated time of reservations admitted as borrowed (beyond their team's
+  quota, on what others lend; reclaimable). Opportunistic GPU-hours: of those that ran on idle
+  capacity at priority 0, counted in no quota.
+- Quota and lent GPU-hours, per team (and per department when grouped by department): fairshare.py
+  says how they are counted.
 - Device busy hours (the GPU's own SM load, every team's work on it) only for site admins.
 """
 
@@ -23,13 +27,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.fleet.models import Gpu
+from portal.reservations import engine_quotas
 from portal.reservations.models import Admission, Allocation, Reservation
 from portal.tenancy.models import Team
 
-from . import sources
+from . import fairshare, sources
 from .window import Window, spread
 
-GROUPS = ("team", "user", "node", "gpu_model", "gpu", "reservation")
+GROUPS = ("team", "department", "user", "node", "gpu_model", "gpu", "reservation")
 DEVICE_GROUPS = ("node", "gpu_model", "gpu")
 TOP_IDLE = 10
 
@@ -45,13 +50,18 @@ class Row:
     borrowed_gpu_hours: float = 0.0  # held beyond the team's quota, from what others lent
     opportunistic_gpu_hours: float = 0.0
     device_busy_hours: float | None = None
+    # Per team and department only (None on the other groupings): fairshare.py.
+    quota_gpu_hours: float | None = None
+    lent_gpu_hours: float | None = None
+    department: str = ""  # a team's departments from the top ("Research › Language")
 
     def add(self, other: Row) -> None:
         for name in ("allocated_gpu_hours", "used_gpu_hours", "idle_allocated_gpu_hours", "burst_gpu_hours",
                      "borrowed_gpu_hours", "opportunistic_gpu_hours"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        if other.device_busy_hours is not None:
-            self.device_busy_hours = (self.device_busy_hours or 0.0) + other.device_busy_hours
+        for name in ("device_busy_hours", "quota_gpu_hours", "lent_gpu_hours"):
+            if getattr(other, name) is not None:
+                setattr(self, name, (getattr(self, name) or 0.0) + getattr(other, name))
 
     @property
     def used_pct(self) -> float | None:
@@ -73,6 +83,9 @@ class Row:
                 "burst_gpu_hours": _r(self.burst_gpu_hours),
                 "borrowed_gpu_hours": _r(self.borrowed_gpu_hours),
                 "opportunistic_gpu_hours": _r(self.opportunistic_gpu_hours),
+                "quota_gpu_hours": None if self.quota_gpu_hours is None else _r(self.quota_gpu_hours),
+                "lent_gpu_hours": None if self.lent_gpu_hours is None else _r(self.lent_gpu_hours),
+                "department": self.department,
                 "device_busy_hours": None if self.device_busy_hours is None else _r(self.device_busy_hours),
                 "note": self.note}
 
@@ -104,6 +117,7 @@ class Report:
             "group_by": self.group_by, "since": self.window.since, "until": self.window.until,
             "time_zone": str(self.window.tz), "teams": [t.slug for t in self.teams],
             "units": "GPU-hours: a share of 0.5 held for 2 hours is 1 GPU-hour",
+            "quota_rule": fairshare.QUOTA_RULE, "lent_rule": fairshare.LENT_RULE,
             "rows": [r.as_dict() for r in self.rows], "total": self.total.as_dict(),
             "series": self.series, "top_idle": self.top_idle,
         }
@@ -134,6 +148,68 @@ def _reservation_key(group_by: str, res: _Res, rid: int, gpu: tuple[str, str, st
 def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     if group_by not in GROUPS:
         raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
+    report = _usage(user, "team" if group_by == "department" else group_by, window, teams)
+    _quota_columns(report, group_by)
+    return report
+
+
+def _quota_columns(report: Report, group_by: str) -> None:
+    """Quota and lent GPU-hours of the teams (their rows, or the total on other groupings), and with
+    group_by=department the rows become the departments (fairshare.py)."""
+    now = timezone.now()
+    tree = fairshare.Tree.load()
+    hours = fairshare.effective_hours(report.window.since, report.window.until, now)
+    lent = fairshare.lent_hours(report.window.since, report.window.until, now)
+    quota = {t.slug: tree.quota_share(t.slug) * hours for t in report.teams}
+    total_quota = sum(quota.values())
+    total_lent = sum(lent.get(t.slug, 0.0) for t in report.teams)
+    by_team = {r.key: r for r in report.rows} if report.group_by == "team" else {}
+    if report.group_by == "team":
+        # A team that held nothing in the window still had its quota, and may have lent it.
+        for t in report.teams:
+            if t.slug not in by_team and (quota.get(t.slug) or lent.get(t.slug)):
+                by_team[t.slug] = Row(key=t.slug, label=t.slug)
+                report.rows.append(by_team[t.slug])
+    for slug, r in by_team.items():
+        r.quota_gpu_hours, r.lent_gpu_hours = quota.get(slug, 0.0), lent.get(slug, 0.0)
+        r.department = tree.path_label(slug)
+    if group_by == "department":
+        report.rows = _department_rows(report, tree, hours, lent)
+        report.group_by = "department"
+    report.total.quota_gpu_hours, report.total.lent_gpu_hours = total_quota, total_lent
+
+
+NO_DEPARTMENT = "(no department)"
+
+
+def _department_rows(report: Report, tree: fairshare.Tree, hours: float, lent: dict[str, float]) -> list[Row]:
+    """One row per department above the report's teams (its teams' allocated, used, idle, burst,
+    borrowed and opportunistic hours; its own quota and lent hours), in tree order, and one for the
+    teams directly under the organisation. Departments nest: their rows overlap, the total does not."""
+    rows: dict[str, Row] = {}
+    for team in report.rows:
+        for unit in tree.ancestors(team.key) or [""]:
+            if unit not in rows:
+                label = tree.labels.get(unit, unit) if unit else NO_DEPARTMENT
+                rows[unit] = Row(key=unit.removeprefix(engine_quotas.DEPARTMENT) if unit else "",
+                                 label=label, quota_gpu_hours=0.0 if not unit else tree.quota_share(unit) * hours,
+                                 lent_gpu_hours=0.0 if not unit else tree.lent(unit, lent),
+                                 department=tree.path_label(unit) if unit else "")
+            rows[unit].add(Row(key=team.key, allocated_gpu_hours=team.allocated_gpu_hours,
+                               used_gpu_hours=team.used_gpu_hours,
+                               idle_allocated_gpu_hours=team.idle_allocated_gpu_hours,
+                               burst_gpu_hours=team.burst_gpu_hours, borrowed_gpu_hours=team.borrowed_gpu_hours,
+                               opportunistic_gpu_hours=team.opportunistic_gpu_hours,
+                               quota_gpu_hours=0.0 if unit else team.quota_gpu_hours,
+                               lent_gpu_hours=0.0 if unit else team.lent_gpu_hours))
+
+    def order(unit: str) -> tuple:
+        return (unit == "", [tree.labels.get(d, d) for d in reversed([unit, *tree.ancestors(unit)])])
+
+    return [rows[u] for u in sorted(rows, key=order)]
+
+
+def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     team_ids = [t.pk for t in teams]
     slugs = {t.pk: t.slug for t in teams}
     now = timezone.now()

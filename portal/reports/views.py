@@ -20,16 +20,16 @@ from django.utils.http import urlencode
 from portal.web import navigation
 from portal.web.templatetags.tessera import human_duration, team_class, team_colour
 
+from . import csv_export, fairshare, scope
 from . import overview as overview_service
-from . import scope
 from .forms import ReportQuery
 from .services import GROUPS, percent, usage
 from .window import RANGES
 
 navigation.register("Reports", "reports-overview", allowed=navigation.manager, order=50, section="/reports/")
 
-GROUP_LABELS = {"team": "Team", "user": "User", "node": "Node", "gpu_model": "GPU model", "gpu": "GPU",
-                "reservation": "Reservation"}
+GROUP_LABELS = {"team": "Team", "department": "Department", "user": "User", "node": "Node", "gpu_model": "GPU model",
+                "gpu": "GPU", "reservation": "Reservation"}
 
 
 def _teams(request, slug: str):
@@ -132,6 +132,8 @@ def usage_page(request):
             "idle_hint": _of_allocated(_share(report.total.idle_allocated_gpu_hours, report.total.allocated_gpu_hours),
                                        "GPU-hours held while idle"),
             "total": report.total.as_dict(), "rows": [r.as_dict() for r in report.rows],
+            "quota_columns": q["group_by"] in csv_export.QUOTA_GROUPS, "quota_rule": fairshare.QUOTA_RULE,
+            "lent_rule": fairshare.LENT_RULE,
             "series": chart, "series_rows": _rows_for_table(chart),
             "breakdown": {"labels": [r.label or r.key for r in report.rows[:20]],
                           "allocated": [round(r.allocated_gpu_hours, 4) for r in report.rows[:20]],

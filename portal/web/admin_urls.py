@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import audit, fleet_admin, team_admin
+from . import audit, departments, fleet_admin, quota_editor, team_admin
 
 urlpatterns = [
     path("team/", team_admin.team_home, name="team-admin"),
@@ -26,5 +26,9 @@ urlpatterns = [
     path("fleet/rows/", fleet_admin.fleet_rows_page, name="fleet-rows"),
     path("fleet/teams/", fleet_admin.teams_page, name="fleet-teams"),
     path("fleet/teams/<slug:slug>/", fleet_admin.team_limits_page, name="fleet-team"),
+    path("fleet/teams/<slug:slug>/quotas/", quota_editor.team_quotas_page, name="fleet-team-quotas"),
+    path("fleet/departments/", departments.departments_page, name="fleet-departments"),
+    path("fleet/departments/<slug:slug>/quotas/", quota_editor.department_quotas_page,
+         name="fleet-department-quotas"),
     path("audit/", audit.audit_page, name="audit"),
 ]

@@ -1,7 +1,8 @@
 """Site admins run the fleet in the browser: every node as a row of GPUs, each GPU drawn as one
 slice per share (coloured by team) with its memory as a second bar and live utilization; drain
-and undrain nodes, cordon GPUs, create, rotate and revoke node agent tokens; create teams and set
-their quotas and limits. Site admins only (everyone else: 403), like the API."""
+and undrain nodes, cordon GPUs, create, rotate and revoke node agent tokens; create teams, put them
+in a department and set the limits on their policy (their quota rows: quota_editor.py). Site admins
+only (everyone else: 403), like the API."""
 
 from __future__ import annotations
 
@@ -25,15 +26,15 @@ from portal.audit import services as audit
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations.models import Allocation
-from portal.reservations.quota import usage_of
 from portal.telemetry import live
 from portal.telemetry.live.groups import FLEET
-from portal.tenancy import policy, teams
+from portal.tenancy import departments, policy, teams
 from portal.tenancy.errors import Refused
-from portal.tenancy.models import Team, TeamPolicy
+from portal.tenancy.models import Department, Team, TeamPolicy
 
-from . import navigation
+from . import navigation, quota_lines
 from .fleet_cells import gpu_cell
+from .quota_editor import in_words
 from .templatetags.tessera import team_class
 
 NODES_PER_PAGE = 20  # 160 GPUs of 8: within one live socket's 200 groups
@@ -236,34 +237,44 @@ def node_token(request, name: str):
     return render(request, "fleet/token.html", {"node": node, "key": key, "rotated": rotated})
 
 
-# Teams: create, quotas and limits -----------------------------------------------------------
+# Teams: create, department and limits (quota rows: quota_editor.py) ----------------------------
 
 def _team_rows():
-    rows = []
+    """Every team with its department, quota rows, where it stands per bucket and its limits (a
+    handful of queries for all of them)."""
+    lines = quota_lines.standings()
+    rows = quota_lines.rows_by_unit()
     limits = {p.team_id: p for p in TeamPolicy.objects.all()}
-    for team in Team.objects.order_by("slug"):
-        rows.append({"team": team, "usage": usage_of(team), "limits": limits.get(team.pk)})
-    return rows
+    return [{"team": team, "rows": rows.get(team.slug, []), "lines": lines.get(team.slug, []),
+             "limits": limits.get(team.pk)} for team in Team.objects.select_related("department").order_by("slug")]
+
+
+def _department_choices():
+    return list(Department.objects.order_by("slug").values_list("slug", "name"))
 
 
 @login_required
 def teams_page(request):
     _staff(request)
-    form = {"slug": "", "name": "", "quota_gpu_share": "1", "quota_memory_mib": "81920", "quota_max_gpus": "4"}
+    form = {"slug": "", "name": "", "department": ""}
     errors: dict[str, list[str]] = {}
     status = 200
     if request.method == "POST":
         form = {k: request.POST.get(k, "").strip() for k in form}
         try:
-            team = teams.create_team(audit.web(request.user), form["slug"], form["name"],
-                                     **{k: form[k] for k in teams.QUOTA_FIELDS})
+            # No quota of its own yet (a `*` row of 0): it fits under any department, and the
+            # site admin gives it its rows next, on its quota page.
+            team = teams.create_team(audit.web(request.user), form["slug"], form["name"], form["department"] or None,
+                                     quota_gpu_share="0", quota_memory_mib="0", quota_max_gpus="0")
         except Refused as exc:
-            errors, status = exc.errors, 400
+            errors, status = {k: [in_words(m) for m in v] for k, v in exc.errors.items()}, 400
         else:
-            messages.success(request, f"Team {team.slug} created. Add its first admin on its Members page.")
-            return redirect("fleet-team", slug=team.slug)
-    return render(request, "fleet/teams.html", {"rows": _team_rows(), "form": form, "errors": errors},
-                  status=status)
+            where = f" under department {team.department.slug}" if team.department_id else ""
+            messages.success(request, f"Team {team.slug} created{where}, with no quota yet: give it its quota rows "
+                             "here, then its first admin on its Members page.")
+            return redirect("fleet-team-quotas", slug=team.slug)
+    return render(request, "fleet/teams.html", {"rows": _team_rows(), "form": form, "errors": errors,
+                                               "departments": _department_choices()}, status=status)
 
 
 LIMIT_FORM = ("limit_duration_h", "limit_priority", "limit_idle_after_min", "limit_idle_threshold_pct",
@@ -273,11 +284,10 @@ LIMIT_FORM = ("limit_duration_h", "limit_priority", "limit_idle_after_min", "lim
 @login_required
 def team_limits_page(request, slug: str):
     _staff(request)
-    team = get_object_or_404(Team, slug=slug)
+    team = get_object_or_404(Team.objects.select_related("department"), slug=slug)
     current = policy.policy_of(team)
     limits = current.limits
-    form = {"name": team.name, "quota_gpu_share": str(team.quota_gpu_share),
-            "quota_memory_mib": str(team.quota_memory_mib), "quota_max_gpus": str(team.quota_max_gpus),
+    form = {"name": team.name, "department": team.department.slug if team.department_id else "",
             "limit_duration_h": f"{limits.duration_s / 3600:g}", "limit_priority": str(limits.priority),
             "limit_idle_after_min": f"{limits.idle_after_s / 60:g}" if limits.idle_after_s else "",
             "limit_idle_threshold_pct": f"{float(limits.idle_threshold) * 100:g}",
@@ -309,19 +319,20 @@ def team_limits_page(request, slug: str):
             errors["limit_duration_s"] = ["give the longest duration in hours"]
         if not errors:
             try:
-                # Quota and limits are one change for the admin: both or neither.
+                # Name, department and limits are one change for the admin: all or nothing.
                 with transaction.atomic():
-                    teams.set_quota(team, audit.web(request.user), {k: form[k] for k in
-                                                                    (*teams.QUOTA_FIELDS, "name")})
+                    teams.set_quota(team, audit.web(request.user), {"name": form["name"]})
+                    departments.move_team(team, audit.web(request.user), form["department"] or None)
                     policy.set_limits(team, audit.web(request.user), changes)
             except Refused as exc:
-                errors = exc.errors
+                errors = {k: [in_words(m) for m in v] for k, v in exc.errors.items()}
             else:
-                messages.success(request, f"Quota and limits of team {team.slug} saved.")
+                messages.success(request, f"Team {team.slug} saved.")
                 return redirect("fleet-team", slug=team.slug)
         status = 400
-    return render(request, "fleet/team.html", {"team": team, "form": form, "errors": errors,
-                                               "usage": usage_of(team), "policy": current}, status=status)
+    return render(request, "fleet/team.html", {
+        "team": team, "form": form, "errors": errors, "policy": current, "departments": _department_choices(),
+        "rows": quota_lines.rows_of(team=team), "lines": quota_lines.standings().get(team.slug, [])}, status=status)
 
 
 navigation.register("Fleet", "fleet", allowed=navigation.staff, order=70)

@@ -89,15 +89,18 @@ def entries_for(request) -> list[Link]:
     user = request.user
     if not user.is_authenticated:
         return []
-    links = []
+    found = []
     for entry in sorted(_entries.values(), key=lambda e: (e.order, e.label)):
         url = _url(entry)
         if url is None or not entry.allowed(user):
             continue
         section = entry.section or url
         current = request.path == url if section == "/" else request.path.startswith(section)
-        links.append(Link(entry.label, url, current))
-    return links
+        found.append((entry.label, url, len(section) if current else -1))
+    # One current entry: the one whose section matches the most of the path (/fleet/departments/
+    # is Departments', not also Fleet's).
+    best = max((n for _, _, n in found), default=-1)
+    return [Link(label, url, n >= 0 and n == best) for label, url, n in found]
 
 
 # The data scientist's pages (this app). Other apps register theirs in their own modules.

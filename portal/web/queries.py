@@ -1,6 +1,7 @@
-"""What the data scientist's pages read: my reservations with where they run, my teams' quota,
-free capacity by GPU model, a reservation's usage over its life. Read-only; every function takes
-the already tenancy-checked objects or the user whose view it is."""
+"""What the data scientist's pages read: my reservations with where they run, my teams' quotas per
+GPU model and what they hold of them, free capacity by GPU model, a reservation's usage over its
+life. Read-only; every function takes the already tenancy-checked objects or the user whose view
+it is."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from portal.fleet.models import Gpu, NodeStatus
-from portal.reservations.models import Allocation, Reservation
-from portal.reservations.quota import Usage, usage_of
+from portal.reservations import quota
+from portal.reservations.models import COUNTED, Allocation, Reservation
 from portal.reservations.states import ACTIVE, HOLDS_GPU
 from portal.telemetry.models import RollupState, ShareMinute, ShareSample
 from portal.tenancy import roles
-from portal.tenancy.models import Team
+from portal.tenancy.models import ANY_MODEL, Quota, Team, gib_to_mib
 
 RECENT_ENDED = 10
 CHART_POINTS = 240  # a chart over a reservation's whole life: buckets at most this many
@@ -43,42 +44,81 @@ def my_reservations(user) -> tuple[list[Reservation], list[Reservation]]:
 
 
 @dataclass(frozen=True)
-class TeamQuota:
-    team: Team
-    role: str
-    usage: Usage
+class BucketUse:
+    """What a team holds (guaranteed + borrowed) of one of its quota buckets (a GPU model or `*`)."""
+
+    bucket: str
+    label: str
+    quota_share: Decimal
+    held_share: Decimal
+    quota_memory_mib: int
+    held_memory_mib: int
+    quota_gpus: int
+    held_gpus: int
 
     @property
-    def share_left(self) -> Decimal:
-        return max(Decimal(0), self.team.quota_gpu_share - self.usage.gpu_share)
+    def borrowed_share(self) -> Decimal:
+        return max(Decimal(0), self.held_share - self.quota_share)
 
     @property
-    def memory_left_mib(self) -> int:
-        return max(0, self.team.quota_memory_mib - self.usage.memory_mib)
-
-    @property
-    def gpus_left(self) -> int:
-        return max(0, self.team.quota_max_gpus - self.usage.gpus)
+    def meter_max(self) -> Decimal:
+        return max(self.quota_share, self.held_share) or Decimal(1)
 
     @property
     def share_text(self) -> str:
         from .templatetags.tessera import share
 
-        used, total = share(self.usage.gpu_share), share(self.team.quota_gpu_share)
-        return f"{used} of {total} used, {share(self.share_left)} left"
+        used, total = share(self.held_share), share(self.quota_share)
+        if self.borrowed_share:
+            return f"{used} of {total} GPU, {share(self.borrowed_share)} borrowed"
+        return f"{used} of {total} GPU, {share(self.quota_share - self.held_share)} left"
 
     @property
     def memory_text(self) -> str:
         from .templatetags.tessera import gib
 
-        return f"{gib(self.usage.memory_mib)} of {gib(self.team.quota_memory_mib)}, {gib(self.memory_left_mib)} left"
+        return f"{gib(self.held_memory_mib)} of {gib(self.quota_memory_mib)} memory"
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    team: Team
+    role: str
+    buckets: list[BucketUse]
 
 
 def team_quotas(user) -> list[TeamQuota]:
-    """The quota used and left of each team `user` belongs to (staff: none unless a member)."""
+    """Per team `user` belongs to (staff: none unless a member), each of its quota buckets with what
+    the team holds in it that counts (guaranteed + borrowed); a model it holds without a row of its
+    own nor a `*` row shows with quota 0."""
     memberships = roles.team_roles(user)
-    teams = Team.objects.filter(pk__in=list(memberships)).order_by("slug")
-    return [TeamQuota(team, memberships[team.pk], usage_of(team)) for team in teams]
+    teams = list(Team.objects.filter(pk__in=list(memberships)).order_by("slug"))
+    rows: dict[int, dict[str, Quota]] = {t.pk: {} for t in teams}
+    for q in Quota.objects.filter(team__in=teams).order_by():
+        rows[q.team_id][q.gpu_model] = q
+    out = []
+    for team in teams:
+        mine = rows[team.pk]
+        held: dict[str, list] = {}
+        for (_, model, admission), use in quota.held(team.pk).items():
+            if admission not in COUNTED:
+                continue
+            bucket = model if model in mine else ANY_MODEL if ANY_MODEL in mine else model
+            total = held.setdefault(bucket, [Decimal(0), 0, 0])
+            total[0] += use.gpu_share
+            total[1] += use.memory_mib
+            total[2] += use.gpus
+        buckets = []
+        for bucket in sorted(set(mine) | set(held), key=lambda b: (b != ANY_MODEL, b)):
+            q = mine.get(bucket)
+            share_held, memory_held, gpus_held = held.get(bucket, (Decimal(0), 0, 0))
+            label = bucket if bucket != ANY_MODEL else ("Any model" if len(mine) == 1 else "Any other model")
+            buckets.append(BucketUse(bucket, label if q is not None else f"{bucket} (no quota)",
+                                     q.gpu_share if q else Decimal(0), share_held,
+                                     gib_to_mib(q.gpu_memory_gib) if q else 0, memory_held, q.gpus if q else 0,
+                                     gpus_held))
+        out.append(TeamQuota(team, memberships[team.pk], buckets))
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""One reservation's page (/reservations/<id>/): header, state timeline, usage charts, the pod's
-log, connection details, extend, cancel, request again. Fragments: the summary (header, timeline,
+"""One reservation's page (/reservations/<id>/): header, how it counts against quotas (guaranteed,
+borrowed and its reclaim warning, opportunistic), its place in the queue and estimated start while
+it waits, state timeline, usage charts, the pod's log, connection details, extend, cancel, request
+again. Fragments: the summary (header, timeline,
 actions) and the log. All of them 404 for a reservation of another team."""
 
 from __future__ import annotations
@@ -7,19 +9,22 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import PermissionDenied
 
 from portal.api.permissions import require_cancel
 from portal.placement.backend import get_backend
 from portal.reservations import services
-from portal.reservations.states import ACTIVE, HOLDS_GPU, IllegalTransition
+from portal.reservations.models import Admission
+from portal.reservations.states import ACTIVE, HOLDS_GPU, IllegalTransition, State
 from portal.tenancy import roles
 from portal.tenancy.policy import policy_of
 from scheduler.backends import BackendError, PodRef
 
 from . import queries
 from .forms import ExtendForm
+from .templatetags.tessera import human_duration
 from .views import visible_reservation
 
 LOG_LINES = 200
@@ -37,14 +42,43 @@ def _may_extend(user, reservation) -> bool:
     return reservation.state in ACTIVE and _may_cancel(user, reservation)
 
 
+def counting(reservation, grace_s: int) -> dict:
+    """How the reservation counts against quotas, in words: {"admission", "title", "text"}. A waiting
+    one is decided when it is placed (its row says what it would be now)."""
+    admission = str(reservation.admission)
+    warning = human_duration(grace_s) + " warning" if grace_s else "no warning"
+    if reservation.state == State.PENDING:
+        opportunistic = ("; at priority 0, opportunistic on idle capacity (may be preempted)"
+                         if reservation.priority == 0 else "")
+        return {"admission": "", "title": "How it counts is decided when it starts",
+                "text": f"Guaranteed within team {reservation.team.slug}'s quota; beyond it, borrowed from what "
+                        f"others lend (may be reclaimed with {warning}){opportunistic}. Until one of them has "
+                        "room, it waits."}
+    if admission == Admission.BORROWED:
+        return {"admission": admission, "title": f"Borrowed — may be reclaimed with {warning}",
+                "text": f"It runs beyond team {reservation.team.slug}'s quota on capacity others lend now. When "
+                        f"they need it back it is reclaimed: you get {warning} (the team's policy), its pod is told "
+                        "to stop, then it is preempted."}
+    if admission == Admission.OPPORTUNISTIC:
+        return {"admission": admission, "title": "Opportunistic — may be preempted",
+                "text": "Priority 0 on idle capacity, counted in no quota: any higher priority request may "
+                        "preempt it at any time, without warning."}
+    return {"admission": admission, "title": "Guaranteed",
+            "text": f"Within team {reservation.team.slug}'s quota: it is not reclaimed for others."}
+
+
 def _summary_context(request, reservation, extend_form=None) -> dict:
+    team_policy = policy_of(reservation.team)
     return {
         "r": reservation,
+        "counting": counting(reservation, team_policy.reclaim_grace_s),
+        "being_reclaimed": reservation.reclaim_at is not None and reservation.state in HOLDS_GPU,
+        "reclaim_due": reservation.reclaim_at is not None and reservation.reclaim_at <= timezone.now(),
         "timeline": queries.timeline(reservation),
         "may_cancel": reservation.state in ACTIVE and _may_cancel(request.user, reservation),
         "may_extend": _may_extend(request.user, reservation),
         "may_submit": roles.can_submit(request.user, reservation.team),
-        "max_hours": policy_of(reservation.team).max_duration_s / 3600,
+        "max_hours": team_policy.max_duration_s / 3600,
         "extend_form": extend_form or ExtendForm(),
         "holds_gpu": reservation.state in HOLDS_GPU,
     }

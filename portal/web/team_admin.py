@@ -19,8 +19,8 @@ from portal.tenancy import groups, members, policy, presets, roles, usage
 from portal.tenancy.errors import Refused
 from portal.tenancy.models import AffinityLabel, ExclusionGroup, Membership, Preset, Role, TeamPolicy
 
-from . import navigation
-from .templatetags.tessera import gib, share
+from . import navigation, quota_lines
+from .templatetags.tessera import share
 
 TABS = [("members", "Members"), ("groups", "Groups & labels"), ("presets", "Presets"), ("policy", "Policy"),
         ("quota", "Quota")]
@@ -324,6 +324,7 @@ def policy_page(request, slug: str):
         "idle_warning_min": f"{current.idle_warning_s / 60:g}",
         "max_priority_member": current.max_priority_member, "max_priority_admin": current.max_priority_admin,
         "allow_over_quota": current.allow_over_quota, "allow_remote": current.allow_remote,
+        "reclaim_grace_min": f"{current.reclaim_grace_s / 60:g}",
     }
     errors: dict[str, list[str]] = {}
     status = 200
@@ -344,11 +345,16 @@ def policy_page(request, slug: str):
             changes["idle_threshold"] = float(form["idle_threshold_pct"]) / 100
         except ValueError:
             errors["idle_threshold"] = ["a percentage, e.g. 5"]
-        for field, key, example in (("idle_after_s", "idle_after_min", 30), ("idle_warning_s", "idle_warning_min", 15)):
+        for field, key, example in (("idle_after_s", "idle_after_min", 30), ("idle_warning_s", "idle_warning_min", 15),
+                                    ("reclaim_grace_s", "reclaim_grace_min", 5)):
+            if field == "reclaim_grace_s" and not form[key]:
+                continue  # left blank: it stays as it is
             try:
                 changes[field] = round(float(form[key]) * 60)
             except ValueError:
                 errors[field] = [f"a number of minutes, e.g. {example}"]
+        if "reclaim_grace_s" in changes and not 0 <= changes["reclaim_grace_s"] <= 86400:
+            errors["reclaim_grace_s"] = ["between 0 (reclaimed at once) and 1440 minutes (a day)"]
         if not errors:
             try:
                 policy.set_policy(team, audit.web(request.user), changes)
@@ -367,18 +373,19 @@ def policy_page(request, slug: str):
 
 @login_required
 def quota_page(request, slug: str):
+    """The team's line per bucket (quota, in use, borrowed beyond it, lent to others) and who
+    borrows now from the group it lends to; per member; what waits and why."""
     team = _team(request, slug)
+    lines = quota_lines.standings()
+    current = policy.policy_of(team)
     use = usage.team_usage(team)
-    meters = [
-        ("Guaranteed share in use", use.guaranteed_in_use, use.quota_gpu_share,
-         f"{share(use.guaranteed_in_use)} of {share(use.quota_gpu_share)} GPU"),
-        ("GPU memory in use", use.memory_in_use_mib, use.quota_memory_mib,
-         f"{gib(use.memory_in_use_mib)} of {gib(use.quota_memory_mib)}"),
-        ("GPUs in use", use.gpus_in_use, use.quota_max_gpus, f"{use.gpus_in_use} of {use.quota_max_gpus}"),
-    ]
+    mine = lines.get(team.slug, [])
     beyond = "allowed: priority-0 requests, preemptible" if use.allow_over_quota else "not allowed by the policy"
-    return _page(request, team, "quota", "team/quota.html", {"usage": use, "meters": meters, "beyond": beyond,
-                                                             "opportunistic": f"{share(use.opportunistic_in_use)} GPU"})
+    return _page(request, team, "quota", "team/quota.html", {
+        "usage": use, "lines": mine, "only_any": len(mine) == 1, "beyond": beyond,
+        "opportunistic": f"{share(use.opportunistic_in_use)} GPU",
+        "borrowers": quota_lines.borrowers_from(team.slug, lines), "grace": current.reclaim_grace_s,
+        "department": team.department})
 
 
 navigation.register("Team", "team-admin", allowed=navigation.team_admin, order=60, section="/team/")

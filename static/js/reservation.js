@@ -57,6 +57,21 @@
       }
     }
 
+    // A borrowed reservation being reclaimed: the time left, each second (the notice's sentence,
+    // which screen readers hear, says the time once; this figure is for the eye only).
+    function tick() {
+      document.querySelectorAll("[data-countdown]").forEach(function (el) {
+        var left = Math.floor((Date.parse(el.getAttribute("data-countdown")) - Date.now()) / 1000);
+        if (isNaN(left)) { return; }
+        if (left <= 0) { el.textContent = "Due now"; return; }
+        var h = Math.floor(left / 3600), m = Math.floor(left % 3600 / 60), sec = left % 60;
+        el.textContent = (h ? h + ":" + String(m).padStart(2, "0") : m) + ":" + String(sec).padStart(2, "0") + " left";
+      });
+    }
+    tick();
+    setInterval(tick, 1000);
+    document.body.addEventListener("htmx:afterSwap", tick);  // a fresh summary shows the time left at once
+
     if (!window.WebSocket) { return; }
     new window.Tessera.Live(["reservation:" + id], function (group, type, data, fromState) {
       if (type === "reservations") {

@@ -74,6 +74,45 @@ def badge(state: str, label: str = "") -> str:
     return format_html('<span class="badge tone-{}">{}</span>', state_tone(state), label or state)
 
 
+# How a reservation counts against quotas (reservations.models.Admission): tone and words.
+ADMISSION_TONES = {"guaranteed": "ok", "borrowed": "warn", "opportunistic": "wait"}
+ADMISSION_TITLES = {
+    "guaranteed": "within its team's quota",
+    "borrowed": "beyond its team's quota, from what others lend: may be reclaimed",
+    "opportunistic": "on idle capacity, counted in no quota: may be preempted",
+}
+
+
+@register.simple_tag
+def admission_badge(reservation) -> str:
+    """How a reservation that holds (or held) GPUs counts, as a badge with its meaning in words;
+    nothing for one that waits (how it counts is decided when it is placed)."""
+    if reservation.state == "pending" or reservation.placed_at is None:
+        return ""
+    admission = str(reservation.admission)
+    return format_html('<span class="badge admission tone-{}" data-admission="{}"><span class="visually-hidden">'
+                       "counts as </span>{}<span class=\"visually-hidden\">: {}</span></span>",
+                       ADMISSION_TONES.get(admission, "info"), admission, admission,
+                       ADMISSION_TITLES.get(admission, ""))
+
+
+@register.filter
+def warning_text(seconds) -> str:
+    """A reclaim's warning in words: "5 min", or "no" for none."""
+    return human_duration(float(seconds)) if seconds else "no"
+
+
+@register.filter
+def estimate_reason(reservation) -> str:
+    """Why a waiting reservation has no estimated start, from its state reason ("no estimate: …")."""
+    text = reservation.state_reason or ""
+    at = text.lower().find("no estimate")
+    if at < 0:
+        return ""
+    reason = text[at + len("no estimate"):].lstrip(":; ,")
+    return reason[:1].upper() + reason[1:] if reason else ""
+
+
 @register.simple_tag
 def team_name(team) -> str:
     """The team with its colour (as components/team.html), as a tag: cheaper in long lists."""

@@ -123,7 +123,7 @@ def test_home_shows_my_cards_quota_and_free_capacity(alice, people, teams):
     teammate = _submit(people, teams, who="alice2")
     html = alice.get("/").content.decode()
     assert f'id="reservation-{mine.pk}"' in html and f'id="reservation-{teammate.pk}"' not in html
-    assert "Queue position" in html and "Team quota" in html and "Free now, by GPU model" in html
+    assert "Place in the queue" in html and "Team quota" in html and "Free now, by GPU model" in html
     assert f'data-live-groups="team:{teams["vision"].pk}"' in html
     assert alice.get(f"/reservations/{teammate.pk}/card/?mine=1").status_code == 204
     assert alice.get(f"/reservations/{teammate.pk}/card/").status_code == 200  # a teammate's is visible
