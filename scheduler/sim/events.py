@@ -3,11 +3,13 @@
 Jobs arrive, wait, are placed by `scheduler.core.decide` (the portal's engine), run for their
 duration and end; a preempted job goes back to the queue and runs again from the start when
 placed again. A cycle runs every `cycle_s` simulated seconds, on each arrival and on each end (the
-portal asks for a cycle on both), over a Snapshot built from what runs then. After a cycle's
-decisions are applied, each estimator (by default the forecast, `scheduler.core.forecast`, and
-the portal's old k-th-end rule) is asked for the waiting jobs' estimated starts, at most every
+portal asks for a cycle on both), over a Snapshot built from what runs then; as the portal's memo
+does, a cycle decides only for the jobs it has not looked at since something ended, was evicted or
+was placed. After a cycle's decisions are applied, each estimator (by default the forecast,
+`scheduler.core.forecast`, as is, following the order, and with learnt run lengths; and the
+portal's old k-th-end rule) is asked for the waiting jobs' estimated starts, at most every
 `estimate_s`; each job keeps (made at, estimated start, code) per estimator, and the times it
-really started, so a backtest can compare them.
+really started and what made room each time, so a backtest can compare them.
 
 Hooks, so that other policies can run the same trace: `snapshot_extra(sim)` returns the extra
 Snapshot fields (default: `teams` with each team's flat quota and use; a quota tree goes here as

@@ -162,11 +162,13 @@ def _lines(state: ClusterState, queue: Sequence[Request], limit: int, per_team, 
         if pos >= limit:
             out[req.id] = behind(limit)
             continue
-        key = shape_of(req, per_team(req))
+        apart = per_team(req)
+        key = shape_of(req, apart)
         line = by_key.get(key)
         if line is None:
             line = by_key[key] = Line(deque(), model_ids(state, req), bool(req.affinity), need=need_of(req),
-                                      fit=shape_of(req, False))
+                                      fit=shape_of(req, False), team=req.team if apart else "",
+                                      priority=req.priority if apart else 0)
             lines.append(line)
         line.waiting.append((pos, req))
     return lines

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +38,8 @@ class Line:
     capable_gpus: int = 0  # ready GPUs that could take one GPU's worth of it when empty
     need: Need = (0, 0, 0, 0, 0)
     fit: tuple = ()  # its shape for fitting (team and priority aside): lines alike fail alike
+    team: str = ""  # its requests' team and priority, where lines are kept per team and priority
+    priority: int = 0
 
     @property
     def head(self) -> tuple[int, Request]:
@@ -96,6 +98,7 @@ class Shape:
     need: Need
     models: frozenset[int] | None
     lines: list[Line]
+    guarantee: list[Line] = field(default_factory=list)  # its lines with a priority (that may preempt)
 
 
 class Index:
@@ -105,7 +108,10 @@ class Index:
     def __init__(self, lines: list[Line]) -> None:
         shapes: dict[tuple, Shape] = {}
         for line in lines:
-            shapes.setdefault(line.fit, Shape(line.need, line.models, [])).lines.append(line)
+            shape = shapes.setdefault(line.fit, Shape(line.need, line.models, []))
+            shape.lines.append(line)
+            if line.priority > 0:
+                shape.guarantee.append(line)
         self.groups: dict[int | None, tuple[list[int], list[Shape]]] = {}
         self.cpu_only: list[Shape] = []
         for shape in shapes.values():
@@ -142,10 +148,12 @@ class Index:
             return
         for shape in self.cpu_only:
             shape.lines = [line for line in shape.lines if line.waiting]
+            shape.guarantee = [line for line in shape.guarantee if line.waiting]
         self.cpu_only = [shape for shape in self.cpu_only if shape.lines]
         for m, (_, group) in list(self.groups.items()):
             for shape in group:
                 shape.lines = [line for line in shape.lines if line.waiting]
+                shape.guarantee = [line for line in shape.guarantee if line.waiting]
             kept = [shape for shape in group if shape.lines]
             self.groups[m] = ([shape.need[0] for shape in kept], kept)
 

@@ -255,15 +255,14 @@ class Walk:
                 top[model] = max(top.get(model, 0), most[j])
         found_lines: dict[int, Line] = {}
         for shape in self.index.candidates(top):
-            anyone = None
-            for line in shape.lines:
-                if not line.waiting or line.head[1].priority <= 0:
+            if not shape.guarantee:
+                continue
+            anyone = bool(anyone_rooms) and might_preempt(state, shape.need, shape.models, anyone_rooms)
+            for line in shape.guarantee:
+                if not line.waiting:
                     continue
-                req = line.head[1]
-                if anyone is None:
-                    anyone = bool(anyone_rooms) and might_preempt(state, shape.need, shape.models, anyone_rooms)
-                mine = team_rooms.get(req.team)
-                if anyone or (mine and might_preempt(state, shape.need, shape.models, mine, req.team, req.priority)):
+                mine = team_rooms.get(line.team)
+                if anyone or (mine and might_preempt(state, shape.need, shape.models, mine, line.team, line.priority)):
                     found_lines[id(line)] = line
         for line in self.always:
             if line.waiting and line.group is None and line.head[1].priority > 0:
