@@ -84,7 +84,7 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
                       "announce": announced - decided}
 
     for rid, why in waiting.items():
-        if rows[rid].state_reason != why[:500]:  # most waiting reasons do not change between cycles
+        if services.base_reason(rows[rid].state_reason) != why[:500]:  # most do not change between cycles
             services.note_pending_reason(int(rid), why)
     skipped = {str(q.pk) for q in queue} - set(rows)
     memo.save(epoch, unschedulable | skipped, looked_at if skip else time.time())

@@ -1,16 +1,26 @@
-"""Where each waiting reservation stands: its place in the queue and a rough start estimate."""
+"""Where each waiting reservation stands: its place in the queue (the cycle's fair-share order) and
+its estimated start (`scheduler.core.forecast`: the queue run forward over the known ends of what
+runs, on the GPUs that could take each request, with quota as its gate), or why there is none."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 from django.utils import timezone
 
-from portal.precompiled import Precompiled
+from portal.precompiled import Precompiled, param_in
 from portal.reservations import services
-from portal.reservations.models import Reservation
+from portal.reservations.models import Kind, Reservation
 from portal.reservations.states import HOLDS_GPU, State
+from scheduler import core
+from scheduler.core.fairqueue import FairHooks
+from scheduler.core.forecast import Estimate, estimate_starts
+from scheduler.core.queue import queue_order
+
+from . import snapshot
+
+ESTIMATED = 1000  # the first this many in the queue get an estimate; the rest are told how many are ahead
 
 
 class Queued(NamedTuple):
@@ -27,25 +37,92 @@ class Queued(NamedTuple):
 # Every cycle runs these: compiled once (portal.precompiled).
 _QUEUE = Precompiled(lambda: Reservation.objects.filter(state=State.PENDING).order_by("created_at", "id")
                      .values_list("pk", "priority", "created_at", "queue_position", "estimated_start", "group_name"))
-_WAITING = Precompiled(lambda: Reservation.objects.filter(state=State.PENDING).order_by().values_list("pk", flat=True))
 _KNOWN_ENDS = Precompiled(lambda: Reservation.objects.filter(state__in=HOLDS_GPU, expires_at__isnull=False)
-                          .order_by().values_list("expires_at", flat=True))
+                          .order_by().values_list("pk", "expires_at"))
+_DURATIONS = Precompiled(lambda: Reservation.objects.filter(param_in("pk", "ids")).order_by()
+                         .values_list("pk", "max_duration_s", "kind", "team__interactive_max_s", "state_reason"))
 
 
 def read_queue() -> list[Queued]:
     return [Queued._make(row) for row in _QUEUE.all()]
 
 
+def _forecast(fleet: core.Snapshot, requests: list[core.Request]) -> tuple[list[core.Request], dict[str, Estimate],
+                                                                          dict[int, str]]:
+    """The cycle's order of `requests` and the forecast's estimate of each (the first ESTIMATED),
+    and the reasons the waiting rows have now (pk → state_reason)."""
+    now = fleet.now
+    if fleet.quotas is not None:
+        hooks = FairHooks(fleet, requests)
+        ordered = sorted(requests, key=lambda r: hooks.key(r, now))
+    else:
+        hooks = None
+        ordered = queue_order(requests, fleet.teams, now)
+    ends = {str(pk): at.timestamp() for pk, at in _KNOWN_ENDS.all()}
+    durations, reasons = {}, {}
+    ids = [int(r.id) for r in ordered[:ESTIMATED] if r.id.isdigit()]
+    for pk, seconds, kind, interactive_max_s, reason in _DURATIONS.all(ids=ids):
+        if seconds is None and kind == Kind.INTERACTIVE:
+            seconds = interactive_max_s or None
+        if seconds:
+            durations[str(pk)] = float(seconds)
+        reasons[pk] = reason
+    estimates = estimate_starts(fleet, ordered, ends, now=now, durations=durations, gate=hooks, order=hooks,
+                                limit=ESTIMATED)
+    return ordered, estimates, reasons
+
+
+def _when(e: Estimate | None) -> datetime | None:
+    if e is None or e.start is None:
+        return None
+    return max(datetime.fromtimestamp(e.start, tz=UTC), timezone.now())
+
+
+def _why_none(e: Estimate | None) -> str:
+    """Why there is no estimated start ("" when there is one), without the forecast's own lead-in."""
+    if e is None or e.start is not None:
+        return ""
+    return e.reason.removeprefix("no estimate: ").removeprefix("no estimate")
+
+
+def waiting_requests(fleet: core.Snapshot) -> list[core.Request]:
+    requests = []
+    for r in snapshot.pending([q.pk for q in read_queue()]):
+        try:
+            requests.append(snapshot.to_request(r))
+        except ValueError:
+            continue  # the cycle says why it cannot be placed as asked
+    return requests
+
+
 def update_queue(queue: list[Queued]) -> None:
-    """Queue position (priority, then age) and a rough estimated start for what still waits: the
-    k-th waiting reservation may start when the k-th known end time among running ones comes."""
-    still = set(_WAITING.all())
-    order = sorted((q for q in queue if q.pk in still), key=lambda q: (-q.priority, q.created_at, q.pk))
-    ends = sorted(_KNOWN_ENDS.all()) if order else []  # nothing waits (the usual case): no estimate to make
-    now = timezone.now()
-    changed = []
-    for position, q in enumerate(order, start=1):
-        estimate = max(ends[position - 1], now) if position <= len(ends) else None
-        if q.position != position or q.estimated_start != estimate:
-            changed.append((q.pk, position, estimate))
+    """Queue position and estimated start of what still waits after the cycle, from a fresh
+    snapshot: the order is the cycle's (fair share), the estimate the forecast's; where there is
+    none, its reason goes into the reservation's reason ("…; no estimate: …")."""
+    if not queue:
+        services.set_queue_positions([])
+        return
+    fleet = snapshot.build()
+    ordered, estimates, reasons = _forecast(fleet, waiting_requests(fleet))
+    known = {q.pk: q for q in queue}
+    changed, notes = [], []
+    for position, req in enumerate(ordered, start=1):
+        pk = int(req.id)
+        e = estimates.get(req.id)
+        start = _when(e)
+        q = known.get(pk)
+        if q is None or q.position != position or q.estimated_start != start:
+            changed.append((pk, position, start))
+        if pk in reasons:
+            notes.append((pk, reasons[pk], _why_none(e)))
     services.set_queue_positions(changed)
+    services.note_estimate_reasons(notes)
+
+
+def estimate_for(fleet: core.Snapshot, request: core.Request) -> tuple[int, datetime | None, str]:
+    """Where `request` would stand if it were submitted now, when it may start, and why there is no
+    estimate when there is none (the request page's preview): the same order and forecast."""
+    ordered, estimates, _ = _forecast(fleet, [*waiting_requests(fleet), request])
+    position = next(i for i, r in enumerate(ordered, start=1) if r.id == request.id)
+    e = estimates.get(request.id)
+    return position, _when(e), _why_none(e)

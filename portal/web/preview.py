@@ -10,17 +10,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 
-from django.utils import timezone
-
-from portal.placement import snapshot
+from portal.placement import queue, snapshot
 from portal.reservations import quota, rules
-from portal.reservations.models import COUNTED, Reservation
+from portal.reservations.models import COUNTED
 from portal.reservations.requests import request_of
-from portal.reservations.states import HOLDS_GPU, State
 from scheduler import core
 
 from .forms import in_words
@@ -64,6 +61,7 @@ class Preview:
     reasons: list[dict] = field(default_factory=list)
     queue_position: int | None = None
     estimated_start: datetime | None = None
+    estimate_reason: str = ""  # why there is no estimated start
 
 
 def preview(spec: rules.ReservationSpec) -> Preview:
@@ -91,7 +89,8 @@ def preview(spec: rules.ReservationSpec) -> Preview:
                             "message": in_words(r.message)})
     out.quota = _quota_lines(fleet.quotas, team, spec)
     if not out.fits_now and not out.never:
-        out.queue_position, out.estimated_start = _queue_place(spec.priority)
+        waiting = replace(request, id="preview", created_at=fleet.now)
+        out.queue_position, out.estimated_start, out.estimate_reason = queue.estimate_for(fleet, waiting)
     return out
 
 
@@ -143,11 +142,3 @@ def forget_snapshot() -> None:
     global _snapshot
     with _snapshot_lock:
         _snapshot = None
-
-
-def _queue_place(priority: int) -> tuple[int, datetime | None]:
-    ahead = Reservation.objects.filter(state=State.PENDING, priority__gte=priority).count()
-    position = ahead + 1
-    ends = list(Reservation.objects.filter(state__in=HOLDS_GPU, expires_at__isnull=False)
-                .order_by("expires_at").values_list("expires_at", flat=True)[position - 1:position])
-    return position, max(ends[0], timezone.now()) if ends else None

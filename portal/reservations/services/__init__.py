@@ -7,7 +7,8 @@ the binding and lifecycle tasks and the kubectl path all call these; nothing els
 - pods:       `record_pod(s)`, `forget_pod`, `note_cluster_waits`
 - extending:  `extend` (within the team policy's maximum duration)
 - reclaiming: `warn_reclaim` (a borrowed reservation's warning before it is reclaimed)
-- upkeep:     `note_pending_reason`, `set_queue_positions`, `flag_idle`, `idle_reclaim_at`, `warn_expiry`
+- upkeep:     `note_pending_reason`, `set_queue_positions`, `note_estimate_reasons`, `flag_idle`,
+              `idle_reclaim_at`, `warn_expiry`
 """
 
 from .extending import ExtendRefused, extend
@@ -16,11 +17,42 @@ from .placing import CapacityConflict, NewAllocation, Placing, ends_at, place, p
 from .pods import forget_pod, note_cluster_waits, record_pod, record_pods
 from .reclaiming import warn_reclaim
 from .submitting import submit
-from .upkeep import flag_idle, idle_reclaim_at, note_pending_reason, set_queue_positions, warn_expiry
+from .upkeep import (
+    base_reason,
+    flag_idle,
+    idle_reclaim_at,
+    note_estimate_reasons,
+    note_pending_reason,
+    set_queue_positions,
+    warn_expiry,
+)
 
 __all__ = [
-    "CapacityConflict", "ExtendRefused", "NewAllocation", "Placing", "cancel", "ends_at", "extend", "flag_idle",
-    "forget_pod", "idle_reclaim_at", "lose", "move", "note_cluster_waits", "note_pending_reason", "place",
-    "place_many", "preempt", "record_pod", "record_pods", "release", "set_queue_positions", "submit",
-    "transition", "warn_expiry", "warn_reclaim",
+    "CapacityConflict",
+    "ExtendRefused",
+    "NewAllocation",
+    "Placing",
+    "base_reason",
+    "cancel",
+    "ends_at",
+    "extend",
+    "flag_idle",
+    "forget_pod",
+    "idle_reclaim_at",
+    "lose",
+    "move",
+    "note_cluster_waits",
+    "note_estimate_reasons",
+    "note_pending_reason",
+    "place",
+    "place_many",
+    "preempt",
+    "record_pod",
+    "record_pods",
+    "release",
+    "set_queue_positions",
+    "submit",
+    "transition",
+    "warn_expiry",
+    "warn_reclaim",
 ]

@@ -11,6 +11,29 @@ from portal.reservations.events import announce_reservations
 from portal.reservations.models import Reservation
 from portal.reservations.states import HOLDS_GPU, State
 
+NO_ESTIMATE = "; no estimate: "  # what follows in a waiting reservation's reason says why it has no estimate
+
+
+def base_reason(text: str) -> str:
+    """A waiting reservation's reason without its note on the estimate (the cycle's own words)."""
+    return text.split(NO_ESTIMATE, 1)[0]
+
+
+def note_estimate_reasons(notes: Iterable[tuple[int, str, str]]) -> int:
+    """(reservation id, its reason now, why it has no estimated start or "") for waiting
+    reservations: the reason keeps the cycle's words and says why there is no estimate; only
+    those that change are written. Returns how many."""
+    rows = []
+    for pk, reason, why in notes:
+        text = (base_reason(reason) + (NO_ESTIMATE + why if why else ""))[:500]
+        if text != reason:
+            rows.append(Reservation(pk=pk, state_reason=text))
+    written = update_rows(rows, ["state_reason"])
+    if written:
+        announce_reservations(dict(Reservation.objects.filter(pk__in=[r.pk for r in rows])
+                                   .values_list("pk", "team_id")))
+    return written
+
 
 def note_pending_reason(reservation_id: int, reason: str) -> None:
     """Store why a pending reservation is not placed yet (shown by the API as state_reason)."""
