@@ -37,6 +37,7 @@ import json
 import os
 import platform
 import pstats
+import shlex
 import statistics
 import sys
 import time
@@ -416,7 +417,7 @@ def main() -> int:
         target = {"p99_below_1_s": summary["fair"]["p99_ms"] < 1000,
                   "at_least_3000_decisions_per_s": summary["fair"]["decisions_per_s"] >= 3000}
     prof = profile(fair_snap, pending, 25) if ns.profile else {}
-    command = "python bench/fairshare/cycle_speed.py " + " ".join(sys.argv[1:])
+    command = "python bench/fairshare/cycle_speed.py " + shlex.join(sys.argv[1:])
     load = os.getloadavg()
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, Python "
                f"{platform.python_version()}; a 10M-iteration Python loop in {loop_seconds()} s; "
