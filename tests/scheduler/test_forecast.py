@@ -329,6 +329,6 @@ def test_preemption_on_all_nodes_finds_what_the_cycle_finds(seed):
         state = ClusterState.from_snapshot(snap)
         on_node = {}
         for rid, rec in state.placed.items():
-            on_node.setdefault(rec.node, set()).add(rid)
+            on_node.setdefault(rec.node, {})[rid] = None
         ours = preempt_on(state, req, range(len(nodes)), on_node)
         assert ours == find_preemption(ClusterState.from_snapshot(snap), req)

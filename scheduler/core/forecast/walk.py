@@ -46,9 +46,10 @@ class Walk:
         self.forecast_ids: set[str] = set()  # placed by the forecast itself
         self.unending: list[int] = []  # nodes of forecast placements without a duration
         self.node_models = [frozenset(row[row >= 0].tolist()) for row in state.gpu_model]
-        self.on_node: dict[int, set[str]] = {}  # node -> reservations on it
+        # node -> reservations on it, in the order they were placed (a dict: the same order every run)
+        self.on_node: dict[int, dict[str, None]] = {}
         for rid, rec in state.placed.items():
-            self.on_node.setdefault(rec.node, set()).add(rid)
+            self.on_node.setdefault(rec.node, {})[rid] = None
         # At the current time: nodes placed on; nodes where a share with a priority ended (room any
         # guarantee request may now use); nodes where a team placed shares with a priority.
         self.placed_at: set[int] = set()
@@ -62,7 +63,7 @@ class Walk:
     def release(self, rid: str) -> int:
         """End (or evict) a reservation in the forecast; the node it was on."""
         rec = self.state.release(rid)
-        self.on_node[rec.node].discard(rid)
+        self.on_node[rec.node].pop(rid, None)
         if rec.share.priority > 0:
             self.freed_guaranteed.add(rec.node)
         if self.gate is not None:
@@ -75,7 +76,7 @@ class Walk:
         """`req` was reserved in the state at `t`: its estimate, and what follows from it."""
         state = self.state
         rec = state.placed[req.id]
-        self.on_node.setdefault(rec.node, set()).add(req.id)
+        self.on_node.setdefault(rec.node, {})[req.id] = None
         self.placed_at.add(rec.node)
         if req.priority > 0:
             self.team_placed.setdefault(rec.node, set()).add(req.team)
