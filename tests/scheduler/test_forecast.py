@@ -142,6 +142,32 @@ def test_the_gate_that_never_allows_says_quota():
     assert out["mine"].start is None and out["mine"].code == "quota" and "quota" in out["mine"].reason
 
 
+class OnlyModel:
+    """A gate that lets every request use one GPU model only (its team's quota is on that model)."""
+
+    def __init__(self, model):
+        self.model = frozenset([model])
+
+    def allowed(self, req):
+        return self.model
+
+    def charge(self, req, model):
+        assert model in self.model
+
+    def refund(self, reservation_id):
+        pass
+
+
+def test_a_request_of_any_model_waits_for_the_model_its_quota_allows():
+    snap = Snapshot((
+        make_node("a1", model="A100", shares={0: [busy("a-job")]}),
+        make_node("t1", model="T4", shares={0: [busy("t-job")]}),
+    ))
+    ends = {"a-job": NOW + 100, "t-job": NOW + 900}
+    out = estimate_starts(snap, [Request("mine")], ends, now=NOW, gate=OnlyModel("T4"))
+    assert out["mine"].start == NOW + 900 and "t1" in out["mine"].reason
+
+
 def test_durations_of_requests_placed_in_the_forecast_free_their_room():
     snap = Snapshot((make_node("a1", shares={0: [busy("run")]}),))
     queue = [Request("first"), Request("second")]
@@ -329,7 +355,7 @@ def test_preemption_on_all_nodes_finds_what_the_cycle_finds(seed):
         state = ClusterState.from_snapshot(snap)
         on_node = {}
         for rid, rec in state.placed.items():
-            on_node.setdefault(rec.node, set()).add(rid)
+            on_node.setdefault(rec.node, {})[rid] = None
         ours = preempt_on(state, req, range(len(nodes)), on_node)
         found = find_preemption(ClusterState.from_snapshot(snap), req) if req.priority > 0 else None
         assert ours == (found[:2] if found else None)  # (choice, victims); find_preemption adds the holdings

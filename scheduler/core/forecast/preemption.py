@@ -34,7 +34,7 @@ class EvictableRoom:
     own: dict[str, list[Holding]]
 
 
-def evictable_room(state: ClusterState, i: int, on_node: Mapping[int, set[str]]) -> EvictableRoom:
+def evictable_room(state: ClusterState, i: int, on_node: Mapping[int, Iterable[str]]) -> EvictableRoom:
     room = EvictableRoom(i, state.free[i].tolist(), int(state.cpu_free[i]), int(state.node_mem_free[i]), {})
     for rid in on_node.get(i, ()):
         rec = state.placed.get(rid)
@@ -82,17 +82,16 @@ def might_preempt(state: ClusterState, need: tuple[int, int, int, int, int], mod
     return False
 
 
-def preempt_on(state: ClusterState, req: Request, nodes: Iterable[int], on_node: Mapping[int, set[str]],
-               exclude: set[str] = frozenset()) -> tuple[Choice, tuple[str, ...]] | None:
-    """find_preemption restricted to `nodes` (with `on_node`: node -> reservation ids on it); shares
-    in `exclude` are never victims. Leaves the state as it found it."""
+def preempt_on(state: ClusterState, req: Request, nodes: Iterable[int],
+               on_node: Mapping[int, Iterable[str]]) -> tuple[Choice, tuple[str, ...]] | None:
+    """find_preemption restricted to `nodes` (with `on_node`: node -> reservation ids on it, in the
+    order they were placed: ties between victims go as in find_preemption, by that order). Leaves
+    the state as it found it."""
     if req.priority <= 0 or req.gpu_count == 0:
         return None
     by_slot: dict[tuple[int, int], list[Holding]] = {}
     for i in nodes:
         for rid in on_node.get(i, ()):
-            if rid in exclude:
-                continue
             rec = state.placed.get(rid)
             if rec is not None:
                 for j in rec.gpus:

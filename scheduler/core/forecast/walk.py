@@ -46,9 +46,10 @@ class Walk:
         self.forecast_ids: set[str] = set()  # placed by the forecast itself
         self.unending: list[int] = []  # nodes of forecast placements without a duration
         self.node_models = [frozenset(row[row >= 0].tolist()) for row in state.gpu_model]
-        self.on_node: dict[int, set[str]] = {}  # node -> reservations on it
+        # node -> reservations on it, in the order they were placed (a dict: the same order every run)
+        self.on_node: dict[int, dict[str, None]] = {}
         for rid, rec in state.placed.items():
-            self.on_node.setdefault(rec.node, set()).add(rid)
+            self.on_node.setdefault(rec.node, {})[rid] = None
         # At the current time: nodes placed on; nodes where a share with a priority ended (room any
         # guarantee request may now use); nodes where a team placed shares with a priority.
         self.placed_at: set[int] = set()
@@ -62,7 +63,7 @@ class Walk:
     def release(self, rid: str) -> int:
         """End (or evict) a reservation in the forecast; the node it was on."""
         rec = self.state.release(rid)
-        self.on_node[rec.node].discard(rid)
+        self.on_node[rec.node].pop(rid, None)
         if rec.share.priority > 0:
             self.freed_guaranteed.add(rec.node)
         if self.gate is not None:
@@ -75,7 +76,7 @@ class Walk:
         """`req` was reserved in the state at `t`: its estimate, and what follows from it."""
         state = self.state
         rec = state.placed[req.id]
-        self.on_node.setdefault(rec.node, set()).add(req.id)
+        self.on_node.setdefault(rec.node, {})[req.id] = None
         self.placed_at.add(rec.node)
         if req.priority > 0:
             self.team_placed.setdefault(rec.node, set()).add(req.team)
@@ -240,11 +241,19 @@ class Walk:
             return []
         rooms = {i: evictable_room(state, i, self.on_node) for i in nodes}
         anyone_rooms = [rooms[i] for i in sorted(freed)]
+        # Per team: the nodes where its own shares are new to it, and the lowest priority among them
+        # (a line at or below it has nothing of its own to evict there).
         team_rooms: dict[str, list] = {}
+        lowest: dict[str, int] = {}
         for i in nodes:
-            for team in set(rooms[i].own) if i in freed else placed.get(i, ()):
-                team_rooms.setdefault(team, []).append(rooms[i])
+            for team in sorted(rooms[i].own) if i in freed else sorted(placed.get(i, ())):
+                recs = rooms[i].own.get(team, ())
+                if recs:
+                    team_rooms.setdefault(team, []).append(rooms[i])
+                    lowest[team] = min(lowest.get(team, 101), *(rec.share.priority for rec in recs))
         top: dict[int, int] = {}  # per model, the most compute one GPU could have after evictions
+        anyone_top: dict[int, int] = {}  # the same with priority-0 work only, where what anyone may use grew
+        anyone_cpu = anyone_memory = -1
         for i, room in rooms.items():
             most = list(room.compute)
             for recs in room.own.values():
@@ -253,16 +262,24 @@ class Walk:
                         most[j] += rec.milli
             for j, model in enumerate(state.gpu_model[i].tolist()[: int(state.gpu_count[i])]):
                 top[model] = max(top.get(model, 0), most[j])
+                if i in freed:
+                    anyone_top[model] = max(anyone_top.get(model, 0), room.compute[j])
+            if i in freed:
+                anyone_cpu, anyone_memory = max(anyone_cpu, room.cpu), max(anyone_memory, room.memory)
         found_lines: dict[int, Line] = {}
         for shape in self.index.candidates(top):
             if not shape.guarantee:
                 continue
-            anyone = bool(anyone_rooms) and might_preempt(state, shape.need, shape.models, anyone_rooms)
+            milli, _, _, cpu_need, mem_need = shape.need
+            anyone = (cpu_need <= anyone_cpu and mem_need <= anyone_memory
+                      and any(most >= milli for m, most in anyone_top.items()
+                              if shape.models is None or m in shape.models)
+                      and might_preempt(state, shape.need, shape.models, anyone_rooms))
             for line in shape.guarantee:
                 if not line.waiting:
                     continue
-                mine = team_rooms.get(line.team)
-                if anyone or (mine and might_preempt(state, shape.need, shape.models, mine, line.team, line.priority)):
+                if anyone or (line.priority > lowest.get(line.team, 101) and might_preempt(
+                        state, shape.need, shape.models, team_rooms[line.team], line.team, line.priority)):
                     found_lines[id(line)] = line
         for line in self.always:
             if line.waiting and line.group is None and line.head[1].priority > 0:
