@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-quota-ms", type=_positive, default=defaults.max_quota_s * 1e3)
     parser.add_argument("--low-quota-ms", type=_positive, default=defaults.low_quota_s * 1e3,
                         help="quantum of low-priority shares while a high-priority share is on the GPU")
+    parser.add_argument("--max-drain-ms", type=_positive, default=defaults.drain_max_s * 1e3,
+                        help="how long a holder waiting for its queued kernels keeps the token past its quantum")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.max_quota_ms / 1e3),
             low_quota_s=args.low_quota_ms / 1e3,
             start_window_s=min(BrokerSettings.start_window_s, args.window),
+            drain_max_s=args.max_drain_ms / 1e3,
         )
     except ValueError as exc:
         print(f"python -m agents.broker: {exc}", file=sys.stderr)

@@ -33,6 +33,10 @@ class BrokerSettings:
     low_quota_s: float = 0.004
     grace_s: float = 0.02
     start_window_s: float = 1.0
+    # how long a holder that said it is draining (waiting for kernels it queued during its quantum)
+    # keeps the token past its deadline: the GPU is still running its work, and granting another
+    # process now would only interleave the two on the GPU
+    drain_max_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.min_quota_s <= self.initial_quota_s <= self.max_quota_s:
@@ -45,6 +49,8 @@ class BrokerSettings:
             raise ValueError("the window must hold at least ten maximal quanta")
         if self.grace_s < 0:
             raise ValueError("the grace must not be negative")
+        if self.drain_max_s < 0:
+            raise ValueError("the drain allowance must not be negative")
 
 
 @dataclass
@@ -210,6 +216,13 @@ class GpuScheduler:
         client = self.clients[client_id]
         self._report(client, used_s, idle, now)
         client.waiting_since = None
+
+    def draining(self, client_id: int, now: float) -> None:
+        """The holder waits for the work it queued: it keeps the token until that is done, within
+        ``drain_max_s`` (a holder hung in its drain still loses it then)."""
+        client = self.clients[client_id]
+        if client.holding:
+            client.deadline = max(client.deadline, now + self.settings.drain_max_s)
 
     def expire_holder(self, now: float) -> Client | None:
         """Takes the token from a holder past its deadline; returns it."""

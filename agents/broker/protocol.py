@@ -44,16 +44,23 @@ class Release:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """The holder's quantum is over (or it stopped launching) and it waits for work it already queued:
+    the GPU is still busy with this share, so the token must not be handed on yet."""
+
+
+@dataclass(frozen=True)
 class Query:
     pass
 
 
-Message = Hello | Acquire | Release | Query
+Message = Hello | Acquire | Release | Drain | Query
 
 _FIELDS: dict[str, set[str]] = {
     "HELLO": {"v", "share", "gpu", "pid", "request", "limit", "priority"},
     "ACQUIRE": {"used_us", "idle"},
     "RELEASE": {"used_us", "idle"},
+    "DRAIN": set(),
     "QUERY": set(),
 }
 
@@ -134,6 +141,8 @@ def parse_line(raw: bytes) -> Message:
             raise ProtocolError(f"idle must be 0 or 1, got {fields['idle'][:16]!r}")
         cls = Acquire if verb == "ACQUIRE" else Release
         return cls(used_s=used, idle=fields["idle"] == "1")
+    if verb == "DRAIN":
+        return Drain()
     return Query()
 
 

@@ -21,6 +21,7 @@ from agents.broker.protocol import (
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
     Acquire,
+    Drain,
     Hello,
     ProtocolError,
     Query,
@@ -185,7 +186,7 @@ class _Connection(asyncio.Protocol):
                      message.gpu, message.pid, message.share, message.request, message.limit,
                      "high" if message.high_priority else "low")
             window_ms = round(broker.settings.window_s * 1000)
-            transport.write(f"OK v={PROTOCOL_VERSION} window_ms={window_ms}\n".encode())
+            transport.write(f"OK v={PROTOCOL_VERSION} window_ms={window_ms} drain=1\n".encode())
         elif isinstance(message, Query):
             transport.write(b"STATS " + json.dumps(broker.snapshot(), sort_keys=True).encode() + b"\n")
         elif self.client_id is None or self.gpu is None:
@@ -196,6 +197,9 @@ class _Connection(asyncio.Protocol):
         elif isinstance(message, Release):
             self.gpu.scheduler.release(self.client_id, message.used_s, message.idle, time.monotonic())
             self.gpu.dispatch()
+        elif isinstance(message, Drain):
+            self.gpu.scheduler.draining(self.client_id, time.monotonic())
+            self.gpu.dispatch()  # the timer waits for the new deadline
 
     def pause_writing(self) -> None:
         # a reader that does not read (QUERY after QUERY) gets no more answers buffered for it

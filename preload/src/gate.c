@@ -67,8 +67,12 @@ static void *token_thread(void *arg) {
         pthread_cond_broadcast(&launch_cv);
         pthread_mutex_unlock(&gate_mu);
 
+        /* Idle means no launch AND nothing of ours left on the GPU. A nap without a launch may only
+         * mean the launcher waits for its own kernels (a long kernel, a graph, a synchronize): then
+         * the device is drained and the token kept; only a further nap without a launch, after the
+         * drain, is idle, and only the time since that drain is taken off what the token used. */
         idle = 0;
-        uint64_t idle_tail = 0, check = quota / 2 < IDLE_CHECK_NS ? quota / 2 : IDLE_CHECK_NS;
+        uint64_t drained_at = 0, check = quota / 2 < IDLE_CHECK_NS ? quota / 2 : IDLE_CHECK_NS;
         if (check < 200000) check = 200000;
         for (;;) {
             uint64_t elapsed = now_ns() - start;
@@ -77,16 +81,23 @@ static void *token_thread(void *arg) {
             sleep_ns(nap);
             if (now_ns() - start >= quota) break;
             unsigned before = atomic_fetch_and_explicit(&g_gate, ~GATE_SEEN, memory_order_acq_rel);
-            if (!(before & GATE_SEEN)) {
+            if (before & GATE_SEEN) {
+                drained_at = 0;
+            } else if (drained_at) {
                 idle = 1;
-                idle_tail = nap;
                 break;
+            } else {
+                token_draining();
+                drain_device();
+                drained_at = now_ns();
             }
         }
         atomic_store_explicit(&g_gate, 0, memory_order_release);
-        drain_device();
-        used = now_ns() - start;
-        used = used > idle_tail ? used - idle_tail : 0;
+        if (!idle) {
+            token_draining();
+            drain_device();
+        }
+        used = (idle ? drained_at : now_ns()) - start;
 
         pthread_mutex_lock(&gate_mu);
         /* a token that ran to its end while launches kept coming is renewed at once */

@@ -92,6 +92,7 @@ void gate_after_fork_child(void);
 struct token_client;
 uint64_t token_acquire(uint64_t prev_used_ns, int prev_idle);   /* quota in ns */
 void token_release(uint64_t used_ns, int idle);
+void token_draining(void);   /* the holder waits for the work it queued (a broker that offers DRAIN) */
 void token_after_fork_child(void);
 
 #endif

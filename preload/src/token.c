@@ -20,6 +20,7 @@
 #define REPLY_TIMEOUT_S 30
 
 static int broker_fd = -1;
+static int broker_drain;         /* the broker takes DRAIN notices (said in its OK line) */
 static uint64_t last_attempt_ns;
 static int fallback_logged;
 static uint64_t local_next_ns;   /* the local bucket lets the next token start here */
@@ -107,6 +108,7 @@ static void try_connect(void) {
         broker_fd = -1;
         return;
     }
+    broker_drain = strstr(line, " drain=1") != NULL;
     tlog(TLOG_INFO, "connected to the share broker %s", g_cfg.broker_socket);
     fallback_logged = 0;
 }
@@ -158,6 +160,10 @@ void token_release(uint64_t used_ns, int idle) {
         disconnect("send failed");
     }
     local_charge(used_ns);
+}
+
+void token_draining(void) {
+    if (broker_fd >= 0 && broker_drain && send_line("DRAIN\n") != 0) disconnect("send failed");
 }
 
 void token_after_fork_child(void) {

@@ -28,7 +28,8 @@ static pthread_cond_t idle_cv = PTHREAD_COND_INITIALIZER;
 static pthread_mutex_t device_mu = PTHREAD_MUTEX_INITIALIZER;
 static int device_fd = -1;
 static uint64_t next_addr = 0x700000000000ull, allocated, busy_ns, kernels;
-static int inflight, initialized;
+static int initialized;
+static uint64_t launched;   /* kernels started; with `kernels` (finished), what a synchronize waits for */
 static struct { int dummy; } primary_ctx, module, function;
 static __thread CUcontext current;
 
@@ -102,7 +103,10 @@ CUresult cuCtxPushCurrent_v2(CUcontext c) { current = c; return CUDA_SUCCESS; }
 CUresult cuCtxPopCurrent_v2(CUcontext *c) { if (c) *c = current; current = NULL; return CUDA_SUCCESS; }
 CUresult cuCtxSynchronize(void) {
     pthread_mutex_lock(&mu);
-    while (inflight) pthread_cond_wait(&idle_cv, &mu);
+    /* as the real driver: wait for the work queued before this call, not for an idle device (a thread
+     * launching back to back would otherwise keep a synchronizing thread waiting forever) */
+    uint64_t target = launched;
+    while (kernels < target) pthread_cond_wait(&idle_cv, &mu);
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
@@ -261,7 +265,7 @@ static CUresult run_kernel(void **params) {
     if (!params) return CUDA_SUCCESS;   /* an empty kernel: returns at once (overhead benchmarks) */
     uint64_t us = params && params[0] ? *(uint64_t *)params[0] : 0;
     pthread_mutex_lock(&mu);
-    inflight++;
+    launched++;
     pthread_mutex_unlock(&mu);
     pthread_mutex_lock(&device_mu);
     int fd = open_device();
@@ -275,7 +279,7 @@ static CUresult run_kernel(void **params) {
     pthread_mutex_lock(&mu);
     busy_ns += t1 - t0;
     kernels++;
-    if (--inflight == 0) pthread_cond_broadcast(&idle_cv);
+    pthread_cond_broadcast(&idle_cv);
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }

@@ -192,6 +192,36 @@ def test_a_silent_holder_loses_the_token_at_quantum_end() -> None:
     assert sched.shares["a"].used_total_s == pytest.approx(grant.quota_s)  # charged its quantum
 
 
+def test_a_draining_holder_keeps_the_token_until_its_queued_work_is_done() -> None:
+    # its quantum is over but the GPU still runs what it queued: granting b now would only interleave
+    # the two on the GPU; a holder hung in its drain still loses the token, at the drain allowance
+    sched = GpuScheduler("gpu0", SETTINGS)
+    sched.add_client(1, "a", 0.5, 1.0, False, 1, 0.0)
+    sched.add_client(2, "b", 0.5, 1.0, False, 2, 0.0)
+    sched.acquire(1, 0.0, False, 0.0)
+    grant, deadline = sched.schedule(0.0)
+    sched.acquire(2, 0.0, False, 0.001)
+    sched.draining(1, grant.quota_s)
+    assert sched.expire_holder(deadline) is None
+    assert sched.schedule(deadline)[0] is None
+    sched.acquire(1, grant.quota_s + 0.08, False, grant.quota_s + 0.08)  # its report, 80 ms of drain later
+    assert sched.schedule(grant.quota_s + 0.08)[0].client_id == 2
+    assert sched.shares["a"].used_total_s == pytest.approx(grant.quota_s + 0.08)  # the drain is charged
+    grant, _ = sched.schedule(1.0)
+    sched.draining(2, 1.0)
+    assert sched.expire_holder(1.0 + SETTINGS.drain_max_s - 0.001) is None
+    assert sched.expire_holder(1.0 + SETTINGS.drain_max_s).client_id == 2
+
+
+def test_a_drain_notice_from_a_process_not_holding_changes_nothing() -> None:
+    sched = GpuScheduler("gpu0", SETTINGS)
+    sched.add_client(1, "a", 0.5, 1.0, False, 1, 0.0)
+    sched.draining(1, 0.0)
+    sched.acquire(1, 0.0, False, 0.0)
+    grant, deadline = sched.schedule(0.0)
+    assert deadline == pytest.approx(grant.quota_s * 1.5 + SETTINGS.grace_s)
+
+
 def test_a_holder_that_disconnects_frees_the_token_at_once() -> None:
     sched = GpuScheduler("gpu0", SETTINGS)
     sched.add_client(1, "a", 0.5, 1.0, False, 1, 0.0)

@@ -43,7 +43,7 @@ class Conn:
 
 def test_hello_acquire_grant_release(broker: BrokerProcess) -> None:
     c = Conn(broker)
-    assert c.ask(HELLO % (b"s1", 11)) == b"OK v=1 window_ms=10000"
+    assert c.ask(HELLO % (b"s1", 11)) == b"OK v=1 window_ms=10000 drain=1"
     grant = c.ask(b"ACQUIRE used_us=0 idle=0\n")
     assert grant.startswith(b"GRANT quota_us=")
     quota_us = int(grant.split(b"=")[1])
