@@ -7,43 +7,18 @@ used over the last interval is the growth of that counter divided by the wall ti
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agents.broker.protocol import query_stats
 from agents.gpus.base import ProcessReading, ShareReading
 from wire.agent_portal import RESERVATION_PATTERN
 
 log = logging.getLogger(__name__)
 
-MAX_STATS_BYTES = 4 * 1024 * 1024
-
-
-def query_stats(socket_path: str | Path, timeout_s: float) -> dict:
-    """The broker's STATS answer to QUERY on its socket (bounded; ValueError when malformed)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout_s)
-        sock.connect(str(socket_path))
-        sock.sendall(b"QUERY\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > MAX_STATS_BYTES:
-                raise ValueError("STATS answer too long")
-    line = data.decode("ascii", "replace").strip()
-    if not line.startswith("STATS "):
-        raise ValueError(f"unexpected answer {line[:80]!r}")
-    stats = json.loads(line.removeprefix("STATS "))
-    if not isinstance(stats, dict) or not isinstance(stats.get("gpus"), dict):
-        raise ValueError("STATS without a gpus object")
-    return stats
 
 
 class BrokerUsage:

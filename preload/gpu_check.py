@@ -46,6 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agents.broker.protocol import query_stats  # noqa: E402
 from agents.remote.tokens import ShareTerms, issue  # noqa: E402
 
 BUILD = REPO / "preload" / "build"
@@ -230,6 +231,27 @@ GRAPH_SHARE_CHILD = textwrap.dedent(
 )
 
 
+class CardSampler:
+    """The card's SM clock and power draw, sampled while a measurement runs: a card held below its
+    power limit at part duty clocks higher than at full duty, so throughput is not GPU time."""
+
+    def __enter__(self) -> CardSampler:
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                      "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        rows = []
+        for line in out.splitlines():
+            with contextlib.suppress(ValueError):
+                rows.append([float(f) for f in line.split(",")])
+        busy = [r for r in rows if r[1] > 150] or rows  # the samples while the card worked
+        self.summary = {"sm_mhz_mean": round(sum(r[0] for r in busy) / len(busy)) if busy else None,
+                        "power_w_mean": round(sum(r[1] for r in busy) / len(busy)) if busy else None}
+
+
 def kv(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
@@ -404,14 +426,20 @@ class Check:
                           "held_with_graph_gib": round(held / GiB, 3)})
     def graph_share(self) -> None:
         """Graph replays pass the launch gate: at a 0.5 share a replay loop gets half the card."""
-        with self.broker():
-            alone = self.python(GRAPH_SHARE_CHILD, self.env(), str(self.args.seconds), "2")
-            half = self.python(GRAPH_SHARE_CHILD, self.env(preload=True, TESSERA_GPU_REQUEST="0.5",
-                                                           TESSERA_GPU_LIMIT="0.5", TESSERA_SHARE_ID="graph"),
-                               str(self.args.seconds), str(self.args.lead))
+        with self.broker() as sock:
+            with CardSampler() as card_alone:
+                alone = self.python(GRAPH_SHARE_CHILD, self.env(), str(self.args.seconds), "2")
+            with CardSampler() as card_half:
+                half = self.python(GRAPH_SHARE_CHILD, self.env(preload=True, TESSERA_GPU_REQUEST="0.5",
+                                                               TESSERA_GPU_LIMIT="0.5", TESSERA_SHARE_ID="graph"),
+                                   str(self.args.seconds), str(self.args.lead))
+            stats = query_stats(sock, timeout_s=10)["gpus"]
+        share = next(iter(stats.values()))["shares"].get("graph", {})
         fraction = (half["iterations"] / half["seconds"]) / (alone["iterations"] / alone["seconds"])
         self.verdict("graphs: replayed graphs held to a 0.5 share", abs(fraction - 0.5) <= 0.05,
-                     {"fraction": round(fraction, 3)})
+                     {"fraction": round(fraction, 3), "broker_window_used_s": share.get("window_used_s"),
+                      "broker_window_s": share.get("window_s"), "card_alone": card_alone.summary,
+                      "card_at_half": card_half.summary})
 
     # -- 3. the remote share on loopback ----------------------------------------------------
     def remote(self) -> None:
@@ -527,7 +555,7 @@ class Check:
         """A bursty high-priority job (bursts of ~90 ms of matmuls, 100 ms apart) beside a busy
         low-priority one, against itself alone; then with ~4 ms bursts, where the hand-off shows."""
         rate_alone = self.matmul_alone()
-        with self.broker():
+        with self.broker() as sock:
             for label, burst, pause, gate in [("~90 ms bursts", 400, 100, 0.95), ("~4 ms bursts", 20, 50, None)]:
                 solo = self.together([("high", "0.5", "1.0", "high", burst, pause)], 2)[0]
                 high, low = self.together([("high", "0.5", "1.0", "high", burst, pause),
@@ -538,7 +566,9 @@ class Check:
                 detail = {"burst_ms_alone": round(1e3 * per_solo, 2), "burst_ms_beside_low": round(1e3 * per_shared, 2),
                           "speed_kept": round(kept, 3),
                           "low_fraction": round(low["iterations"] / low["seconds"] / rate_alone, 3),
-                          "target": f">= {gate}" if gate else "measured, no target (hand-off latency)"}
+                          "target": f">= {gate}" if gate else "measured, no target (hand-off latency)",
+                          "broker_revocations": next(iter(query_stats(sock, timeout_s=10)["gpus"].values()))
+                          ["revocations"]}
                 if gate:
                     self.verdict(name, kept >= gate, detail)
                 else:

@@ -6,9 +6,12 @@ a :class:`ProtocolError` with a message that says what is wrong; the connection 
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1024
@@ -153,3 +156,29 @@ def grant_line(quota_s: float) -> bytes:
 def error_line(reason: str) -> bytes:
     clean = reason.replace("\n", " ")[:200]
     return f"ERR {clean}\n".encode()
+
+
+MAX_STATS_BYTES = 4 * 1024 * 1024
+
+
+def query_stats(socket_path: str | Path, timeout_s: float) -> dict:
+    """The broker's STATS answer to QUERY on its socket (bounded; ValueError when malformed)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(str(socket_path))
+        sock.sendall(b"QUERY\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_STATS_BYTES:
+                raise ValueError("STATS answer too long")
+    line = data.decode("ascii", "replace").strip()
+    if not line.startswith("STATS "):
+        raise ValueError(f"unexpected answer {line[:80]!r}")
+    stats = json.loads(line.removeprefix("STATS "))
+    if not isinstance(stats, dict) or not isinstance(stats.get("gpus"), dict):
+        raise ValueError("STATS without a gpus object")
+    return stats

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from agents.share_usage import query_stats
+from agents.broker.protocol import query_stats
 
 REPO = Path(__file__).resolve().parents[3]
 
