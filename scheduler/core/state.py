@@ -3,6 +3,10 @@
 Nodes are rows, GPU slots are columns (padded to the widest node; a padded slot has 0 free milli
 and is marked invalid, so it never fits a request). Every change to a node bumps its version, which
 lets scorers keep per-node results and recompute only what changed.
+
+The shares' labels are kept per GPU as they come and go (`GpuLabels`) and indexed for the label
+filters: each GPU's exclusion group as an array, and per affinity and anti-affinity label the GPUs
+that hold it. A filter is then a few array operations, not a walk over every GPU holding a share.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import numpy as np
 from .model import MILLI, Node, NodeStatus, Request, Share, Snapshot, to_milli
 
 UNTRACKED = np.int64(1 << 60)  # node CPU/memory nobody reported: never a reason to refuse
+# ClusterState.exclusion per GPU: no share on it, or shares of several exclusion groups; else the
+# id of the one group all its shares carry (ClusterState.exclusion_id; 0: no exclusion label).
+NO_SHARES, MIXED, UNLABELLED = -1, -2, 0
 
 
 @dataclass
@@ -110,6 +117,7 @@ class ClusterState:
         # Every GPU holding shares has a record; label filters only look when some share is labelled.
         self.labels: dict[tuple[int, int], GpuLabels] = {}
         self.labelled_shares = 0
+        self._index_labels()
         self.placed: dict[str, Holding] = {}
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
         self.group_nodes: dict[str, Counter[int]] = {}
@@ -141,12 +149,18 @@ class ClusterState:
                     state._hold_existing(i, j, share)
         return state
 
+    def _index_labels(self) -> None:
+        """Empty label indexes (no share holds a label yet)."""
+        self.exclusion = np.full(self.free.shape, NO_SHARES, dtype=np.int64)
+        self.exclusion_id: dict[frozenset[str], int] = {frozenset(): UNLABELLED}
+        self.affinity_at: dict[str, set[tuple[int, int]]] = {}
+        self.anti_affinity_at: dict[str, set[tuple[int, int]]] = {}
+
     def _hold_existing(self, i: int, j: int, share: Share) -> None:
         # Existing shares were admitted elsewhere; record them even if they over-commit.
         self.free[i, j] -= to_milli(share.gpu_request)
         self.mem_free[i, j] -= share.gpu_memory_mib
-        self._label(i, j).add(share)
-        self.labelled_shares += _is_labelled(share)
+        self._relabel(i, j, share, +1)
         rec = self.placed.get(share.reservation_id)
         gpus_of = (*rec.gpus, j) if rec else (j,)
         self.placed[share.reservation_id] = Holding(share, i, gpus_of, to_milli(share.gpu_request),
@@ -163,6 +177,7 @@ class ClusterState:
         state.mem_free = self.mem_free.copy()
         state.version = self.version.copy()
         state.labels, state.labelled_shares, state.placed = {}, 0, {}
+        state._index_labels()
         state.reserved_now, state.group_nodes = set(), {}
         return state
 
@@ -172,11 +187,47 @@ class ClusterState:
         """Whether any share in the cluster carries a label (else label filters have nothing to do)."""
         return self.labelled_shares > 0
 
-    def _label(self, i: int, j: int) -> GpuLabels:
+    def exclusion_labelled(self) -> np.ndarray:
+        """GPU slots holding a share with an exclusion label."""
+        return (self.exclusion > UNLABELLED) | (self.exclusion == MIXED)
+
+    def holding_exactly(self, exclusion: frozenset[str]) -> np.ndarray:
+        """GPU slots with shares, every one of them in exclusion group `exclusion`."""
+        gid = self.exclusion_id.get(exclusion)
+        if gid is None:
+            return np.zeros(self.free.shape, dtype=bool)
+        return self.exclusion == gid
+
+    def holding_label(self, at: dict[str, set[tuple[int, int]]], labels: frozenset[str]) -> np.ndarray:
+        """GPU slots holding a share with one of `labels` (`at`: affinity_at or anti_affinity_at)."""
+        out = np.zeros(self.free.shape, dtype=bool)
+        for label in labels:
+            gpus = at.get(label)
+            if gpus:
+                rows, cols = zip(*gpus, strict=True)
+                out[list(rows), list(cols)] = True
+        return out
+
+    def _relabel(self, i: int, j: int, share: Share, sign: int) -> None:
+        """Count `share`'s labels on GPU (i, j) in (sign +1) or out (-1), and update the indexes."""
         key = (i, j)
-        if key not in self.labels:
-            self.labels[key] = GpuLabels()
-        return self.labels[key]
+        labels = self.labels.get(key)
+        if labels is None:
+            labels = self.labels[key] = GpuLabels()
+        labels.add(share, sign)
+        self.labelled_shares += sign * _is_labelled(share)
+        for label in share.affinity:
+            _index(self.affinity_at, label, key, label in labels.affinity)
+        for label in share.anti_affinity:
+            _index(self.anti_affinity_at, label, key, label in labels.anti_affinity)
+        groups = list(labels.exclusion)
+        if len(groups) == 1:
+            gid = self.exclusion_id.setdefault(groups[0], len(self.exclusion_id))
+        else:
+            gid = NO_SHARES if not groups else MIXED
+        self.exclusion[i, j] = gid
+        if labels.shares <= 0:
+            del self.labels[key]
 
     def model_mask(self, models: frozenset[str]) -> np.ndarray:
         """GPU slots of one of `models` (cached: models never change)."""
@@ -214,10 +265,7 @@ class ClusterState:
         for j in rec.gpus:
             self.free[i, j] += sign * rec.milli
             self.mem_free[i, j] += sign * rec.gpu_memory_mib
-            self._label(i, j).add(rec.share, -sign)
-            self.labelled_shares -= sign * _is_labelled(rec.share)
-            if self.labels[(i, j)].shares <= 0:
-                del self.labels[(i, j)]
+            self._relabel(i, j, rec.share, -sign)
         if self.cpu_free[i] != UNTRACKED:
             self.cpu_free[i] += sign * rec.cpu_milli
         if self.node_mem_free[i] != UNTRACKED:
@@ -279,6 +327,16 @@ def share_of(request: Request, admission: str = "guaranteed") -> Share:
         group=request.group.name if request.group else None,
         admission=admission,
     )
+
+
+def _index(at: dict[str, set[tuple[int, int]]], label: str, gpu: tuple[int, int], held: bool) -> None:
+    gpus = at.setdefault(label, set())
+    if held:
+        gpus.add(gpu)
+    else:
+        gpus.discard(gpu)
+        if not gpus:
+            del at[label]
 
 
 def _is_labelled(share: Share) -> int:
