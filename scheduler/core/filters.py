@@ -195,6 +195,12 @@ def feasible_by_filters(state: ClusterState, req: Request) -> np.ndarray:
     return ok
 
 
+def fits_on(state: ClusterState, req: Request, node: int, slots: tuple[int, ...]) -> bool:
+    """Whether every one of `slots` on `node` can take one GPU's worth of the request now."""
+    ok = feasible(state, req)
+    return all(ok[node, j] for j in slots)
+
+
 def nodes_with_room(ok: np.ndarray, req: Request) -> np.ndarray:
     """Nodes where the request as a whole fits: enough feasible GPUs on one node."""
     if req.gpu_count == 0:

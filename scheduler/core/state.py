@@ -119,6 +119,9 @@ class ClusterState:
         self.labelled_shares = 0
         self._index_labels()
         self.placed: dict[str, Holding] = {}
+        # Per node, its entries of `placed` in the same order (the preemption search reads a
+        # node's shares, and breaks ties between equal victims by that order).
+        self.on_node: dict[int, dict[str, Holding]] = {}
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
         self.group_nodes: dict[str, Counter[int]] = {}
 
@@ -163,8 +166,7 @@ class ClusterState:
         self._relabel(i, j, share, +1)
         rec = self.placed.get(share.reservation_id)
         gpus_of = (*rec.gpus, j) if rec else (j,)
-        self.placed[share.reservation_id] = Holding(share, i, gpus_of, to_milli(share.gpu_request),
-                                                    share.gpu_memory_mib, 0, 0)
+        self._hold(Holding(share, i, gpus_of, to_milli(share.gpu_request), share.gpu_memory_mib, 0, 0))
         if share.group:
             self.group_nodes.setdefault(share.group, Counter())[i] += 1
 
@@ -176,7 +178,7 @@ class ClusterState:
         state.free = self.free.copy()
         state.mem_free = self.mem_free.copy()
         state.version = self.version.copy()
-        state.labels, state.labelled_shares, state.placed = {}, 0, {}
+        state.labels, state.labelled_shares, state.placed, state.on_node = {}, 0, {}, {}
         state._index_labels()
         state.reserved_now, state.group_nodes = set(), {}
         return state
@@ -245,12 +247,13 @@ class ClusterState:
         milli = request.milli if request.gpu_count > 0 else 0
         rec = Holding(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
         self._apply(rec, -1)
-        self.placed[request.id] = rec
+        self._hold(rec)
         self.reserved_now.add(request.id)
         return rec
 
     def release(self, reservation_id: str) -> Holding:
         rec = self.placed.pop(reservation_id)
+        del self.on_node[rec.node][reservation_id]
         self.reserved_now.discard(reservation_id)
         self._apply(rec, +1)
         return rec
@@ -258,7 +261,12 @@ class ClusterState:
     def restore(self, rec: Holding) -> None:
         """Put back a share released earlier (a rolled-back preemption)."""
         self._apply(rec, -1)
-        self.placed[rec.share.reservation_id] = rec
+        self._hold(rec)
+
+    def _hold(self, rec: Holding) -> None:
+        rid = rec.share.reservation_id
+        self.placed[rid] = rec
+        self.on_node.setdefault(rec.node, {})[rid] = rec
 
     def _apply(self, rec: Holding, sign: int) -> None:
         i = rec.node
