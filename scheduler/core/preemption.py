@@ -119,15 +119,14 @@ def find_preemption(
     # Nodes short of CPU or memory: an option there passes the filters only if its victims free enough.
     short = ((state.cpu_free < req.cpu_milli) & (req.cpu_milli > 0)) | (
         (state.node_mem_free < req.memory_mib) & (req.memory_mib > 0))
-    options: list[tuple[tuple[int, tuple, int], int, tuple[int, ...], tuple[str, ...]]] = []
+    options: list[tuple[tuple[int, tuple, int], int, tuple[int, ...], tuple[str, ...], bool]] = []
     for node in np.flatnonzero(wanted).tolist():
         holdings = [h for rid, h in state.on_node.get(node, {}).items() if rid not in exclude]
         if not any(may(h.share) for h in holdings):
             continue
-        if short[node] and (
-                state.cpu_free[node] + sum(h.cpu_milli for h in holdings) < req.cpu_milli
-                or state.node_mem_free[node] + sum(h.node_memory_mib for h in holdings) < req.memory_mib):
-            continue  # no option here could pass the filters: skipping it changes nothing
+        doomed = bool(short[node]) and (
+            state.cpu_free[node] + sum(h.cpu_milli for h in holdings) < req.cpu_milli
+            or state.node_mem_free[node] + sum(h.node_memory_mib for h in holdings) < req.memory_mib)
         by_slot: dict[int, list[Holding]] = {}
         for h in holdings:
             for j in h.gpus:
@@ -147,10 +146,13 @@ def find_preemption(
         if not ids:
             continue  # fits without eviction: the filters refused it for another reason
         top = max(rank_of(state.placed[i]) for i in ids)
-        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids))
-    for _, node, slots, ids in sorted(options):
+        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids, doomed))
+    for _, node, slots, ids, doomed in sorted(options):
         released = [state.release(i) for i in ids]
-        if fits_on(state, req, node, slots):
+        # An option on a node whose CPU or memory no eviction frees fails the filters: not checked.
+        # It is still released and put back, which leaves its victims last in placement order (ties
+        # between equal victims go by that order later).
+        if not doomed and fits_on(state, req, node, slots):
             return Choice(node, tuple(sorted(slots)), 0.0), ids, released
         for rec in released:
             state.restore(rec)

@@ -124,6 +124,7 @@ class ClusterState:
         self.on_node: dict[int, dict[str, Holding]] = {}
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
         self.group_nodes: dict[str, Counter[int]] = {}
+        self.group_held: Counter[str] = Counter()  # pod group -> its shares held (one per request)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -180,7 +181,7 @@ class ClusterState:
         state.version = self.version.copy()
         state.labels, state.labelled_shares, state.placed, state.on_node = {}, 0, {}, {}
         state._index_labels()
-        state.reserved_now, state.group_nodes = set(), {}
+        state.reserved_now, state.group_nodes, state.group_held = set(), {}, Counter()
         return state
 
     # ---- queries ------------------------------------------------------------------------------
@@ -254,6 +255,8 @@ class ClusterState:
     def release(self, reservation_id: str) -> Holding:
         rec = self.placed.pop(reservation_id)
         del self.on_node[rec.node][reservation_id]
+        if rec.share.group:
+            self.group_held[rec.share.group] -= 1
         self.reserved_now.discard(reservation_id)
         self._apply(rec, +1)
         return rec
@@ -265,6 +268,8 @@ class ClusterState:
 
     def _hold(self, rec: Holding) -> None:
         rid = rec.share.reservation_id
+        if rec.share.group and rid not in self.placed:
+            self.group_held[rec.share.group] += 1
         self.placed[rid] = rec
         self.on_node.setdefault(rec.node, {})[rid] = rec
 
