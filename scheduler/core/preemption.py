@@ -90,9 +90,13 @@ def find_preemption(
         return None
     if exclude is None:
         exclude = state.reserved_now
+    need = MILLI if req.whole else req.milli
     usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
     if req.gpu_model is not None:
         usable &= state.model_mask(req.gpu_model)
+    if exclude is state.reserved_now:
+        # This cycle's reservations stay: a GPU can give at most what the others on it hold.
+        usable &= (MILLI - state.fresh_milli >= need) & (state.mem_total - state.fresh_mem >= req.gpu_memory_mib)
     wanted = usable.sum(axis=1) >= req.gpu_count
     if nodes is not None:
         chosen = np.zeros(len(wanted), dtype=bool)
@@ -115,7 +119,6 @@ def find_preemption(
             key = ranks[h.share.reservation_id] = rank(h)
         return key
 
-    need = MILLI if req.whole else req.milli
     # Nodes short of CPU or memory: an option there passes the filters only if its victims free enough.
     short = ((state.cpu_free < req.cpu_milli) & (req.cpu_milli > 0)) | (
         (state.node_mem_free < req.memory_mib) & (req.memory_mib > 0))

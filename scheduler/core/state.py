@@ -123,6 +123,7 @@ class ClusterState:
         # node's shares, and breaks ties between equal victims by that order).
         self.on_node: dict[int, dict[str, Holding]] = {}
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
+        self._index_fresh()
         self.group_nodes: dict[str, Counter[int]] = {}
         self.group_held: Counter[str] = Counter()  # pod group -> its shares held (one per request)
 
@@ -160,6 +161,11 @@ class ClusterState:
         self.affinity_at: dict[str, set[tuple[int, int]]] = {}
         self.anti_affinity_at: dict[str, set[tuple[int, int]]] = {}
 
+    def _index_fresh(self) -> None:
+        """Per GPU, the compute and memory that this cycle's reservations (`reserved_now`) hold."""
+        self.fresh_milli = np.zeros(self.free.shape, dtype=np.int64)
+        self.fresh_mem = np.zeros(self.free.shape, dtype=np.int64)
+
     def _hold_existing(self, i: int, j: int, share: Share) -> None:
         # Existing shares were admitted elsewhere; record them even if they over-commit.
         self.free[i, j] -= to_milli(share.gpu_request)
@@ -182,6 +188,7 @@ class ClusterState:
         state.labels, state.labelled_shares, state.placed, state.on_node = {}, 0, {}, {}
         state._index_labels()
         state.reserved_now, state.group_nodes, state.group_held = set(), {}, Counter()
+        state._index_fresh()
         return state
 
     # ---- queries ------------------------------------------------------------------------------
@@ -250,6 +257,7 @@ class ClusterState:
         self._apply(rec, -1)
         self._hold(rec)
         self.reserved_now.add(request.id)
+        self._fresh(rec, +1)
         return rec
 
     def release(self, reservation_id: str) -> Holding:
@@ -257,7 +265,9 @@ class ClusterState:
         del self.on_node[rec.node][reservation_id]
         if rec.share.group:
             self.group_held[rec.share.group] -= 1
-        self.reserved_now.discard(reservation_id)
+        if reservation_id in self.reserved_now:
+            self.reserved_now.discard(reservation_id)
+            self._fresh(rec, -1)
         self._apply(rec, +1)
         return rec
 
@@ -265,6 +275,11 @@ class ClusterState:
         """Put back a share released earlier (a rolled-back preemption)."""
         self._apply(rec, -1)
         self._hold(rec)
+
+    def _fresh(self, rec: Holding, sign: int) -> None:
+        for j in rec.gpus:
+            self.fresh_milli[rec.node, j] += sign * rec.milli
+            self.fresh_mem[rec.node, j] += sign * rec.gpu_memory_mib
 
     def _hold(self, rec: Holding) -> None:
         rid = rec.share.reservation_id
