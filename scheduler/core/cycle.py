@@ -144,6 +144,10 @@ def decide(
             yield Unschedulable(req.id, (Reason(ReasonCode.INVALID, msg),))
     waiting = [r for r in pending if r.id not in running]
     decided: set[str] = set()  # gang members decided with their gang
+    gangs: dict[str, list[Request]] = {}
+    for r in waiting:
+        if r.group is not None:
+            gangs.setdefault(r.group.name, []).append(r)
     if snapshot.quotas is not None:
         fair = Fair(state, snapshot.quotas, waiting, snapshot.now, snapshot.past_use, aging_s)
         ordered: Iterable[Request] = fair.order(waiting, decided)
@@ -154,8 +158,8 @@ def decide(
         if req.id in decided:
             continue
         if req.group is not None:
-            members = queue_order([r for r in waiting if r.group is not None and r.group.name == req.group.name
-                                   and r.id not in decided], snapshot.teams, snapshot.now, aging_s)
+            members = queue_order([r for r in gangs[req.group.name] if r.id not in decided],
+                                  snapshot.teams, snapshot.now, aging_s)
             decided.update(r.id for r in members)
             gang_placed, gang_refused = _place_gang(state, scorer, members, fair)
             if gang_placed:
@@ -202,7 +206,7 @@ def _place_gang(
     """Place a pod group's members close together; keep them only if enough fit, else roll back."""
     group = members[0].group
     assert group is not None
-    running = sum(1 for p in state.placed.values() if p.share.group == group.name)
+    running = state.group_held[group.name]
     need = max(0, group.min_members - running)
     placed: list[tuple[Request, Choice, str]] = []
     failures: dict[str, tuple[Reason, ...]] = {}

@@ -65,8 +65,7 @@ class GpuModel:
     def refuse(self, state: ClusterState, req: Request) -> np.ndarray | None:
         if req.gpu_model is None:
             return None
-        allowed = [state.model_id[m] for m in req.gpu_model if m in state.model_id]
-        return ~np.isin(state.gpu_model, allowed)
+        return ~state.model_mask(req.gpu_model)
 
     def message(self, req: Request, count: int) -> str:
         wanted = "|".join(sorted(req.gpu_model or ()))
@@ -81,18 +80,10 @@ class Exclusion:
     def refuse(self, state: ClusterState, req: Request) -> np.ndarray | None:
         if req.exclusion:
             # Only empty GPUs, or GPUs whose every share carries exactly this exclusion set.
-            out = state.valid & (state.free < MILLI)
-            for (i, j), labels in state.labels.items():
-                if set(labels.exclusion) == {req.exclusion}:
-                    out[i, j] = False
-            return out
+            return state.valid & (state.free < MILLI) & ~state.holding_exactly(req.exclusion)
         if not state.has_labels:
             return None
-        out = np.zeros(state.free.shape, dtype=bool)
-        for (i, j), labels in state.labels.items():
-            if any(key for key in labels.exclusion):
-                out[i, j] = True
-        return out
+        return state.exclusion_labelled()
 
     def message(self, req: Request, count: int) -> str:
         mine = ",".join(sorted(req.exclusion)) or "none"
@@ -105,11 +96,7 @@ class AntiAffinity:
     def refuse(self, state: ClusterState, req: Request) -> np.ndarray | None:
         if not req.anti_affinity or not state.has_labels:
             return None
-        out = np.zeros(state.free.shape, dtype=bool)
-        for (i, j), labels in state.labels.items():
-            if any(label in labels.anti_affinity for label in req.anti_affinity):
-                out[i, j] = True
-        return out
+        return state.holding_label(state.anti_affinity_at, req.anti_affinity)
 
     def message(self, req: Request, count: int) -> str:
         return f"{count} GPU(s) already hold a share with anti-affinity {','.join(sorted(req.anti_affinity))}"
@@ -123,13 +110,9 @@ class Affinity:
     def refuse(self, state: ClusterState, req: Request) -> np.ndarray | None:
         if not req.affinity or not state.has_labels:
             return None
-        holders = np.zeros(state.free.shape, dtype=bool)
-        for (i, j), labels in state.labels.items():
-            if any(label in labels.affinity for label in req.affinity):
-                holders[i, j] = True
-        if not holders.any():
+        if not any(label in state.affinity_at for label in req.affinity):
             return None
-        return ~holders
+        return ~state.holding_label(state.affinity_at, req.affinity)
 
     def message(self, req: Request, count: int) -> str:
         return f"{count} GPU(s) do not hold affinity group {','.join(sorted(req.affinity))}"
@@ -210,6 +193,12 @@ def feasible_by_filters(state: ClusterState, req: Request) -> np.ndarray:
         if refused is not None:
             ok &= ~refused
     return ok
+
+
+def fits_on(state: ClusterState, req: Request, node: int, slots: tuple[int, ...]) -> bool:
+    """Whether every one of `slots` on `node` can take one GPU's worth of the request now."""
+    ok = feasible(state, req)
+    return all(ok[node, j] for j in slots)
 
 
 def nodes_with_room(ok: np.ndarray, req: Request) -> np.ndarray:

@@ -215,7 +215,11 @@ class FgdScorer:
             return entry.best.copy(), entry.slot
         if only_compute_per_gpu(state, req):
             return entry.best.copy(), entry.slot
-        return pick_slot(entry.values, ok)
+        # Only nodes with room are ever chosen: pick slots there (elsewhere -inf, no slot).
+        rows = np.flatnonzero(room)
+        best, slot = np.full(len(room), -np.inf), np.full(len(room), -1, dtype=np.int64)
+        best[rows], slot[rows] = pick_slot(entry.values[rows], ok[rows])
+        return best, slot
 
     def warm(self, typical: Sequence[TypicalPod]) -> None:
         """Fill the score tables of the typical shapes now, so that their first decisions are not slow."""

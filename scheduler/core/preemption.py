@@ -9,10 +9,12 @@ checked by actually releasing its victims and running the filters again, and put
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable
+
+import numpy as np
 
 from .engine import Choice
-from .filters import feasible
+from .filters import fits_on
 from .model import MILLI, Request, Share
 from .state import ClusterState, Holding
 
@@ -33,35 +35,35 @@ def _by_priority(p: Holding) -> tuple:
     return (p.share.priority,)
 
 
-def _slot_victims(
-    state: ClusterState, req: Request, node: int, slot: int, by_slot: dict, may_evict: MayEvict, rank: Rank
-) -> list[Holding] | None:
-    """Victims on one slot, first by `rank` (lowest priority first by default), that make room for
-    one GPU's worth of `req`."""
-    shares = by_slot.get((node, slot), [])
-    if req.whole and not all(may_evict(p.share, req) for p in shares):
-        return None
-    need = MILLI if req.whole else req.milli
-    free, mem = int(state.free[node, slot]), int(state.mem_free[node, slot])
+def _slot_victims(req: Request, shares: list[Holding], free: int, mem: int, need: int,
+                  may: Callable[[Share], bool], rank: Rank) -> list[Holding] | None:
+    """Victims among `shares` (those on one slot, with `free` compute and `mem` GPU memory left),
+    first by `rank` (lowest priority first by default), that make room for `need` compute and the
+    request's GPU memory on it."""
+    if not shares:
+        return [] if free >= need and mem >= req.gpu_memory_mib else None
+    if need == MILLI and not all(may(p.share) for p in shares):
+        return None  # a whole GPU: everything on it goes
     # Shares that clash on labels must go whatever their size.
     clash = [p for p in shares if _clashes(p, req)]
-    if not all(may_evict(p.share, req) for p in clash):
+    if not all(may(p.share) for p in clash):
         return None
-    chosen = list(clash)
-    for p in chosen:
+    for p in clash:
         free, mem = free + p.milli, mem + p.gpu_memory_mib
-    rest = sorted(
-        (p for p in shares if p not in chosen and may_evict(p.share, req)),
-        key=lambda p: (*rank(p), -p.milli),
-    )
-    for p in rest:
-        if free >= need and mem >= req.gpu_memory_mib:
-            break
-        chosen.append(p)
-        free, mem = free + p.milli, mem + p.gpu_memory_mib
+    rest = [p for p in shares if may(p.share) and not any(p is c for c in clash)]
+    if (free + sum(p.milli for p in rest) < need
+            or mem + sum(p.gpu_memory_mib for p in rest) < req.gpu_memory_mib):
+        return None  # not even all of them make room
+    chosen = clash
     if free >= need and mem >= req.gpu_memory_mib:
         return chosen
-    return None
+    rest.sort(key=lambda p: (*rank(p), -p.milli))
+    for p in rest:
+        chosen.append(p)
+        free, mem = free + p.milli, mem + p.gpu_memory_mib
+        if free >= need and mem >= req.gpu_memory_mib:
+            break
+    return chosen
 
 
 def _clashes(p: Holding, req: Request) -> bool:
@@ -72,35 +74,72 @@ def _clashes(p: Holding, req: Request) -> bool:
 
 
 def find_preemption(
-    state: ClusterState, req: Request, may_evict: MayEvict = may_evict, rank: Rank = _by_priority
+    state: ClusterState, req: Request, may_evict: MayEvict = may_evict, rank: Rank = _by_priority, *,
+    nodes: Iterable[int] | None = None, exclude: Container[str] | None = None,
 ) -> tuple[Choice, tuple[str, ...], list[Holding]] | None:
     """Where `req` fits after evicting some shares: the choice, the victims, and their holdings,
     already released from `state` (restore them to undo). Options are ranked by number of victims,
-    then by the worst victim's rank, then by node order."""
+    then by the worst victim's rank, then by node order. `nodes`: the nodes to look at (None: all);
+    `exclude`: reservations that are never victims (None: `state.reserved_now`, this cycle's
+    decisions, which are not running yet).
+
+    Only nodes with enough GPUs of the request's model and GPU memory, holding a share `may_evict`
+    lets it take, are searched: elsewhere no slot has a victim, so no option (an option has some).
+    """
     if req.gpu_count == 0:
         return None
-    by_slot: dict[tuple[int, int], list[Holding]] = {}
-    for p in state.placed.values():
-        if p.share.reservation_id in state.reserved_now:
-            continue  # decisions of this cycle are not running yet: never victims
-        for j in p.gpus:
-            by_slot.setdefault((p.node, j), []).append(p)
-    allowed = [m for m in range(len(state.models))]
+    if exclude is None:
+        exclude = state.reserved_now
+    need = MILLI if req.whole else req.milli
+    usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
     if req.gpu_model is not None:
-        allowed = [state.model_id[m] for m in req.gpu_model if m in state.model_id]
-    options: list[tuple[tuple[int, int, int], int, tuple[int, ...], tuple[str, ...]]] = []
-    for node in range(len(state.node_names)):
-        if not state.ready[node]:
+        usable &= state.model_mask(req.gpu_model)
+    if exclude is state.reserved_now:
+        # This cycle's reservations stay: a GPU can give at most what the others on it hold.
+        usable &= (MILLI - state.fresh_milli >= need) & (state.mem_total - state.fresh_mem >= req.gpu_memory_mib)
+    wanted = usable.sum(axis=1) >= req.gpu_count
+    if nodes is not None:
+        chosen = np.zeros(len(wanted), dtype=bool)
+        chosen[list(nodes)] = True
+        wanted &= chosen
+    # Within one search a share's answers do not change (the state and the rule's inputs stay put)
+    # while each share is asked about once per slot: keep them.
+    answers: dict[str, bool] = {}
+    ranks: dict[str, tuple] = {}
+
+    def may(share: Share) -> bool:
+        answer = answers.get(share.reservation_id)
+        if answer is None:
+            answer = answers[share.reservation_id] = may_evict(share, req)
+        return answer
+
+    def rank_of(h: Holding) -> tuple:
+        key = ranks.get(h.share.reservation_id)
+        if key is None:
+            key = ranks[h.share.reservation_id] = rank(h)
+        return key
+
+    # Nodes short of CPU or memory: an option there passes the filters only if its victims free enough.
+    short = ((state.cpu_free < req.cpu_milli) & (req.cpu_milli > 0)) | (
+        (state.node_mem_free < req.memory_mib) & (req.memory_mib > 0))
+    options: list[tuple[tuple[int, tuple, int], int, tuple[int, ...], tuple[str, ...], bool]] = []
+    for node in np.flatnonzero(wanted).tolist():
+        holdings = [h for rid, h in state.on_node.get(node, {}).items() if rid not in exclude]
+        if not any(may(h.share) for h in holdings):
             continue
+        doomed = bool(short[node]) and (
+            state.cpu_free[node] + sum(h.cpu_milli for h in holdings) < req.cpu_milli
+            or state.node_mem_free[node] + sum(h.node_memory_mib for h in holdings) < req.memory_mib)
+        by_slot: dict[int, list[Holding]] = {}
+        for h in holdings:
+            for j in h.gpus:
+                by_slot.setdefault(j, []).append(h)
+        free, mem = state.free[node].tolist(), state.mem_free[node].tolist()
         per_slot = []
-        for slot in range(int(state.gpu_count[node])):
-            if int(state.gpu_model[node, slot]) not in allowed:
-                continue
-            if req.gpu_memory_mib > state.mem_total[node, slot]:
-                continue
-            victims = _slot_victims(state, req, node, slot, by_slot, may_evict, rank)
+        for slot in np.flatnonzero(usable[node]).tolist():
+            victims = _slot_victims(req, by_slot.get(slot, []), free[slot], mem[slot], need, may, rank_of)
             if victims is not None:
-                top = max((rank(p) for p in victims), default=())
+                top = max((rank_of(p) for p in victims), default=())
                 per_slot.append((len(victims), top, slot, victims))
         if len(per_slot) < req.gpu_count:
             continue
@@ -109,12 +148,14 @@ def find_preemption(
         ids = tuple(sorted({p.share.reservation_id for *_, vs in picked for p in vs}))
         if not ids:
             continue  # fits without eviction: the filters refused it for another reason
-        top = max(rank(state.placed[i]) for i in ids)
-        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids))
-    for _, node, slots, ids in sorted(options):
+        top = max(rank_of(state.placed[i]) for i in ids)
+        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids, doomed))
+    for _, node, slots, ids, doomed in sorted(options):
         released = [state.release(i) for i in ids]
-        ok = feasible(state, req)
-        if all(ok[node, j] for j in slots):
+        # An option on a node whose CPU or memory no eviction frees fails the filters: not checked.
+        # It is still released and put back, which leaves its victims last in placement order (ties
+        # between equal victims go by that order later).
+        if not doomed and fits_on(state, req, node, slots):
             return Choice(node, tuple(sorted(slots)), 0.0), ids, released
         for rec in released:
             state.restore(rec)

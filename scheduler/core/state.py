@@ -3,6 +3,10 @@
 Nodes are rows, GPU slots are columns (padded to the widest node; a padded slot has 0 free milli
 and is marked invalid, so it never fits a request). Every change to a node bumps its version, which
 lets scorers keep per-node results and recompute only what changed.
+
+The shares' labels are kept per GPU as they come and go (`GpuLabels`) and indexed for the label
+filters: each GPU's exclusion group as an array, and per affinity and anti-affinity label the GPUs
+that hold it. A filter is then a few array operations, not a walk over every GPU holding a share.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import numpy as np
 from .model import MILLI, Node, NodeStatus, Request, Share, Snapshot, to_milli
 
 UNTRACKED = np.int64(1 << 60)  # node CPU/memory nobody reported: never a reason to refuse
+# ClusterState.exclusion per GPU: no share on it, or shares of several exclusion groups; else the
+# id of the one group all its shares carry (ClusterState.exclusion_id; 0: no exclusion label).
+NO_SHARES, MIXED, UNLABELLED = -1, -2, 0
 
 
 @dataclass
@@ -110,9 +117,15 @@ class ClusterState:
         # Every GPU holding shares has a record; label filters only look when some share is labelled.
         self.labels: dict[tuple[int, int], GpuLabels] = {}
         self.labelled_shares = 0
+        self._index_labels()
         self.placed: dict[str, Holding] = {}
+        # Per node, its entries of `placed` in the same order (the preemption search reads a
+        # node's shares, and breaks ties between equal victims by that order).
+        self.on_node: dict[int, dict[str, Holding]] = {}
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
+        self._index_fresh()
         self.group_nodes: dict[str, Counter[int]] = {}
+        self.group_held: Counter[str] = Counter()  # pod group -> its shares held (one per request)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -141,16 +154,26 @@ class ClusterState:
                     state._hold_existing(i, j, share)
         return state
 
+    def _index_labels(self) -> None:
+        """Empty label indexes (no share holds a label yet)."""
+        self.exclusion = np.full(self.free.shape, NO_SHARES, dtype=np.int64)
+        self.exclusion_id: dict[frozenset[str], int] = {frozenset(): UNLABELLED}
+        self.affinity_at: dict[str, set[tuple[int, int]]] = {}
+        self.anti_affinity_at: dict[str, set[tuple[int, int]]] = {}
+
+    def _index_fresh(self) -> None:
+        """Per GPU, the compute and memory that this cycle's reservations (`reserved_now`) hold."""
+        self.fresh_milli = np.zeros(self.free.shape, dtype=np.int64)
+        self.fresh_mem = np.zeros(self.free.shape, dtype=np.int64)
+
     def _hold_existing(self, i: int, j: int, share: Share) -> None:
         # Existing shares were admitted elsewhere; record them even if they over-commit.
         self.free[i, j] -= to_milli(share.gpu_request)
         self.mem_free[i, j] -= share.gpu_memory_mib
-        self._label(i, j).add(share)
-        self.labelled_shares += _is_labelled(share)
+        self._relabel(i, j, share, +1)
         rec = self.placed.get(share.reservation_id)
         gpus_of = (*rec.gpus, j) if rec else (j,)
-        self.placed[share.reservation_id] = Holding(share, i, gpus_of, to_milli(share.gpu_request),
-                                                    share.gpu_memory_mib, 0, 0)
+        self._hold(Holding(share, i, gpus_of, to_milli(share.gpu_request), share.gpu_memory_mib, 0, 0))
         if share.group:
             self.group_nodes.setdefault(share.group, Counter())[i] += 1
 
@@ -162,8 +185,10 @@ class ClusterState:
         state.free = self.free.copy()
         state.mem_free = self.mem_free.copy()
         state.version = self.version.copy()
-        state.labels, state.labelled_shares, state.placed = {}, 0, {}
-        state.reserved_now, state.group_nodes = set(), {}
+        state.labels, state.labelled_shares, state.placed, state.on_node = {}, 0, {}, {}
+        state._index_labels()
+        state.reserved_now, state.group_nodes, state.group_held = set(), {}, Counter()
+        state._index_fresh()
         return state
 
     # ---- queries ------------------------------------------------------------------------------
@@ -172,11 +197,47 @@ class ClusterState:
         """Whether any share in the cluster carries a label (else label filters have nothing to do)."""
         return self.labelled_shares > 0
 
-    def _label(self, i: int, j: int) -> GpuLabels:
+    def exclusion_labelled(self) -> np.ndarray:
+        """GPU slots holding a share with an exclusion label."""
+        return (self.exclusion > UNLABELLED) | (self.exclusion == MIXED)
+
+    def holding_exactly(self, exclusion: frozenset[str]) -> np.ndarray:
+        """GPU slots with shares, every one of them in exclusion group `exclusion`."""
+        gid = self.exclusion_id.get(exclusion)
+        if gid is None:
+            return np.zeros(self.free.shape, dtype=bool)
+        return self.exclusion == gid
+
+    def holding_label(self, at: dict[str, set[tuple[int, int]]], labels: frozenset[str]) -> np.ndarray:
+        """GPU slots holding a share with one of `labels` (`at`: affinity_at or anti_affinity_at)."""
+        out = np.zeros(self.free.shape, dtype=bool)
+        for label in labels:
+            gpus = at.get(label)
+            if gpus:
+                rows, cols = zip(*gpus, strict=True)
+                out[list(rows), list(cols)] = True
+        return out
+
+    def _relabel(self, i: int, j: int, share: Share, sign: int) -> None:
+        """Count `share`'s labels on GPU (i, j) in (sign +1) or out (-1), and update the indexes."""
         key = (i, j)
-        if key not in self.labels:
-            self.labels[key] = GpuLabels()
-        return self.labels[key]
+        labels = self.labels.get(key)
+        if labels is None:
+            labels = self.labels[key] = GpuLabels()
+        labels.add(share, sign)
+        self.labelled_shares += sign * _is_labelled(share)
+        for label in share.affinity:
+            _index(self.affinity_at, label, key, label in labels.affinity)
+        for label in share.anti_affinity:
+            _index(self.anti_affinity_at, label, key, label in labels.anti_affinity)
+        groups = list(labels.exclusion)
+        if len(groups) == 1:
+            gid = self.exclusion_id.setdefault(groups[0], len(self.exclusion_id))
+        else:
+            gid = NO_SHARES if not groups else MIXED
+        self.exclusion[i, j] = gid
+        if labels.shares <= 0:
+            del self.labels[key]
 
     def model_mask(self, models: frozenset[str]) -> np.ndarray:
         """GPU slots of one of `models` (cached: models never change)."""
@@ -194,30 +255,45 @@ class ClusterState:
         milli = request.milli if request.gpu_count > 0 else 0
         rec = Holding(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
         self._apply(rec, -1)
-        self.placed[request.id] = rec
+        self._hold(rec)
         self.reserved_now.add(request.id)
+        self._fresh(rec, +1)
         return rec
 
     def release(self, reservation_id: str) -> Holding:
         rec = self.placed.pop(reservation_id)
-        self.reserved_now.discard(reservation_id)
+        del self.on_node[rec.node][reservation_id]
+        if rec.share.group:
+            self.group_held[rec.share.group] -= 1
+        if reservation_id in self.reserved_now:
+            self.reserved_now.discard(reservation_id)
+            self._fresh(rec, -1)
         self._apply(rec, +1)
         return rec
 
     def restore(self, rec: Holding) -> None:
         """Put back a share released earlier (a rolled-back preemption)."""
         self._apply(rec, -1)
-        self.placed[rec.share.reservation_id] = rec
+        self._hold(rec)
+
+    def _fresh(self, rec: Holding, sign: int) -> None:
+        for j in rec.gpus:
+            self.fresh_milli[rec.node, j] += sign * rec.milli
+            self.fresh_mem[rec.node, j] += sign * rec.gpu_memory_mib
+
+    def _hold(self, rec: Holding) -> None:
+        rid = rec.share.reservation_id
+        if rec.share.group and rid not in self.placed:
+            self.group_held[rec.share.group] += 1
+        self.placed[rid] = rec
+        self.on_node.setdefault(rec.node, {})[rid] = rec
 
     def _apply(self, rec: Holding, sign: int) -> None:
         i = rec.node
         for j in rec.gpus:
             self.free[i, j] += sign * rec.milli
             self.mem_free[i, j] += sign * rec.gpu_memory_mib
-            self._label(i, j).add(rec.share, -sign)
-            self.labelled_shares -= sign * _is_labelled(rec.share)
-            if self.labels[(i, j)].shares <= 0:
-                del self.labels[(i, j)]
+            self._relabel(i, j, rec.share, -sign)
         if self.cpu_free[i] != UNTRACKED:
             self.cpu_free[i] += sign * rec.cpu_milli
         if self.node_mem_free[i] != UNTRACKED:
@@ -279,6 +355,16 @@ def share_of(request: Request, admission: str = "guaranteed") -> Share:
         group=request.group.name if request.group else None,
         admission=admission,
     )
+
+
+def _index(at: dict[str, set[tuple[int, int]]], label: str, gpu: tuple[int, int], held: bool) -> None:
+    gpus = at.setdefault(label, set())
+    if held:
+        gpus.add(gpu)
+    else:
+        gpus.discard(gpu)
+        if not gpus:
+            del at[label]
 
 
 def _is_labelled(share: Share) -> int:

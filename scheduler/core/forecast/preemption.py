@@ -2,11 +2,9 @@
 
 The forecast runs preemption after an end, where a guarantee request may now evict lower-priority
 work it could not evict before: only on the nodes where something ended or was placed, since the
-cycle has already tried everywhere else. `find_preemption` looks at every node and every share,
-which at a fleet's size costs more than the whole forecast may; `preempt_on` is the same search
-and the same ranking (fewest victims, lowest highest priority, node order) on the nodes given,
-over the shares on them, so on the nodes where a preemption can be new it finds what
-find_preemption would find (tests/scheduler/test_forecast.py compares the two).
+cycle has already tried everywhere else. `preempt_on` is find_preemption on those nodes, where
+what the forecast itself placed may be evicted too (tests/scheduler/test_forecast.py compares it
+with find_preemption on every node).
 """
 
 from __future__ import annotations
@@ -15,9 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..engine import Choice
-from ..filters import feasible
 from ..model import Request
-from ..preemption import _by_priority, _slot_victims, may_evict
+from ..preemption import _by_priority, find_preemption, may_evict
 from ..state import ClusterState, Holding
 
 
@@ -83,50 +80,16 @@ def might_preempt(state: ClusterState, need: tuple[int, int, int, int, int], mod
 
 
 def preempt_on(state: ClusterState, req: Request, nodes: Iterable[int],
-               on_node: Mapping[int, Iterable[str]]) -> tuple[Choice, tuple[str, ...]] | None:
-    """find_preemption restricted to `nodes` (with `on_node`: node -> reservation ids on it, in the
-    order they were placed: ties between victims go as in find_preemption, by that order). Leaves
-    the state as it found it."""
+               on_node: Mapping[int, Iterable[str]] | None = None) -> tuple[Choice, tuple[str, ...]] | None:
+    """find_preemption restricted to `nodes`, every share there a possible victim (the forecast's
+    own placements included). Leaves the state as it found it. (`on_node`, the walk's shares per
+    node, is no longer read: the state keeps its own, in the order they were placed.)"""
     if req.priority <= 0 or req.gpu_count == 0:
         return None
-    by_slot: dict[tuple[int, int], list[Holding]] = {}
-    for i in nodes:
-        for rid in on_node.get(i, ()):
-            rec = state.placed.get(rid)
-            if rec is not None:
-                for j in rec.gpus:
-                    by_slot.setdefault((i, j), []).append(rec)
-    allowed = list(range(len(state.models)))
-    if req.gpu_model is not None:
-        allowed = [state.model_id[m] for m in req.gpu_model if m in state.model_id]
-    options: list[tuple[tuple[int, int, int], int, tuple[int, ...], tuple[str, ...]]] = []
-    for node in sorted(set(nodes)):
-        if not state.ready[node]:
-            continue
-        per_slot = []
-        for slot in range(int(state.gpu_count[node])):
-            if int(state.gpu_model[node, slot]) not in allowed:
-                continue
-            if req.gpu_memory_mib > state.mem_total[node, slot]:
-                continue
-            victims = _slot_victims(state, req, node, slot, by_slot, may_evict, _by_priority)
-            if victims is not None:
-                top = max((p.share.priority for p in victims), default=-1)
-                per_slot.append((len(victims), top, slot, victims))
-        if len(per_slot) < req.gpu_count:
-            continue
-        per_slot.sort(key=lambda x: x[:3])
-        picked = per_slot[: req.gpu_count]
-        ids = tuple(sorted({p.share.reservation_id for *_, vs in picked for p in vs}))
-        if not ids:
-            continue
-        top = max(state.placed[i].share.priority for i in ids)
-        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids))
-    for _, node, slots, ids in sorted(options):
-        released = [state.release(i) for i in ids]
-        ok = feasible(state, req)
-        for rec in released:
-            state.restore(rec)
-        if all(ok[node, j] for j in slots):
-            return Choice(node, tuple(sorted(slots)), 0.0), ids
-    return None
+    found = find_preemption(state, req, may_evict, _by_priority, nodes=nodes, exclude=())
+    if found is None:
+        return None
+    choice, victims, released = found
+    for rec in released:
+        state.restore(rec)
+    return choice, victims
