@@ -186,6 +186,16 @@ def measure(sim: Replay, result, trace) -> dict:
         if log.starts:
             waits[log.job.team].append(log.starts[0] - log.job.arrival)
     hours = result.ended_at / HOUR
+    # Evictions and the work they threw away (a preempted job runs again from the start).
+    evicted = lost = 0.0
+    evicted_p0 = most = 0
+    for log in result.jobs.values():
+        most = max(most, len(log.preempted))
+        for t in log.preempted:
+            start = max(s for s in log.starts if s <= t)
+            evicted += 1
+            evicted_p0 += log.job.priority == 0
+            lost += (t - start) * log.job.gpu_request * log.job.gpu_count / HOUR
     worst = min(ratios.items(), key=lambda kv: kv[1]) if ratios else None
     return {
         "allocation_pct": round(100 * float(np.mean(held)), 2) if held else None,
@@ -200,6 +210,8 @@ def measure(sim: Replay, result, trace) -> dict:
                               "p99": round(float(np.percentile(sim.reclaim_latency, 99)), 1)}
         if sim.reclaim_latency else None,
         "preemptions_per_hour": round(result.preemptions / hours, 2) if hours else None,
+        "evictions": int(evicted), "evictions_of_priority_0": evicted_p0, "most_evictions_of_one_job": most,
+        "gpu_hours_lost_to_evictions": round(lost, 1),
         "wait_min": {team: {"p50": round(float(np.median(w)) / 60, 1),
                             "p99": round(float(np.percentile(w, 99)) / 60, 1)} for team, w in sorted(waits.items())},
         "finished": len(result.finished), "still_waiting": len(result.waiting),
@@ -238,7 +250,8 @@ def main() -> int:
     flat, fair = out["policies"]["flat"], out["policies"]["fair"]
     out["ratios"] = {"allocation_fair_over_flat": round(fair["allocation_pct"] / flat["allocation_pct"], 3)}
     ns.out.mkdir(parents=True, exist_ok=True)
-    (ns.out / "replay.json").write_text(json.dumps(out, indent=2, default=str))
+    stem = "replay" if ns.seed == 1 else f"replay-seed{ns.seed}"
+    (ns.out / f"{stem}.json").write_text(json.dumps(out, indent=2, default=str))
     lines = ["# Fair share vs flat quotas: one trace, same engine\n", f"Command: `{out['command']}`\n",
              f"Trace: seed {ns.seed}, {len(trace.jobs)} jobs, {trace.gpus} GPUs, 3 departments, 12 teams, load "
              f"{ns.load}, {ns.horizon_h} h of arrivals.\n",
@@ -246,7 +259,11 @@ def main() -> int:
     for key, label in (("allocation_pct", "GPU allocation %"), ("team_hours_at_95pct_pct",
                                                                  "team-hours with ≥ 95% of deserved share, %"),
                        ("jain_mean", "Jain's index (mean over hours)"), ("preemptions_per_hour", "preemptions / h"),
-                       ("reclaims", "reclaims"), ("finished", "jobs finished"), ("cycle_p99_ms", "cycle p99 ms")):
+                       ("reclaims", "reclaims"), ("evictions", "evictions"),
+                       ("evictions_of_priority_0", "evictions of priority-0 jobs"),
+                       ("most_evictions_of_one_job", "most evictions of one job"),
+                       ("gpu_hours_lost_to_evictions", "GPU-hours of work lost to evictions"),
+                       ("finished", "jobs finished"), ("cycle_p99_ms", "cycle p99 ms")):
         lines.append(f"| {label} | {flat.get(key)} | {fair.get(key)} |")
     lines.append(f"| worst team-hour (received/deserved) | {flat['worst_team_hour']} | {fair['worst_team_hour']} |")
     lines.append(f"| reclaim latency s (p50, p99) | – | {fair['reclaim_latency_s']} |")
@@ -257,7 +274,7 @@ def main() -> int:
     for team in sorted(fair["wait_min"]):
         f1, f2 = flat["wait_min"].get(team, {}), fair["wait_min"][team]
         lines.append(f"| {team} | {f1.get('p50')} / {f1.get('p99')} | {f2['p50']} / {f2['p99']} |")
-    (ns.out / "replay.md").write_text("\n".join(lines) + "\n")
+    (ns.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print(f"allocation fair/flat: {out['ratios']['allocation_fair_over_flat']}")
     return 0
 

@@ -85,13 +85,18 @@ def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int
                             admission=p.admission)
 
 
-def _evict(victim_id: int, by: snapshot.Pending, report: CycleReport, evicted: list[Eviction]) -> None:
+def _evict(victim_id: int, by: snapshot.Pending, placed_as: str, report: CycleReport,
+           evicted: list[Eviction]) -> None:
+    """Preempt one victim of `by`, placed as `placed_as`: another team's borrowed share taken for a
+    borrowed placement is a reclaim by fair share, for a guaranteed one a reclaim of lent quota."""
     pod = Reservation.objects.filter(pk=victim_id).values_list(
         "priority", "pod_namespace", "pod_name", "admission", "team__slug").first()
     if pod is None:
         return
     priority, namespace, name, admission, team = pod
-    if admission == Admission.BORROWED and team != by.team_slug:
+    if admission == Admission.BORROWED and team != by.team_slug and placed_as == Admission.BORROWED:
+        why = f"reclaimed: taken back for team {by.team_slug}, which is below its fair share (reservation {by.pk})"
+    elif admission == Admission.BORROWED and team != by.team_slug:
         why = f"reclaimed: team {by.team_slug} needs the capacity it lent, within its quota (reservation {by.pk})"
     else:
         why = f"preempted by reservation {by.pk} (priority {by.priority} over {priority})"
@@ -209,7 +214,8 @@ class Batches:
                 try:
                     with transaction.atomic():
                         for victim in victims:
-                            _evict(int(victim), self.rows[placements[0].request_id], report, mine)
+                            _evict(int(victim), self.rows[placements[0].request_id], placements[0].admission,
+                                   report, mine)
                         _, refused = services.place_many([placings], ACTOR)
                         if refused:
                             raise next(iter(refused.values()))

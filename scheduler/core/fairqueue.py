@@ -10,6 +10,9 @@ priorities. Borrowed victims go after their team's grace: until then the decisio
 A request within its quota whose department is at its borrowing limit because others below it
 borrowed (`Verdict.reclaim`) is not placed on free GPUs beyond that limit: it takes back those
 borrowed shares, then places; every preemption is checked against the ledger with its victims gone.
+A request that is neither and fits nowhere may still **reclaim by fair share** when its team is
+below its deserved share on a model (`below_share`): other teams' borrowed shares, of teams that
+stay at or above their share without them (`above_share`), in the same order and with the same grace.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from .engine import Choice, choose
-from .fairshare import INF, Admission, Ledger, QuotaTree, Vec, demand_of, held_by
+from .fairshare import COUNTED, INF, Admission, Ledger, QuotaTree, Vec, _add, _scale, demand_of, held_by
 from .filters import explain, feasible
 from .model import Reason, ReasonCode, Request, Share
 from .preemption import find_preemption
@@ -77,6 +80,12 @@ class Fair:
         self._borrowed = [(h, state.models[int(state.gpu_model[h.node, h.gpus[0]])]) for h in state.placed.values()
                           if h.gpus and h.share.admission == Admission.BORROWED]
         self._models: dict[frozenset[str] | None, list[str]] = {}
+        self._model_of = {h.share.reservation_id: m for h, m in self._borrowed}
+        # Reclaims by fair share decided this cycle but not yet due: (team, model) → what the
+        # taker is promised and what the victim team will lose, so that a team's next requests in
+        # the same cycle see where it will stand (no reclaiming twice for the same gap).
+        self._promised: dict[tuple[str, str], Vec] = defaultdict(lambda: (0, 0, 0))
+        self._losing: dict[tuple[str, str], Vec] = defaultdict(lambda: (0, 0, 0))
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -331,27 +340,108 @@ class Fair:
                     found = (choice, victims, released)
             if found is None:
                 continue
-            due = {}
+            return self._evict(req, choice, victims, released, given_back, admission)
+        taken = self._take_by_share(req)
+        if taken is None:
+            return None
+        choice, victims, released, given_back, admission = taken
+        return self._evict(req, choice, victims, released, given_back, admission)
+
+    def _evict(self, req: Request, choice: Choice, victims: tuple[str, ...], released: list[Holding],
+               given_back: GivenBack, admission: Admission
+               ) -> tuple[Choice, tuple[str, ...], Admission, dict[str, float]]:
+        """Other teams' borrowed victims go after their team's grace: then nothing changes now
+        (they run and stay charged until then) and each victim's time is returned; else the
+        victims go now and `req` is reserved and charged."""
+        due = {}
+        for h in released:
+            s = h.share
+            if s.admission == Admission.BORROWED and s.team != req.team and not _preemptible(s, req):
+                grace = self.tree.units[s.team].reclaim_grace_s if s.team in self.tree.units else 0.0
+                when = s.reclaim_at if s.reclaim_at is not None else self.now + grace
+                if when > self.now:
+                    due[s.reservation_id] = when
+        if due:
             for h in released:
-                s = h.share
-                if s.admission == Admission.BORROWED and s.team != req.team and not _preemptible(s, req):
-                    grace = self.tree.units[s.team].reclaim_grace_s if s.team in self.tree.units else 0.0
-                    when = s.reclaim_at if s.reclaim_at is not None else self.now + grace
-                    if when > self.now:
-                        due[s.reservation_id] = when
-            if due:
-                for h in released:
-                    self.state.restore(h)
-                for rid, (team, model, amount_, adm) in given_back.items():  # they run until then
-                    self.ledger.charge(rid, team, model, amount_, adm)
-                self.claimed.update(victims)
-                return choice, victims, admission, {v: due.get(v, self.now) for v in victims}
-            for v in victims:
-                self.ledger.refund(v)
-            self.state.reserve(req, choice.node, choice.slots, admission=str(admission))
-            self.charge(req, choice, admission)
-            return choice, victims, admission, {}
-        return None
+                self.state.restore(h)
+            for rid, (team, model, amount_, adm) in given_back.items():  # they run until then
+                self.ledger.charge(rid, team, model, amount_, adm)
+                if adm in COUNTED and team != req.team:
+                    self._losing[(team, model)] = _add(self._losing[(team, model)], amount_)
+            if admission == Admission.BORROWED:
+                model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+                self._promised[(req.team, model)] = _add(self._promised[(req.team, model)], demand_of(req))
+            self.claimed.update(victims)
+            return choice, victims, admission, {v: due.get(v, self.now) for v in victims}
+        for v in victims:
+            self.ledger.refund(v)
+        self.state.reserve(req, choice.node, choice.slots, admission=str(admission))
+        self.charge(req, choice, admission)
+        return choice, victims, admission, {}
+
+    # ---- reclaim by fair share ----------------------------------------------------------------
+    def below_share(self, team: str, model: str, amount: Vec) -> bool:
+        """Whether `team` may take `amount` of `model` back by fair share: with half of it (and what
+        earlier reclaims this cycle promised it) its saturation is at most 1. Whole GPUs come in
+        units: a team takes one when that leaves it nearer its share than it was, never to stand
+        further above its share than it stood below (hysteresis: it cannot then be taken back)."""
+        extra = _add(self._promised[(team, model)], _scale(amount, 0.5))
+        return self.ledger.saturation(team, model, extra) <= 1
+
+    def above_share(self, team: str, model: str, losing: Vec) -> bool:
+        """Whether `team` stays at or above its fair share of `model` after losing `losing` (and
+        what earlier reclaims this cycle take from it): only then may a reclaim take it, so the
+        victim is never pushed below its share (from where it would take it back)."""
+        gone = _add(self._losing[(team, model)], losing)
+        return self.ledger.saturation(team, model, _scale(gone, -1)) >= 1
+
+    def _take_by_share(self, req: Request
+                       ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
+        """A request its team's fair share covers but that fits nowhere (beyond its quota, others
+        borrowed the room): on the models where its team is below its share (`below_share`), other
+        teams' borrowed shares of teams above theirs (`above_share`), furthest above first, lowest
+        priority, newest; with the preemptible work and the team's own lower priorities that any
+        preemption may take. Admitted as borrowed (or better) once they are gone. Returns the
+        choice, victims, their holdings (released), what the ledger held (refunded), the admission."""
+        amount = demand_of(req)
+        models = [m for m in self.models_of(req) if self.below_share(req.team, m, amount)
+                  and not self.ledger.verdict(req.team, m, amount, req.priority).never]
+        if not models:
+            return None
+        model_of = self._model_of
+
+        def may(share: Share, r: Request) -> bool:
+            if share.reservation_id in self.claimed:
+                return False
+            if share.team == r.team:
+                return share.priority < r.priority  # within a team, priorities order work
+            if share.admission == Admission.OPPORTUNISTIC:
+                return share.priority < r.priority
+            if share.admission != Admission.BORROWED:
+                return False  # another team's guaranteed work, whatever its priority
+            model, entry = model_of.get(share.reservation_id), self.ledger.holdings.get(share.reservation_id)
+            return model is not None and entry is not None and self.above_share(share.team, model, entry[2])
+
+        target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
+        found = find_preemption(self.state, target, may, self._rank(req))
+        if found is None:
+            return None
+        choice, victims, released = found
+        model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+        losing: dict[str, Vec] = defaultdict(lambda: (0, 0, 0))
+        for h in released:  # together, too, each victim team stays at or above its share
+            if h.share.team != req.team and h.share.admission == Admission.BORROWED:
+                losing[h.share.team] = _add(losing[h.share.team], held_by(h.share, len(h.gpus)))
+        given_back = None
+        if all(self.above_share(team, model, v) for team, v in losing.items()):
+            given_back = self._refund_if_it_makes_room(req, choice, Admission.BORROWED, victims)
+        if given_back is None:
+            for h in released:
+                self.state.restore(h)
+            return None
+        v = self.ledger.verdict(req.team, model, amount, req.priority)
+        admission = v.admission if v.admission in COUNTED and not v.reclaim else Admission.BORROWED
+        return choice, victims, released, given_back, admission
 
 
 class FairHooks:

@@ -465,8 +465,8 @@ class Ledger:
                 continue
             models = [m for m in self.models if req.gpu_model is None or m in req.gpu_model]
             amount = demand_of(req)
-            for m in models:  # a request that may use several models wants each (an upper bound)
-                demand[(req.team, m)] = _add(demand[(req.team, m)], amount)
+            for m, part in self._split(req.team, models).items():
+                demand[(req.team, m)] = _add(demand[(req.team, m)], _scale(amount, part))
         out: dict[tuple[str, str], Vec] = {}
         children: dict[tuple[str, str], list[str]] = defaultdict(list)
         for model in self.models:
@@ -482,6 +482,20 @@ class Ledger:
                     subtree[unit] = _add(subtree[unit], v)
             self._fill(ROOT, model, self.capacity[model], children, subtree, out)
         return out
+
+    def _split(self, team: str, models: Sequence[str]) -> dict[str, float]:
+        """How a waiting request that may use any of `models` counts as demand on each: in
+        proportion to the team's compute quota there, or to the models' capacity where it has none
+        on any. Counted once in all: a team cannot deserve more than it asks for."""
+        if len(models) == 1:
+            return {models[0]: 1.0}
+        weights = {m: self.tree.quota(*self.tree.path(team, m)[0]).milli for m in models}
+        if not sum(weights.values()):
+            weights = {m: self.capacity[m][0] for m in models}
+        total = sum(weights.values())
+        if not total:
+            return {m: 1.0 / len(models) for m in models} if models else {}
+        return {m: w / total for m, w in weights.items() if w}
 
     def _fill(self, parent: str, model: str, share: Vec, children, subtree, out) -> None:
         kids = [c for c in children.get((parent, model), ()) if subtree.get(c, ZERO) != ZERO]
@@ -545,7 +559,9 @@ def _water_fill(left: Vec, unmet: Mapping[str, Vec], weight: Mapping[str, float]
         limit = 1.0
         for r in range(3):
             if u[r] > 0:
-                limit = min(limit, cap[c][r] / u[r])
+                # Nothing left of a resource it needs: it gets nothing more (without this its
+                # dominant share read 0 and it got all it asked for, beyond the capacity).
+                limit = min(limit, cap[c][r] / u[r] if left[r] > 0 else 0.0)
         top[c] = max(0.0, limit)
 
     def taken(level: float) -> Vec:

@@ -40,8 +40,10 @@ from scheduler.core import (
     decide,
 )
 from scheduler.core import fairshare as fairshare_module
+from scheduler.core.fairqueue import ledger_of
 from scheduler.core.fairshare import ZERO
 from scheduler.core.model import MILLI, to_milli
+from scheduler.core.state import ClusterState
 
 MODELS = ("A", "B")
 BUCKETS = ("A", "B", "*")
@@ -289,13 +291,37 @@ def check(tree: QuotaTree, nodes: list[Node], pending: list[Request], decisions:
     acc = Account(tree, nodes)
     by_id = {r.id: r for r in pending}
     seen: list[str] = []
+    ledger = ledger_of(ClusterState.from_snapshot(Snapshot(tuple(nodes), quotas=tree)), tree)
+    ledger.deserve([r for r in pending if r.id not in acc.held])
+
+    def saturation(team: str, model: str, extra) -> float:
+        """The team's counted use of `model` (plus `extra`) over its deserved share, its worse of
+        compute and memory."""
+        used = [0.0, 0.0]
+        for h in acc.held.values():
+            if acc.counted(h) and h.team == team and h.model == model:
+                used = [used[r] + h.amount[r] for r in (0, 1)]
+        deserved = ledger.deserved.get((team, model), (0, 0, 0))
+        worst = 0.0
+        for r in (0, 1):
+            u = used[r] + extra[r]
+            if u > 0:
+                worst = max(worst, u / deserved[r] if deserved[r] > 0 else math.inf)
+        return worst
+
+    def by_share(victim: Held, req: Request) -> bool:
+        """A reclaim by fair share: the request's team stays nearer its share than it was (half
+        its demand within it), the victim's team at or above its share without the victim."""
+        d = (req.milli * req.gpu_count, req.gpu_memory_mib * req.gpu_count)
+        return (saturation(req.team, victim.model, (d[0] / 2, d[1] / 2)) <= 1
+                and saturation(victim.team, victim.model, (-victim.amount[0], -victim.amount[1])) >= 1)
 
     def may_go(victim: Held, req: Request, admission: str) -> bool:
         if victim.team == req.team:
             return victim.priority < req.priority  # within a team, priorities order work
         if (victim.admission == "opportunistic" or victim.priority == 0) and victim.priority < req.priority:
             return True  # priority 0 is preemptible by any higher priority (KubeShare's)
-        return victim.admission == "borrowed" and admission == "guaranteed"
+        return victim.admission == "borrowed" and (admission == "guaranteed" or by_share(victim, req))
 
     def place(p, note: str) -> None:
         req = by_id[p.request_id]
@@ -346,7 +372,8 @@ def check(tree: QuotaTree, nodes: list[Node], pending: list[Request], decisions:
             seen.append(d.request_id)
             req = by_id[d.request_id]
             for v in d.victims:
-                assert may_go(acc.held[v], req, "guaranteed"), f"victim {v} of {d}\n{note}"
+                ok = any(may_go(acc.held[v], req, a) for a in ("guaranteed", "borrowed"))
+                assert ok, f"victim {v} of {d}\n{note}"
         else:
             assert isinstance(d, Unschedulable)
             seen.append(d.request_id)
@@ -394,7 +421,9 @@ def test_admission_keeps_quotas_borrowing_and_lending_limits(case):
     borrowing never takes what a sibling keeps beyond its lending limit; opportunistic only at
     priority 0 for teams that allow it; victims only borrowed shares of other teams (for work
     within quota), opportunistic ones below the request's priority, or the team's own lower
-    priorities; no GPU over-committed; every request decided once."""
+    priorities, or by fair share other teams' borrowed shares where the request's team is below its
+    deserved share and the victim's stays at or above it; no GPU over-committed; every request
+    decided once."""
     tree, nodes, first, second, drained = case
     ds = list(decide(Snapshot(tuple(nodes), quotas=tree, now=FIRST), first))
     check(tree, nodes, first, ds)

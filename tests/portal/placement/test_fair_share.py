@@ -182,3 +182,23 @@ def test_reclaim_with_no_grace_is_immediate(client_for, reservation_body, teams,
     assert _get(alice, mine)["admission"] == "guaranteed"
     assert Reservation.objects.get(pk=borrowed[1]).state == State.PREEMPTED
     assert Reservation.objects.get(pk=borrowed[0]).state == State.RUNNING
+
+
+def test_a_team_below_its_fair_share_takes_back_borrowed_capacity_saying_why(
+        client_for, reservation_body, teams, placement_loop):
+    """Neither team has T4 quota: nlp borrowed both T4s; vision, below its fair share (one of
+    two), takes one back as borrowed, and nlp's owner reads why."""
+    _quota(teams["vision"], _row("T4", 0))
+    _quota(teams["nlp"], _row("T4", 0))
+    policy.set_policy(teams["nlp"], ADMIN, {"reclaim_grace_s": 0})
+    bob, alice = client_for("bob"), client_for("alice")
+    borrowed = [_post(bob, reservation_body(team="nlp", **T4))["id"] for _ in range(2)]
+    placement_loop()
+    mine = _post(alice, reservation_body(**T4))["id"]
+    placement_loop()
+    assert _get(alice, mine)["admission"] == "borrowed"
+    victim = Reservation.objects.get(pk=borrowed[1])
+    assert victim.state == State.PREEMPTED
+    assert victim.transitions.filter(
+        to_state="preempted", reason__contains="taken back for team vision, which is below its fair share").exists()
+    assert Reservation.objects.get(pk=borrowed[0]).state == State.RUNNING
