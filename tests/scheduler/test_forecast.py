@@ -318,7 +318,7 @@ def test_the_forecast_matches_a_plain_walk(seed):
 # ---- likely ends of reservations with an expiry ---------------------------------------------------
 
 def test_run_lengths_turn_an_expiry_into_the_likely_end():
-    lengths = RunLengths()
+    lengths = RunLengths(min_samples=5)
     assert lengths.end(0, 3600, now=100) == 3600  # nothing learnt: its expiry
     for used in (900, 1800, 1800, 2700, 3600):
         lengths.observe(used, 3600)
