@@ -119,6 +119,7 @@ class Batches:
         self.seconds = 0.0  # spent committing
         self.remote: dict[str, SharingChoice] = {}  # request id → its remote share (portal.placement.remote)
         self.reclaims: list[core.Reclaim] = []
+        self.committed: list[core.Placement] = []  # what the commits placed (the forecast starts from them)
 
     def reclaim(self, decision: core.Reclaim) -> None:
         """A request waits while borrowed shares are reclaimed for it: warned in the next commit."""
@@ -233,6 +234,8 @@ class Batches:
                     self.waiting[str(rid)] = f"placement lost a race and is retried: {exc}"[:500]
             self._warn(evicted)
             report.placed.extend(placed)
+            done = set(placed)
+            self.committed += [p for placements, _ in units for p in placements if int(p.request_id) in done]
             if placed or evicted:
                 transaction.on_commit(lambda: self.on_bind(placed, evicted))
         return True

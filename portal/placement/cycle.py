@@ -15,6 +15,7 @@ from django.conf import settings
 from portal.reservations import services
 from portal.reservations.events import announcements_held
 from scheduler import core
+from scheduler.core.forecast import after_cycle
 
 from . import memo, remote, snapshot
 from .commit import Batches, CycleReport, OnBind
@@ -28,6 +29,18 @@ def _reason_text(reasons: tuple[core.Reason, ...]) -> str:
     if not reasons:
         return "no GPU fits this request right now"
     return "; ".join(r.message for r in reasons)[:500]
+
+
+def _after(fleet: core.Snapshot, requests: list[core.Request], batches: Batches,
+           reclaim_due: dict[str, float]) -> core.Snapshot:
+    """The cycle's snapshot with what it committed: the queue's estimates start from it (no
+    second read of the cluster per cycle)."""
+    by_id = {r.id: r for r in requests}
+    warned = {str(pk) for pk in batches.report.reclaiming}
+    return after_cycle(fleet, [(by_id[p.request_id], p) for p in batches.committed if p.request_id in by_id],
+                       gone=[str(pk) for pk in batches.report.preempted],
+                       reclaim_at={rid: at for rid, at in reclaim_due.items() if rid in warned},
+                       pod_nodes={rid: choice.pod_node for rid, choice in batches.remote.items()})
 
 
 def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
@@ -58,9 +71,11 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
     # No requests: everything waiting was looked at already and nothing has freed capacity since.
     # Decisions are committed while the engine goes on deciding, so the first pods can be bound
     # (by another worker) before the last decision is made.
-    decisions = core.decide(snapshot.build(), requests, settings.TESSERA_POLICY) if requests else iter(())
+    fleet = snapshot.build() if requests else None
+    decisions = core.decide(fleet, requests, settings.TESSERA_POLICY) if fleet is not None else iter(())
     batches = Batches(lease, renew, on_bind, rows, report)
     waiting = batches.waiting  # request id → why it waits
+    reclaim_due: dict[str, float] = {}  # reclaimed share → when it goes
     unschedulable: set[str] = set()
     deciding = time.perf_counter()
     report.phases["read"] = deciding - started
@@ -72,6 +87,7 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
                 waiting[decision.request_id] = _reason_text(decision.reasons)
             elif isinstance(decision, core.Reclaim):
                 batches.reclaim(decision)  # not memoised: it is looked at again until its victims go
+                reclaim_due.update(decision.due)
             elif not batches.add(decision):
                 break
         else:
@@ -89,7 +105,7 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
     skipped = {str(q.pk) for q in queue} - set(rows)
     memo.save(epoch, unschedulable | skipped, looked_at if skip else time.time())
     report.unschedulable = len(unschedulable | skipped)
-    update_queue(queue)
+    update_queue(queue, None if fleet is None else _after(fleet, requests, batches, reclaim_due))
     report.seconds = time.perf_counter() - started
     report.phases["reasons and queue"] = time.perf_counter() - announced
     return report

@@ -1,10 +1,17 @@
 """Where each waiting reservation stands: its place in the queue (the cycle's fair-share order) and
 its estimated start (`scheduler.core.forecast`: the queue run forward over the known ends of what
-runs, on the GPUs that could take each request, with quota as its gate), or why there is none."""
+runs, on the GPUs that could take each request, with quota as its gate), or why there is none.
+
+A known end is a reservation's expiry, which many release earlier: each becomes its likely end,
+and each waiting request's maximum duration its likely run time, from how much of their reserved
+time recently ended reservations used (`RunLengths`: per owner, team and GPU count where enough
+ended, else all of them; the last LEARN_FROM within LEARN_WITHIN_S, read again every LEARNT_FOR_S)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import threading
+import time
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from django.utils import timezone
@@ -15,12 +22,18 @@ from portal.reservations.models import Kind, Reservation
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler import core
 from scheduler.core.fairqueue import FairHooks
-from scheduler.core.forecast import Estimate, estimate_starts
+from scheduler.core.forecast import Estimate, RunLengths, estimate_starts
 from scheduler.core.queue import queue_order
 
 from . import snapshot
 
 ESTIMATED = 1000  # the first this many in the queue get an estimate; the rest are told how many are ahead
+LEARN_FROM = 5000  # run lengths are learnt from this many reservations that ended last
+LEARN_WITHIN_S = 30 * 86400  # that ended within this long
+LEARNT_FOR_S = 300.0  # and read again after this long (they change slowly; a cycle runs every few seconds)
+# Ended by their owner or their expiry: what a running reservation's own end will be like (not a
+# preemption, a failure or a lost node).
+ENDED = (State.SUCCEEDED, State.CANCELLED, State.EXPIRED)
 
 
 class Queued(NamedTuple):
@@ -38,9 +51,45 @@ class Queued(NamedTuple):
 _QUEUE = Precompiled(lambda: Reservation.objects.filter(state=State.PENDING).order_by("created_at", "id")
                      .values_list("pk", "priority", "created_at", "queue_position", "estimated_start", "group_name"))
 _KNOWN_ENDS = Precompiled(lambda: Reservation.objects.filter(state__in=HOLDS_GPU, expires_at__isnull=False)
-                          .order_by().values_list("pk", "expires_at"))
+                          .order_by().values_list("pk", "expires_at", "placed_at", "owner_id", "team_id", "gpu_count"))
 _DURATIONS = Precompiled(lambda: Reservation.objects.filter(param_in("pk", "ids")).order_by()
-                         .values_list("pk", "max_duration_s", "kind", "team__interactive_max_s", "state_reason"))
+                         .values_list("pk", "max_duration_s", "kind", "team__interactive_max_s", "state_reason",
+                                      "owner_id", "team_id", "gpu_count"))
+
+_learnt_lock = threading.Lock()
+_learnt: tuple[float, RunLengths] | None = None  # (monotonic time read, what was learnt)
+
+
+def _keys(owner_id: int, team_id: int, gpu_count: int) -> tuple:
+    """What a reservation's run length is learnt under, most specific first."""
+    return ("owner", owner_id), ("team", team_id), ("gpus", gpu_count)
+
+
+def run_lengths() -> RunLengths:
+    """How much of their reserved time the last LEARN_FROM reservations that ended used (kept for
+    LEARNT_FOR_S seconds per process)."""
+    global _learnt
+    with _learnt_lock:
+        if _learnt is not None and time.monotonic() - _learnt[0] < LEARNT_FOR_S:
+            return _learnt[1]
+    lengths = RunLengths()
+    ended = (Reservation.objects.filter(state__in=ENDED, placed_at__isnull=False, expires_at__isnull=False,
+                                        finished_at__gte=timezone.now() - timedelta(seconds=LEARN_WITHIN_S))
+             .order_by("-finished_at")
+             .values_list("placed_at", "expires_at", "finished_at", "owner_id", "team_id", "gpu_count")[:LEARN_FROM])
+    for placed_at, expires_at, finished_at, owner, team, gpus in ended:
+        lengths.observe((finished_at - placed_at).total_seconds(), (expires_at - placed_at).total_seconds(),
+                        _keys(owner, team, gpus))
+    with _learnt_lock:
+        _learnt = (time.monotonic(), lengths)
+    return lengths
+
+
+def forget_run_lengths() -> None:
+    """Learn again at the next forecast (after reservations that ended were rewritten, e.g. in tests)."""
+    global _learnt
+    with _learnt_lock:
+        _learnt = None
 
 
 def read_queue() -> list[Queued]:
@@ -58,14 +107,21 @@ def _forecast(fleet: core.Snapshot, requests: list[core.Request]) -> tuple[list[
     else:
         hooks = None
         ordered = queue_order(requests, fleet.teams, now)
-    ends = {str(pk): at.timestamp() for pk, at in _KNOWN_ENDS.all()}
+    lengths = run_lengths()
+    ends = {}
+    for pk, expires_at, placed_at, owner, team, gpus in _KNOWN_ENDS.all():
+        if placed_at is None:
+            ends[str(pk)] = expires_at.timestamp()
+        else:
+            ends[str(pk)] = lengths.end(placed_at.timestamp(), (expires_at - placed_at).total_seconds(), now,
+                                        _keys(owner, team, gpus))
     durations, reasons = {}, {}
     ids = [int(r.id) for r in ordered[:ESTIMATED] if r.id.isdigit()]
-    for pk, seconds, kind, interactive_max_s, reason in _DURATIONS.all(ids=ids):
+    for pk, seconds, kind, interactive_max_s, reason, owner, team, gpus in _DURATIONS.all(ids=ids):
         if seconds is None and kind == Kind.INTERACTIVE:
             seconds = interactive_max_s or None
         if seconds:
-            durations[str(pk)] = float(seconds)
+            durations[str(pk)] = lengths.run(float(seconds), _keys(owner, team, gpus))
         reasons[pk] = reason
     estimates = estimate_starts(fleet, ordered, ends, now=now, durations=durations, gate=hooks, order=hooks,
                                 limit=ESTIMATED)
@@ -95,14 +151,16 @@ def waiting_requests(fleet: core.Snapshot) -> list[core.Request]:
     return requests
 
 
-def update_queue(queue: list[Queued]) -> None:
-    """Queue position and estimated start of what still waits after the cycle, from a fresh
-    snapshot: the order is the cycle's (fair share), the estimate the forecast's; where there is
-    none, its reason goes into the reservation's reason ("…; no estimate: …")."""
+def update_queue(queue: list[Queued], fleet: core.Snapshot | None = None) -> None:
+    """Queue position and estimated start of what still waits after the cycle: the order is the
+    cycle's (fair share), the estimate the forecast's; where there is none, its reason goes into
+    the reservation's reason ("…; no estimate: …"). `fleet`: the cluster after the cycle (the
+    cycle's snapshot with what it committed, `forecast.after_cycle`); None: read it now."""
     if not queue:
         services.set_queue_positions([])
         return
-    fleet = snapshot.build()
+    if fleet is None:
+        fleet = snapshot.build()
     ordered, estimates, reasons = _forecast(fleet, waiting_requests(fleet))
     known = {q.pk: q for q in queue}
     changed, notes = [], []

@@ -318,7 +318,7 @@ def test_the_forecast_matches_a_plain_walk(seed):
 # ---- likely ends of reservations with an expiry ---------------------------------------------------
 
 def test_run_lengths_turn_an_expiry_into_the_likely_end():
-    lengths = RunLengths()
+    lengths = RunLengths(min_samples=5)
     assert lengths.end(0, 3600, now=100) == 3600  # nothing learnt: its expiry
     for used in (900, 1800, 1800, 2700, 3600):
         lengths.observe(used, 3600)
@@ -359,3 +359,48 @@ def test_preemption_on_all_nodes_finds_what_the_cycle_finds(seed):
         ours = preempt_on(state, req, range(len(nodes)), on_node)
         found = find_preemption(ClusterState.from_snapshot(snap), req) if req.priority > 0 else None
         assert ours == (found[:2] if found else None)  # (choice, victims); find_preemption adds the holdings
+
+
+def test_run_lengths_follow_the_owner_who_always_stops_early_once_enough_of_theirs_ended():
+    lengths = RunLengths(min_samples=3)
+    for _ in range(3):
+        lengths.observe(900, 3600, keys=[("owner", "ann"), ("team", "nlp")])  # ann stops after a quarter
+    for _ in range(6):
+        lengths.observe(3600, 3600, keys=[("owner", "bob"), ("team", "nlp")])  # bob uses all of it
+    assert lengths.end(0, 3600, now=100, keys=[("owner", "ann"), ("team", "nlp")]) == 900
+    assert lengths.end(0, 3600, now=100, keys=[("owner", "bob"), ("team", "nlp")]) == 3600
+    # Someone with too few ended reservations of their own: their team's.
+    assert lengths.end(0, 3600, now=100, keys=[("owner", "cy"), ("team", "nlp")]) == 3600
+    assert lengths.run(7200, keys=[("owner", "ann")]) == 1800
+
+
+def test_too_few_ended_reservations_teach_nothing_the_expiry_stands():
+    lengths = RunLengths()
+    lengths.observe(60, 3600)
+    assert lengths.end(0, 3600, now=100) == 3600 and lengths.run(3600) == 3600
+
+
+def test_a_borrowed_share_being_reclaimed_ends_at_its_reclaim_time():
+    snap = Snapshot((make_node("a1", shares={0: [busy("lent", team="b", admission="borrowed",
+                                                      reclaim_at=NOW + 300)]}),))
+    out = estimate_starts(snap, [Request("mine", team="a")], {}, now=NOW)
+    assert out["mine"].start == NOW + 300 and "lent" in out["mine"].reason
+    # A known end before the reclaim time still comes first.
+    assert estimate_starts(snap, [Request("mine", team="a")], {"lent": NOW + 60}, now=NOW)["mine"].start == NOW + 60
+
+
+def test_after_a_cycle_the_forecast_sees_what_it_placed_preempted_and_warned():
+    from scheduler.core import Placement
+    from scheduler.core.forecast import after_cycle
+
+    snap = Snapshot((make_node("a1", gpus=2, shares={0: [busy("old", priority=0)], 1: [busy("lent")]}),), now=NOW)
+    placed = Request("new", priority=5, cpu_milli=1000)
+    after = after_cycle(snap, [(placed, Placement("new", "a1", ("a1-g0",), (0,), 1.0, 0))], gone=["old"],
+                        reclaim_at={"lent": NOW + 600})
+    gpus = after.nodes[0].gpus
+    assert [s.reservation_id for s in gpus[0].shares] == ["new"] and gpus[0].shares[0].priority == 5
+    assert gpus[1].shares[0].reclaim_at == NOW + 600
+    # The next request waits for the share being reclaimed, not for the one the cycle preempted.
+    out = estimate_starts(after, [Request("next")], {}, now=NOW)
+    assert out["next"].start == NOW + 600
+    assert after_cycle(snap, []) is snap

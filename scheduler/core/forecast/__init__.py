@@ -32,6 +32,7 @@ Hooks: a `Gate` (quota: which models a request may use now, charged and refunded
 places and ends work) and an `Order` (the cycle's order as use changes: `QueueOrder` is today's
 rule; without one, the order of `queue` holds throughout). `RunLengths` turns expiries into likely
 ends from what ended reservations used, for callers that want a likely start rather than the latest.
+`after_cycle` is a cycle's snapshot with what the cycle committed (the forecast's start after it).
 
 Not modelled: requests that arrive later (a higher priority, or a team below its share, passes
 ahead), ends that come early (unless the caller passes likely ends), and batch work whose end
@@ -51,6 +52,7 @@ from ..engine import make_scorer
 from ..fragmentation import FgdScorer, TypicalPod, typical_pods
 from ..model import Request, Snapshot
 from ..state import ClusterState
+from .after import after_cycle
 from .answers import (
     AFTER_ENDS,
     BEHIND,
@@ -90,6 +92,7 @@ __all__ = [
     "Order",
     "QueueOrder",
     "RunLengths",
+    "after_cycle",
     "estimate_starts",
 ]
 
@@ -112,7 +115,8 @@ def estimate_starts(
     """An estimated start for each request of `queue` (in the order the cycle admits them).
 
     `ends`: reservation id -> its known end (same clock as `now`) for running shares of the
-    snapshot; a share without one never ends within the forecast. `durations`: request id -> how
+    snapshot; a share without one never ends within the forecast, unless it is being reclaimed
+    (`Share.reclaim_at`: it ends then at the latest). `durations`: request id -> how
     long it runs once started, where known (its room is free again after that). `gate`: quota
     (default: none). `order`: the cycle's order as use changes (default: `queue`'s order throughout).
     `preemption`: after an end, guarantee requests may evict lower-priority work as the cycle does
@@ -133,8 +137,17 @@ def estimate_starts(
     out = walk.out
     lines = _lines(state, queue, limit, per_team=lambda req: (gate is not None or order is not None
                                                               or (preemption and req.priority > 0)), out=out)
-    walk.run(_startable(state, lines, out), ends, now)
+    walk.run(_startable(state, lines, out), _with_reclaims(state, ends), now)
     return out
+
+
+def _with_reclaims(state: ClusterState, ends: Mapping[str, float]) -> Mapping[str, float]:
+    """`ends` with each share being reclaimed ending at its reclaim time at the latest: a known end
+    the snapshot itself holds (the cycle preempts it then)."""
+    reclaimed = {rid: rec.share.reclaim_at for rid, rec in state.placed.items() if rec.share.reclaim_at is not None}
+    if not reclaimed:
+        return ends
+    return {**ends, **{rid: min(at, ends.get(rid, at)) for rid, at in reclaimed.items()}}
 
 
 def _lines(state: ClusterState, queue: Sequence[Request], limit: int, per_team, out: dict[str, Estimate]) -> list[Line]:

@@ -57,3 +57,75 @@ def test_a_t4_request_is_given_the_t4_end_not_an_earlier_a100_one(
     hours = (row.estimated_start - timezone.now()).total_seconds() / 3600
     assert 2.9 < hours <= 3.0
     assert "no estimate" not in row.state_reason
+
+
+def test_what_a_person_used_of_their_past_reservations_moves_the_start_others_are_told(
+        client_for, reservation_body, people, teams, placement_loop):
+    """bob books 4 h of T4 and has always stopped after one: alice is told about an hour, not four."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.placement import queue
+    from portal.reservations.models import Reservation
+    from tests.teams import set_any_quota
+
+    set_any_quota(teams["nlp"], share=20, gpus=20)
+    _hold(people, teams, "T4", 4)
+    alice = client_for("alice")
+    rid = alice.post(URL, reservation_body(gpu_model="T4", gpu_request=1.0, gpu_memory_mib=1000),
+                     format="json").json()["id"]
+    queue.forget_run_lengths()
+    try:
+        placement_loop()
+        told = alice.get(f"{URL}{rid}/").json()
+        assert told["state"] == "pending"
+        hours = (Reservation.objects.get(pk=rid).estimated_start - timezone.now()).total_seconds() / 3600
+        assert 3.9 < hours <= 4.0  # nothing ended yet: the expiry
+
+        # bob's history: 4-hour interactive reservations, each ended by him after one hour.
+        day = timezone.now() - timedelta(days=1)
+        for k in range(queue.RunLengths().min_samples):
+            past = submitted(people["bob"], teams["nlp"], gpu_request=Decimal(1), gpu_memory_mib=1000,
+                             kind="interactive", max_duration_s=4 * 3600, gpu_model="T4")
+            start = day + timedelta(minutes=k)
+            Reservation.objects.filter(pk=past.pk).update(
+                state="succeeded", placed_at=start, expires_at=start + timedelta(hours=4),
+                finished_at=start + timedelta(hours=1))
+        queue.forget_run_lengths()
+        placement_loop()
+        told = alice.get(f"{URL}{rid}/").json()
+        assert told["state"] == "pending" and told["estimated_start"] is not None
+        hours = (Reservation.objects.get(pk=rid).estimated_start - timezone.now()).total_seconds() / 3600
+        assert 0.9 < hours <= 1.0
+    finally:
+        queue.forget_run_lengths()  # what this test taught must not reach the next one
+
+
+def test_the_estimate_after_a_cycle_counts_what_that_cycle_placed(
+        client_for, reservation_body, people, teams, cluster):
+    """Two requests for the last T4: one cycle places the first; the second is told, by that
+    cycle, when the first ends (not "now", as the cluster was before the cycle)."""
+    from django.utils import timezone
+
+    from portal.placement.cycle import run_cycle
+    from portal.placement.locking import Lease
+    from tests.teams import set_any_quota
+
+    set_any_quota(teams["nlp"], share=20, gpus=20)
+    set_any_quota(teams["vision"], share=20, gpus=20)
+    t4s = list(Gpu.objects.filter(model="T4"))
+    for gpu in t4s[1:]:  # all T4s but one held for 5 h
+        running(submitted(people["bob"], teams["nlp"], gpu_request=Decimal(1), gpu_memory_mib=1000, kind="interactive",
+                          max_duration_s=5 * 3600), gpu)
+    alice = client_for("alice")
+    first = alice.post(URL, reservation_body(gpu_model="T4", gpu_request=1.0, gpu_memory_mib=1000, kind="interactive",
+                                             max_duration_s=2 * 3600), format="json").json()["id"]
+    second = alice.post(URL, reservation_body(gpu_model="T4", gpu_request=1.0, gpu_memory_mib=1000),
+                        format="json").json()["id"]
+    run_cycle(Lease(10**9, "test"), on_bind=lambda _ids, _evicted: None)
+    assert Reservation.objects.get(pk=first).state == "placed"
+    row = Reservation.objects.get(pk=second)
+    assert row.state == "pending" and row.queue_position == 1
+    hours = (row.estimated_start - timezone.now()).total_seconds() / 3600
+    assert 1.9 < hours <= 2.0  # the first one's end, not now (the snapshot before the cycle) nor in 5 h
