@@ -52,6 +52,11 @@ class TeamAdmin(AuditedAdmin):
     readonly_fields = ("department",)  # moved by portal.tenancy.departments.move_team, which checks quotas
     inlines = [MembershipInline, ExclusionGroupInline, QuotaInline]
 
+    def has_add_permission(self, request):
+        # teams are made by portal.tenancy.teams.create_team (the fleet pages, the API): it gives
+        # the team its `*` quota row and checks that its department can hold it
+        return False
+
 
 @admin.register(Department)
 class DepartmentAdmin(ReadOnlyAdmin):

@@ -252,3 +252,13 @@ def test_changes_in_django_admin_are_audited_too(browser_for, teams, people):
     entry = AuditEntry.objects.get(object_type="exclusion")
     assert (entry.actor_label, entry.via, entry.action, entry.team) == ("admin", "web", "changed", teams["vision"])
     assert entry.message.startswith("in Django admin:")
+
+
+def test_teams_are_not_added_in_django_admin(browser_for, people):
+    # a team made there would have no quota row and skip its department's check: the fleet pages
+    # and the API make teams through portal.tenancy.teams.create_team
+    people["admin"].is_superuser = True
+    people["admin"].save()
+    admin = browser_for("admin")
+    assert admin.get("/admin/tenancy/team/add/").status_code == 403
+    assert b"/admin/tenancy/team/add/" not in admin.get("/admin/tenancy/team/").content
