@@ -100,8 +100,10 @@ class Replay(Simulation):
     """The trace under a quota tree: placements keep their admission, reclaims warn and then
     preempt, and every `sample_s` what each team holds is compared with its fair share."""
 
-    def __init__(self, trace, tree: QuotaTree, ideal: QuotaTree, sample_s: float, **kw) -> None:
+    def __init__(self, trace, tree: QuotaTree, ideal: QuotaTree, sample_s: float, node_hold: bool = True,
+                 **kw) -> None:
         self.tree, self.ideal, self.sample_s = tree, ideal, sample_s
+        self.node_hold = node_hold
         self.reclaim_started: dict[str, float] = {}
         self.reclaim_latency: list[float] = []  # of reclaims that completed
         self.reclaims_given_up = 0
@@ -116,7 +118,8 @@ class Replay(Simulation):
                          decide_extra=self._decide_extra, **kw)
 
     def _decide_extra(self, sim) -> dict:
-        return {"evictions": {jid: self.logs[jid].preempted for jid in self.running if self.logs[jid].preempted}}
+        return {"evictions": {jid: self.logs[jid].preempted for jid in self.running if self.logs[jid].preempted},
+                "node_hold": self.node_hold}
 
     def _share_extra(self, run) -> dict:
         return {"admission": run.extra.get("admission", "guaranteed"), "since": run.started,
@@ -124,9 +127,11 @@ class Replay(Simulation):
 
     def _on_decision(self, sim, decision) -> None:
         if isinstance(decision, Reclaim):
-            self.reclaim_started.setdefault(decision.request_id, self.now)
-            if decision.kind == "node_hold":
+            if any("holding node" in r.message for r in decision.reasons):
                 self.held.add(decision.request_id)
+            if not decision.victims:
+                return  # a node held while the work it may not take there ends: no reclaim
+            self.reclaim_started.setdefault(decision.request_id, self.now)
             for victim, when in decision.due.items():
                 if victim in self.running and victim not in self.due:
                     self.due[victim] = when
@@ -157,7 +162,7 @@ class Replay(Simulation):
         if any(when <= self.now for when in self.due.values()):
             self._looked = set()  # a reclaim came due: look at the waiting ones again
         super().cycle()
-        self._looked -= set(self.reclaim_started)  # waiting for a reclaim: looked at every cycle
+        self._looked -= set(self.reclaim_started) | self.held  # waiting for a reclaim or a node: every cycle
         for victim, when in list(self.due.items()):  # warned and not taken: its pod ended on SIGTERM
             if when <= self.now:
                 del self.due[victim]
@@ -260,6 +265,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--only", choices=("flat", "fair"), help="one policy (while developing: writes nothing)")
     ap.add_argument("--no-estimate", action="store_true", help="skip the estimated-start error")
+    ap.add_argument("--no-hold", action="store_true", help="no node held for multi-GPU requests")
     ns = ap.parse_args()
     trace = generate(TenantConfig(seed=ns.seed, departments=3, teams=12, load=ns.load, horizon_s=ns.horizon_h * HOUR))
     ideal = fair_tree(trace, ns.grace_s)
@@ -271,7 +277,7 @@ def main() -> int:
         if ns.only not in (None, name):
             continue
         t0 = time.perf_counter()
-        sim = Replay(trace, tree, ideal, ns.sample_s, cycle_s=ns.cycle_s, estimators=estimators,
+        sim = Replay(trace, tree, ideal, ns.sample_s, not ns.no_hold, cycle_s=ns.cycle_s, estimators=estimators,
                      estimate_s=ns.estimate_s, until_s=trace.config.horizon_s * 3)
         result = sim.run()
         got = measure(sim, result, trace)

@@ -503,15 +503,19 @@ class Fair:
         return choice, victims, released, given_back, admission
 
     # ---- holding a node for a multi-GPU request -----------------------------------------------
-    def hold(self, req: Request) -> tuple[int, tuple[Choice, tuple[str, ...], Admission, dict[str, float]]] | None:
-        """For a request for several whole GPUs on one node that fits nowhere, even by preempting:
-        the node of its models where its GPUs can be freed at the least cost (fewest victims not
-        already warned, then fewest GPUs they hold), taking only what its admission there lets it
-        evict (never guaranteed work of another team), and the fairest such request of a model
-        only. The node is held for the rest of the cycle (nothing else is placed on it) and its
-        victims go after their grace, as a reclaim's. Returns the node and `preempt`'s answer; else
-        None. Each cycle chooses again, so a hold moves or ends with the request; victims already
-        warned cost nothing, so it stays where it started while it is needed."""
+    def hold(self, req: Request
+             ) -> tuple[int, tuple[Choice, tuple[str, ...], Admission, dict[str, float]] | None] | None:
+        """For a request for several whole GPUs on one node that fits nowhere, even by preempting
+        (the fairest such request of a model only): hold a node of its models for it, so that
+        nothing else is placed there this cycle. Taken only: what its admission there lets it evict,
+        never another team's guaranteed work (nor work `_protected` from a taker that is not
+        guaranteed). The node is the one where its GPUs can be freed now at the least cost (fewest
+        victims not already warned, then fewest GPUs they hold): they are reclaimed with their grace.
+        Where no node can be, the one where the fewest GPUs hold work it may not take, which it waits
+        to end (nothing is evicted before the node can be completed). Returns the node and
+        `preempt`'s answer for the first case, None for the second; else None. Each cycle chooses
+        again, so a hold moves or ends with the request, and warned victims cost nothing, so it
+        stays where it started while it is needed."""
         if req.gpu_count < 2 or not req.whole:
             return None
         amount = demand_of(req)
@@ -530,17 +534,24 @@ class Fair:
             nodes = np.flatnonzero((self.state.node_model == self.state.model_id[m]) & self.state.ready
                                    & ~self.held & (self.state.gpu_count >= req.gpu_count)).tolist()
             for node in nodes:
+                waits = req.gpu_count - int(self.state.gpu_count[node]) + self._blocked(node, target, may)
+                tie = int(self.state.tie_rank[node])
+                if waits > 0:
+                    options.append(((waits, 0, 0.0, tie), node, m, target, may, admission))
+                    continue
                 found = find_preemption(self.state, target, may, self._rank(req), nodes=[node])
                 if found is None:
                     continue
-                _, _, released = found
-                fresh = [h for h in released if h.share.reclaim_at is None]
-                cost = (len(fresh), sum(len(h.gpus) * h.share.gpu_request for h in fresh),
-                        int(self.state.tie_rank[node]))
-                for h in released:
+                fresh = [h for h in found[2] if h.share.reclaim_at is None]
+                for h in found[2]:
                     self.state.restore(h)
+                cost = (0, len(fresh), sum(len(h.gpus) * h.share.gpu_request for h in fresh), tie)
                 options.append((cost, node, m, target, may, admission))
-        for _, node, m, target, may, admission in sorted(options, key=lambda o: o[:2]):
+        for cost, node, m, target, may, admission in sorted(options, key=lambda o: o[:2]):
+            if cost[0] > 0:  # no node can be freed now: keep the one that needs the least time
+                self.held[node] = True
+                self._held_models.add(m)
+                return node, None
             found = find_preemption(self.state, target, may, self._rank(req), nodes=[node])
             if found is None:
                 continue
@@ -562,6 +573,16 @@ class Fair:
                 self.held[node] = True
             return node, decided
         return None
+
+    def _blocked(self, node: int, req: Request, may) -> int:
+        """GPUs of `node` holding work `req` may not take (or placed this cycle)."""
+        on: dict[int, list[Share]] = defaultdict(list)
+        for h in self.state.on_node.get(node, {}).values():
+            for j in h.gpus:
+                on[j].append(h.share)
+        reserved = self.state.reserved_now
+        return sum(1 for shares in on.values()
+                   if any(s.reservation_id in reserved or not may(s, req) for s in shares))
 
 
 class FairHooks:
