@@ -109,7 +109,7 @@ class Replay(Simulation):
         self.reclaims_given_up = 0
         self.warned_unused = 0  # warned victims nobody took: evicted at their reclaim_at
         self.held: set[str] = set()  # requests a node was held for
-        self.held_placed = 0
+        self.held_placed: set[str] = set()
         self.due: dict[str, float] = {}  # victim -> when it goes
         self.fair_samples: list[tuple[float, dict[str, float], dict[str, float]]] = []  # (t, received, deserved)
         self._next_sample = 0.0
@@ -132,8 +132,10 @@ class Replay(Simulation):
             if not decision.victims:
                 return  # a node held while the work it may not take there ends: no reclaim
             self.reclaim_started.setdefault(decision.request_id, self.now)
-            for victim, when in decision.due.items():
-                if victim in self.running and victim not in self.due:
+            for victim, when in decision.due.items():  # the portal warns (SIGTERM) borrowed ones with a grace
+                run = self.running.get(victim)
+                if run is not None and victim not in self.due and when > self.now and \
+                        run.extra.get("admission") == "borrowed":
                     self.due[victim] = when
                     self.running[victim].share = None
             return
@@ -153,7 +155,8 @@ class Replay(Simulation):
             started = self.reclaim_started.pop(p.request_id, None)
             if started is not None:
                 self.reclaim_latency.append(self.now - started)
-            self.held_placed += p.request_id in self.held
+            if p.request_id in self.held:
+                self.held_placed.add(p.request_id)
         if isinstance(decision, Preemption):
             for v in decision.victims:
                 self.due.pop(v, None)
@@ -239,7 +242,7 @@ def measure(sim: Replay, result, trace) -> dict:
         "reclaims": len(sim.reclaim_latency),
         "reclaims_given_up": sim.reclaims_given_up,
         "warned_victims_nobody_took": sim.warned_unused,
-        "node_holds": len(sim.held), "node_holds_placed": sim.held_placed,
+        "node_holds": len(sim.held), "node_holds_placed": len(sim.held_placed),
         "reclaim_latency_s": {"p50": round(float(np.median(sim.reclaim_latency)), 1),
                               "p99": round(float(np.percentile(sim.reclaim_latency, 99)), 1)}
         if sim.reclaim_latency else None,

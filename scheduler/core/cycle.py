@@ -220,7 +220,7 @@ def _decide_fair(state: ClusterState, scorer: Scorer, fair: Fair, req: Request, 
         return Preemption(req.id, victims, _placement(state, req, choice, str(admission)))
     if kind != "node_hold" and admission != Admission.GUARANTEED:
         kind = "fair_share"
-    if req.gpu_count > 1:  # its node is kept for it while the victims' grace runs
+    if req.gpu_count > 1 and node_hold:  # its node is kept for it while the victims' grace runs
         fair.held[choice.node] = True
         borrowed = sum(1 for v in victims if state.placed[v].share.admission == Admission.BORROWED)
         text = (f"holding node {state.node_names[choice.node]} for it; {borrowed} borrowed shares there are being "
