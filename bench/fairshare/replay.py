@@ -314,9 +314,10 @@ def main() -> int:
         lines.append(f"| {label} | {flat.get(key)} | {fair.get(key)} |")
     lines.append(f"| worst team-hour (received/deserved) | {flat['worst_team_hour']} | {fair['worst_team_hour']} |")
     lines.append(f"| reclaim latency s, completed reclaims (p50, p99) | – | {fair['reclaim_latency_s']} |")
-    est = fair.get("estimate", {})
-    lines.append(f"\nEstimated start (fair, forecast with fair-share gate and order): {est.get('with_time_pct')}% "
-                 f"of estimates give a time; median error {est.get('median_error')}, p90 {est.get('p90_error')}.\n")
+    est = fair.get("estimate")
+    if est:
+        lines.append(f"\nEstimated start (fair, forecast with fair-share gate and order): {est.get('with_time_pct')}% "
+                     f"of estimates give a time; median error {est.get('median_error')}, p90 {est.get('p90_error')}.\n")
     lines.append("\nWait per team, minutes (p50 / p99):\n\n| team | flat | fair |\n| --- | --- | --- |")
     for team in sorted(fair["wait_min"]):
         f1, f2 = flat["wait_min"].get(team, {}), fair["wait_min"][team]

@@ -390,7 +390,7 @@ class Fair:
             if found is None:
                 continue
             return self._evict(req, choice, victims, released, given_back, admission)
-        taken = self._take_by_share(req)
+        taken = self._take_warned(req) or self._take_by_share(req)
         if taken is None:
             return None
         choice, victims, released, given_back, admission = taken
@@ -427,6 +427,33 @@ class Fair:
         self.state.reserve(req, choice.node, choice.slots, admission=str(admission))
         self.charge(req, choice, admission)
         return choice, victims, admission, {}
+
+    def _take_warned(self, req: Request
+                     ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
+        """Room that shares already warned of a reclaim leave (their pods got SIGTERM: they go
+        whatever happens), for any request admitted there once they are gone: a reclaim whose taker
+        no longer needs it (placed elsewhere, or no longer below its share) is not wasted."""
+        models = [m for m in self.models_of(req) if not self.ledger.verdict(req.team, m, demand_of(req),
+                                                                             req.priority).never]
+        if not models:
+            return None
+
+        def may(share: Share, r: Request) -> bool:
+            return share.reclaim_at is not None and share.team != r.team and share.reservation_id not in self.claimed
+
+        target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
+        found = find_preemption(self.state, target, may, self._rank(req), nodes=self._open_nodes())
+        if found is None:
+            return None
+        choice, victims, released = found
+        given_back = self._refund_if_it_makes_room(req, choice, Admission.OPPORTUNISTIC, victims)
+        if given_back is None:
+            for h in released:
+                self.state.restore(h)
+            return None
+        model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+        return choice, victims, released, given_back, self.ledger.verdict(req.team, model, demand_of(req),
+                                                                          req.priority).admission
 
     # ---- reclaim by fair share ----------------------------------------------------------------
     def below_share(self, team: str, model: str, amount: Vec) -> bool:
