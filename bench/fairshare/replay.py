@@ -100,7 +100,7 @@ class Replay(Simulation):
     """The trace under a quota tree: placements keep their admission, reclaims warn and then
     preempt, and every `sample_s` what each team holds is compared with its fair share."""
 
-    def __init__(self, trace, tree: QuotaTree, ideal: QuotaTree, sample_s: float, node_hold: bool = True,
+    def __init__(self, trace, tree: QuotaTree, ideal: QuotaTree, sample_s: float, node_hold: bool = False,
                  **kw) -> None:
         self.tree, self.ideal, self.sample_s = tree, ideal, sample_s
         self.node_hold = node_hold
@@ -268,7 +268,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--only", choices=("flat", "fair"), help="one policy (while developing: writes nothing)")
     ap.add_argument("--no-estimate", action="store_true", help="skip the estimated-start error")
-    ap.add_argument("--no-hold", action="store_true", help="no node held for multi-GPU requests")
+    ap.add_argument("--hold", action="store_true",
+                    help="hold a node for multi-GPU requests that fit nowhere (off by default: it doubled evictions)")
     ns = ap.parse_args()
     trace = generate(TenantConfig(seed=ns.seed, departments=3, teams=12, load=ns.load, horizon_s=ns.horizon_h * HOUR))
     ideal = fair_tree(trace, ns.grace_s)
@@ -280,7 +281,7 @@ def main() -> int:
         if ns.only not in (None, name):
             continue
         t0 = time.perf_counter()
-        sim = Replay(trace, tree, ideal, ns.sample_s, not ns.no_hold, cycle_s=ns.cycle_s, estimators=estimators,
+        sim = Replay(trace, tree, ideal, ns.sample_s, ns.hold, cycle_s=ns.cycle_s, estimators=estimators,
                      estimate_s=ns.estimate_s, until_s=trace.config.horizon_s * 3)
         result = sim.run()
         got = measure(sim, result, trace)

@@ -97,7 +97,7 @@ def schedule(
     aging_s: float = DEFAULT_AGING_S,
     min_run_s: float = MIN_RUN_S,
     evictions: Mapping[str, Sequence[float]] | None = None,
-    node_hold: bool = True,
+    node_hold: bool = False,
 ) -> CycleResult:
     """Decide for every pending request: a placement, a preemption, or reasons it waits."""
     placements: list[Placement] = []
@@ -131,14 +131,15 @@ def decide(
     aging_s: float = DEFAULT_AGING_S,
     min_run_s: float = MIN_RUN_S,
     evictions: Mapping[str, Sequence[float]] | None = None,
-    node_hold: bool = True,
+    node_hold: bool = False,
 ) -> Iterator[Decision]:
     """`schedule`, one decision at a time in queue order, as soon as it is made: a tuple of
     placements (one request, or the members of a pod group that go together), a Preemption, a
     Reclaim, or an Unschedulable. A caller can act on the first decisions while later ones are
     still computed. Under a quota tree, `min_run_s` and `evictions` (running reservation → when it
     was evicted before) ration evictions for takers that are not guaranteed, and `node_hold` lets a
-    multi-GPU request that fits nowhere hold a node (`fairqueue.Fair.hold`)."""
+    multi-GPU request that fits nowhere hold a node (`fairqueue.Fair.hold`; off by default: in the
+    replay it doubled evictions for no gain in fairness)."""
     ids = [r.id for r in pending]
     if len(set(ids)) != len(ids):
         raise ValueError("pending requests repeat an id")
@@ -196,7 +197,7 @@ def decide(
 
 
 def _decide_fair(state: ClusterState, scorer: Scorer, fair: Fair, req: Request, preemption: bool,
-                 node_hold: bool = True) -> Decision:
+                 node_hold: bool = False) -> Decision:
     choice, got = fair.try_place(req, scorer)
     if choice is not None:
         return (_placement(state, req, choice, str(got)),)

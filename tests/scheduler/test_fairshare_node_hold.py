@@ -17,8 +17,10 @@ def quotas():
     return tree(*(Unit(t, quotas={"A100": q(n, 0)}, reclaim_grace_s=300) for t, n in (("a", 2), ("b", 4), ("c", 2))))
 
 
-def run(n1, n2, pending, now=1000.0, **kw):
+def run(n1, n2, pending, now=1000.0, node_hold=True, **kw):
+    """The cycle with node holds on (they are off by default)."""
     snap = Snapshot((node("n1", "A100", 4, n1), node("n2", "A100", 4, n2)), quotas=quotas(), now=now)
+    kw["node_hold"] = node_hold
     return {d.request_id if not isinstance(d, tuple) else d[0].request_id: d for d in decide(snap, pending, **kw)}
 
 
