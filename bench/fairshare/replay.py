@@ -19,7 +19,13 @@ Measured (the arrival window only, sampled every `--sample-s`):
   that moment) for both policies; received is what the team holds (all admissions). Reported: the
   share of team-hours that got at least 95% of their deserved share, the worst team-hour, and
   Jain's index of received/deserved per hour (mean over hours).
-- reclaim latency (first reclaim decision → the request placed), preemptions per hour.
+- reclaims: a reclaim starts with a request's first `Reclaim` decision and completes when the
+  request is placed (its latency: from start to placement), or is given up when a later cycle
+  leaves the request waiting without a reclaim (its victims were warned, so they go anyway: the
+  portal sent their pods SIGTERM; a warned victim nobody has taken by its `reclaim_at` is evicted
+  then, as its pod ends). Node holds (`Reclaim.kind == "node_hold"`) are counted apart too.
+- evictions: how many, of priority-0 jobs, most of one job, GPU-hours of work lost (a preempted
+  job runs again from the start), preemptions per hour.
 - wait (first start − arrival) p50 / p99 per team.
 - estimated-start error (fair only): the forecast with fair share as its gate and order
   (`fairqueue.FairHooks`), as bench/fairshare/estimate_backtest.py measures it.
@@ -94,15 +100,26 @@ class Replay(Simulation):
     """The trace under a quota tree: placements keep their admission, reclaims warn and then
     preempt, and every `sample_s` what each team holds is compared with its fair share."""
 
-    def __init__(self, trace, tree: QuotaTree, ideal: QuotaTree, sample_s: float, **kw) -> None:
+    def __init__(self, trace, tree: QuotaTree, ideal: QuotaTree, sample_s: float, node_hold: bool = False,
+                 **kw) -> None:
         self.tree, self.ideal, self.sample_s = tree, ideal, sample_s
+        self.node_hold = node_hold
         self.reclaim_started: dict[str, float] = {}
-        self.reclaim_latency: list[float] = []
+        self.reclaim_latency: list[float] = []  # of reclaims that completed
+        self.reclaims_given_up = 0
+        self.warned_unused = 0  # warned victims nobody took: evicted at their reclaim_at
+        self.held: set[str] = set()  # requests a node was held for
+        self.held_placed: set[str] = set()
         self.due: dict[str, float] = {}  # victim -> when it goes
         self.fair_samples: list[tuple[float, dict[str, float], dict[str, float]]] = []  # (t, received, deserved)
         self._next_sample = 0.0
         super().__init__(trace, snapshot_extra=lambda sim: {"quotas": self.tree},
-                         share_extra=self._share_extra, on_decision=self._on_decision, **kw)
+                         share_extra=self._share_extra, on_decision=self._on_decision,
+                         decide_extra=self._decide_extra, **kw)
+
+    def _decide_extra(self, sim) -> dict:
+        return {"evictions": {jid: self.logs[jid].preempted for jid in self.running if self.logs[jid].preempted},
+                "node_hold": self.node_hold}
 
     def _share_extra(self, run) -> dict:
         return {"admission": run.extra.get("admission", "guaranteed"), "since": run.started,
@@ -110,9 +127,15 @@ class Replay(Simulation):
 
     def _on_decision(self, sim, decision) -> None:
         if isinstance(decision, Reclaim):
+            if any("holding node" in r.message for r in decision.reasons):
+                self.held.add(decision.request_id)
+            if not decision.victims:
+                return  # a node held while the work it may not take there ends: no reclaim
             self.reclaim_started.setdefault(decision.request_id, self.now)
-            for victim, when in decision.due.items():
-                if victim in self.running and victim not in self.due:
+            for victim, when in decision.due.items():  # the portal warns (SIGTERM) borrowed ones with a grace
+                run = self.running.get(victim)
+                if run is not None and victim not in self.due and when > self.now and \
+                        run.extra.get("admission") == "borrowed":
                     self.due[victim] = when
                     self.running[victim].share = None
             return
@@ -121,6 +144,8 @@ class Replay(Simulation):
         elif isinstance(decision, tuple):
             placements = decision
         else:
+            if self.reclaim_started.pop(decision.request_id, None) is not None:
+                self.reclaims_given_up += 1  # waits without a reclaim now
             return
         for p in placements:
             run = self.running.get(p.request_id)
@@ -130,6 +155,8 @@ class Replay(Simulation):
             started = self.reclaim_started.pop(p.request_id, None)
             if started is not None:
                 self.reclaim_latency.append(self.now - started)
+            if p.request_id in self.held:
+                self.held_placed.add(p.request_id)
         if isinstance(decision, Preemption):
             for v in decision.victims:
                 self.due.pop(v, None)
@@ -138,7 +165,14 @@ class Replay(Simulation):
         if any(when <= self.now for when in self.due.values()):
             self._looked = set()  # a reclaim came due: look at the waiting ones again
         super().cycle()
-        self._looked -= set(self.reclaim_started)  # waiting for a reclaim: looked at every cycle
+        self._looked -= set(self.reclaim_started) | self.held  # waiting for a reclaim or a node: every cycle
+        for victim, when in list(self.due.items()):  # warned and not taken: its pod ended on SIGTERM
+            if when <= self.now:
+                del self.due[victim]
+                if victim in self.running:
+                    self._evict(victim)
+                    self.warned_unused += 1
+                    self._looked = set()
         if self.now >= self._next_sample and self.now <= self.trace.config.horizon_s:
             self._next_sample = self.now + self.sample_s
             self._sample()
@@ -206,6 +240,9 @@ def measure(sim: Replay, result, trace) -> dict:
         if worst else None,
         "jain_mean": round(float(np.mean(jain)), 3) if jain else None,
         "reclaims": len(sim.reclaim_latency),
+        "reclaims_given_up": sim.reclaims_given_up,
+        "warned_victims_nobody_took": sim.warned_unused,
+        "node_holds": len(sim.held), "node_holds_placed": len(sim.held_placed),
         "reclaim_latency_s": {"p50": round(float(np.median(sim.reclaim_latency)), 1),
                               "p99": round(float(np.percentile(sim.reclaim_latency, 99)), 1)}
         if sim.reclaim_latency else None,
@@ -229,6 +266,10 @@ def main() -> int:
     ap.add_argument("--estimate-s", type=float, default=900.0)
     ap.add_argument("--grace-s", type=float, default=300.0)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--only", choices=("flat", "fair"), help="one policy (while developing: writes nothing)")
+    ap.add_argument("--no-estimate", action="store_true", help="skip the estimated-start error")
+    ap.add_argument("--hold", action="store_true",
+                    help="hold a node for multi-GPU requests that fit nowhere (off by default: it doubled evictions)")
     ns = ap.parse_args()
     trace = generate(TenantConfig(seed=ns.seed, departments=3, teams=12, load=ns.load, horizon_s=ns.horizon_h * HOUR))
     ideal = fair_tree(trace, ns.grace_s)
@@ -236,9 +277,11 @@ def main() -> int:
            "load": ns.load, "jobs": len(trace.jobs), "gpus": trace.gpus, "machine": platform.machine(),
            "cpus": os.cpu_count(), "policies": {}}
     for name, tree, estimators in (("flat", flat_tree(trace), {}),
-                                   ("fair", ideal, {"forecast": fair_estimator})):
+                                   ("fair", ideal, {} if ns.no_estimate else {"forecast": fair_estimator})):
+        if ns.only not in (None, name):
+            continue
         t0 = time.perf_counter()
-        sim = Replay(trace, tree, ideal, ns.sample_s, cycle_s=ns.cycle_s, estimators=estimators,
+        sim = Replay(trace, tree, ideal, ns.sample_s, ns.hold, cycle_s=ns.cycle_s, estimators=estimators,
                      estimate_s=ns.estimate_s, until_s=trace.config.horizon_s * 3)
         result = sim.run()
         got = measure(sim, result, trace)
@@ -247,6 +290,8 @@ def main() -> int:
         got["wall_s"] = round(time.perf_counter() - t0, 1)
         out["policies"][name] = got
         print(name, json.dumps({k: v for k, v in got.items() if k not in ("wait_min",)}, default=str))
+    if ns.only:
+        return 0
     flat, fair = out["policies"]["flat"], out["policies"]["fair"]
     out["ratios"] = {"allocation_fair_over_flat": round(fair["allocation_pct"] / flat["allocation_pct"], 3)}
     ns.out.mkdir(parents=True, exist_ok=True)
@@ -259,17 +304,21 @@ def main() -> int:
     for key, label in (("allocation_pct", "GPU allocation %"), ("team_hours_at_95pct_pct",
                                                                  "team-hours with ≥ 95% of deserved share, %"),
                        ("jain_mean", "Jain's index (mean over hours)"), ("preemptions_per_hour", "preemptions / h"),
-                       ("reclaims", "reclaims"), ("evictions", "evictions"),
+                       ("reclaims", "reclaims completed"), ("reclaims_given_up", "reclaims given up"),
+                       ("warned_victims_nobody_took", "warned victims nobody took"),
+                       ("node_holds", "requests a node was held for"), ("node_holds_placed", "of them placed"),
+                       ("evictions", "evictions"),
                        ("evictions_of_priority_0", "evictions of priority-0 jobs"),
                        ("most_evictions_of_one_job", "most evictions of one job"),
                        ("gpu_hours_lost_to_evictions", "GPU-hours of work lost to evictions"),
                        ("finished", "jobs finished"), ("cycle_p99_ms", "cycle p99 ms")):
         lines.append(f"| {label} | {flat.get(key)} | {fair.get(key)} |")
     lines.append(f"| worst team-hour (received/deserved) | {flat['worst_team_hour']} | {fair['worst_team_hour']} |")
-    lines.append(f"| reclaim latency s (p50, p99) | – | {fair['reclaim_latency_s']} |")
-    est = fair.get("estimate", {})
-    lines.append(f"\nEstimated start (fair, forecast with fair-share gate and order): {est.get('with_time_pct')}% "
-                 f"of estimates give a time; median error {est.get('median_error')}, p90 {est.get('p90_error')}.\n")
+    lines.append(f"| reclaim latency s, completed reclaims (p50, p99) | – | {fair['reclaim_latency_s']} |")
+    est = fair.get("estimate")
+    if est:
+        lines.append(f"\nEstimated start (fair, forecast with fair-share gate and order): {est.get('with_time_pct')}% "
+                     f"of estimates give a time; median error {est.get('median_error')}, p90 {est.get('p90_error')}.\n")
     lines.append("\nWait per team, minutes (p50 / p99):\n\n| team | flat | fair |\n| --- | --- | --- |")
     for team in sorted(fair["wait_min"]):
         f1, f2 = flat["wait_min"].get(team, {}), fair["wait_min"][team]

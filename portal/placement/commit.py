@@ -107,6 +107,16 @@ def _evict(victim_id: int, by: snapshot.Pending, placed_as: str, report: CycleRe
     report.preempted.append(victim_id)
 
 
+def _reclaimed_for(kind: str, by: snapshot.Pending) -> str:
+    """Why a borrowed share is reclaimed for `by`, as its owner reads it (`core.Reclaim.kind`)."""
+    if kind == "fair_share":
+        return f"taken back for team {by.team_slug}, which is below its fair share (reservation {by.pk})"
+    if kind == "node_hold":
+        return (f"its node is being freed for reservation {by.pk} of team {by.team_slug}, which needs whole GPUs "
+                f"on one node and is below its fair share or within its quota")
+    return f"team {by.team_slug} needs the capacity it lent, within its quota (reservation {by.pk})"
+
+
 class Batches:
     def __init__(self, lease: Lease, renew: Callable[[], bool], on_bind: OnBind,
                  rows: dict[str, snapshot.Pending], report: CycleReport) -> None:
@@ -127,8 +137,9 @@ class Batches:
         self.waiting[decision.request_id] = "waiting for reclaimed capacity"  # made precise at commit
 
     def _warn(self, evicted: list[Eviction]) -> None:
-        """Warn the victims of this batch's reclaims (once each: a warned one keeps its time), and
-        say in each request's reason when it can start."""
+        """Warn the victims of this batch's reclaims (once each: a warned one keeps its time), saying
+        why they go (`Reclaim.kind`), and say in each request's reason when it can start (and which
+        node is held for it)."""
         reclaims, self.reclaims = self.reclaims, []
         if not reclaims:
             return
@@ -137,6 +148,10 @@ class Batches:
             pk__in={int(v) for d in reclaims for v in d.victims}).select_related("team", "team__policy")}
         for d in reclaims:
             by = self.rows[d.request_id]
+            hold = next((r.message for r in d.reasons if r.message.startswith("holding node")), "")
+            if not d.due:  # a node held while work it may not take there ends: nothing to warn
+                self.waiting[d.request_id] = hold[:500]
+                continue
             last = max(d.due.values())
             parts = []
             for victim, due in sorted(d.due.items(), key=lambda kv: kv[1]):
@@ -145,15 +160,17 @@ class Batches:
                     continue
                 if due > now and r.reclaim_at is None:
                     at = datetime.fromtimestamp(due, tz=UTC)
-                    why = (f"to be reclaimed at {at:%H:%M} UTC: team {by.team_slug} needs the capacity it lent, within "
-                           f"its quota (reservation {by.pk}); save your work, the pod gets SIGTERM now")
+                    why = (f"to be reclaimed at {at:%H:%M} UTC: {_reclaimed_for(d.kind, by)}; save your work, the pod "
+                           f"gets SIGTERM now")
                     if services.warn_reclaim(r.pk, at, why, ACTOR) is not None:
                         self.report.reclaiming.append(r.pk)
                         if r.pod_name:
                             evicted.append((r.pod_namespace, r.pod_name, why, max(0, round(due - now))))
                 parts.append(f"reservation {r.pk} (team {r.team.slug})")
             start = datetime.fromtimestamp(last, tz=UTC)
-            self.waiting[d.request_id] = (f"within its quota: capacity lent to others is being reclaimed from "
+            because = "within its quota: capacity lent to others" if d.kind == "quota" else \
+                "below its fair share: capacity others borrowed"
+            self.waiting[d.request_id] = (f"{hold + '; ' if hold else ''}{because} is being reclaimed from "
                                           f"{', '.join(parts)}; it starts by about {start:%H:%M} UTC")[:500]
 
     def add(self, decision: tuple[core.Placement, ...] | core.Preemption) -> bool:

@@ -5,13 +5,13 @@ Reservations live in the cycle's ClusterState only; binding them is the caller's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .engine import Choice, choose, make_scorer
-from .fairqueue import Fair
+from .fairqueue import MIN_RUN_S, Fair
 from .fairshare import Admission
 from .filters import explain, feasible, nodes_with_room
 from .fragmentation import TypicalPod, typical_pods
@@ -95,6 +95,9 @@ def schedule(
     typical: Sequence[TypicalPod] | None = None,
     seed: int = 0,
     aging_s: float = DEFAULT_AGING_S,
+    min_run_s: float = MIN_RUN_S,
+    evictions: Mapping[str, Sequence[float]] | None = None,
+    node_hold: bool = False,
 ) -> CycleResult:
     """Decide for every pending request: a placement, a preemption, or reasons it waits."""
     placements: list[Placement] = []
@@ -102,7 +105,7 @@ def schedule(
     refused: list[Unschedulable] = []
     reclaims: list[Reclaim] = []
     for decision in decide(snapshot, pending, policy, preemption=preemption, typical=typical, seed=seed,
-                           aging_s=aging_s):
+                           aging_s=aging_s, min_run_s=min_run_s, evictions=evictions, node_hold=node_hold):
         if isinstance(decision, Preemption):
             preemptions.append(decision)
         elif isinstance(decision, Reclaim):
@@ -126,10 +129,17 @@ def decide(
     typical: Sequence[TypicalPod] | None = None,
     seed: int = 0,
     aging_s: float = DEFAULT_AGING_S,
+    min_run_s: float = MIN_RUN_S,
+    evictions: Mapping[str, Sequence[float]] | None = None,
+    node_hold: bool = False,
 ) -> Iterator[Decision]:
     """`schedule`, one decision at a time in queue order, as soon as it is made: a tuple of
-    placements (one request, or the members of a pod group that go together), a Preemption, or an
-    Unschedulable. A caller can act on the first decisions while later ones are still computed."""
+    placements (one request, or the members of a pod group that go together), a Preemption, a
+    Reclaim, or an Unschedulable. A caller can act on the first decisions while later ones are
+    still computed. Under a quota tree, `min_run_s` and `evictions` (running reservation → when it
+    was evicted before) ration evictions for takers that are not guaranteed, and `node_hold` lets a
+    multi-GPU request that fits nowhere hold a node (`fairqueue.Fair.hold`; off by default: in the
+    replay it doubled evictions for no gain in fairness)."""
     ids = [r.id for r in pending]
     if len(set(ids)) != len(ids):
         raise ValueError("pending requests repeat an id")
@@ -149,7 +159,8 @@ def decide(
         if r.group is not None:
             gangs.setdefault(r.group.name, []).append(r)
     if snapshot.quotas is not None:
-        fair = Fair(state, snapshot.quotas, waiting, snapshot.now, snapshot.past_use, aging_s)
+        fair = Fair(state, snapshot.quotas, waiting, snapshot.now, snapshot.past_use, aging_s,
+                    min_run_s=min_run_s, evictions=evictions)
         ordered: Iterable[Request] = fair.order(waiting, decided)
     else:
         fair = None
@@ -167,7 +178,7 @@ def decide(
             yield from gang_refused
             continue
         if fair is not None:
-            yield _decide_fair(state, scorer, fair, req, preemption)
+            yield _decide_fair(state, scorer, fair, req, preemption, node_hold)
             continue
         choice = choose(state, req, scorer)
         if choice is not None:
@@ -185,20 +196,38 @@ def decide(
         yield Unschedulable(req.id, reasons)
 
 
-def _decide_fair(state: ClusterState, scorer: Scorer, fair: Fair, req: Request, preemption: bool) -> Decision:
+def _decide_fair(state: ClusterState, scorer: Scorer, fair: Fair, req: Request, preemption: bool,
+                 node_hold: bool = False) -> Decision:
     choice, got = fair.try_place(req, scorer)
     if choice is not None:
         return (_placement(state, req, choice, str(got)),)
     reasons = tuple(got)
-    if preemption:
-        found = fair.preempt(req)
-        if found is not None:
-            choice, victims, admission, due = found
-            if due:
-                return Reclaim(req.id, victims, due, reasons)
-            return Preemption(req.id, victims, _placement(state, req, choice, str(admission)))
-    return Unschedulable(req.id, reasons)
-
+    if not preemption:
+        return Unschedulable(req.id, reasons)
+    found = fair.preempt(req)
+    kind = "quota"
+    if found is None:
+        held = fair.hold(req) if node_hold else None
+        if held is None:
+            return Unschedulable(req.id, reasons)
+        node, found = held
+        kind = "node_hold"
+        if found is None:
+            text = (f"holding node {state.node_names[node]} for it: nothing new is placed there until the work it "
+                    f"may not take there ends")
+            return Reclaim(req.id, (), {}, (Reason(ReasonCode.NO_FIT, text), *reasons), kind)
+    choice, victims, admission, due = found
+    if not due:
+        return Preemption(req.id, victims, _placement(state, req, choice, str(admission)))
+    if kind != "node_hold" and admission != Admission.GUARANTEED:
+        kind = "fair_share"
+    if req.gpu_count > 1 and node_hold:  # its node is kept for it while the victims' grace runs
+        fair.held[choice.node] = True
+        borrowed = sum(1 for v in victims if state.placed[v].share.admission == Admission.BORROWED)
+        text = (f"holding node {state.node_names[choice.node]} for it; {borrowed} borrowed shares there are being "
+                f"reclaimed")
+        reasons = (Reason(ReasonCode.NO_FIT, text, borrowed), *reasons)
+    return Reclaim(req.id, victims, due, reasons, kind)
 
 def _place_gang(
     state: ClusterState, scorer: Scorer, members: list[Request], fair: Fair | None = None

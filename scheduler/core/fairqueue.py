@@ -13,13 +13,22 @@ borrowed shares, then places; every preemption is checked against the ledger wit
 A request that is neither and fits nowhere may still **reclaim by fair share** when its team is
 below its deserved share on a model (`below_share`): other teams' borrowed shares, of teams that
 stay at or above their share without them (`above_share`), in the same order and with the same grace.
+
+Evictions are rationed, since a requeued job runs again from the start. A share already warned of a
+reclaim (`reclaim_at`: its pod got SIGTERM then) is leaving whatever happens: it is the first victim
+of any request, so a started reclaim is never wasted. For takers that are not guaranteed (borrowed
+or opportunistic), another team's work is protected while it has run less than `min_run_s` and,
+once evicted `EVICTION_CAP` times within `EVICTION_WINDOW_S`, for the next `EVICTION_WINDOW_S`; and
+priority-0 work goes only for a team below its fair share. A multi-GPU request that fits nowhere
+even so may **hold a node** (`hold`): the node its GPUs can be freed on at the least cost, whose
+evictable work is reclaimed with its grace while nothing else is placed there this cycle.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -35,6 +44,9 @@ from .state import ClusterState, Holding
 
 ORDER = (Admission.GUARANTEED, Admission.BORROWED, Admission.OPPORTUNISTIC)
 GivenBack = dict[str, tuple[str, str, Vec, Admission]]  # victim → what the ledger held: team, model, amount, how
+MIN_RUN_S = 600.0  # another team's work younger than this is not evicted for a taker that is not guaranteed
+EVICTION_CAP = 2  # evicted this often within EVICTION_WINDOW_S: protected as above for the next window
+EVICTION_WINDOW_S = 3600.0
 
 
 def ledger_of(state: ClusterState, tree: QuotaTree, past=None) -> Ledger:
@@ -69,23 +81,33 @@ def _newer(reservation_id: str) -> tuple:
 
 class Fair:
     def __init__(self, state: ClusterState, tree: QuotaTree, pending: Sequence[Request], now: float,
-                 past=None, aging_s: float = DEFAULT_AGING_S) -> None:
+                 past=None, aging_s: float = DEFAULT_AGING_S, *, min_run_s: float = MIN_RUN_S,
+                 evictions: Mapping[str, Sequence[float]] | None = None) -> None:
         self.state, self.tree, self.now, self.aging_s = state, tree, now, aging_s
+        self.min_run_s = min_run_s
+        self.evictions = evictions or {}  # reservation → when it was evicted before (requeued)
         self.ledger = ledger_of(state, tree, past)
         self.ledger.deserve(pending)
         self.claimed: set[str] = set()  # victims promised this cycle to a request waiting for a reclaim
         self._scorer: Scorer | None = None  # the cycle's, as try_place last had it (placing after a reclaim)
         # The snapshot's borrowed shares with their model: all a reclaim may take back (what this
         # cycle places is never a victim), listed once instead of searched for per request.
-        self._borrowed = [(h, state.models[int(state.gpu_model[h.node, h.gpus[0]])]) for h in state.placed.values()
+        self._model_of = {h.share.reservation_id: state.models[int(state.gpu_model[h.node, h.gpus[0]])]
+                          for h in state.placed.values() if h.gpus}
+        self._borrowed = [(h, self._model_of[h.share.reservation_id]) for h in state.placed.values()
                           if h.gpus and h.share.admission == Admission.BORROWED]
         self._models: dict[frozenset[str] | None, list[str]] = {}
-        self._model_of = {h.share.reservation_id: m for h, m in self._borrowed}
         # Reclaims by fair share decided this cycle but not yet due: (team, model) → what the
         # taker is promised and what the victim team will lose, so that a team's next requests in
         # the same cycle see where it will stand (no reclaiming twice for the same gap).
         self._promised: dict[tuple[str, str], Vec] = defaultdict(lambda: (0, 0, 0))
         self._losing: dict[tuple[str, str], Vec] = defaultdict(lambda: (0, 0, 0))
+        for h, m in self._borrowed:  # warned before: they go, whoever takes their place
+            if h.share.reclaim_at is not None:
+                key = (h.share.team, m)
+                self._losing[key] = _add(self._losing[key], held_by(h.share, len(h.gpus)))
+        self.held = np.zeros(len(state.node_names), dtype=bool)  # nodes held this cycle (`hold`)
+        self._held_models: set[str] = set()
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -173,6 +195,8 @@ class Fair:
             if ok_all is None:
                 ok_all = feasible(self.state, req)
             ok = ok_all if len(chosen) == len(models) else ok_all & self.state.model_mask(frozenset(chosen))
+            if self.held.any():
+                ok = ok & ~self.held[:, None]
             choice = choose(self.state, req, scorer, ok=ok, tier=tier)
             if choice is not None:
                 self.state.reserve(req, choice.node, choice.slots, admission=str(admission))
@@ -192,6 +216,21 @@ class Fair:
         return self.state.release(req_id)
 
     # ---- preemption and reclaim ---------------------------------------------------------------
+    def _open_nodes(self) -> list[int] | None:
+        """The nodes a search may use: all (None) unless some are held for a request this cycle."""
+        return None if not self.held.any() else np.flatnonzero(~self.held).tolist()
+
+    def _protected(self, share: Share) -> bool:
+        """Whether another team's `share` is kept from takers that are not guaranteed: it started
+        less than `min_run_s` ago, or it was evicted `EVICTION_CAP` times within a window that
+        ended less than a window ago (the same job evicted again and again is the worst wait)."""
+        if self.now - share.since < self.min_run_s:
+            return True
+        times = sorted(self.evictions.get(share.reservation_id, ()))
+        k = EVICTION_CAP - 1
+        return any(times[i + k] - times[i] <= EVICTION_WINDOW_S and self.now - times[i + k] < EVICTION_WINDOW_S
+                   for i in range(len(times) - k))
+
     def _may_evict(self, guaranteed: bool):
         claimed = self.claimed
 
@@ -200,8 +239,13 @@ class Fair:
                 return False
             if share.team == req.team:
                 return share.priority < req.priority  # within a team, priorities order work
+            if share.reclaim_at is not None:
+                return True  # warned of a reclaim: it goes anyway
+            if not guaranteed and self._protected(share):
+                return False
             if _preemptible(share, req):
-                return True
+                # Opportunistic work makes way for other non-guaranteed work only of a team below its share.
+                return guaranteed or self.below_share(req.team, self._model_of[share.reservation_id], demand_of(req))
             return guaranteed and share.admission == Admission.BORROWED
 
         return may
@@ -209,7 +253,9 @@ class Fair:
     def _rank(self, req: Request):
         def rank(h: Holding) -> tuple:
             s = h.share
-            if s.team != req.team and _preemptible(s, req):
+            if s.team != req.team and s.reclaim_at is not None:
+                kind = -1  # leaving anyway
+            elif s.team != req.team and _preemptible(s, req):
                 kind = 0
             elif s.team != req.team:
                 kind = 1
@@ -281,10 +327,12 @@ class Fair:
                 if v.admission != Admission.GUARANTEED or v.reclaim:
                     continue
                 target = replace(req, gpu_model=frozenset([m]))
-                choice = choose(self.state, target, self._scorer or BestFitScorer())
+                ok = feasible(self.state, target) & ~self.held[:, None]
+                choice = choose(self.state, target, self._scorer or BestFitScorer(), ok=ok)
                 if choice is not None:
                     return choice, tuple(sorted(held)), released, held
-                more = find_preemption(self.state, target, may, rank)  # it fits nowhere yet: evict more
+                # It fits nowhere yet: evict more.
+                more = find_preemption(self.state, target, may, rank, nodes=self._open_nodes())
                 if more is None:
                     continue
                 choice, extra, extra_released = more
@@ -325,7 +373,8 @@ class Fair:
             free = [m for m in models if m not in lent]
             if free:
                 target = req if len(free) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(free))
-                found = find_preemption(self.state, target, self._may_evict(guaranteed), self._rank(req))
+                found = find_preemption(self.state, target, self._may_evict(guaranteed), self._rank(req),
+                                        nodes=self._open_nodes())
                 if found is not None:
                     choice, victims, released = found
                     given_back = self._refund_if_it_makes_room(req, choice, admission, victims)
@@ -341,7 +390,7 @@ class Fair:
             if found is None:
                 continue
             return self._evict(req, choice, victims, released, given_back, admission)
-        taken = self._take_by_share(req)
+        taken = self._take_warned(req) or self._take_by_share(req)
         if taken is None:
             return None
         choice, victims, released, given_back, admission = taken
@@ -366,7 +415,7 @@ class Fair:
                 self.state.restore(h)
             for rid, (team, model, amount_, adm) in given_back.items():  # they run until then
                 self.ledger.charge(rid, team, model, amount_, adm)
-                if adm in COUNTED and team != req.team:
+                if adm in COUNTED and team != req.team and self.state.placed[rid].share.reclaim_at is None:
                     self._losing[(team, model)] = _add(self._losing[(team, model)], amount_)
             if admission == Admission.BORROWED:
                 model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
@@ -378,6 +427,33 @@ class Fair:
         self.state.reserve(req, choice.node, choice.slots, admission=str(admission))
         self.charge(req, choice, admission)
         return choice, victims, admission, {}
+
+    def _take_warned(self, req: Request
+                     ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
+        """Room that shares already warned of a reclaim leave (their pods got SIGTERM: they go
+        whatever happens), for any request admitted there once they are gone: a reclaim whose taker
+        no longer needs it (placed elsewhere, or no longer below its share) is not wasted."""
+        models = [m for m in self.models_of(req) if not self.ledger.verdict(req.team, m, demand_of(req),
+                                                                             req.priority).never]
+        if not models:
+            return None
+
+        def may(share: Share, r: Request) -> bool:
+            return share.reclaim_at is not None and share.team != r.team and share.reservation_id not in self.claimed
+
+        target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
+        found = find_preemption(self.state, target, may, self._rank(req), nodes=self._open_nodes())
+        if found is None:
+            return None
+        choice, victims, released = found
+        given_back = self._refund_if_it_makes_room(req, choice, Admission.OPPORTUNISTIC, victims)
+        if given_back is None:
+            for h in released:
+                self.state.restore(h)
+            return None
+        model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+        return choice, victims, released, given_back, self.ledger.verdict(req.team, model, demand_of(req),
+                                                                          req.priority).admission
 
     # ---- reclaim by fair share ----------------------------------------------------------------
     def below_share(self, team: str, model: str, amount: Vec) -> bool:
@@ -408,30 +484,40 @@ class Fair:
                   and not self.ledger.verdict(req.team, m, amount, req.priority).never]
         if not models:
             return None
-        model_of = self._model_of
-
-        def may(share: Share, r: Request) -> bool:
-            if share.reservation_id in self.claimed:
-                return False
-            if share.team == r.team:
-                return share.priority < r.priority  # within a team, priorities order work
-            if share.admission == Admission.OPPORTUNISTIC:
-                return share.priority < r.priority
-            if share.admission != Admission.BORROWED:
-                return False  # another team's guaranteed work, whatever its priority
-            model, entry = model_of.get(share.reservation_id), self.ledger.holdings.get(share.reservation_id)
-            return model is not None and entry is not None and self.above_share(share.team, model, entry[2])
-
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
-        found = find_preemption(self.state, target, may, self._rank(req))
+        found = find_preemption(self.state, target, self._may_take_by_share, self._rank(req), nodes=self._open_nodes())
         if found is None:
             return None
-        choice, victims, released = found
+        return self._admit_by_share(req, *found)
+
+    def _may_take_by_share(self, share: Share, r: Request) -> bool:
+        """What a reclaim by fair share may take (the taker's team is below its share there)."""
+        if share.reservation_id in self.claimed:
+            return False
+        if share.team == r.team:
+            return share.priority < r.priority  # within a team, priorities order work
+        if share.reclaim_at is not None:
+            return True  # warned of a reclaim: it goes anyway
+        if self._protected(share):
+            return False
+        if share.admission == Admission.OPPORTUNISTIC:
+            return share.priority < r.priority
+        if share.admission != Admission.BORROWED:
+            return False  # another team's guaranteed work, whatever its priority
+        model, entry = self._model_of.get(share.reservation_id), self.ledger.holdings.get(share.reservation_id)
+        return model is not None and entry is not None and self.above_share(share.team, model, entry[2])
+
+    def _admit_by_share(self, req: Request, choice: Choice, victims: tuple[str, ...], released: list[Holding]
+                        ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
+        """Check victims found for a reclaim by fair share together: each victim team stays at or
+        above its share without all of them, and without them `req` is admitted (borrowed or better).
+        Returns what `_take_by_share` does; else None, with the victims restored."""
         model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
         losing: dict[str, Vec] = defaultdict(lambda: (0, 0, 0))
         for h in released:  # together, too, each victim team stays at or above its share
-            if h.share.team != req.team and h.share.admission == Admission.BORROWED:
-                losing[h.share.team] = _add(losing[h.share.team], held_by(h.share, len(h.gpus)))
+            s = h.share
+            if s.team != req.team and s.admission == Admission.BORROWED and s.reclaim_at is None:
+                losing[s.team] = _add(losing[s.team], held_by(s, len(h.gpus)))
         given_back = None
         if all(self.above_share(team, model, v) for team, v in losing.items()):
             given_back = self._refund_if_it_makes_room(req, choice, Admission.BORROWED, victims)
@@ -439,9 +525,91 @@ class Fair:
             for h in released:
                 self.state.restore(h)
             return None
-        v = self.ledger.verdict(req.team, model, amount, req.priority)
+        v = self.ledger.verdict(req.team, model, demand_of(req), req.priority)
         admission = v.admission if v.admission in COUNTED and not v.reclaim else Admission.BORROWED
         return choice, victims, released, given_back, admission
+
+    # ---- holding a node for a multi-GPU request -----------------------------------------------
+    def hold(self, req: Request
+             ) -> tuple[int, tuple[Choice, tuple[str, ...], Admission, dict[str, float]] | None] | None:
+        """For a request for several whole GPUs on one node that fits nowhere, even by preempting
+        (the fairest such request of a model only): hold a node of its models for it, so that
+        nothing else is placed there this cycle. Taken only: what its admission there lets it evict,
+        never another team's guaranteed work (nor work `_protected` from a taker that is not
+        guaranteed). The node is the one where its GPUs can be freed now at the least cost (fewest
+        victims not already warned, then fewest GPUs they hold): they are reclaimed with their grace.
+        Where no node can be, the one where the fewest GPUs hold work it may not take, which it waits
+        to end (nothing is evicted before the node can be completed). Returns the node and
+        `preempt`'s answer for the first case, None for the second; else None. Each cycle chooses
+        again, so a hold moves or ends with the request, and warned victims cost nothing, so it
+        stays where it started while it is needed."""
+        if req.gpu_count < 2 or not req.whole:
+            return None
+        amount = demand_of(req)
+        options = []
+        for m in self.models_of(req):
+            if m in self._held_models:
+                continue
+            v = self.ledger.verdict(req.team, m, amount, req.priority)
+            if v.admission == Admission.GUARANTEED and not v.reclaim:
+                may, admission = self._may_evict(True), Admission.GUARANTEED
+            elif not v.never and self.below_share(req.team, m, amount):
+                may, admission = self._may_take_by_share, Admission.BORROWED
+            else:
+                continue
+            target = replace(req, gpu_model=frozenset([m]))
+            nodes = np.flatnonzero((self.state.node_model == self.state.model_id[m]) & self.state.ready
+                                   & ~self.held & (self.state.gpu_count >= req.gpu_count)).tolist()
+            for node in nodes:
+                waits = req.gpu_count - int(self.state.gpu_count[node]) + self._blocked(node, target, may)
+                tie = int(self.state.tie_rank[node])
+                if waits > 0:
+                    options.append(((waits, 0, 0.0, tie), node, m, target, may, admission))
+                    continue
+                found = find_preemption(self.state, target, may, self._rank(req), nodes=[node])
+                if found is None:
+                    continue
+                fresh = [h for h in found[2] if h.share.reclaim_at is None]
+                for h in found[2]:
+                    self.state.restore(h)
+                cost = (0, len(fresh), sum(len(h.gpus) * h.share.gpu_request for h in fresh), tie)
+                options.append((cost, node, m, target, may, admission))
+        for cost, node, m, target, may, admission in sorted(options, key=lambda o: o[:2]):
+            if cost[0] > 0:  # no node can be freed now: keep the one that needs the least time
+                self.held[node] = True
+                self._held_models.add(m)
+                return node, None
+            found = find_preemption(self.state, target, may, self._rank(req), nodes=[node])
+            if found is None:
+                continue
+            choice, victims, released = found
+            if admission == Admission.GUARANTEED:
+                given_back = self._refund_if_it_makes_room(req, choice, admission, victims)
+                if given_back is None:
+                    for h in released:
+                        self.state.restore(h)
+                    continue
+            else:
+                taken = self._admit_by_share(req, choice, victims, released)
+                if taken is None:
+                    continue
+                _, _, _, given_back, admission = taken
+            self._held_models.add(m)
+            decided = self._evict(req, choice, victims, released, given_back, admission)
+            if decided[3]:  # its victims have a grace to run out: keep the node for it
+                self.held[node] = True
+            return node, decided
+        return None
+
+    def _blocked(self, node: int, req: Request, may) -> int:
+        """GPUs of `node` holding work `req` may not take (or placed this cycle)."""
+        on: dict[int, list[Share]] = defaultdict(list)
+        for h in self.state.on_node.get(node, {}).values():
+            for j in h.gpus:
+                on[j].append(h.share)
+        reserved = self.state.reserved_now
+        return sum(1 for shares in on.values()
+                   if any(s.reservation_id in reserved or not may(s, req) for s in shares))
 
 
 class FairHooks:

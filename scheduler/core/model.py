@@ -286,12 +286,16 @@ class Preemption:
 class Reclaim:
     """A request within its team's quota waits while borrowed shares are reclaimed for it: each
     victim is preempted at its time in `due` (now + its team's grace, or when it was already
-    warned); `reasons` say why it cannot start sooner."""
+    warned); `reasons` say why it cannot start sooner. `kind` says why the victims go, so that
+    their owners can be told: "quota" (the request's team wants back the quota it lent),
+    "fair_share" (its team is below its fair share) or "node_hold" (the request needs whole GPUs
+    on one node and the victims' node is held for it)."""
 
     request_id: str
     victims: tuple[str, ...]
     due: Mapping[str, float]
     reasons: tuple[Reason, ...] = ()
+    kind: str = "quota"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ Snapshot fields (default: `teams` with each team's flat quota and use; a quota t
 `quotas=`), `share_extra(run)` the extra Share fields of a running job (e.g. `since`), `order(sim,
 snapshot, requests)` the queue order the estimators get (default: the cycle's `queue_order`), and
 `on_decision(sim, decision)` sees every decision once it is applied (a placed job's Run is in
-`sim.running` then: e.g. keep the placement's admission in `run.extra`).
+`sim.running` then: e.g. keep the placement's admission in `run.extra`), and `decide_extra(sim)`
+returns extra keyword arguments for `decide` (e.g. each running job's past evictions).
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ class Simulation:
         share_extra: Callable[[Run], Mapping[str, Any]] | None = None,
         order: Callable[[Simulation, Snapshot, list[Request]], list[Request]] | None = None,
         on_decision: Callable[[Simulation, object], None] | None = None,
+        decide_extra: Callable[[Simulation], Mapping[str, Any]] | None = None,
     ) -> None:
         self.trace = trace
         self.policy = policy
@@ -168,6 +170,7 @@ class Simulation:
         self.share_extra = share_extra
         self.order = order or (lambda sim, snap, reqs: queue_order(reqs, snap.teams, snap.now, sim.aging_s))
         self.on_decision = on_decision
+        self.decide_extra = decide_extra
 
         self.nodes = trace.nodes
         self.layout = FleetLayout(self.nodes)
@@ -275,7 +278,9 @@ class Simulation:
             snap = self.snapshot()
             requests = [job.request() for job in fresh]
             t0 = time.perf_counter()
-            decisions = list(decide(snap, requests, self.policy, preemption=self.preemption, aging_s=self.aging_s))
+            extra = self.decide_extra(self) if self.decide_extra is not None else {}
+            decisions = list(decide(snap, requests, self.policy, preemption=self.preemption, aging_s=self.aging_s,
+                                    **extra))
             self.cycle_wall.append(time.perf_counter() - t0)
             changed = False
             for decision in decisions:

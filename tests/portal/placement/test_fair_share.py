@@ -15,6 +15,7 @@ from portal.reservations.models import Reservation
 from portal.reservations.quota import held, usage_of
 from portal.reservations.states import HOLDS_GPU, State
 from portal.tenancy import policy, quotas
+from scheduler.core.fairqueue import MIN_RUN_S
 from tests.reservations import clock_at
 
 URL = "/api/v1/reservations/"
@@ -196,9 +197,36 @@ def test_a_team_below_its_fair_share_takes_back_borrowed_capacity_saying_why(
     placement_loop()
     mine = _post(alice, reservation_body(**T4))["id"]
     placement_loop()
+    # Work that has run less than the minimum time is not taken for a borrowed request.
+    assert _get(alice, mine)["state"] == "pending"
+    assert all(Reservation.objects.get(pk=b).state == State.RUNNING for b in borrowed)
+    with clock_at(timezone.now() + timedelta(seconds=MIN_RUN_S + 60)):
+        placement_loop()
     assert _get(alice, mine)["admission"] == "borrowed"
     victim = Reservation.objects.get(pk=borrowed[1])
     assert victim.state == State.PREEMPTED
     assert victim.transitions.filter(
         to_state="preempted", reason__contains="taken back for team vision, which is below its fair share").exists()
     assert Reservation.objects.get(pk=borrowed[0]).state == State.RUNNING
+
+
+def test_a_reclaim_by_fair_share_warns_the_borrower_saying_why(
+        client_for, reservation_body, teams, placement_loop):
+    """With a grace, the borrower is warned that vision, below its fair share, takes the GPU back
+    (not that vision wants back quota it lent: it lent none), and vision's request says so."""
+    _quota(teams["vision"], _row("T4", 0))
+    _quota(teams["nlp"], _row("T4", 0))
+    policy.set_policy(teams["nlp"], ADMIN, {"reclaim_grace_s": 600})
+    bob, alice = client_for("bob"), client_for("alice")
+    borrowed = [_post(bob, reservation_body(team="nlp", **T4))["id"] for _ in range(2)]
+    placement_loop()
+    mine = _post(alice, reservation_body(**T4))["id"]
+    with clock_at(timezone.now() + timedelta(seconds=MIN_RUN_S + 60)):
+        placement_loop(sync=False)
+    victim = Reservation.objects.get(pk=borrowed[1])
+    assert victim.state == State.RUNNING and victim.reclaim_at is not None
+    assert "taken back for team vision, which is below its fair share" in victim.state_reason
+    assert "needs the capacity it lent" not in victim.state_reason
+    waiting = _get(alice, mine)
+    assert waiting["state"] == "pending" and "below its fair share: capacity others borrowed is being reclaimed " \
+        f"from reservation {victim.pk} (team nlp)" in waiting["state_reason"]
