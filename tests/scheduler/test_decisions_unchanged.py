@@ -1,7 +1,7 @@
 """The cycle's speed work changes no decision: the engine decides seeded cycles exactly as the
-engine before it did (commit BEFORE_INDEXES, reclaim by fair share in, the speed work not yet: label
-filters walking every GPU with a share, the preemption search over every node), with and without a
-quota tree. A change that means to change decisions moves BEFORE_INDEXES to the commit before it.
+engine at commit BEFORE_INDEXES did, with and without a quota tree. (It was first the engine before
+the label indexes and the pruned preemption search, and guarded them.) A change that means to change
+decisions moves BEFORE_INDEXES to the commit that made it.
 
 The workloads are small bench/fairshare/cycle_speed.py cycles that reach every part that changed:
 exclusion, affinity and anti-affinity labels on shares and requests, nodes short of CPU and memory
@@ -17,7 +17,7 @@ import pytest
 from scheduler import core
 from tests.scheduler.test_fairshare_properties import _engine_at
 
-BEFORE_INDEXES = "aa9af83"  # the engine with reclaim by fair share, before the label indexes and the pruned search
+BEFORE_INDEXES = "6f72d0a"  # the engine with rationed evictions, before the latest speed work
 MODELS = ("A", "B")
 TEAMS = tuple(f"t{i}" for i in range(6))
 NOW = 10_000.0
