@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
+from django.utils import timezone
 
 from portal.reservations import services
 from portal.reservations.events import announcements_held
@@ -72,7 +73,9 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
     # Decisions are committed while the engine goes on deciding, so the first pods can be bound
     # (by another worker) before the last decision is made.
     fleet = snapshot.build() if requests else None
-    decisions = core.decide(fleet, requests, settings.TESSERA_POLICY) if fleet is not None else iter(())
+    decisions = (core.decide(fleet, requests, settings.TESSERA_POLICY,
+                             evictions=snapshot.past_evictions(timezone.now()))
+                 if fleet is not None else iter(()))
     batches = Batches(lease, renew, on_bind, rows, report)
     waiting = batches.waiting  # request id → why it waits
     reclaim_due: dict[str, float] = {}  # reclaimed share → when it goes

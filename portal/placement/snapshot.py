@@ -15,11 +15,12 @@ from django.utils import timezone
 from portal.fleet.models import NodeLink
 from portal.precompiled import Precompiled, param_in
 from portal.reservations import engine_quotas
-from portal.reservations.models import Allocation, Reservation
+from portal.reservations.models import Allocation, Reservation, StateTransition
 from portal.reservations.requests import exclusion_of, labels, request_of
 from portal.reservations.states import HOLDS_GPU, State
 from portal.tenancy.models import TeamPolicy
 from scheduler import core
+from scheduler.core.fairqueue import EVICTION_WINDOW_S
 from scheduler.core.remote import Link
 
 from . import fleet_cache
@@ -80,6 +81,18 @@ _LIVE_SHARES = Precompiled(lambda: Allocation.objects.filter(released_at__isnull
     "reservation__admission", "reservation__placed_at", "reservation__reclaim_at"))
 _POD_NODES = Precompiled(lambda: Reservation.objects.filter(state__in=HOLDS_GPU, node__isnull=False).order_by()
                          .values_list(Coalesce("client_node_id", "node_id"), flat=True))
+
+
+def past_evictions(now: datetime) -> dict[str, list[float]]:
+    """Reservation holding a GPU → when it was preempted before (it was requeued), over the last two
+    eviction windows: the engine leaves a job evicted again and again alone for a while
+    (`scheduler.core.fairqueue.EVICTION_CAP`)."""
+    since = now - timezone.timedelta(seconds=2 * EVICTION_WINDOW_S)
+    out: dict[str, list[float]] = defaultdict(list)
+    for rid, at in StateTransition.objects.filter(to_state=State.PREEMPTED, at__gte=since,
+                                                  reservation__state__in=HOLDS_GPU).order_by().values_list("reservation_id", "at"):
+        out[str(rid)].append(at.timestamp())
+    return dict(out)
 
 
 def _pods_per_node() -> Counter:

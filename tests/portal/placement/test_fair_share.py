@@ -230,3 +230,25 @@ def test_a_reclaim_by_fair_share_warns_the_borrower_saying_why(
     waiting = _get(alice, mine)
     assert waiting["state"] == "pending" and "below its fair share: capacity others borrowed is being reclaimed " \
         f"from reservation {victim.pk} (team nlp)" in waiting["state_reason"]
+
+
+def test_a_job_evicted_twice_within_the_hour_is_left_alone_and_another_is_taken(
+        client_for, reservation_body, teams, placement_loop):
+    """nlp's newest borrowed job would go first, but it was preempted (and requeued) twice in the
+    last hour: the fair-share reclaim takes nlp's other borrowed job instead."""
+    _quota(teams["vision"], _row("T4", 0))
+    _quota(teams["nlp"], _row("T4", 0))
+    policy.set_policy(teams["nlp"], ADMIN, {"reclaim_grace_s": 0})
+    bob, alice = client_for("bob"), client_for("alice")
+    borrowed = [_post(bob, reservation_body(team="nlp", **T4))["id"] for _ in range(2)]
+    placement_loop()
+    twice = Reservation.objects.get(pk=borrowed[1])
+    for minutes in (20, 10):
+        row = twice.transitions.create(from_state=State.RUNNING, to_state=State.PREEMPTED, actor_label="test")
+        type(row).objects.filter(pk=row.pk).update(at=timezone.now() - timedelta(minutes=minutes))
+    mine = _post(alice, reservation_body(**T4))["id"]
+    with clock_at(timezone.now() + timedelta(seconds=MIN_RUN_S + 60)):
+        placement_loop()
+    assert _get(alice, mine)["admission"] == "borrowed"
+    assert Reservation.objects.get(pk=borrowed[1]).state == State.RUNNING
+    assert Reservation.objects.get(pk=borrowed[0]).state == State.PREEMPTED
