@@ -89,8 +89,8 @@ def past_evictions(now: datetime) -> dict[str, list[float]]:
     (`scheduler.core.fairqueue.EVICTION_CAP`)."""
     since = now - timezone.timedelta(seconds=2 * EVICTION_WINDOW_S)
     out: dict[str, list[float]] = defaultdict(list)
-    for rid, at in StateTransition.objects.filter(to_state=State.PREEMPTED, at__gte=since,
-                                                  reservation__state__in=HOLDS_GPU).order_by().values_list("reservation_id", "at"):
+    rows = StateTransition.objects.filter(to_state=State.PREEMPTED, at__gte=since, reservation__state__in=HOLDS_GPU)
+    for rid, at in rows.order_by().values_list("reservation_id", "at"):
         out[str(rid)].append(at.timestamp())
     return dict(out)
 
