@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 
 from portal.fleet import inventory
 from portal.fleet.models import Gpu
+from portal.placement import queue
 from portal.tenancy.models import ExclusionGroup, Membership, Quota, Role, Team, mib_to_gib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +31,15 @@ DEMO_INVENTORY = ROOT / "deploy" / "inventory" / "demo.yaml"
 def _fast_password_hashing(settings):
     # The real hasher costs ~0.5 s per user; the personas need none of its strength.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_learnt_forecast():
+    # what the forecast learnt from ended reservations is kept per process for minutes: one test's
+    # reservations must not teach the next test's estimates
+    queue.forget_run_lengths()
+    yield
+    queue.forget_run_lengths()
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from portal.fleet.models import Gpu
-from portal.placement import fleet_cache, snapshot, tasks
+from portal.placement import fleet_cache, queue, snapshot, tasks
 from portal.placement.commit import Batches, CycleReport
 from portal.placement.locking import Lease
 from portal.reservations.models import Allocation, Reservation
@@ -40,6 +40,7 @@ def test_a_cycle_runs_the_same_statements_for_one_placement_or_many(people, team
                                                                     django_capture_on_commit_callbacks):
     set_any_quota(teams["vision"], share=100, gpus=100)
     fleet_cache.fleet()  # the process has seen this fleet (a worker has, after its first cycle)
+    queue.run_lengths()  # and learnt how long reservations run (kept for minutes)
     _submit(people, teams, 1)
     one = _cycle_statements(django_capture_on_commit_callbacks)
     _submit(people, teams, 12)
