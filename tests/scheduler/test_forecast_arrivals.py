@@ -59,9 +59,28 @@ def test_a_team_below_its_share_that_keeps_arriving_goes_ahead_of_a_waiting_requ
 
     # light submits a 3-hour request every 30 minutes: each takes the GPU that frees first.
     coming = learnt("light", every_s=1800.0, run_s=3 * HOUR).forward(NOW)
-    out = estimate_starts(snap, [mine], ends, now=NOW, order=QueueOrder(snap, aging_s=0), arrivals=coming)
+    out = estimate_starts(snap, [mine], ends, now=NOW, order=QueueOrder(snap, aging_s=0), arrivals=coming,
+                          withhold=False)
     assert set(out) == {"mine"}  # the expected arrivals get no answer of their own
     assert out["mine"].start is not None and out["mine"].start > NOW + 2 * HOUR
+
+    # Told honestly: light's work takes every GPU that frees for as far as the forecast looks.
+    told = estimate_starts(snap, [mine], ends, now=NOW, order=QueueOrder(snap, aging_s=0), arrivals=coming,
+                           arrivals_until=NOW + 12 * HOUR)["mine"]
+    assert told.start is None and told.code == "arrivals" and told.withheld == out["mine"].start
+    assert told.reason.startswith("no estimate: it would start more than 12 h from now")
+
+
+def test_a_start_that_rests_mainly_on_work_not_yet_submitted_is_not_given():
+    snap = cluster(heavy_uses=4.0)
+    mine = Request("mine", team="heavy", gpu_model="A100", priority=1, created_at=NOW)
+    ends = {"r1": NOW + HOUR, "r2": NOW + 2 * HOUR}
+    # light submits a 90-minute request every 40 minutes: the first two GPUs that free go to it.
+    coming = learnt("light", every_s=2400.0, run_s=1.5 * HOUR).forward(NOW, horizon_s=3 * HOUR)
+    told = estimate_starts(snap, [mine], ends, now=NOW, order=QueueOrder(snap, aging_s=0), arrivals=coming,
+                           arrivals_until=NOW + 12 * HOUR)["mine"]
+    assert told.start is None and told.code == "arrivals" and told.withheld is not None
+    assert "work not yet submitted" in told.reason and "A100" in told.reason
 
 
 def test_arrivals_that_rank_behind_only_take_room_the_request_cannot_use():
@@ -85,5 +104,5 @@ def test_higher_priority_work_arriving_takes_the_gpu_first():
     # behind the running one: the GPU goes to that backlog first, the last of it arriving at 1 h 50.
     coming = learnt("light", every_s=1200.0, run_s=600.0, priority=5).forward(NOW, horizon_s=2 * HOUR)
     out = estimate_starts(snap, [mine], ends, now=NOW, order=QueueOrder(snap, aging_s=0), durations={"mine": HOUR},
-                          arrivals=coming)
+                          arrivals=coming, withhold=False)
     assert out["mine"].start == NOW + 2 * HOUR

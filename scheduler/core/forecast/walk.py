@@ -61,6 +61,10 @@ class Walk:
         self.arrive: Mapping[str, float] = {}  # expected arrivals: id -> when it joins the queue
         self.line_of: dict[str, Line] = {}  # expected arrival -> its line
         self.real_placed = 0  # requests of the queue (not expected arrivals) placed so far
+        # Per GPU model: (expected arrivals, requests of the queue) placed on it so far; and per
+        # request of the queue placed, those counts just before it: what took the room ahead of it.
+        self.taken: dict[int, tuple[int, int]] = {}
+        self.ahead: dict[str, tuple[int, int, int]] = {}  # request -> (model id, expected, of the queue)
 
     # ---- changes ------------------------------------------------------------------------------
     def release(self, rid: str) -> int:
@@ -90,8 +94,15 @@ class Walk:
         if self.order is not None and self.order is not self.gate:
             self.order.charge(req, model)
         self.forecast_ids.add(req.id)
-        if req.id not in self.arrive:
+        expected = req.id in self.arrive
+        if not expected:
             self.real_placed += 1
+        if rec.gpus:
+            m = int(state.gpu_model[rec.node, rec.gpus[0]])
+            exp, real = self.taken.get(m, (0, 0))
+            if self.arrive and not expected:
+                self.ahead[req.id] = (m, exp, real)
+            self.taken[m] = (exp + expected, real + (not expected))
         run = self.durations.get(req.id)
         if run is not None:
             heapq.heappush(self.events, (t + max(0.0, float(run)), next(self.seq), req.id))
