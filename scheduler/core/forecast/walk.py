@@ -63,7 +63,9 @@ class Walk:
         self.real_placed = 0  # requests of the queue (not expected arrivals) placed so far
         # Per GPU model: (expected arrivals, requests of the queue) placed on it so far; and per
         # request of the queue placed, those counts just before it: what took the room ahead of it.
+        # Placed at the current time are not counted (they did not take room before it).
         self.taken: dict[int, tuple[int, int]] = {}
+        self.taken_at: tuple[float, dict[int, tuple[int, int]]] = (-1.0, {})  # the counts as the current time began
         self.ahead: dict[str, tuple[int, int, int]] = {}  # request -> (model id, expected, of the queue)
 
     # ---- changes ------------------------------------------------------------------------------
@@ -98,10 +100,12 @@ class Walk:
         if not expected:
             self.real_placed += 1
         if rec.gpus:
+            if self.taken_at[0] != t:
+                self.taken_at = (t, dict(self.taken))
             m = int(state.gpu_model[rec.node, rec.gpus[0]])
-            exp, real = self.taken.get(m, (0, 0))
             if self.arrive and not expected:
-                self.ahead[req.id] = (m, exp, real)
+                self.ahead[req.id] = (m, *self.taken_at[1].get(m, (0, 0)))
+            exp, real = self.taken.get(m, (0, 0))
             self.taken[m] = (exp + expected, real + (not expected))
         run = self.durations.get(req.id)
         if run is not None:
