@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from ..cycle import _place_gang
 from ..engine import choose
 from ..model import MILLI, Request
@@ -32,6 +34,7 @@ from .hooks import Gate, Order
 from .lines import Index, Line, Summary, might_fit, model_ids, most_free
 from .preemption import EvictableRoom, evictable_room, might_preempt, preempt_on
 
+MAX_PREEMPT_NODES = 32  # an arriving request looks for victims on at most this many nodes
 WhyOf = Callable[[int], str]  # node -> why a request starts there now ("" at `now`)
 
 
@@ -67,6 +70,9 @@ class Walk:
         self.taken: dict[int, tuple[int, int]] = {}
         self.taken_at: tuple[float, dict[int, tuple[int, int]]] = (-1.0, {})  # the counts as the current time began
         self.ahead: dict[str, tuple[int, int, int]] = {}  # request -> (model id, expected, of the queue)
+        # Per priority, the compute shares of it hold per GPU slot, never less than they hold now
+        # (a placement adds, an end does not take away): where an arrival could find victims.
+        self.held_by: dict[int, np.ndarray] = {}
 
     # ---- changes ------------------------------------------------------------------------------
     def release(self, rid: str) -> int:
@@ -96,6 +102,7 @@ class Walk:
         if self.order is not None and self.order is not self.gate:
             self.order.charge(req, model)
         self.forecast_ids.add(req.id)
+        self._hold(rec)
         expected = req.id in self.arrive
         if not expected:
             self.real_placed += 1
@@ -112,6 +119,31 @@ class Walk:
             heapq.heappush(self.events, (t + max(0.0, float(run)), next(self.seq), req.id))
         else:
             self.unending.append(rec.node)
+
+    def _hold(self, rec) -> None:
+        held = self.held_by.get(rec.share.priority)
+        if held is None:
+            held = self.held_by[rec.share.priority] = np.zeros_like(self.state.free)
+        for j in rec.gpus:
+            held[rec.node, j] += rec.milli
+
+    def victims_near(self, req: Request) -> list[int]:
+        """The ready nodes where `req` (just arrived) might find victims, at most MAX_PREEMPT_NODES,
+        those with the most evictable compute first: enough GPUs of its models whose free compute
+        plus what lower priorities hold covers it (a necessary condition of the cycle's rule)."""
+        st = self.state
+        room = st.free.copy()
+        for p, held in self.held_by.items():
+            if p < req.priority:
+                room += held
+        ok = (room >= (MILLI if req.whole else req.milli)) & st.ready[:, None]
+        if req.gpu_model is not None:
+            ok &= st.model_mask(req.gpu_model)
+        nodes = np.flatnonzero(ok.sum(axis=1) >= req.gpu_count)
+        if nodes.size > MAX_PREEMPT_NODES:
+            most = (room * ok)[nodes].sum(axis=1)
+            nodes = nodes[np.argsort(-most, kind="stable")[:MAX_PREEMPT_NODES]]
+        return sorted(nodes.tolist())
 
     def narrow(self, line: Line, req: Request) -> Request | None:
         """The request as the gate lets it run now (None: not at all); remembers what it allowed."""
@@ -373,7 +405,9 @@ class Walk:
                 if req.id in self.arrive:
                     self.line_of[req.id] = line
                     heapq.heappush(self.events, (max(self.arrive[req.id], now), next(self.seq), req.id))
-        ready = [i for i in range(state.ready.shape[0]) if state.ready[i]]
+        for rec in state.placed.values():
+            if rec.share.reservation_id not in self.forecast_ids:
+                self._hold(rec)
 
         preempting = self.preemption and any(r.priority > 0 for line in live for _, r in line.waiting)
         walked = 0
@@ -408,7 +442,9 @@ class Walk:
                 evicted = self.preempt(t, why_of)
                 for line in sorted((line for line in joined if line.waiting and line.group is None
                                     and line.head[1].priority > 0), key=lambda line: self.rank(line, t)):
-                    evicted += self.evict_for(line, t, why_of, ready, None)  # the cycle tries it everywhere
+                    nodes = self.victims_near(line.head[1])  # the cycle tries it everywhere
+                    if nodes:
+                        evicted += self.evict_for(line, t, why_of, nodes, None)
                 if evicted:
                     chosen, local, anywhere = self.select(evicted, False)
                     if chosen:

@@ -129,3 +129,47 @@ def test_the_estimate_after_a_cycle_counts_what_that_cycle_placed(
     assert row.state == "pending" and row.queue_position == 1
     hours = (row.estimated_start - timezone.now()).total_seconds() / 3600
     assert 1.9 < hours <= 2.0  # the first one's end, not now (the snapshot before the cycle) nor in 5 h
+
+
+def test_a_team_below_its_share_that_keeps_submitting_goes_ahead_in_the_estimate(
+        client_for, reservation_body, people, teams, placement_loop):
+    """Both T4s are held by vision for 1 h. nlp (holding nothing: below its share) has submitted
+    a 3-hour T4 job every 20 minutes all day: alice (vision, above its share) is not told 1 h
+    any more: nlp's next jobs will take the T4s as they free, so her start rests on work not yet
+    submitted, and she is told that instead of a time."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.placement import queue
+    from tests.teams import set_any_quota
+
+    set_any_quota(teams["vision"], share=20, gpus=20)
+    set_any_quota(teams["nlp"], share=20, gpus=20)
+    for gpu in Gpu.objects.filter(model="A100-80GB"):  # vision uses more than nlp for the day
+        running(submitted(people["carol"], teams["vision"], gpu_request=Decimal(1), gpu_memory_mib=1000,
+                          kind="interactive", max_duration_s=24 * 3600), gpu)
+    for gpu in Gpu.objects.filter(model="T4"):
+        running(submitted(people["carol"], teams["vision"], gpu_request=Decimal(1), gpu_memory_mib=1000,
+                          kind="interactive", max_duration_s=3600), gpu)
+    alice = client_for("alice")
+    rid = alice.post(URL, reservation_body(gpu_model="T4", gpu_request=1.0, gpu_memory_mib=1000),
+                     format="json").json()["id"]
+    placement_loop()
+    row = Reservation.objects.get(pk=rid)
+    assert row.state == "pending"
+    hours = (row.estimated_start - timezone.now()).total_seconds() / 3600
+    assert 0.9 < hours <= 1.0  # nothing learnt yet: when the T4s free
+
+    now = timezone.now()
+    for k in range(72):  # a day of nlp's work, each ran its 3 hours
+        past = submitted(people["bob"], teams["nlp"], gpu_request=Decimal(1), gpu_memory_mib=1000, gpu_model="T4")
+        created = now - timedelta(days=1) + timedelta(minutes=20 * k)
+        Reservation.objects.filter(pk=past.pk).update(
+            created_at=created, state="succeeded", placed_at=created, finished_at=created + timedelta(hours=3))
+    queue.forget_run_lengths()
+    placement_loop()
+    row = Reservation.objects.get(pk=rid)
+    assert row.state == "pending" and row.estimated_start is None
+    why = row.state_reason.split("no estimate: ")[1]
+    assert "work not yet submitted" in why and "T4" in why
