@@ -167,7 +167,7 @@ def _forecast(fleet: core.Snapshot, requests: list[core.Request]) -> tuple[list[
         reasons[pk] = reason
     estimates = estimate_starts(fleet, ordered, ends, now=now, durations=durations, gate=hooks, order=hooks,
                                 limit=ESTIMATED, arrivals=arrivals().forward(now, HORIZON_S),
-                                arrivals_until=now + HORIZON_S)
+                                arrivals_until=now + HORIZON_S, withhold=False)
     return ordered, estimates, reasons
 
 

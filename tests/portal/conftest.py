@@ -48,9 +48,6 @@ def fleet(db):
 @pytest.fixture
 def teams(db):
     """vision and nlp, directly under the organisation, each with a `*` quota (any GPU model)."""
-    from portal.placement import queue
-
-    queue.forget_run_lengths()  # what an earlier test's reservations taught the forecast (per process)
     vision = Team.objects.create(slug="vision", name="Vision", allow_over_quota=True)
     nlp = Team.objects.create(slug="nlp", name="NLP", allow_over_quota=False)
     # 200,000 MiB and 100,000 MiB of GPU memory, as the flat quotas of before were.
