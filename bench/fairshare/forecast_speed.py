@@ -8,7 +8,10 @@ Method: the Alibaba node list (1,213 GPU nodes, 6,212 GPUs) filled with the defa
 `estimate_starts` estimates the first `--limit` of them (guarantee requests may evict priority-0
 work and lower priorities of their own team after an end, as the cycle does). Each configuration is timed
 `--repeat` times (wall and CPU seconds), the snapshot built once, with and without a FleetLayout
-(the portal keeps one per fleet version).
+(the portal keeps one per fleet version). With a FleetLayout and preemption, also with the work
+expected to arrive (`--arrivals` requests drawn the same way over the last day, each with a
+lognormal run time around an hour, as `Arrivals` learns them; the forecast walks what they give
+over the next 12 h), against the same configuration without them in the same run.
 
     .venv/bin/python bench/fairshare/forecast_speed.py   (~1 minute)
 """
@@ -30,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from scheduler.core import FleetLayout, Gpu, Node, Request, Share, Snapshot
 from scheduler.core.engine import choose, make_scorer
-from scheduler.core.forecast import estimate_starts
+from scheduler.core.forecast import Arrivals, estimate_starts
 from scheduler.core.fragmentation import typical_pods
 from scheduler.core.model import MILLI
 from scheduler.sim.replay import MODEL_MEMORY_MIB, arrival_order, build_cluster, to_request
@@ -91,6 +94,19 @@ def build(fill: float, known: float, spread_h: float, waiting: int, seed: int, t
     return empty, full, ends, queue, durations, typical, used / capacity
 
 
+def history(n: int, seed: int, teams: int = 20) -> Arrivals:
+    """`n` requests over the last day (before time 0), drawn as the waiting ones, with run times."""
+    pods = [p for p in load_pods(resolve_trace("default")).rows if p.num_gpu > 0]
+    requests = [to_request(p, p.name) for p in pods]
+    rng = np.random.default_rng([seed, 7])
+    learnt = Arrivals()
+    for k in range(n):
+        at = -float(rng.uniform(0, learnt.window_s))
+        req = clone(requests[int(rng.integers(len(requests)))], f"past{k}", rng, teams, created_at=at)
+        learnt.observe(at, req, float(rng.lognormal(np.log(3600), 1.0)))
+    return learnt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fill", type=float, default=0.95)
@@ -100,27 +116,36 @@ def main() -> int:
     parser.add_argument("--limits", default="100,1000,3000")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--arrivals", type=int, default=2000, help="requests submitted over the last day")
+    parser.add_argument("--only-arrivals", action="store_true",
+                        help="only the configuration with a FleetLayout and preemption, without and with arrivals")
     ns = parser.parse_args()
     empty, full, ends, queue, durations, _, filled = build(ns.fill, ns.known, ns.spread_h, ns.waiting, ns.seed)
     layout = FleetLayout(empty)
+    expected = history(ns.arrivals, ns.seed).forward(0.0)
     rows = []
-    for with_layout, preemption in ((False, True), (True, True), (True, False)):
+    configs = [(True, True, 0), (True, True, ns.arrivals)]
+    if not ns.only_arrivals:
+        configs = [(False, True, 0), *configs, (True, False, 0)]
+    for with_layout, preemption, arrivals in configs:
         snap = Snapshot(tuple(full), now=0.0, layout=layout if with_layout else None)
         for limit in [int(x) for x in ns.limits.split(",")]:
             wall, cpu, codes = [], [], Counter()
             for _ in range(ns.repeat):
                 t0, c0 = time.perf_counter(), time.process_time()
                 out = estimate_starts(snap, queue, ends, now=0.0, durations=durations, limit=limit,
-                                      preemption=preemption)
+                                      preemption=preemption, arrivals=expected if arrivals else ())
                 wall.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
                 codes = Counter(e.code for e in out.values())
                 codes["by preempting"] = sum("preempting" in e.reason for e in out.values())
             row = {
-                "layout": with_layout, "preemption": preemption, "limit": limit, "waiting": len(queue),
+                "layout": with_layout, "preemption": preemption, "arrivals": arrivals,
+                "expected": len(expected) if arrivals else 0, "limit": limit, "waiting": len(queue),
                 "running_shares": sum(len(g.shares) for n in full for g in n.gpus), "known_ends": len(ends),
                 "nodes": len(full), "gpus": sum(len(n.gpus) for n in full), "filled_pct": round(filled * 100, 1),
-                "median_s": round(float(np.median(wall)), 3), "max_s": round(float(np.max(wall)), 3),
+                "median_s": round(float(np.median(wall)), 3), "p99_s": round(float(np.percentile(wall, 99)), 3),
+                "max_s": round(float(np.max(wall)), 3),
                 "median_cpu_s": round(float(np.median(cpu)), 3),
                 "codes": dict(sorted(codes.items())),
             }
@@ -142,16 +167,17 @@ def main() -> int:
         f"{r0['waiting']} requests wait (trace shapes, 20 teams, priorities 0/1/2/5, half with a known "
         "duration); the first `limit` are "
         "estimated, the rest answered `behind`. Time per call includes building the cluster state and the "
-        f"scorer; median and max of {ns.repeat} calls.",
+        f"scorer; median, p99 and max of {ns.repeat} calls.",
         "",
-        "| FleetLayout | preemption | limit | median s (wall) | max s | median CPU s | answers |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| FleetLayout | preemption | arrivals (expected walked) | limit | median s (wall) | p99 s | max s "
+        "| median CPU s | answers |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         codes = ", ".join(f"{k} {v}" for k, v in r["codes"].items())
-        lines.append(f"| {'yes' if r['layout'] else 'no'} | {'yes' if r['preemption'] else 'no'} | {r['limit']} "
-                     f"| {r['median_s']} | {r['max_s']} "
-                     f"| {r['median_cpu_s']} | {codes} |")
+        lines.append(f"| {'yes' if r['layout'] else 'no'} | {'yes' if r['preemption'] else 'no'} "
+                     f"| {r['arrivals']} ({r['expected']}) | {r['limit']} | {r['median_s']} | {r['p99_s']} "
+                     f"| {r['max_s']} | {r['median_cpu_s']} | {codes} |")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "forecast_speed.md").write_text("\n".join(lines) + "\n")
     (OUT / "forecast_speed.json").write_text(json.dumps({"command": command.strip(), "rows": rows}, indent=1) + "\n")

@@ -5,7 +5,12 @@ runs, on the GPUs that could take each request, with quota as its gate), or why 
 A known end is a reservation's expiry, which many release earlier: each becomes its likely end,
 and each waiting request's maximum duration its likely run time, from how much of their reserved
 time recently ended reservations used (`RunLengths`: per owner, team and GPU count where enough
-ended, else all of them; the last LEARN_FROM within LEARN_WITHIN_S, read again every LEARNT_FOR_S)."""
+ended, else all of them; the last LEARN_FROM within LEARN_WITHIN_S, read again every LEARNT_FOR_S).
+
+Work that arrives later competes too (a team further below its share, a higher priority, goes
+ahead; small work takes room first): the forecast walks the demand expected over the next hours
+(`Arrivals`: per team, model and priority band, the rate, sizes and run lengths of the
+reservations submitted within the last day; at most ARRIVALS_FROM, read again every LEARNT_FOR_S)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
+from django.db.models import Q
 from django.utils import timezone
 
 from portal.precompiled import Precompiled, param_in
@@ -22,10 +28,12 @@ from portal.reservations.models import Kind, Reservation
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler import core
 from scheduler.core.fairqueue import FairHooks
-from scheduler.core.forecast import Estimate, RunLengths, estimate_starts
+from scheduler.core.forecast import Arrivals, Estimate, RunLengths, estimate_starts
+from scheduler.core.forecast.arrivals import DEFAULT_HORIZON_S as HORIZON_S
 from scheduler.core.queue import queue_order
 
 from . import snapshot
+from .snapshot import Pending
 
 ESTIMATED = 1000  # the first this many in the queue get an estimate; the rest are told how many are ahead
 LEARN_FROM = 5000  # run lengths are learnt from this many reservations that ended last
@@ -34,6 +42,7 @@ LEARNT_FOR_S = 300.0  # and read again after this long (they change slowly; a cy
 # Ended by their owner or their expiry: what a running reservation's own end will be like (not a
 # preemption, a failure or a lost node).
 ENDED = (State.SUCCEEDED, State.CANCELLED, State.EXPIRED)
+ARRIVALS_FROM = 5000  # the expected arrivals are learnt from at most this many reservations submitted last
 
 
 class Queued(NamedTuple):
@@ -58,6 +67,7 @@ _DURATIONS = Precompiled(lambda: Reservation.objects.filter(param_in("pk", "ids"
 
 _learnt_lock = threading.Lock()
 _learnt: tuple[float, RunLengths] | None = None  # (monotonic time read, what was learnt)
+_arrivals: tuple[float, Arrivals] | None = None
 
 
 def _keys(owner_id: int, team_id: int, gpu_count: int) -> tuple:
@@ -85,11 +95,43 @@ def run_lengths() -> RunLengths:
     return lengths
 
 
-def forget_run_lengths() -> None:
-    """Learn again at the next forecast (after reservations that ended were rewritten, e.g. in tests)."""
-    global _learnt
+def arrivals() -> Arrivals:
+    """The reservations submitted within the last day (the last ARRIVALS_FROM; the window shrinks to
+    what they span when there are more), each with how long it ran where it ended: what the forecast
+    expects to arrive next (kept for LEARNT_FOR_S seconds per process)."""
+    global _arrivals
     with _learnt_lock:
-        _learnt = None
+        if _arrivals is not None and time.monotonic() - _arrivals[0] < LEARNT_FOR_S:
+            return _arrivals[1]
+    now = timezone.now()
+    window = Arrivals().window_s
+    # What waited or ran: not what was cancelled or refused before it was ever placed.
+    rows = list(Reservation.objects.filter(Q(state=State.PENDING) | Q(placed_at__isnull=False),
+                                           created_at__gte=now - timedelta(seconds=window))
+                .order_by("-created_at").values_list("pk", "team__slug", *Pending._fields[2:], "state", "placed_at",
+                                                     "finished_at")[:ARRIVALS_FROM])
+    if len(rows) == ARRIVALS_FROM:
+        window = (now - rows[-1][Pending._fields.index("created_at")]).total_seconds()
+    learnt = Arrivals(window_s=max(window, 1.0))
+    for row in rows:
+        r, (state, placed_at, finished_at) = Pending._make(row[:len(Pending._fields)]), row[len(Pending._fields):]
+        try:
+            req = snapshot.to_request(r)
+        except ValueError:
+            continue
+        ran = (finished_at - placed_at).total_seconds() if state in ENDED and finished_at and placed_at else None
+        learnt.observe(req.created_at, req, ran)
+    with _learnt_lock:
+        _arrivals = (time.monotonic(), learnt)
+    return learnt
+
+
+def forget_run_lengths() -> None:
+    """Learn again at the next forecast (after reservations were rewritten, e.g. in tests): run
+    lengths and expected arrivals."""
+    global _learnt, _arrivals
+    with _learnt_lock:
+        _learnt = _arrivals = None
 
 
 def read_queue() -> list[Queued]:
@@ -124,7 +166,8 @@ def _forecast(fleet: core.Snapshot, requests: list[core.Request]) -> tuple[list[
             durations[str(pk)] = lengths.run(float(seconds), _keys(owner, team, gpus))
         reasons[pk] = reason
     estimates = estimate_starts(fleet, ordered, ends, now=now, durations=durations, gate=hooks, order=hooks,
-                                limit=ESTIMATED)
+                                limit=ESTIMATED, arrivals=arrivals().forward(now, HORIZON_S),
+                                arrivals_until=now + HORIZON_S, withhold=False)
     return ordered, estimates, reasons
 
 

@@ -55,6 +55,7 @@ from ..state import ClusterState
 from .after import after_cycle
 from .answers import (
     AFTER_ENDS,
+    ARRIVALS,
     BEHIND,
     EVENT_BUDGET,
     INVALID,
@@ -67,6 +68,7 @@ from .answers import (
     behind,
     capable,
 )
+from .arrivals import Arrivals, Expected
 from .hooks import Gate, Order, QueueOrder
 from .lines import Line, RoomScorer, model_ids, need_of, shape_of
 from .run_lengths import RunLengths
@@ -77,6 +79,7 @@ DEFAULT_MAX_EVENTS = 20_000  # ends walked at most
 
 __all__ = [
     "AFTER_ENDS",
+    "ARRIVALS",
     "BEHIND",
     "DEFAULT_LIMIT",
     "DEFAULT_MAX_EVENTS",
@@ -87,7 +90,9 @@ __all__ = [
     "POD_GROUP",
     "QUOTA",
     "UNKNOWN_ENDS",
+    "Arrivals",
     "Estimate",
+    "Expected",
     "Gate",
     "Order",
     "QueueOrder",
@@ -111,6 +116,9 @@ def estimate_starts(
     typical: Sequence[TypicalPod] | None = None,
     limit: int = DEFAULT_LIMIT,
     max_events: int = DEFAULT_MAX_EVENTS,
+    arrivals: Sequence[Expected] = (),
+    arrivals_until: float | None = None,
+    withhold: bool = True,
 ) -> dict[str, Estimate]:
     """An estimated start for each request of `queue` (in the order the cycle admits them).
 
@@ -122,8 +130,12 @@ def estimate_starts(
     `preemption`: after an end, guarantee requests may evict lower-priority work as the cycle does
     (the cycle is taken to have tried that for every request just before: none is tried at `now`).
     `typical`: the workload the FGD-family scorers plan for (default: as the cycle computes it).
+    `arrivals`: work expected to arrive (`Arrivals.forward`): each joins the queue at its time, is
+    ranked by `order` (without one, behind the queue) and runs its expected run time once placed.
+    `arrivals_until`: the end of the time they cover (default: the last one's arrival). With
+    `withhold`, a start that depends mainly on them is not given (`ARRIVALS`, see `_withhold`).
     Only the first `limit` requests are estimated (those behind get `behind`), and at most
-    `max_events` ends are walked. Every request of `queue` gets an Estimate.
+    `max_events` ends and arrivals are walked. Every request of `queue` gets an Estimate.
     """
     ids = [r.id for r in queue]
     if len(set(ids)) != len(ids):
@@ -132,13 +144,41 @@ def estimate_starts(
     scorer = make_scorer(policy, state, typical if typical is not None else typical_pods(_workload(snapshot, queue)))
     if isinstance(scorer, FgdScorer):
         scorer = RoomScorer(scorer)
+    if arrivals:
+        durations = {**(durations or {}), **{e.request.id: e.run_s for e in arrivals}}
     walk = Walk(state, scorer, gate=gate, order=order, durations=durations or {}, preemption=preemption,
                 max_events=max_events)
     out = walk.out
-    lines = _lines(state, queue, limit, per_team=lambda req: (gate is not None or order is not None
-                                                              or (preemption and req.priority > 0)), out=out)
-    walk.run(_startable(state, lines, out), _with_reclaims(state, ends), now)
+    lines = _lines(state, [*queue, *(e.request for e in arrivals)], limit,
+                   per_team=lambda req: gate is not None or order is not None or (preemption and req.priority > 0),
+                   out=out, expected=len(queue))
+    walk.run(_startable(state, lines, out), _with_reclaims(state, ends), now, {e.request.id: e.at for e in arrivals})
+    if arrivals and withhold:
+        until = arrivals_until if arrivals_until is not None else max(e.at for e in arrivals)
+        _withhold(out, walk, state, until - now, now)
     return out
+
+
+def _withhold(out: dict[str, Estimate], walk: Walk, state: ClusterState, span_s: float, now: float) -> None:
+    """No start where it rests mainly on work not yet submitted: where the room that came free on
+    its GPU model before it went more to expected arrivals than to requests that wait now, or where
+    it lies beyond the expected arrivals (the forecast expects nothing to arrive after them: too
+    far ahead to tell)."""
+    hours = f"{span_s / 3600:.0f} h" if span_s >= 3600 else f"{span_s / 60:.0f} min"
+    for rid, (m, expected, waiting) in walk.ahead.items():
+        e = out.get(rid)
+        if e is None or e.start is None or e.code != AFTER_ENDS:
+            continue
+        if e.start > now + span_s:
+            why = (f"no estimate: it would start more than {hours} from now, and what is submitted meanwhile "
+                   "decides when (the forecast looks that far ahead at the work expected to arrive)")
+        elif expected > waiting:
+            why = (f"no estimate: it waits mainly for work not yet submitted: before it, {expected} request(s) "
+                   f"expected to arrive would start on the {state.models[m]} GPUs (a team further below its share, "
+                   f"or a higher priority), against {waiting} that wait now")
+        else:
+            continue
+        out[rid] = Estimate(None, why, ARRIVALS, withheld=e.start)
 
 
 def _with_reclaims(state: ClusterState, ends: Mapping[str, float]) -> Mapping[str, float]:
@@ -150,8 +190,10 @@ def _with_reclaims(state: ClusterState, ends: Mapping[str, float]) -> Mapping[st
     return {**ends, **{rid: min(at, ends.get(rid, at)) for rid, at in reclaimed.items()}}
 
 
-def _lines(state: ClusterState, queue: Sequence[Request], limit: int, per_team, out: dict[str, Estimate]) -> list[Line]:
-    """The queue as lines, in the order of their first request; what is answered at once goes to `out`."""
+def _lines(state: ClusterState, queue: Sequence[Request], limit: int, per_team, out: dict[str, Estimate],
+           expected: int) -> list[Line]:
+    """The queue as lines, in the order of their first request; what is answered at once goes to `out`.
+    From `expected` on, `queue` holds expected arrivals: never cut by `limit`."""
     lines: list[Line] = []
     by_key: dict[tuple, Line] = {}
     group_lines: dict[str, Line] = {}
@@ -172,7 +214,7 @@ def _lines(state: ClusterState, queue: Sequence[Request], limit: int, per_team, 
                 lines.append(line)
             line.waiting.append((pos, req))
             continue
-        if pos >= limit:
+        if limit <= pos < expected:
             out[req.id] = behind(limit)
             continue
         apart = per_team(req)

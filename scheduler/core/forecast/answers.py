@@ -20,6 +20,7 @@ POD_GROUP = "pod_group"
 BEHIND = "behind"
 EVENT_BUDGET = "event_budget"
 INVALID = "invalid"
+ARRIVALS = "arrivals"
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Estimate:
     start: float | None
     reason: str
     code: str = ""
+    withheld: float | None = None  # where the start is withheld (ARRIVALS): the one the walk found
 
 
 def models_text(req: Request) -> str:

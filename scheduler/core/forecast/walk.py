@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from ..cycle import _place_gang
 from ..engine import choose
 from ..model import MILLI, Request
@@ -30,8 +32,9 @@ from .answers import (
 )
 from .hooks import Gate, Order
 from .lines import Index, Line, Summary, might_fit, model_ids, most_free
-from .preemption import evictable_room, might_preempt, preempt_on
+from .preemption import EvictableRoom, evictable_room, might_preempt, preempt_on
 
+MAX_PREEMPT_NODES = 32  # an arriving request looks for victims on at most this many nodes
 WhyOf = Callable[[int], str]  # node -> why a request starts there now ("" at `now`)
 
 
@@ -58,6 +61,18 @@ class Walk:
         self.index = Index([])
         self.always: list[Line] = []
         self.live: list[Line] = []
+        self.arrive: Mapping[str, float] = {}  # expected arrivals: id -> when it joins the queue
+        self.line_of: dict[str, Line] = {}  # expected arrival -> its line
+        self.real_placed = 0  # requests of the queue (not expected arrivals) placed so far
+        # Per GPU model: (expected arrivals, requests of the queue) placed on it so far; and per
+        # request of the queue placed, those counts just before it: what took the room ahead of it.
+        # Placed at the current time are not counted (they did not take room before it).
+        self.taken: dict[int, tuple[int, int]] = {}
+        self.taken_at: tuple[float, dict[int, tuple[int, int]]] = (-1.0, {})  # the counts as the current time began
+        self.ahead: dict[str, tuple[int, int, int]] = {}  # request -> (model id, expected, of the queue)
+        # Per priority, the compute shares of it hold per GPU slot, never less than they hold now
+        # (a placement adds, an end does not take away): where an arrival could find victims.
+        self.held_by: dict[int, np.ndarray] = {}
 
     # ---- changes ------------------------------------------------------------------------------
     def release(self, rid: str) -> int:
@@ -87,11 +102,48 @@ class Walk:
         if self.order is not None and self.order is not self.gate:
             self.order.charge(req, model)
         self.forecast_ids.add(req.id)
+        self._hold(rec)
+        expected = req.id in self.arrive
+        if not expected:
+            self.real_placed += 1
+        if rec.gpus:
+            if self.taken_at[0] != t:
+                self.taken_at = (t, dict(self.taken))
+            m = int(state.gpu_model[rec.node, rec.gpus[0]])
+            if self.arrive and not expected:
+                self.ahead[req.id] = (m, *self.taken_at[1].get(m, (0, 0)))
+            exp, real = self.taken.get(m, (0, 0))
+            self.taken[m] = (exp + expected, real + (not expected))
         run = self.durations.get(req.id)
         if run is not None:
             heapq.heappush(self.events, (t + max(0.0, float(run)), next(self.seq), req.id))
         else:
             self.unending.append(rec.node)
+
+    def _hold(self, rec) -> None:
+        held = self.held_by.get(rec.share.priority)
+        if held is None:
+            held = self.held_by[rec.share.priority] = np.zeros_like(self.state.free)
+        for j in rec.gpus:
+            held[rec.node, j] += rec.milli
+
+    def victims_near(self, req: Request) -> list[int]:
+        """The ready nodes where `req` (just arrived) might find victims, at most MAX_PREEMPT_NODES,
+        those with the most evictable compute first: enough GPUs of its models whose free compute
+        plus what lower priorities hold covers it (a necessary condition of the cycle's rule)."""
+        st = self.state
+        room = st.free.copy()
+        for p, held in self.held_by.items():
+            if p < req.priority:
+                room += held
+        ok = (room >= (MILLI if req.whole else req.milli)) & st.ready[:, None]
+        if req.gpu_model is not None:
+            ok &= st.model_mask(req.gpu_model)
+        nodes = np.flatnonzero(ok.sum(axis=1) >= req.gpu_count)
+        if nodes.size > MAX_PREEMPT_NODES:
+            most = (room * ok)[nodes].sum(axis=1)
+            nodes = nodes[np.argsort(-most, kind="stable")[:MAX_PREEMPT_NODES]]
+        return sorted(nodes.tolist())
 
     def narrow(self, line: Line, req: Request) -> Request | None:
         """The request as the gate lets it run now (None: not at all); remembers what it allowed."""
@@ -152,6 +204,10 @@ class Walk:
             per[m] = (max(top, free), max(top_mem, mem), full + (free >= MILLI))
         return int(st.cpu_free[i]), int(st.node_mem_free[i]), per
 
+    def arrived(self, line: Line, t: float) -> bool:
+        """Whether the line's first request is in the queue at `t` (an expected arrival may not be yet)."""
+        return self.arrive.get(line.head[1].id, t) <= t
+
     def rank(self, line: Line, t: float) -> Any:
         return line.head[0] if self.order is None else self.order.key(line.head[1], t)
 
@@ -172,7 +228,8 @@ class Walk:
 
         def best(key: object) -> tuple[Any, Line] | None:
             lines = groups[key] = [line for line in groups[key] if line.waiting]
-            return min(((self.rank(line, t), line) for line in lines), key=lambda x: x[0], default=None)
+            return min(((self.rank(line, t), line) for line in lines if self.arrived(line, t)), key=lambda x: x[0],
+                       default=None)
 
         heap = [(first[0], k, key, first[1]) for k, key in enumerate(groups) if (first := best(key)) is not None]
         heapq.heapify(heap)
@@ -286,32 +343,46 @@ class Walk:
                 found_lines[id(line)] = line
         evicted: list[int] = []
         for line in sorted(found_lines.values(), key=lambda line: self.rank(line, t)):
-            while line.waiting:
-                _, req = line.head
-                use = self.narrow(line, req)
-                if use is None or not might_preempt(state, line.need, model_ids(state, use), rooms.values(),
-                                                    req.team, req.priority):
-                    break
-                found = preempt_on(state, use, nodes, self.on_node)
-                if found is None:
-                    break
-                choice, victims = found
-                for rid in victims:
-                    self.release(rid)
-                state.reserve(req, choice.node, choice.slots)
-                line.waiting.popleft()
-                line.quota_limited = False
-                why = why_of(choice.node)
-                why = why + ", " if why != "when running reservations end" else ""
-                self.placed(req, t, f"{why}by preempting {names(list(victims))} (lower priority) on "
-                                    f"{state.node_names[choice.node]}")
+            evicted += self.evict_for(line, t, why_of, nodes, rooms)
+        return evicted
+
+    def evict_for(self, line: Line, t: float, why_of: WhyOf, nodes: list[int],
+                  rooms: dict[int, EvictableRoom] | None) -> list[int]:
+        """Place the line's requests by preemption on `nodes` while the cycle's rule finds victims;
+        the nodes where it evicted. `rooms` (the nodes' evictable room): a quick check first."""
+        state = self.state
+        evicted: list[int] = []
+        while line.waiting and self.arrived(line, t):
+            _, req = line.head
+            use = self.narrow(line, req)
+            if use is None or (rooms is not None and not might_preempt(
+                    state, line.need, model_ids(state, use), rooms.values(), req.team, req.priority)):
+                break
+            found = preempt_on(state, use, nodes, self.on_node)
+            if found is None:
+                break
+            choice, victims = found
+            for rid in victims:
+                self.release(rid)
+            state.reserve(req, choice.node, choice.slots)
+            line.waiting.popleft()
+            line.quota_limited = False
+            why = why_of(choice.node)
+            why = why + ", " if why != "when running reservations end" else ""
+            self.placed(req, t, f"{why}by preempting {names(list(victims))} (lower priority) on "
+                                f"{state.node_names[choice.node]}")
+            if rooms is not None:
                 rooms[choice.node] = evictable_room(state, choice.node, self.on_node)
-                evicted.append(choice.node)
+            evicted.append(choice.node)
         return evicted
 
     # ---- the walk -----------------------------------------------------------------------------
-    def run(self, lines: list[Line], ends: Mapping[str, float], now: float) -> None:
+    def run(self, lines: list[Line], ends: Mapping[str, float], now: float,
+            arrive: Mapping[str, float] | None = None) -> None:
+        """Walk the ends (and the expected arrivals `arrive`: id -> when it joins the queue, its
+        request in `lines` behind those of the queue) until every request of the queue has started."""
         state = self.state
+        self.arrive = arrive or {}
         self.admit(now, lines, lambda node: "")
         live = [line for line in lines if line.waiting]
         # A line that would not fit even once every known end has come (labels aside; with what it
@@ -329,36 +400,59 @@ class Walk:
         for rid, end in ends.items():
             if rid in state.placed:
                 heapq.heappush(self.events, (max(float(end), now), next(self.seq), rid))
+        for line in live:
+            for _, req in line.waiting:
+                if req.id in self.arrive:
+                    self.line_of[req.id] = line
+                    heapq.heappush(self.events, (max(self.arrive[req.id], now), next(self.seq), req.id))
+        for rec in state.placed.values():
+            if rec.share.reservation_id not in self.forecast_ids:
+                self._hold(rec)
 
         preempting = self.preemption and any(r.priority > 0 for line in live for _, r in line.waiting)
         walked = 0
         budget_hit = False
-        waiting = sum(len(line.waiting) for line in live)
-        started = len(self.forecast_ids)
-        while self.events and len(self.forecast_ids) - started < waiting:
+        waiting = sum(1 for line in live for _, r in line.waiting if r.id not in self.arrive)
+        started = self.real_placed
+        while self.events and self.real_placed - started < waiting:
             if walked >= self.max_events:
                 budget_hit = True
                 break
             t = self.events[0][0]
             released: dict[int, list[str]] = {}
+            joined: list[Line] = []  # lines whose first request arrived now
             self.placed_at, self.freed_guaranteed, self.team_placed = set(), set(), {}
             while self.events and self.events[0][0] == t:
                 _, _, rid = heapq.heappop(self.events)
                 walked += 1
-                if rid in state.placed:
+                if rid in self.line_of:
+                    line = self.line_of.pop(rid)
+                    if line.waiting and line.head[1].id == rid:
+                        joined.append(line)
+                elif rid in state.placed:
                     released.setdefault(self.release(rid), []).append(rid)
             why_of = self._why_of(released)
             chosen, local, anywhere = self.select([i for i in released if state.ready[i]], bool(released))
+            if joined:  # what just arrived may fit anywhere
+                chosen += [line for line in joined if line not in chosen]
+                anywhere |= {id(line) for line in joined}
             if chosen:
                 self.admit(t, chosen, why_of, local, frozenset(anywhere))
             if preempting:  # after what ended or was placed now, guarantee work may evict lower priorities
                 evicted = self.preempt(t, why_of)
+                for line in sorted((line for line in joined if line.waiting and line.group is None
+                                    and line.head[1].priority > 0), key=lambda line: self.rank(line, t)):
+                    nodes = self.victims_near(line.head[1])  # the cycle tries it everywhere
+                    if nodes:
+                        evicted += self.evict_for(line, t, why_of, nodes, None)
                 if evicted:
                     chosen, local, anywhere = self.select(evicted, False)
                     if chosen:
                         self.admit(t, chosen, why_of, local, frozenset(anywhere))
             self.index.forget_empty()
         self.explain(live, budget_hit)
+        for rid in self.arrive:
+            self.out.pop(rid, None)
 
     def _why_of(self, released: dict[int, list[str]]) -> WhyOf:
         def why_of(node: int) -> str:
