@@ -19,6 +19,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -165,9 +166,9 @@ def _forecast(fleet: core.Snapshot, requests: list[core.Request]) -> tuple[list[
         if seconds:
             durations[str(pk)] = lengths.run(float(seconds), _keys(owner, team, gpus))
         reasons[pk] = reason
+    expected = arrivals().forward(now, HORIZON_S) if settings.TESSERA_FORECAST_ARRIVALS else ()
     estimates = estimate_starts(fleet, ordered, ends, now=now, durations=durations, gate=hooks, order=hooks,
-                                limit=ESTIMATED, arrivals=arrivals().forward(now, HORIZON_S),
-                                arrivals_until=now + HORIZON_S, withhold=False)
+                                limit=ESTIMATED, arrivals=expected, arrivals_until=now + HORIZON_S, withhold=False)
     return ordered, estimates, reasons
 
 

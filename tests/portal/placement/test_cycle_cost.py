@@ -40,7 +40,8 @@ def test_a_cycle_runs_the_same_statements_for_one_placement_or_many(people, team
                                                                     django_capture_on_commit_callbacks):
     set_any_quota(teams["vision"], share=100, gpus=100)
     fleet_cache.fleet()  # the process has seen this fleet (a worker has, after its first cycle)
-    queue.run_lengths()  # and learnt how long reservations run (kept for minutes)
+    queue.run_lengths()  # and learnt how long reservations run and what arrives (kept for minutes)
+    queue.arrivals()
     _submit(people, teams, 1)
     one = _cycle_statements(django_capture_on_commit_callbacks)
     _submit(people, teams, 12)
