@@ -113,7 +113,8 @@ class GpuHost:
     host: str = "127.0.0.1"
     netns: str | None = None
     broker: Broker | None = None
-    gpus: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ("GPU-fake-0",)  # the fake driver's one GPU
+    server_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
     server_bin: Path = REMOTE / "tessera-remote-server"
     worker_bin: Path = REMOTE / "tessera-remote-worker"
@@ -138,6 +139,7 @@ class GpuHost:
                "--preload", self.preload, "--budget-dir", str(self.root)]
         for gpu in self.gpus:
             cmd += ["--gpu", gpu]
+        cmd += self.server_args
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - kept open by the child
         # its own session, so that "the server was killed" can kill the listener and its workers at once
         self.proc = subprocess.Popen([*ns_prefix(self.netns), *cmd], env=env, stdout=log, stderr=subprocess.STDOUT,
