@@ -60,11 +60,13 @@ struct pending {
     int killed;
     uint8_t source[16];   /* the source's key: IPv4 address, or IPv6 /64 */
     char peer[INET6_ADDRSTRLEN + 8];
-    int64_t opened_ms, deadline_ms;
+    uint64_t seq;         /* order of accept: the oldest goes first */
+    int64_t deadline_ms;
     uint32_t have;
     uint8_t buf[HELLO_BYTES];
 };
 static struct pending *pend;
+static uint64_t accepted;
 
 static void slog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void slog(const char *fmt, ...) {
@@ -258,9 +260,9 @@ static struct pending *make_room(const uint8_t source[16], const char *peer) {
         }
         if (!memcmp(p->source, source, 16)) {
             here++;
-            if (!oldest_here || p->opened_ms < oldest_here->opened_ms) oldest_here = p;
+            if (!oldest_here || p->seq < oldest_here->seq) oldest_here = p;
         }
-        if (!oldest || p->opened_ms < oldest->opened_ms) oldest = p;
+        if (!oldest || p->seq < oldest->seq) oldest = p;
     }
     struct pending *victim = NULL;
     if (here >= max_unauth_per_addr) {
@@ -491,8 +493,8 @@ static void accept_clients(int lfd) {
         e->have = 0;
         memcpy(e->source, source, 16);
         memcpy(e->peer, peer, sizeof peer);
-        e->opened_ms = now_ms();
-        e->deadline_ms = e->opened_ms + hello_timeout_ms;
+        e->seq = ++accepted;
+        e->deadline_ms = now_ms() + hello_timeout_ms;
     }
 }
 
