@@ -46,7 +46,13 @@
 static const char *listen_addr, *secret_file, *worker_path, *preload_path, *budget_dir, *port_file;
 static char *gpus[MAX_GPUS];
 static int ngpus, max_clients = 64, workers;
-static pid_t *worker_pids;   /* max_clients of them; 0 = free */
+/* The running workers (max_clients entries; pid 0 = free) and their shares: a share's budget file
+ * goes when its last worker does. */
+struct worker {
+    pid_t pid;
+    char share[sizeof(((struct share_token *)0)->share)];
+};
+static struct worker *running;
 static int max_unauth = 64, max_unauth_per_addr = 4, hello_timeout_ms = 10000;
 static uint8_t secret[1024];
 static size_t secret_len;
@@ -334,6 +340,10 @@ static void start_probe(struct pending *e, int lfd) {
     e->probe = pid;
 }
 
+static void budget_path(char *out, size_t len, const char *share) {
+    snprintf(out, len, "%s/tessera-budget-%s", budget_dir, share);
+}
+
 /* The share's worker, in a child: the environment comes from the verified claims only. */
 static void start_worker(struct pending *e, const struct share_token *t) {
     pid_t pid = fork();
@@ -345,8 +355,9 @@ static void start_worker(struct pending *e, const struct share_token *t) {
     }
     if (pid > 0) {
         for (int i = 0; i < max_clients; i++)
-            if (!worker_pids[i]) {
-                worker_pids[i] = pid;
+            if (!running[i].pid) {
+                running[i].pid = pid;
+                memcpy(running[i].share, t->share, sizeof running[i].share);
                 break;
             }
         workers++;
@@ -369,7 +380,7 @@ static void start_worker(struct pending *e, const struct share_token *t) {
     setenv("TESSERA_GPU_LIMIT", num, 1);
     setenv("TESSERA_PRIORITY", t->priority, 1);
     if (budget_dir) {
-        snprintf(path, sizeof path, "%s/tessera-budget-%s", budget_dir, t->share);
+        budget_path(path, sizeof path, t->share);
         setenv("TESSERA_BUDGET_PATH", path, 1);
     } else {
         unsetenv("TESSERA_BUDGET_PATH");
@@ -526,14 +537,20 @@ static void reap(void) {
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        int worker = 0;
-        for (int i = 0; i < max_clients && !worker; i++)
-            if (worker_pids[i] == pid) {
-                worker_pids[i] = 0;
-                workers--;
-                worker = 1;
+        struct worker *w = NULL;
+        for (int i = 0; i < max_clients && !w; i++)
+            if (running[i].pid == pid) w = &running[i];
+        if (w) {
+            w->pid = 0;
+            workers--;
+            int others = 0;
+            for (int i = 0; i < max_clients; i++) others |= running[i].pid && !strcmp(running[i].share, w->share);
+            if (budget_dir && !others) {   /* the share's last process here: its budget starts afresh */
+                char path[512];
+                budget_path(path, sizeof path, w->share);
+                unlink(path);
             }
-        if (!worker) {   /* a probe; one killed to make room has given its entry away already */
+        } else {   /* a probe; one killed to make room has given its entry away already */
             for (int i = 0; i < max_unauth; i++)
                 if (pend[i].probe == pid) pend[i].probe = 0;
             continue;
@@ -577,10 +594,10 @@ int main(int argc, char **argv) {
               "each client runs on its token's GPU, which must be one of them");
     load_secret();
     pend = calloc((size_t)max_unauth, sizeof *pend);
-    worker_pids = calloc((size_t)max_clients, sizeof *worker_pids);
+    running = calloc((size_t)max_clients, sizeof *running);
     struct pollfd *fds = calloc((size_t)max_unauth + 2, sizeof *fds);
     int *which = calloc((size_t)max_unauth + 2, sizeof *which);
-    if (!pend || !worker_pids || !fds || !which || pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK)) {
+    if (!pend || !running || !fds || !which || pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK)) {
         fprintf(stderr, "tessera-remote-server: out of memory\n");
         exit(2);
     }

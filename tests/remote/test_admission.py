@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import socket
-import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,27 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REMOTE, Client, GpuHost, MiB, base_env, image, parse_kv
+from .conftest import REMOTE, Client, GpuHost, MiB, base_env, hello_bytes, image, parse_kv, read_reply
 
 WAIT_S = 30  # how long to wait for the server to act; never reached when it works
-
-
-def _hello_bytes(token: str) -> bytes:
-    body = struct.pack("<IIII", 0x31525354, 1, len(token), 0) + token.encode()
-    return struct.pack("<IIQ", 1, len(body), 0) + body
-
-
-def _reply(sock: socket.socket) -> tuple[int, bytes]:
-    head = b""
-    while len(head) < 24:
-        chunk = sock.recv(24 - len(head))
-        assert chunk, "the server closed the connection instead of answering the hello"
-        head += chunk
-    result, _deferred, length, _pad, _bulk = struct.unpack("<iiIIQ", head)
-    data = b""
-    while len(data) < length:
-        data += sock.recv(length - len(data))
-    return result, data
 
 
 def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
@@ -107,11 +88,11 @@ def test_each_client_runs_on_its_tokens_gpu_and_sees_no_other(built, tmp_path) -
                preload="") as host:
         for gpu in ("GPU-cccc", "GPU-aaaa"):
             with _connect(host.port) as s:
-                s.sendall(_hello_bytes(host.token(share=f"res-{gpu}", gpu=gpu)))
+                s.sendall(hello_bytes(host.token(share=f"res-{gpu}", gpu=gpu)))
                 assert _closed_by_server(s)  # the stand-in worker exits at once
         with _connect(host.port) as s:
-            s.sendall(_hello_bytes(host.token(gpu="GPU-dddd")))
-            result, why = _reply(s)
+            s.sendall(hello_bytes(host.token(gpu="GPU-dddd")))
+            result, why = read_reply(s)
         assert result == 800 and b"names GPU GPU-dddd, which this node does not serve" in why
         deadline = time.monotonic() + WAIT_S
         while len(_worker_envs(tmp_path)) < 2 and time.monotonic() < deadline:
@@ -120,6 +101,20 @@ def test_each_client_runs_on_its_tokens_gpu_and_sees_no_other(built, tmp_path) -
     assert [(e["TESSERA_SHARE_ID"], e["CUDA_VISIBLE_DEVICES"], e["TESSERA_GPU_UUID"]) for e in envs] == [
         ("res-GPU-aaaa", "GPU-aaaa", "GPU-aaaa"), ("res-GPU-cccc", "GPU-cccc", "GPU-cccc")]
     assert all(e["TESSERA_BUDGET_PATH"] == f"{tmp_path}/tessera-budget-{e['TESSERA_SHARE_ID']}" for e in envs)
+
+
+def test_a_shares_budget_file_goes_with_its_last_worker(gpu_host: GpuHost) -> None:
+    budget = gpu_host.root / "tessera-budget-res-gone"
+    with socket.create_connection(("127.0.0.1", gpu_host.port), timeout=30) as s:
+        s.sendall(hello_bytes(gpu_host.token(share="res-gone")))
+        assert read_reply(s)[0] == 0
+        r = Client(gpu_host.address, gpu_host.token(share="res-gone")).run("drv_prog", image("cubin"))
+        assert r.returncode == 0, r.stderr
+        assert budget.exists()  # the first client's worker still holds it
+    deadline = time.monotonic() + WAIT_S
+    while budget.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not budget.exists()
 
 
 def test_a_malformed_gpu_name_stops_the_server(built, tmp_path) -> None:
@@ -132,7 +127,7 @@ def test_a_malformed_gpu_name_stops_the_server(built, tmp_path) -> None:
 # ---- the opening: a deadline, and slots only for the authenticated ----
 def test_a_trickled_hello_is_cut_at_its_deadline_however_steady_the_trickle(built, tmp_path) -> None:
     with _host(tmp_path, "--hello-timeout-ms", "1500") as host:
-        hello = _hello_bytes(host.token())
+        hello = hello_bytes(host.token())
         sent = 0
         with _connect(host.port) as s:
             # a byte every 0.2 s: every single receive is quick, the whole hello would take a minute
@@ -166,8 +161,8 @@ def test_trickling_connections_do_not_take_the_slots_of_authenticated_clients(bu
             assert r.returncode == 0, r.stderr
             assert int(parse_kv(r.stdout)["total"]) == 64 * MiB
             with _connect(host.port, source="127.0.0.2") as s:
-                s.sendall(_hello_bytes(host.token()))
-                result, _ = _reply(s)
+                s.sendall(hello_bytes(host.token()))
+                result, _ = read_reply(s)
             assert result == 0
         finally:
             for s in tricklers:
