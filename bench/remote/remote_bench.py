@@ -122,7 +122,7 @@ class GpuHost:
         port_file = root / "port"
         cmd = [str(REMOTE / "tessera-remote-server"), "--listen", f"{link.gpu_ip}:0", "--port-file", str(port_file),
                "--secret-file", str(root / "secret"), "--worker", str(REMOTE / "tessera-remote-worker"),
-               "--preload", str(BUILD / "libtessera_preload.so"), "--budget-dir", str(root)]
+               "--preload", str(BUILD / "libtessera_preload.so"), "--budget-dir", str(root), "--gpu", "GPU-fake-0"]
         self.proc = subprocess.Popen(link.on_gpu(cmd), env=env, stderr=subprocess.DEVNULL, start_new_session=True)
         for _ in range(400):
             if port_file.exists():

@@ -3,7 +3,8 @@
  * version, header size, payload size) and entries, each with its own header (kind 2 = ELF cubin,
  * 1 = PTX; flag 0x2000 = compressed). A cubin is an ordinary ELF64 file; the compiler describes each
  * kernel's parameters in `.nv.info.<kernel>` as attributes (format byte, attribute byte, value):
- * EIATTR_KPARAM_INFO (0x17) holds ordinal, offset and size (bits 18..31 of its last word). */
+ * EIATTR_KPARAM_INFO (0x17) holds ordinal, offset and size (bits 18..31 of its last word). A layout
+ * is taken only when it numbers its parameters 0..n-1, each once. */
 #include "image.h"
 
 #include <stdio.h>
@@ -66,7 +67,8 @@ static int cubin_params(const uint8_t *p, uint64_t len, const char *name, struct
         uint64_t off = u64(sh + 24), size = u64(sh + 32);
         if (off > len || size > len - off) return -1;
         const uint8_t *a = p + off, *end = a + size;
-        uint32_t count = 0;
+        uint32_t count = 0, described = 0;
+        uint8_t seen[WIRE_MAX_PARAMS / 8] = {0};
         while (a + 2 <= end) {
             uint8_t fmt = a[0], attr = a[1];
             /* every entry has a 4-byte head (format, attribute, a 16-bit value); an SVAL's value is the
@@ -79,13 +81,19 @@ static int cubin_params(const uint8_t *p, uint64_t len, const char *name, struct
             if (fmt == EIFMT_SVAL && attr == EIATTR_KPARAM_INFO && vlen >= 12) {
                 uint16_t ordinal = u16(a + 4), offset = u16(a + 6);
                 uint32_t psize = (u32(a + 8) >> 18) & 0x3fff;
-                if (ordinal >= max) return -1;
+                if (ordinal >= max || ordinal >= WIRE_MAX_PARAMS || (seen[ordinal / 8] & (1u << ordinal % 8)))
+                    return -1;
+                seen[ordinal / 8] |= (uint8_t)(1u << ordinal % 8);
+                described++;
                 out[ordinal].offset = offset;
                 out[ordinal].size = psize;
                 if ((uint32_t)ordinal + 1 > count) count = (uint32_t)ordinal + 1;
             }
             a += vlen;
         }
+        /* every parameter is described exactly once: a gap in the numbering is no layout at all
+         * (its entry would be whatever `out` held) */
+        if (described != count) return -1;
         *n = count;
         return 0;
     }

@@ -55,7 +55,7 @@ static long b64url_decode(const char *in, size_t len, uint8_t *out, size_t cap) 
     return (long)o;
 }
 
-static int valid_id(const char *s) {
+int token_valid_id(const char *s) {
     size_t n = strlen(s);
     if (n < 1 || n > 128) return 0;
     for (; *s; s++)
@@ -118,11 +118,11 @@ int token_verify(const char *token, const void *secret, size_t secret_len, int64
             if (strcmp(v, "1")) return fail(why, why_len, "token version %.8s is not supported", v);
         } else if (!strcmp(k, "share")) {
             bit = SHARE;
-            if (!valid_id(v)) return fail(why, why_len, "token share id is not 1-128 of A-Za-z0-9._:-");
+            if (!token_valid_id(v)) return fail(why, why_len, "token share id is not 1-128 of A-Za-z0-9._:-");
             snprintf(out->share, sizeof out->share, "%s", v);
         } else if (!strcmp(k, "gpu")) {
             bit = GPU;
-            if (!valid_id(v)) return fail(why, why_len, "token gpu is not 1-128 of A-Za-z0-9._:-");
+            if (!token_valid_id(v)) return fail(why, why_len, "token gpu is not 1-128 of A-Za-z0-9._:-");
             snprintf(out->gpu, sizeof out->gpu, "%s", v);
         } else if (!strcmp(k, "mem")) {
             bit = MEM;

@@ -144,6 +144,8 @@ struct share_token {
     char priority[8];
     int64_t expires;       /* unix seconds */
 };
+/* An id as tokens carry them (share, GPU UUID): 1-128 of A-Za-z0-9._:- */
+int token_valid_id(const char *s);
 /* 0 and `out` filled when `token` is well-formed, signed with `secret` and not expired at `now`;
  * else -1 and a reason in `why`. */
 int token_verify(const char *token, const void *secret, size_t secret_len, int64_t now, struct share_token *out,

@@ -446,7 +446,7 @@ static int do_get_function(uint32_t len) {
     CUfunction f = NULL;
     CUresult r = cuModuleGetFunction(&f, ((struct mod *)(uintptr_t)a.module)->m, a.name);
     if (r) return fail(r, "no kernel named %.200s in the module", a.name);
-    struct fn *info = malloc(sizeof *info + WIRE_MAX_PARAMS * sizeof(struct wire_param));
+    struct fn *info = calloc(1, sizeof *info + WIRE_MAX_PARAMS * sizeof(struct wire_param));
     if (!info) return fail(CUDA_ERROR_OUT_OF_MEMORY, "no host memory");
     info->f = f;
     info->owner = (struct mod *)(uintptr_t)a.module;

@@ -59,11 +59,17 @@ def remote_server(tmp_path):
     proc = subprocess.Popen(
         [str(build / "remote/tessera-remote-server"), "--listen", f"{SERVER_IP}:{REMOTE_SERVER_PORT}",
          "--secret-file", str(secret), "--worker", str(build / "remote/tessera-remote-worker"),
-         "--preload", str(build / "libtessera_preload.so")], stdout=log, stderr=subprocess.STDOUT)
+         "--preload", str(build / "libtessera_preload.so"), "--budget-dir", str(tmp_path),
+         *[arg for gpu in _node_gpus("t4-node-1") for arg in ("--gpu", gpu)]], stdout=log, stderr=subprocess.STDOUT)
     wait_for(lambda: _listens(SERVER_IP, REMOTE_SERVER_PORT), 20, "the remote server to listen")
     yield secret.parent
     proc.send_signal(signal.SIGTERM)
     proc.wait(10)
+
+
+def _node_gpus(name: str) -> list[str]:
+    [node] = [n for n in load_inventory(INVENTORY) if n.name == name]
+    return [g.uuid for g in node.gpus]
 
 
 def _listens(host: str, port: int) -> bool:

@@ -9,6 +9,7 @@ import os
 import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -113,7 +114,8 @@ class GpuHost:
     host: str = "127.0.0.1"
     netns: str | None = None
     broker: Broker | None = None
-    gpus: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ("GPU-fake-0",)  # the fake driver's one GPU
+    server_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
     server_bin: Path = REMOTE / "tessera-remote-server"
     worker_bin: Path = REMOTE / "tessera-remote-worker"
@@ -138,6 +140,7 @@ class GpuHost:
                "--preload", self.preload, "--budget-dir", str(self.root)]
         for gpu in self.gpus:
             cmd += ["--gpu", gpu]
+        cmd += self.server_args
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - kept open by the child
         # its own session, so that "the server was killed" can kill the listener and its workers at once
         self.proc = subprocess.Popen([*ns_prefix(self.netns), *cmd], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -210,6 +213,27 @@ class Client:
     def popen(self, program: str, *args: object) -> subprocess.Popen[str]:
         return subprocess.Popen(self.cmd(program, *args), env=self.env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+
+
+def hello_bytes(token: str) -> bytes:
+    """A client's opening message (PROTOCOL.md), for tests that speak the protocol themselves."""
+    body = struct.pack("<IIII", 0x31525354, 1, len(token), 0) + token.encode()
+    return struct.pack("<IIQ", 1, len(body), 0) + body
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data
+
+
+def read_reply(sock: socket.socket) -> tuple[int, bytes]:
+    """A reply's result and its bytes (a refusal's reason, or the results)."""
+    result, _deferred, length, _pad, _bulk = struct.unpack("<iiIIQ", recv_exact(sock, 24))
+    return result, recv_exact(sock, length)
 
 
 def image(kind: str) -> str:

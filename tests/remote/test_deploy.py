@@ -44,6 +44,29 @@ def test_the_remote_server_runs_in_the_node_daemonset_with_its_own_nodes_secret(
     assert server["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+def test_the_remote_server_serves_the_nodes_gpus_each_pinned_and_counts_shares_in_its_own_budget_dir():
+    spec = _node_daemonset()["spec"]["template"]["spec"]
+    [server] = [c for c in spec["containers"] if c["name"] == "remote-server"]
+    args = dict(zip(server["args"][::2], server["args"][1::2], strict=True))
+    mounts = {m["name"]: m for m in server["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    # The GPU list is written before the server starts, by the init step that asks NVML, into a
+    # volume the server reads (and cannot change).
+    [init] = [c for c in spec["initContainers"] if c["name"] == "remote-gpus"]
+    assert init["command"] == ["python", "-m", "agents.remote.gpus", args["--gpu-file"]]
+    [init_mount] = init["volumeMounts"]
+    assert args["--gpu-file"].startswith(init_mount["mountPath"] + "/")
+    assert mounts[init_mount["name"]]["mountPath"] == init_mount["mountPath"]
+    assert mounts[init_mount["name"]]["readOnly"] is True
+    assert "emptyDir" in volumes[init_mount["name"]]
+    assert {e["name"]: e["value"] for e in init["env"]}["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # Budget files in their own writable volume, not the container's small /dev/shm.
+    [budgets] = [m for m in server["volumeMounts"] if m["mountPath"] == args["--budget-dir"]]
+    assert "emptyDir" in volumes[budgets["name"]] and not budgets.get("readOnly")
+    # Unauthenticated connections are capped apart from the clients' slots.
+    assert int(args["--max-unauthenticated-per-address"]) < int(args["--max-unauthenticated"])
+
+
 def test_the_agent_image_holds_the_server_and_worker_the_manifest_runs():
     dockerfile = (ROOT / "Dockerfile").read_text()
     containers = _node_daemonset()["spec"]["template"]["spec"]["containers"]

@@ -21,8 +21,10 @@ from .conftest import (
     GpuHost,
     MiB,
     base_env,
+    hello_bytes,
     image,
     parse_kv,
+    read_reply,
     start_broker,
 )
 
@@ -194,18 +196,8 @@ def test_no_server_is_a_cuda_error(built) -> None:
 
 # ---- the server survives what clients do ----
 def _hello(sock: socket.socket, token: str) -> tuple[int, bytes]:
-    body = struct.pack("<IIII", 0x31525354, 1, len(token), 0) + token.encode()
-    sock.sendall(struct.pack("<IIQ", 1, len(body), 0) + body)
-    head = b""
-    while len(head) < 24:
-        chunk = sock.recv(24 - len(head))
-        assert chunk, "server closed during the hello"
-        head += chunk
-    result, _deferred, length, _pad, _bulk = struct.unpack("<iiIIQ", head)
-    data = b""
-    while len(data) < length:
-        data += sock.recv(length - len(data))
-    return result, data
+    sock.sendall(hello_bytes(token))
+    return read_reply(sock)
 
 
 def test_a_client_breaking_the_protocol_is_dropped_and_others_are_served(gpu_host: GpuHost) -> None:

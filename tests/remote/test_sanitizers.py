@@ -12,7 +12,9 @@ import time
 
 import pytest
 
-from .conftest import LIBRARY, REMOTE, Client, GpuHost, MiB, image, make, parse_kv
+from agents.remote.probe import probe
+
+from .conftest import LIBRARY, REMOTE, Client, GpuHost, MiB, hello_bytes, image, make, parse_kv
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +50,13 @@ def test_the_server_side_is_clean_under_asan_and_ubsan(built, tmp_path) -> None:
         with socket.create_connection(("127.0.0.1", host.port), timeout=10) as s:
             s.sendall(struct.pack("<IIQ", 1, 20, 0) + b"\0" * 20)  # a hello without a valid token
             s.recv(64)
+        # the listener's own paths: partial hellos pushed out by the per-address cap, a probe among them
+        crowd = [socket.create_connection(("127.0.0.1", host.port), timeout=10) for _ in range(12)]
+        for i, s in enumerate(crowd):
+            s.sendall(hello_bytes(host.token())[:1 + i])
+        assert probe(host.address, pings=2, nbytes=1 << 16).rtt_ms > 0
+        for s in crowd:
+            s.close()
         deadline = time.monotonic() + 20
         while "freed" not in host.log and time.monotonic() < deadline:
             time.sleep(0.1)
