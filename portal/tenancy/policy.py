@@ -165,6 +165,8 @@ def _fraction(value, name: str, errors: dict) -> Decimal | None:
     try:
         number = Decimal(str(value)).quantize(Decimal("0.001"))
     except (InvalidOperation, ValueError):
+        number = None
+    if number is None or not number.is_finite():  # NaN quantizes to NaN, and compares to nothing
         errors.setdefault(name, []).append(f"must be a decimal number between 0 and 1, got {value!r}")
         return None
     if not Decimal(0) <= number <= 1:

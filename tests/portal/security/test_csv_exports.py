@@ -100,7 +100,7 @@ def test_an_agent_reported_gpu_model_reaches_the_spreadsheet_as_text(client_for,
         labels = [row[0] for row in rows[1:-1]]
         assert not any(label.startswith("=") for label in labels), labels
     rows = table(client_for("admin").get(URL, {**WINDOW, "group_by": "gpu_model", "format": "csv"}))
-    assert ["'" + HOSTILE_MODEL] == [row[0] for row in rows[1:-1]]
+    assert [row[0] for row in rows[1:-1]] == ["'" + HOSTILE_MODEL]
 
 
 # GPUs awaiting approval -----------------------------------------------------------------------
