@@ -187,11 +187,11 @@ class PresetViewSet(TeamScopedMixin, viewsets.ModelViewSet):
 class TeamPolicyView(APIView):
     """A team's policy and its limits. Team admins PATCH the policy (within the limits)."""
 
-    @extend_schema(responses={200: OpenApiResponse(description="policy with its limits")})
+    @extend_schema(responses={200: s.PolicyAnswerSerializer})
     def get(self, request, slug: str):
         return Response(policy.policy_of(_team(request, slug)).as_dict())
 
-    @extend_schema(request=s.PolicySerializer, responses={200: OpenApiResponse(description="the new policy")})
+    @extend_schema(request=s.PolicySerializer, responses={200: s.PolicyAnswerSerializer})
     def patch(self, request, slug: str):
         team = _team(request, slug)
         permissions.require_team_admin(request.user, team)
@@ -203,7 +203,7 @@ class TeamPolicyView(APIView):
 class TeamLimitsView(APIView):
     """Site admins set the limits a team's admins choose their policy within."""
 
-    @extend_schema(request=s.LimitsSerializer, responses={200: OpenApiResponse(description="the new policy")})
+    @extend_schema(request=s.LimitsSerializer, responses={200: s.PolicyAnswerSerializer})
     def patch(self, request, slug: str):
         team = _team(request, slug)
         permissions.require_staff(request.user)
