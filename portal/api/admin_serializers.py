@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.audit.models import AuditEntry
+from portal.tenancy import policy
 from portal.tenancy.models import AffinityLabel, Department, Membership, Preset, Role
 
 from .serializers import SHARE, VisibleTeamField
@@ -93,30 +94,70 @@ class PresetSerializer(StrictTypesMixin, serializers.ModelSerializer):
         extra_kwargs = {"gpu_model": {"required": False, "allow_blank": True}}
 
 
+def _setting(name: str, **kwargs) -> serializers.Field:
+    """A policy or limit field with the range the policy service allows, stated in the schema and
+    refused in the service's words; optional, as in a PATCH, unless `required=True` is given."""
+    if name in policy.FRACTIONS:
+        low, high = Decimal(0), Decimal(1)
+        field, defaults = serializers.DecimalField, {"max_digits": 4, "decimal_places": 3, "coerce_to_string": False}
+    else:
+        (low, high), field = policy.WHOLE_NUMBERS[name], serializers.IntegerField
+        defaults = {"allow_null": name in policy.NO_LIMIT_WHEN_BLANK}
+    message = policy.out_of_range(low, high)
+    return field(**{"required": False, "min_value": low, "max_value": high,
+                    "error_messages": {"min_value": message, "max_value": message}} | defaults | kwargs)
+
+
 class PolicySerializer(StrictTypesMixin, serializers.Serializer):
     """What team admins set (PATCH any subset); GET adds the site admins' limits."""
 
-    max_duration_s = serializers.IntegerField(required=False, allow_null=True)
-    interactive_max_s = serializers.IntegerField(required=False, help_text="Default duration of interactive ones")
-    idle_threshold = serializers.DecimalField(max_digits=4, decimal_places=3, coerce_to_string=False, required=False)
-    idle_after_s = serializers.IntegerField(required=False)
+    max_duration_s = _setting("max_duration_s", help_text="Longest a member may ask for; null: the site limit")
+    interactive_max_s = _setting("interactive_max_s", help_text="Default duration of interactive ones")
+    idle_threshold = _setting("idle_threshold", help_text="Using less than this fraction of a GPU counts as idle")
+    idle_after_s = _setting("idle_after_s")
     idle_reclaim = serializers.BooleanField(required=False, help_text="false: warn only")
-    idle_warning_s = serializers.IntegerField(required=False, help_text="Warned this long before the reclaim")
-    max_priority_member = serializers.IntegerField(required=False)
-    max_priority_admin = serializers.IntegerField(required=False)
+    idle_warning_s = _setting("idle_warning_s", help_text="Warned this long before the reclaim")
+    max_priority_member = _setting("max_priority_member")
+    max_priority_admin = _setting("max_priority_admin")
     allow_over_quota = serializers.BooleanField(required=False)
     allow_remote = serializers.BooleanField(required=False, help_text="Requests may use a share of another node's GPU")
-    reclaim_grace_s = serializers.IntegerField(
-        required=False, help_text="Seconds a borrowed reservation runs on once warned it will be reclaimed (0-86400)")
+    reclaim_grace_s = _setting(
+        "reclaim_grace_s", help_text="Seconds a borrowed reservation runs on once warned it will be reclaimed")
+
+
+class PolicyLimitsAnswerSerializer(serializers.Serializer):
+    duration_s = _setting("limit_duration_s", required=True)
+    priority = _setting("limit_priority", required=True)
+    idle_after_s = _setting("limit_idle_after_s", required=True)
+    idle_threshold = _setting("limit_idle_threshold", required=True, coerce_to_string=True)
+    require_reclaim = serializers.BooleanField()
+    idle_warning_s = _setting("limit_idle_warning_s", required=True)
+    allow_over_quota = serializers.BooleanField()
+
+
+class PolicyAnswerSerializer(serializers.Serializer):
+    """What GET and PATCH answer (policy.Policy.as_dict): the policy in force, with its limits."""
+
+    max_duration_s = _setting("max_duration_s", required=True, allow_null=False)
+    interactive_max_s = _setting("interactive_max_s", required=True)
+    idle_threshold = _setting("idle_threshold", required=True, coerce_to_string=True)
+    idle_after_s = _setting("idle_after_s", required=True)
+    idle_reclaim = serializers.BooleanField()
+    idle_warning_s = _setting("idle_warning_s", required=True)
+    max_priority_member = _setting("max_priority_member", required=True)
+    max_priority_admin = _setting("max_priority_admin", required=True)
+    allow_over_quota = serializers.BooleanField()
+    limits = PolicyLimitsAnswerSerializer()
+    allow_remote = serializers.BooleanField()
+    reclaim_grace_s = _setting("reclaim_grace_s", required=True)
 
 
 class LimitsSerializer(StrictTypesMixin, serializers.Serializer):
-    limit_duration_s = serializers.IntegerField(required=False)
-    limit_priority = serializers.IntegerField(required=False)
-    limit_idle_after_s = serializers.IntegerField(required=False, allow_null=True)
-    limit_idle_warning_s = serializers.IntegerField(required=False, allow_null=True)
-    limit_idle_threshold = serializers.DecimalField(max_digits=4, decimal_places=3, coerce_to_string=False,
-                                                    required=False)
+    limit_duration_s = _setting("limit_duration_s")
+    limit_priority = _setting("limit_priority")
+    limit_idle_after_s = _setting("limit_idle_after_s", help_text="null: no limit")
+    limit_idle_warning_s = _setting("limit_idle_warning_s", help_text="null: no limit")
+    limit_idle_threshold = _setting("limit_idle_threshold")
     limit_require_reclaim = serializers.BooleanField(required=False)
     limit_allow_over_quota = serializers.BooleanField(required=False)
 

@@ -3,8 +3,6 @@ answer 404), checks the role (403), and calls the service, which validates, writ
 
 from __future__ import annotations
 
-from datetime import date
-
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -15,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.audit import services as audit
+from portal.audit.forms import AuditQuery
 from portal.audit.models import AuditEntry
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
@@ -188,11 +187,11 @@ class PresetViewSet(TeamScopedMixin, viewsets.ModelViewSet):
 class TeamPolicyView(APIView):
     """A team's policy and its limits. Team admins PATCH the policy (within the limits)."""
 
-    @extend_schema(responses={200: OpenApiResponse(description="policy with its limits")})
+    @extend_schema(responses={200: s.PolicyAnswerSerializer})
     def get(self, request, slug: str):
         return Response(policy.policy_of(_team(request, slug)).as_dict())
 
-    @extend_schema(request=s.PolicySerializer, responses={200: OpenApiResponse(description="the new policy")})
+    @extend_schema(request=s.PolicySerializer, responses={200: s.PolicyAnswerSerializer})
     def patch(self, request, slug: str):
         team = _team(request, slug)
         permissions.require_team_admin(request.user, team)
@@ -204,7 +203,7 @@ class TeamPolicyView(APIView):
 class TeamLimitsView(APIView):
     """Site admins set the limits a team's admins choose their policy within."""
 
-    @extend_schema(request=s.LimitsSerializer, responses={200: OpenApiResponse(description="the new policy")})
+    @extend_schema(request=s.LimitsSerializer, responses={200: s.PolicyAnswerSerializer})
     def patch(self, request, slug: str):
         team = _team(request, slug)
         permissions.require_staff(request.user)
@@ -367,16 +366,6 @@ class GpuCordonView(APIView):
         return Response({"uuid": gpu.uuid, "cordoned": gpu.cordoned, "cordon_reason": gpu.cordon_reason})
 
 
-def _date(params, name: str) -> date | None:
-    raw = params.get(name)
-    if not raw:
-        return None
-    try:
-        return date.fromisoformat(raw)
-    except ValueError:
-        raise ValidationError({name: ["a date as YYYY-MM-DD"]}) from None
-
-
 def audit_scope(user):
     """The audit entries `user` may read: all for site admins, their teams' for team admins."""
     if user.is_staff:
@@ -400,13 +389,17 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             permissions.require_staff(user)
         params = self.request.query_params
         refuse_unknown(params, {"team", "user", "object_type", "object_id", "since", "until", "page", "page_size"})
-        lo, hi = audit.day_range(_date(params, "since"), _date(params, "until"))
-        qs = audit.entries(object_type=params.get("object_type", ""), object_id=params.get("object_id", ""),
+        query = AuditQuery(params)
+        if not query.is_valid():
+            raise ValidationError(query.problems())
+        q = query.cleaned_data
+        lo, hi = audit.day_range(q["since"], q["until"])
+        qs = audit.entries(object_type=q["object_type"], object_id=q["object_id"],
                            since=lo, before=hi).filter(pk__in=audit_scope(user).values("pk"))
-        if params.get("team"):
-            qs = qs.filter(team__slug=params["team"])
-        if params.get("user"):
-            qs = qs.filter(actor__username=params["user"])
+        if q["team"]:
+            qs = qs.filter(team__slug=q["team"])
+        if q["user"]:
+            qs = qs.filter(actor__username=q["user"])
         return qs
 
     @extend_schema(parameters=[OpenApiParameter(n, str) for n in

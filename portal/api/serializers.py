@@ -12,7 +12,7 @@ from rest_framework import serializers
 
 from portal.fleet.model_names import display_model
 from portal.fleet.models import Gpu, Node
-from portal.reservations.models import Allocation, Kind, Reservation, StateTransition
+from portal.reservations.models import Allocation, Kind, Reservation, Sharing, StateTransition
 from portal.tenancy import departments, roles
 from portal.tenancy.models import ApiToken, ExclusionGroup, Team
 
@@ -95,6 +95,10 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
     remote_allowed = serializers.BooleanField(
         required=False, default=False,
         help_text="May run on a share of a GPU on another node, if the team's policy allows remote shares")
+    # Blank until the reservation is placed: the schema's enum says so (a read-only model field
+    # would otherwise lose allow_blank, and pending reservations answer a value outside the enum).
+    sharing = serializers.ChoiceField(choices=Sharing.choices, read_only=True, allow_blank=True,
+                                      help_text="How the placement shares its GPU; blank while not placed")
     client_node = serializers.CharField(source="client_node.name", read_only=True, default=None, allow_null=True,
                                         help_text="Where the pod of a remote share runs (its GPU is on `node`)")
     allocations = serializers.SerializerMethodField()

@@ -1,5 +1,8 @@
 """JSON bodies must carry the types the schema promises: DRF would otherwise turn 0 into False,
-42 into "42" and "1" into 1, which hides client bugs."""
+42 into "42" and "1" into 1, which hides client bugs; and only the fields the schema names: DRF
+would otherwise ignore a misspelt one (`idle_treshold`), and the request would succeed doing
+less than asked. Read-only fields are known names and stay ignored, so a client may send back
+what it read."""
 
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ def _check(field, value) -> str | None:
 class StrictTypesMixin:
     def to_internal_value(self, data):
         if isinstance(data, dict):
-            errors = {}
+            allowed = ", ".join(sorted(name for name, field in self.fields.items() if not field.read_only))
+            errors = {name: [f"unknown field; allowed: {allowed}"] for name in sorted(set(data) - set(self.fields))}
             for name, field in self.fields.items():
                 if field.read_only or name not in data:
                     continue

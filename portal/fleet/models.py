@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Value
+from django.db.models import Q, Value
 from django.db.models.functions import Replace
 
 
@@ -43,6 +43,17 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# A GPU its node's agent reported that is not in the inventory: recorded cordoned with this reason,
+# and approved by a site admin uncordoning it. An agent's word (its token may be stolen) adds no
+# capacity: nothing is placed on such a GPU, and reports count none of its time.
+AWAITING_APPROVAL = "reported by the node's agent, not in the inventory: approve by uncordoning"
+
+
+def awaiting_approval(path: str = "") -> Q:
+    """The GPUs nobody has approved yet; `path` reaches the GPU from another model ("gpu__")."""
+    return Q(**{f"{path}cordoned": True, f"{path}cordon_reason": AWAITING_APPROVAL})
 
 
 class Gpu(models.Model):

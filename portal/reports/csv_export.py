@@ -1,9 +1,19 @@
-"""CSV of a report: the same rows and totals as its JSON answer, with units in the headers."""
+"""CSV of a report: the same rows and totals as its JSON answer, with units in the headers.
+
+`to_csv` is the one CSV writer of the portal: every export goes through it, so every text cell is
+neutralised against formula injection (OWASP "CSV Injection"): a GPU model an agent reports, a
+username or a reservation's name that starts with = + - @ (or a tab, CR, LF or NUL) would be
+evaluated by the spreadsheet a manager opens; prefixed with a single quote it is shown as text.
+Numbers stay numbers: a negative number or a signed decimal is no formula, and a quote would turn
+it into text that no longer adds up.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
+import re
+from decimal import Decimal
 
 from rest_framework.renderers import BaseRenderer
 
@@ -53,11 +63,27 @@ def _blank(x):
     return "" if x is None else x
 
 
+# What a spreadsheet reads as a formula when a cell starts with it (OWASP, ASVS 1.2.10).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n", "\0")
+# A plain decimal number, as a spreadsheet reads one: -3, +0.5, -1.25e-3. Nothing in it can run.
+_PLAIN_NUMBER = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+def cell(value):
+    """A value as a CSV cell: numbers as they are, text that would start a formula behind a `'`."""
+    if isinstance(value, bool | int | float | Decimal) or value is None:
+        return value
+    text = str(value)
+    if text.startswith(FORMULA_STARTS) and not _PLAIN_NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
 def to_csv(header: list[str], rows: list[list]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(header)
-    writer.writerows(rows)
+    writer.writerow([cell(v) for v in header])
+    writer.writerows([cell(v) for v in row] for row in rows)
     return out.getvalue()
 
 

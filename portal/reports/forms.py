@@ -11,6 +11,8 @@ from django.conf import settings
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from portal.dates import day_problem
+
 from .services import GROUPS
 from .window import RANGES, Window
 
@@ -71,12 +73,16 @@ def _when(form: forms.Form, name: str, text: str, tz: ZoneInfo, end_of_day: bool
         at = None if day else parse_datetime(text)
     except ValueError:
         day = at = None
-    if day is not None:
-        at = datetime.combine(day + timedelta(days=1) if end_of_day else day, time(0), tzinfo=tz)
-    elif at is not None and at.tzinfo is None:
-        at = at.replace(tzinfo=tz)
-    if at is None:
+    if day is None and at is None:
         form.add_error(name, f"'{text}' is not {WHEN_HELP}")
         return None
+    problem = day_problem(day or at.date())  # before the arithmetic below, which overflows near year 9999
+    if problem:
+        form.add_error(name, problem)
+        return None
+    if day is not None:
+        at = datetime.combine(day + timedelta(days=1) if end_of_day else day, time(0), tzinfo=tz)
+    elif at.tzinfo is None:
+        at = at.replace(tzinfo=tz)
     # In UTC: offsets such as +17:30 parse in Python but PostgreSQL refuses them.
     return at.astimezone(UTC)

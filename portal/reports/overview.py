@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from portal.fleet.models import Gpu, NodeStatus
+from portal.fleet.models import Gpu, NodeStatus, awaiting_approval
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
 from portal.telemetry import hours
@@ -56,7 +56,8 @@ def why_waiting(reason: str) -> str:
 
 
 def now(team_ids: list[int]) -> dict:
-    gpus = list(Gpu.objects.filter(healthy=True).exclude(node__status=NodeStatus.LOST)
+    # A GPU nobody has approved is no capacity: not counted free, nor in any model's total.
+    gpus = list(Gpu.objects.filter(healthy=True).exclude(node__status=NodeStatus.LOST).exclude(awaiting_approval())
                 .values_list("pk", "model", "memory_mib"))
     live = defaultdict(lambda: [0.0, 0, set(), 0.0])  # gpu → [share, memory, exclusion labels, our share]
     ours = set(team_ids)

@@ -11,6 +11,7 @@ from datetime import datetime
 from django.db.models import Case, F, IntegerField, Sum, Value, When
 from django.db.models.functions import TruncHour
 
+from portal.fleet.models import awaiting_approval
 from portal.telemetry import hours
 from portal.telemetry.models import GpuDay, GpuHour, RollupState, ShareHour
 
@@ -55,23 +56,27 @@ def _bucket(field: str, edges: list[datetime] | None):
 
 def gpu_busy(since: datetime, until: datetime, key: str) -> dict[str, float]:
     """`key` (a GPU field such as gpu__node__name or gpu__model) → device busy GPU-minutes, every
-    team's work (site admins only). Whole UTC days come from the day rows, the rest from hours and
-    minutes as for shares; the database groups by the key, so a month for 4,000 GPUs sends back
-    one row per node or model, not per GPU and part."""
+    team's work (site admins only), of the fleet's GPUs: not those awaiting approval, whose agent
+    alone says they exist. Whole UTC days come from the day rows, the rest from hours and minutes
+    as for shares; the database groups by the key, so a month for 4,000 GPUs sends back one row
+    per node or model, not per GPU and part."""
     folded_hours = RollupState.objects.values_list("hours_rolled_up_to", flat=True).first()
     d0 = hours.ceil_day(since)
     d1 = min(hours.floor_day(until), hours.floor_day(folded_hours)) if folded_hours else d0
     parts, spans = [], [(since, until)]
+    unapproved = awaiting_approval("gpu__")
     if d1 > d0:
-        parts.append(GpuDay.objects.filter(day__gte=d0, day__lt=d1).values(key).annotate(t=Sum("busy")))
+        parts.append(GpuDay.objects.filter(day__gte=d0, day__lt=d1).exclude(unapproved).values(key)
+                     .annotate(t=Sum("busy")))
         spans = [(a, b) for a, b in ((since, d0), (d1, until)) if b > a]
     for since_, until_ in spans:
         folded, minute_spans = split(since_, until_)
         if folded:
-            parts.append(GpuHour.objects.filter(hour__gte=folded[0], hour__lt=folded[1]).values(key)
-                         .annotate(t=Sum("busy")))
+            parts.append(GpuHour.objects.filter(hour__gte=folded[0], hour__lt=folded[1]).exclude(unapproved)
+                         .values(key).annotate(t=Sum("busy")))
         for a, b in minute_spans:
-            parts.append(hours.gpu_minutes(a, b).values(key).annotate(t=hours.gpu_minute_sums()["busy"]))
+            parts.append(hours.gpu_minutes(a, b).exclude(unapproved).values(key)
+                         .annotate(t=hours.gpu_minute_sums()["busy"]))
     out: dict[str, float] = defaultdict(float)
     for part in parts:
         for k, busy in part.values_list(key, "t"):

@@ -98,7 +98,10 @@ def largest_node_gpu_count() -> int:
 
 
 def _decimal(value) -> Decimal:
-    return value if isinstance(value, Decimal) else Decimal(str(value))
+    number = value if isinstance(value, Decimal) else Decimal(str(value))
+    if not number.is_finite():  # NaN would pass quantize and then fail every comparison
+        raise InvalidOperation(f"not a finite number: {value!r}")
+    return number
 
 
 def normalize(spec: ReservationSpec) -> None:

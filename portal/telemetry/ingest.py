@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from portal.fleet import links
 from portal.fleet import services as fleet_services
-from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.fleet.models import AWAITING_APPROVAL, Gpu, Node, NodeStatus
 from wire import agent_portal as protocol
 from wire.agent_portal import Hello, Sample, Samples
 
@@ -38,8 +38,6 @@ from .sample_rows import SampleRows, live_allocations, lock_streams, update_stre
 
 log = logging.getLogger(__name__)
 
-# A GPU that only the agent knows of: recorded, but no share is placed on it until approved.
-AWAITING_APPROVAL = "reported by the node's agent, not in the inventory: approve by uncordoning"
 # A node holds no more GPUs than one hello may list: hellos with ever new UUIDs add no more.
 MAX_GPUS_PER_NODE = protocol.MAX_GPUS_PER_NODE
 

@@ -134,6 +134,18 @@ LIMIT_FIELDS = ("limit_duration_s", "limit_priority", "limit_idle_after_s", "lim
 IDLE_WARNING_MIN_S, IDLE_WARNING_MAX_S = 60, 86400
 # A borrowed reservation may be reclaimed at once (0), or at the latest a day after its warning.
 RECLAIM_GRACE_MAX_S = 86400
+# The range of each whole-number setting (seconds, or priorities); the API's schema states the same.
+WHOLE_NUMBERS = {
+    "max_duration_s": (60, LONGEST_DURATION_S), "interactive_max_s": (60, LONGEST_DURATION_S),
+    "idle_after_s": (60, LONGEST_DURATION_S), "limit_duration_s": (60, LONGEST_DURATION_S),
+    "limit_idle_after_s": (60, LONGEST_DURATION_S),
+    "idle_warning_s": (IDLE_WARNING_MIN_S, IDLE_WARNING_MAX_S), "limit_idle_warning_s": (IDLE_WARNING_MIN_S,
+                                                                                         IDLE_WARNING_MAX_S),
+    "reclaim_grace_s": (0, RECLAIM_GRACE_MAX_S),
+    "max_priority_member": (0, 100), "max_priority_admin": (0, 100), "limit_priority": (0, 100),
+}
+NO_LIMIT_WHEN_BLANK = {"max_duration_s", "limit_idle_after_s", "limit_idle_warning_s"}  # blank: none of its own
+FRACTIONS = {"idle_threshold", "limit_idle_threshold"}  # of one GPU, 0 to 1
 
 
 def _int(value, name: str, errors: dict, *, low: int, high: int, blank_ok: bool = False) -> int | None:
@@ -145,9 +157,13 @@ def _int(value, name: str, errors: dict, *, low: int, high: int, blank_ok: bool 
         errors.setdefault(name, []).append(f"must be a whole number, got {value!r}")
         return None
     if not low <= number <= high:
-        errors.setdefault(name, []).append(f"must be between {low} and {high}")
+        errors.setdefault(name, []).append(out_of_range(low, high))
         return None
     return number
+
+
+def out_of_range(low, high) -> str:
+    return f"must be between {low} and {high}"
 
 
 def _bool(value, name: str, errors: dict) -> bool | None:
@@ -165,10 +181,12 @@ def _fraction(value, name: str, errors: dict) -> Decimal | None:
     try:
         number = Decimal(str(value)).quantize(Decimal("0.001"))
     except (InvalidOperation, ValueError):
+        number = None
+    if number is None or not number.is_finite():  # NaN quantizes to NaN, and compares to nothing
         errors.setdefault(name, []).append(f"must be a decimal number between 0 and 1, got {value!r}")
         return None
     if not Decimal(0) <= number <= 1:
-        errors.setdefault(name, []).append("must be between 0 and 1 (a fraction of one GPU)")
+        errors.setdefault(name, []).append(f"{out_of_range(0, 1)} (a fraction of one GPU)")
         return None
     return number
 
@@ -267,19 +285,10 @@ def set_limits(team: Team, by: audit.Actor, changes: dict) -> Policy:
 def _parse(changes: dict, errors: dict) -> dict:
     out: dict = {}
     for name, value in changes.items():
-        if name in ("max_duration_s", "limit_idle_after_s"):  # blank: no limit of the team's own
-            parsed = _int(value, name, errors, low=60, high=LONGEST_DURATION_S, blank_ok=True)
-        elif name == "limit_idle_warning_s":
-            parsed = _int(value, name, errors, low=IDLE_WARNING_MIN_S, high=IDLE_WARNING_MAX_S, blank_ok=True)
-        elif name == "idle_warning_s":
-            parsed = _int(value, name, errors, low=IDLE_WARNING_MIN_S, high=IDLE_WARNING_MAX_S)
-        elif name == "reclaim_grace_s":
-            parsed = _int(value, name, errors, low=0, high=RECLAIM_GRACE_MAX_S)
-        elif name in ("interactive_max_s", "limit_duration_s", "idle_after_s"):
-            parsed = _int(value, name, errors, low=60, high=LONGEST_DURATION_S)
-        elif name in ("max_priority_member", "max_priority_admin", "limit_priority"):
-            parsed = _int(value, name, errors, low=0, high=100)
-        elif name in ("idle_threshold", "limit_idle_threshold"):
+        if name in WHOLE_NUMBERS:
+            low, high = WHOLE_NUMBERS[name]
+            parsed = _int(value, name, errors, low=low, high=high, blank_ok=name in NO_LIMIT_WHEN_BLANK)
+        elif name in FRACTIONS:
             parsed = _fraction(value, name, errors)
         else:
             parsed = _bool(value, name, errors)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import datetime
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -14,6 +14,7 @@ from django.shortcuts import render
 
 from portal.api.admin_views import audit_scope
 from portal.audit import services as audit
+from portal.audit.forms import AuditPageQuery
 from portal.reservations.models import StateTransition
 from portal.tenancy import roles
 from portal.tenancy.models import Role
@@ -42,16 +43,6 @@ class Line:
     message: str
 
 
-def _date(raw: str, name: str, errors: dict) -> date | None:
-    if not raw:
-        return None
-    try:
-        return date.fromisoformat(raw)
-    except ValueError:
-        errors[name] = "a date as YYYY-MM-DD"
-        return None
-
-
 def _may_read(user) -> list[int] | None:
     """None: everything (site admins); else the ids of the teams whose entries the user reads."""
     if user.is_staff:
@@ -66,24 +57,26 @@ def _may_read(user) -> list[int] | None:
 def audit_page(request):
     scope = _may_read(request.user)
     params = request.GET
-    errors: dict[str, str] = {}
+    query = AuditPageQuery({**params.dict(), "object_type": params.get("object", "")})
+    valid = query.is_valid()
+    errors = {name: " ".join(messages) for name, messages in query.problems().items()}
+    q = query.cleaned_data if valid else {}
     team_choices = roles.visible_teams(request.user)
     if scope is not None:
         team_choices = team_choices.filter(id__in=scope)
     team_choices = list(team_choices.order_by("slug"))
-    team = next((t for t in team_choices if t.slug == params.get("team")), None)
-    username = params.get("user", "").strip()[:150]
-    object_type = params.get("object", "")
+    team = next((t for t in team_choices if t.slug == q.get("team")), None)
+    username = q.get("user", "")
+    object_type = q.get("object_type", "")
     if object_type not in dict(OBJECT_TYPES):
         object_type = ""
-    object_id = params.get("object_id", "").strip()[:64]
-    lo, hi = audit.day_range(_date(params.get("since", ""), "since", errors), _date(params.get("until", ""),
-                                                                                   "until", errors))
-    page = max(1, int(params["page"])) if params.get("page", "").isdigit() else 1
+    object_id = q.get("object_id", "")
+    lo, hi = audit.day_range(q.get("since"), q.get("until"))
+    page = q.get("page") or 1
     want = page * PAGE + 1  # enough of each log to fill this page after merging, plus one to know of more
 
     changes = []
-    if object_type != "reservation":
+    if valid and object_type != "reservation":
         qs = audit.entries(team=team, object_type=object_type, object_id=object_id, since=lo, before=hi)
         if scope is not None:
             qs = qs.filter(pk__in=audit_scope(request.user).values("pk"))
@@ -92,7 +85,7 @@ def audit_page(request):
         changes = [Line(e.at, e.actor_label, e.get_via_display(), e.team.slug if e.team else "", e.object_type,
                         e.object_repr, "", e.action, e.before, e.after, e.message) for e in qs[:want]]
     transitions = []
-    if object_type in ("", "reservation"):
+    if valid and object_type in ("", "reservation"):
         ts = StateTransition.objects.select_related("reservation__team").order_by("-at", "-id")
         if scope is not None:
             ts = ts.filter(reservation__team_id__in=scope)
@@ -101,7 +94,7 @@ def audit_page(request):
         if username:
             ts = ts.filter(actor_label=username)
         if object_id:
-            ts = ts.filter(reservation_id=object_id if object_id.isdigit() else 0)
+            ts = ts.filter(reservation_id=object_id if object_id.isascii() and object_id.isdigit() else 0)
         if lo:
             ts = ts.filter(at__gte=lo)
         if hi:
@@ -117,7 +110,7 @@ def audit_page(request):
         "teams": team_choices, "object_types": OBJECT_TYPES,
         "filters": {"team": team.slug if team else "", "user": username, "object": object_type,
                     "object_id": object_id, "since": params.get("since", ""), "until": params.get("until", "")},
-    })
+    }, status=200 if valid else 400)
 
 
 navigation.register("Audit log", "audit", allowed=navigation.team_admin, order=80)

@@ -34,6 +34,7 @@ from portal.tenancy.models import Department, Team, TeamPolicy
 
 from . import navigation, quota_lines
 from .fleet_cells import gpu_cell
+from .numbers import finite, whole_seconds
 from .quota_editor import in_words
 from .templatetags.tessera import team_class
 
@@ -101,11 +102,18 @@ NODE_FIELDS = ("id", "name", "status", "status_reason", "last_seen", "labels", "
                "agent_token_created_at")
 
 
+class FilterRefused(ValueError):
+    """A filter the database cannot take (PostgreSQL text holds no NUL character): a 400."""
+
+
 def filtered_nodes(params):
     """(the nodes the page's filters keep, by name; the filters as read)."""
     model = params.get("model", "").strip()
     name = params.get("node", "").strip()[:253]
     state = params.get("state", "").strip()
+    for field, value in (("model", model), ("node", name)):
+        if "\x00" in value:
+            raise FilterRefused(f"{field}: must not contain a NUL character")
     qs = Node.objects.order_by("name")
     if name:
         qs = qs.filter(name__icontains=name)
@@ -144,7 +152,10 @@ def fleet_context(params, back: str = "/fleet/") -> dict:
 @login_required
 def fleet_page(request):
     _staff(request)
-    context = fleet_context(request.GET, request.get_full_path())
+    try:
+        context = fleet_context(request.GET, request.get_full_path())
+    except FilterRefused as exc:
+        return HttpResponseBadRequest(str(exc))
     template = "fleet/_nodes.html" if request.headers.get("HX-Request") else "fleet/fleet.html"
     return render(request, template, context)
 
@@ -166,7 +177,10 @@ def fleet_rows_page(request):
     back = back if back.startswith("/fleet/") else "/fleet/"
     # Only the nodes the page's filters still keep: fleet.js takes a row it asked for and did not
     # get back off the page (a node drained while the page shows "ready" ones).
-    kept, _ = filtered_nodes(QueryDict(urlsplit(back).query))
+    try:
+        kept, _ = filtered_nodes(QueryDict(urlsplit(back).query))
+    except FilterRefused as exc:
+        return HttpResponseBadRequest(f"next: {exc}")
     nodes = _draw(list(kept.filter(pk__in={int(i) for i in raw}).values(*NODE_FIELDS)))
     return render(request, "fleet/_rows.html", {**_summary(), "nodes": nodes, "back": back})
 
@@ -308,11 +322,11 @@ def team_limits_page(request, slug: str):
                 changes[field] = None
                 continue
             try:
-                changes[field] = round(float(form[key]) * unit)
+                changes[field] = whole_seconds(form[key], unit)
             except ValueError:
                 errors[field] = [f"a number ({'hours' if unit == 3600 else 'minutes'})"]
         try:
-            changes["limit_idle_threshold"] = float(form["limit_idle_threshold_pct"] or 0) / 100
+            changes["limit_idle_threshold"] = finite(form["limit_idle_threshold_pct"] or "0") / 100
         except ValueError:
             errors["limit_idle_threshold"] = ["a percentage, e.g. 5"]
         if changes.get("limit_duration_s") is None and "limit_duration_s" not in errors:

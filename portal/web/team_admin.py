@@ -6,10 +6,12 @@ who may not administer it (403), exactly as the API does; the services do the re
 
 from __future__ import annotations
 
+import re
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -17,9 +19,10 @@ from portal.audit import services as audit
 from portal.reservations import rules
 from portal.tenancy import groups, members, policy, presets, roles, usage
 from portal.tenancy.errors import Refused
-from portal.tenancy.models import AffinityLabel, ExclusionGroup, Membership, Preset, Role, TeamPolicy
+from portal.tenancy.models import LABEL_RE, AffinityLabel, ExclusionGroup, Membership, Preset, Role, TeamPolicy
 
 from . import navigation, quota_lines
+from .numbers import finite, whole_seconds
 from .templatetags.tessera import share
 
 TABS = [("members", "Members"), ("groups", "Groups & labels"), ("presets", "Presets"), ("policy", "Policy"),
@@ -58,7 +61,9 @@ def _refused(request, exc: Refused) -> None:
 @login_required
 def team_home(request):
     teams = administered_teams(request.user)
-    wanted = request.GET.get("team")
+    wanted = request.GET.get("team", "")
+    if wanted and not re.fullmatch(r"[-a-zA-Z0-9_]+", wanted):
+        return HttpResponseBadRequest("team: give a team's short name (letters, digits, '-' and '_')")
     first = (teams.filter(slug=wanted).first() if wanted else None) or teams.first()
     if first is None:
         raise PermissionDenied("you administer no team")
@@ -183,9 +188,11 @@ def group_preview(request, slug: str):
     preview = None
     problem = ""
     if label:
+        # Looked up only once it is a well-formed label (a NUL character would reach the database).
+        existing = groups.KINDS[kind].objects.filter(team=team, label=label).first() \
+            if re.match(LABEL_RE, label) else None
         try:
-            groups._clean_label(team, kind, label, instance=groups.KINDS[kind].objects.filter(
-                team=team, label=label).first())
+            groups._clean_label(team, kind, label, instance=existing)
         except Refused as exc:
             problem = exc.errors["label"][0]
         else:
@@ -304,7 +311,7 @@ def _seconds_from_hours(value: str, field: str, errors: dict):
     if not value:
         return None
     try:
-        return round(float(value) * 3600)
+        return whole_seconds(value, 3600)
     except ValueError:
         errors.setdefault(field, []).append(f"a number of hours, e.g. 8 or 0.5 (got {value!r})")
         return None
@@ -342,7 +349,7 @@ def policy_page(request, slug: str):
         if changes["interactive_max_s"] is None and "interactive_max_s" not in errors:
             errors["interactive_max_s"] = ["give a default duration in hours"]
         try:
-            changes["idle_threshold"] = float(form["idle_threshold_pct"]) / 100
+            changes["idle_threshold"] = finite(form["idle_threshold_pct"]) / 100
         except ValueError:
             errors["idle_threshold"] = ["a percentage, e.g. 5"]
         for field, key, example in (("idle_after_s", "idle_after_min", 30), ("idle_warning_s", "idle_warning_min", 15),
@@ -350,7 +357,7 @@ def policy_page(request, slug: str):
             if field == "reclaim_grace_s" and not form[key]:
                 continue  # left blank: it stays as it is
             try:
-                changes[field] = round(float(form[key]) * 60)
+                changes[field] = whole_seconds(form[key], 60)
             except ValueError:
                 errors[field] = [f"a number of minutes, e.g. {example}"]
         if "reclaim_grace_s" in changes and not 0 <= changes["reclaim_grace_s"] <= 86400:

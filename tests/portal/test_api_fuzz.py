@@ -1,5 +1,6 @@
 """schemathesis against our own OpenAPI schema: no 5xx, no response that breaks the schema, and
-invalid input refused, on every operation, as a site admin (who reaches every code path)."""
+invalid input refused, on every operation, as a site admin (who reaches every code path) and as a
+team member (whose answers are the refusals and the narrower views)."""
 
 import json
 
@@ -33,11 +34,11 @@ def _schema():
 schema = _schema()
 
 
-@pytest.fixture
-def admin_headers(people, fleet, monkeypatch):
+@pytest.fixture(params=["admin", "alice"], ids=["site-admin", "member"])
+def auth_headers(request, people, fleet, monkeypatch):
     # The fuzzer writes far faster than the production limit allows.
     monkeypatch.setattr(WriteRateThrottle, "THROTTLE_RATES", {"writes": "100000/min"})
-    _, key = create_token(people["admin"], "fuzz")
+    _, key = create_token(people[request.param], "fuzz")
     # Requests go through the real WSGI handler inside the test's transaction: keep Django from
     # closing that connection at the end of each request (its own test client does the same).
     signals.request_started.disconnect(close_old_connections)
@@ -50,10 +51,10 @@ def admin_headers(people, fleet, monkeypatch):
 @pytest.mark.django_db
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
-def test_api_conforms_to_its_schema(case, admin_headers):
+def test_api_conforms_to_its_schema(case, auth_headers):
     # positive_data_acceptance is left out on purpose: domain rules (known GPU models, memory of the
     # chosen card, quota) refuse some schema-valid requests with 400, as they must.
-    headers = admin_headers
+    headers = auth_headers
     header = case.meta.components.get(ParameterLocation.HEADER) if case.meta else None
     if header is not None and header.mode.is_negative:
         # The invalid part is the Authorization header (the token scheme): send it as generated,

@@ -1,0 +1,23 @@
+"""Numbers typed into the admin forms (hours, minutes, percentages). float() also reads 'inf',
+'nan' and '1e400' (infinity), which no setting can hold and round() cannot turn into seconds: each
+is refused like any other text that is not a number."""
+
+from __future__ import annotations
+
+import math
+
+
+def finite(text: str) -> float:
+    """`text` as a finite number; ValueError for anything else."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {text!r}")
+    return number
+
+
+def whole_seconds(text: str, unit: int) -> int:
+    """`text` units (3600: hours, 60: minutes) in whole seconds; ValueError if it is no number."""
+    seconds = finite(text) * unit
+    if not math.isfinite(seconds):  # 1e308 hours
+        raise ValueError(f"too large: {text!r}")
+    return round(seconds)

@@ -1,0 +1,78 @@
+"""The schema says what the API answers and accepts: a pending reservation's `sharing` is within
+its enum, the policy's and limits' ranges are stated (and refused in the service's words), and a
+field the body should not have is refused by name instead of being silently ignored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.renderers import OpenApiJsonRenderer
+
+from portal.tenancy import policy
+from portal.tenancy.models import TeamPolicy
+
+
+@pytest.fixture(scope="module")
+def schemas():
+    spec = json.loads(OpenApiJsonRenderer().render(SchemaGenerator().get_schema(request=None, public=True)))
+    return spec["components"]["schemas"]
+
+
+def enum_of(schemas, prop: dict) -> set:
+    refs = [prop["$ref"]] if "$ref" in prop else [p["$ref"] for p in prop.get("oneOf", prop.get("allOf", []))]
+    return {v for ref in refs for v in schemas[ref.rsplit("/", 1)[1]]["enum"]} | set(prop.get("enum", []))
+
+
+def test_a_pending_reservations_sharing_is_within_its_enum(client_for, fleet, reservation_body, schemas):
+    body = client_for("alice").post("/api/v1/reservations/", reservation_body(), format="json").json()
+    assert body["state"] == "pending" and body["sharing"] == ""
+    assert enum_of(schemas, schemas["Reservation"]["properties"]["sharing"]) == {"", "exclusive", "local", "remote"}
+
+
+@pytest.mark.parametrize("name", sorted(policy.WHOLE_NUMBERS))
+def test_the_schema_states_each_settings_range(schemas, name):
+    component = "PatchedLimitsRequest" if name.startswith("limit_") else "PatchedPolicyRequest"
+    prop = schemas[component]["properties"][name]
+    assert (prop["minimum"], prop["maximum"]) == policy.WHOLE_NUMBERS[name]
+    assert prop.get("nullable", False) == (name in policy.NO_LIMIT_WHEN_BLANK)
+
+
+@pytest.mark.parametrize(("component", "name"), [("PatchedPolicyRequest", "idle_threshold"),
+                                                 ("PatchedLimitsRequest", "limit_idle_threshold")])
+def test_the_schema_states_the_idle_thresholds_range(schemas, component, name):
+    prop = schemas[component]["properties"][name]
+    assert (prop["minimum"], prop["maximum"]) == (0, 1)
+
+
+def test_the_policy_answer_has_a_schema(schemas, client_for, teams):
+    answer = client_for("carol").get("/api/v1/teams/vision/policy/").json()
+    described = schemas["PolicyAnswer"]["properties"]
+    assert set(answer) == set(described)
+    assert set(answer["limits"]) == set(schemas["PolicyLimitsAnswer"]["properties"])
+
+
+@pytest.mark.parametrize(("who", "path", "body"), [
+    ("carol", "/api/v1/teams/vision/policy/", {"idle_treshold": 0.2, "max_priority_member": 40}),
+    ("admin", "/api/v1/teams/vision/limits/", {"limit_priorty": 10, "limit_duration_s": 7200}),
+])
+def test_a_patch_with_an_unknown_field_is_refused_naming_it(client_for, teams, who, path, body):
+    r = client_for(who).patch(path, body, format="json")
+    assert r.status_code == 400
+    unknown = next(k for k in body if k not in policy.WHOLE_NUMBERS)
+    assert set(r.json()) == {unknown} and "unknown field" in r.json()[unknown][0]
+    assert not TeamPolicy.objects.filter(team=teams["vision"]).exists()  # nothing of the body was applied
+
+
+def test_a_setting_out_of_its_range_is_refused_in_the_services_words(client_for, teams):
+    r = client_for("carol").patch("/api/v1/teams/vision/policy/", {"max_priority_member": 101}, format="json")
+    assert r.status_code == 400 and r.json() == {"max_priority_member": ["must be between 0 and 100"]}
+
+
+def test_read_only_fields_sent_back_are_still_ignored(client_for, fleet, teams):
+    carol = client_for("carol")
+    preset = carol.post("/api/v1/presets/", {"team": "vision", "name": "nb", "image": "busybox:1",
+                                            "gpu_request": "0.25", "gpu_memory_mib": 1024}, format="json").json()
+    r = carol.patch(f"/api/v1/presets/{preset['id']}/", {**preset, "name": "notebook"}, format="json")
+    assert r.status_code == 200 and r.json()["name"] == "notebook"
