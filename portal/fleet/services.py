@@ -12,7 +12,7 @@ from portal.audit import services as audit
 from portal.reservations.events import request_cycle
 from portal.tenancy.models import hash_secret
 
-from .events import announce_nodes
+from .events import announce_nodes, announce_token_retired
 from .models import Gpu, LostCause, Node, NodeStatus
 
 
@@ -77,15 +77,25 @@ def set_cordon(gpu_id: int, actor, cordoned: bool, reason: str = "") -> Gpu:
     return gpu
 
 
+def _replace_token_hash(node: Node, token_hash: str, **fields) -> str:
+    """Store the node's new token hash ("" revokes) under the row lock; the connections that
+    authenticated with the previous token are closed after commit, whether or not they have sent
+    their hello. Returns the previous hash."""
+    previous = Node.objects.select_for_update().values_list("agent_token_hash", flat=True).get(pk=node.pk)
+    node.agent_token_hash = token_hash
+    for name, value in fields.items():
+        setattr(node, name, value)
+    node.save(update_fields=["agent_token_hash", *fields])
+    announce_token_retired(node.pk, previous)
+    return previous
+
+
 def issue_node_token(node: Node, actor=None) -> str:
-    """A new agent credential for the node (the old one stops working at once: its connection is
+    """A new agent credential for the node (the old one stops working at once: its connections are
     closed, see portal.telemetry.signals). Shown once; stored hashed."""
     key = "tnode_" + secrets.token_urlsafe(32)
     with transaction.atomic():
-        rotated = bool(node.agent_token_hash)
-        node.agent_token_hash = hash_secret(key)
-        node.agent_token_created_at = timezone.now()
-        node.save(update_fields=["agent_token_hash", "agent_token_created_at"])
+        rotated = bool(_replace_token_hash(node, hash_secret(key), agent_token_created_at=timezone.now()))
         audit.record(_as_actor(actor), object_type="node_token", object_id=node.pk, object_repr=node.name,
                      action="rotated" if rotated else "created", after={"created_at": node.agent_token_created_at
                                                                         .isoformat()},
@@ -95,8 +105,7 @@ def issue_node_token(node: Node, actor=None) -> str:
 
 def revoke_node_token(node: Node, actor=None) -> None:
     with transaction.atomic():
-        node.agent_token_hash = ""
-        node.save(update_fields=["agent_token_hash"])
+        _replace_token_hash(node, "")
         audit.record(_as_actor(actor), object_type="node_token", object_id=node.pk, object_repr=node.name,
                      action="revoked", message="the node's agent is refused until a new token is created")
 

@@ -1,5 +1,5 @@
 """Channel-layer pushes to connected agents: placements when a node's allocations change, the GPU
-nodes' servers to probe when nodes change, and a close when its token changes (all after commit)."""
+nodes' servers to probe when nodes change, and a close when its token is retired (all after commit)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ import asyncio
 import logging
 
 from channels.layers import get_channel_layer
-from django.db import transaction
-from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from portal.fleet.events import nodes_changed
-from portal.fleet.models import Node
+from portal.fleet.events import node_token_retired, nodes_changed
 from portal.reservations.events import allocations_changed
 
 from .background_sends import deliver
@@ -59,18 +56,21 @@ def push_remote_servers(sender, node_ids: list[int], **kwargs) -> None:
     deliver(send, "the GPU nodes' servers to the probing agents")
 
 
-@receiver(post_save, sender=Node, dispatch_uid="telemetry.token_changed")
-def close_agent_on_new_token(sender, instance: Node, update_fields=None, **kwargs) -> None:
-    """A node token revoked or re-issued: the connection made with the old one is closed (the
-    agent then reconnects and is refused, or let in with the new token)."""
-    if update_fields is None or "agent_token_hash" not in update_fields:
-        return
+def agent_token_group(token_hash: str) -> str:
+    """The connections that authenticated with one node token (joined before the token is looked
+    up, so a retirement committed after the lookup still reaches them)."""
+    return f"agent.token.{token_hash}"
+
+
+@receiver(node_token_retired, dispatch_uid="telemetry.token_retired")
+def close_agents_of_retired_token(sender, node_id: int, token_hash: str, **kwargs) -> None:
+    """A node token revoked or re-issued: every connection made with it is closed, hello or not
+    (the agent then reconnects and is refused, or let in with the new token)."""
     layer = get_channel_layer()
     if layer is None:
         return
-    node_id = instance.pk
 
     async def send() -> None:
-        await layer.group_send(f"agent.node.{node_id}", {"type": "agent.token_changed"})
+        await layer.group_send(agent_token_group(token_hash), {"type": "agent.token_changed"})
 
-    transaction.on_commit(lambda: deliver(send, f"the close of node {node_id}'s agent connection"))
+    deliver(send, f"the close of node {node_id}'s agent connections")

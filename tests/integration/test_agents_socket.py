@@ -70,6 +70,26 @@ def test_missing_wrong_and_revoked_tokens_are_refused_at_the_handshake(portal, w
         _agent_socket(portal, token)
 
 
+@pytest.mark.parametrize("retire", ["rotate", "revoke"])
+def test_a_connection_that_has_not_said_hello_is_closed_when_its_token_is_retired(portal, world, retire):
+    """The connection is tied to its token from the handshake: one that never sends its hello is
+    closed by a rotation or revocation too, and the hello it sends afterwards is not answered."""
+    node = world["node"]
+    token = issue_node_token(node)
+    with _agent_socket(portal, token) as ws:
+        new_token = issue_node_token(node) if retire == "rotate" else revoke_node_token(node)
+        error = _until(ws, "error")
+        assert (error["code"], error["fatal"]) == ("node_mismatch", True)
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.send(_hello(world, str(uuid.uuid4())))
+            _until(ws, "welcome")
+        assert closed.value.rcvd.code == 4008
+    if new_token:  # the rotated-in token is let in and answered
+        with _agent_socket(portal, new_token) as ws:
+            ws.send(_hello(world, str(uuid.uuid4())))
+            assert _until(ws, "welcome")["node"] == node.name
+
+
 def test_hello_for_another_node_is_refused(portal, world):
     token = issue_node_token(world["node"])
     with _agent_socket(portal, token) as ws:

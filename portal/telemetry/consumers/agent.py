@@ -16,8 +16,9 @@ from portal.fleet.links import LinksRefused, remote_servers_for, store_links
 from portal.fleet.services import node_for_token
 from portal.telemetry import conf, dbthread, ingest, ticker
 from portal.telemetry.services import placements_for_node
-from portal.telemetry.signals import REMOTE_PROBERS
+from portal.telemetry.signals import REMOTE_PROBERS, agent_token_group
 from portal.telemetry.writer import writer
+from portal.tenancy.models import hash_secret
 from wire.agent_portal import (
     AGENT_MESSAGES,
     TOKEN_PATTERN,
@@ -90,15 +91,22 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.hello: Hello | None = None
         self.broken = False  # a store failed: nothing more may be stored or acked here
         self.servers_sent: list[dict[str, str]] | None = None  # the GPU nodes' servers the agent probes
+        self.token_group: str | None = None
         token = _bearer_token(self.scope)
+        if token:
+            # Tied to its token from the start: joined before the lookup, so a rotation or
+            # revocation committed at any point after the lookup closes this connection, whether
+            # or not it has sent its hello.
+            self.token_group = agent_token_group(hash_secret(token))
+            await self.channel_layer.group_add(self.token_group, self.channel_name)
         try:
             # Daphne drops a handshake the application has not answered in 5 s.
             node = await dbthread.run(node_for_token, token, within=4.0) if token else None
         except dbthread.Stale:
-            await self.close()  # refused for now; the agent retries with backoff
+            await self._refuse_handshake()  # refused for now; the agent retries with backoff
             return
         if node is None:
-            await self.close()  # before accept: the handshake is answered 403, nothing is read
+            await self._refuse_handshake()  # before accept: the handshake is answered 403, nothing is read
             return
         self.node = node
         self.bucket = TokenBucket(*conf.agent_rate())
@@ -106,7 +114,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         ticker.ensure_started()
         await self.accept()
 
+    async def _refuse_handshake(self) -> None:
+        if self.token_group is not None:
+            await self.channel_layer.group_discard(self.token_group, self.channel_name)
+            self.token_group = None
+        await self.close()
+
     async def disconnect(self, code) -> None:
+        if self.token_group is not None:
+            await self.channel_layer.group_discard(self.token_group, self.channel_name)
         if self.node is not None and self.hello is not None:
             await self.channel_layer.group_discard(_node_group(self.node.pk), self.channel_name)
         if self.servers_sent is not None:
@@ -252,6 +268,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send(json.dumps({"v": 1, "type": "servers", "remote_servers": servers}, separators=(",", ":")))
 
     async def agent_token_changed(self, event) -> None:
+        if self.node is None:
+            return  # refused at the handshake already
         self.broken = True
         await self._fatal("node_mismatch", "this node's token was revoked or replaced", CLOSE_POLICY)
 
