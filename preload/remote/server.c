@@ -7,7 +7,7 @@
  *   tessera-remote-server --listen HOST:PORT --secret-file PATH --worker PATH [--preload PATH]
  *                         (--gpu UUID | --gpu-file PATH)... [--budget-dir DIR] [--max-clients N]
  *                         [--max-unauthenticated N] [--max-unauthenticated-per-address N]
- *                         [--hello-timeout-ms MS] [--port-file PATH]
+ *                         [--hello-timeout-ms MS] [--port-file PATH] [--revoked-file PATH]
  *
  * Slots cannot be taken before authentication: the listener reads every hello itself, without
  * blocking, each within an absolute deadline from its accept however slowly its bytes come; only an
@@ -15,7 +15,12 @@
  * still in their hello (or in a link probe) are capped apart, in all and per source address; when a
  * cap is reached the oldest such connection (of that address, or in all) is closed to make room, so a
  * client that sends its hello at once is served whatever others trickle. The listener itself never
- * touches the driver. */
+ * touches the driver.
+ *
+ * Revocation: --revoked-file names a file the node agent writes (one "<share id> <unix seconds>" a
+ * line, for shares the portal released). The listener reloads it when it changes, checked before
+ * every hello and at least once a second: a revoked share's hello is refused and its running workers
+ * are killed. A missing file revokes nothing; an unreadable one keeps the list loaded before. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -30,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,7 +49,7 @@
 #define HELLO_BYTES (sizeof(struct wire_req) + sizeof(struct wire_hello) + WIRE_MAX_TOKEN)
 #define NOISY_LINES_PER_S 20
 
-static const char *listen_addr, *secret_file, *worker_path, *preload_path, *budget_dir, *port_file;
+static const char *listen_addr, *secret_file, *worker_path, *preload_path, *budget_dir, *port_file, *revoked_file;
 static char *gpus[MAX_GPUS];
 static int ngpus, max_clients = 64, workers;
 /* The running workers (max_clients entries; pid 0 = free) and their shares: a share's budget file
@@ -111,7 +117,7 @@ static void usage(const char *why) {
             "usage: tessera-remote-server --listen HOST:PORT --secret-file PATH --worker PATH [--preload PATH]\n"
             "       (--gpu UUID | --gpu-file PATH)... [--budget-dir DIR] [--max-clients N]\n"
             "       [--max-unauthenticated N] [--max-unauthenticated-per-address N] [--hello-timeout-ms MS]\n"
-            "       [--port-file PATH]\n", why);
+            "       [--port-file PATH] [--revoked-file PATH]\n", why);
     exit(2);
 }
 
@@ -396,6 +402,63 @@ static void start_worker(struct pending *e, const struct share_token *t) {
     _exit(1);
 }
 
+#define MAX_REVOKED 8192   /* shares listed in --revoked-file; the agent keeps only recent ones */
+typedef char share_id[sizeof(((struct share_token *)0)->share)];
+static share_id *revoked;
+static int nrevoked;
+static struct stat revoked_stat;   /* of the file as last loaded (st_ino 0: none loaded) */
+
+static int is_revoked(const char *share) {
+    for (int i = 0; i < nrevoked; i++)
+        if (!strcmp(revoked[i], share)) return 1;
+    return 0;
+}
+
+/* Reloads --revoked-file if it changed (atomically replaced by the agent: a new inode), then ends the
+ * running workers of the shares it lists. */
+static void reload_revoked(void) {
+    if (!revoked_file) return;
+    struct stat st;
+    if (stat(revoked_file, &st)) {
+        if (errno == ENOENT && revoked_stat.st_ino) {   /* gone: nothing revoked any more */
+            memset(&revoked_stat, 0, sizeof revoked_stat);
+            nrevoked = 0;
+        }
+        return;
+    }
+    if (st.st_ino == revoked_stat.st_ino && st.st_dev == revoked_stat.st_dev && st.st_size == revoked_stat.st_size &&
+        st.st_mtim.tv_sec == revoked_stat.st_mtim.tv_sec && st.st_mtim.tv_nsec == revoked_stat.st_mtim.tv_nsec)
+        return;
+    FILE *f = fopen(revoked_file, "r");
+    if (!f) {
+        slog("cannot read the revoked-share file %s: %s; keeping %d revoked share(s)", revoked_file, strerror(errno),
+             nrevoked);
+        return;
+    }
+    int n = 0, bad = 0;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        char *space = strchr(line, ' ');
+        if (space) *space = 0;
+        if (!*line || *line == '#') continue;
+        if (!token_valid_id(line) || n == MAX_REVOKED) {
+            bad++;
+            continue;
+        }
+        memcpy(revoked[n++], line, strlen(line) + 1);   /* token_valid_id: at most 128 bytes */
+    }
+    fclose(f);
+    nrevoked = n;
+    revoked_stat = st;
+    slog("revoked-share file %s: %d share(s)%s", revoked_file, n, bad ? " (lines left out: malformed or too many)" : "");
+    for (int i = 0; i < max_clients; i++)
+        if (running[i].pid && is_revoked(running[i].share)) {
+            slog("share %s revoked: ending its worker %d", running[i].share, (int)running[i].pid);
+            kill(running[i].pid, SIGKILL);   /* reaped as usual: the slot and budget file go with it */
+        }
+}
+
 /* A complete hello: the token decides, then a worker takes the connection. */
 static void finish_hello(struct pending *e) {
     struct wire_req rq;
@@ -422,6 +485,13 @@ static void finish_hello(struct pending *e) {
     if (token_verify(token, secret, secret_len, (int64_t)time(NULL), &t, why, sizeof why)) {
         nlog("%s: refused: %s", e->peer, why);
         refuse(e->fd, CUDA_ERROR_NOT_PERMITTED, "share token refused: %s", why);
+        release(e);
+        return;
+    }
+    reload_revoked();
+    if (is_revoked(t.share)) {
+        slog("%s: refused: share %s was revoked (its reservation ended)", e->peer, t.share);
+        refuse(e->fd, CUDA_ERROR_NOT_PERMITTED, "share token refused: share %s was revoked", t.share);
         release(e);
         return;
     }
@@ -585,6 +655,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--hello-timeout-ms")) hello_timeout_ms = positive(k, v);
         else if (!strcmp(k, "--gpu")) add_gpu(v, "--gpu");
         else if (!strcmp(k, "--gpu-file")) load_gpu_file(v);
+        else if (!strcmp(k, "--revoked-file")) revoked_file = v;
         else usage("unknown option");
         i++;
     }
@@ -595,9 +666,10 @@ int main(int argc, char **argv) {
     load_secret();
     pend = calloc((size_t)max_unauth, sizeof *pend);
     running = calloc((size_t)max_clients, sizeof *running);
+    revoked = revoked_file ? calloc(MAX_REVOKED, sizeof *revoked) : NULL;
     struct pollfd *fds = calloc((size_t)max_unauth + 2, sizeof *fds);
     int *which = calloc((size_t)max_unauth + 2, sizeof *which);
-    if (!pend || !running || !fds || !which || pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK)) {
+    if (!pend || !running || !fds || !which || (revoked_file && !revoked) || pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK)) {
         fprintf(stderr, "tessera-remote-server: out of memory\n");
         exit(2);
     }
@@ -611,9 +683,10 @@ int main(int argc, char **argv) {
     int lfd = open_listener();
     for (;;) {
         reap();
+        reload_revoked();
         int64_t now = now_ms();
         expire(now);
-        int nfds = 2, timeout = -1;
+        int nfds = 2, timeout = revoked_file ? 1000 : -1;   /* a revocation ends running workers within 1 s */
         fds[0] = (struct pollfd){child_pipe[0], POLLIN, 0};
         fds[1] = (struct pollfd){lfd, POLLIN, 0};
         for (int i = 0; i < max_unauth; i++) {

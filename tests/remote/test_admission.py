@@ -193,3 +193,34 @@ def test_all_unauthenticated_connections_together_are_capped_and_the_oldest_go(b
         finally:
             for s in conns:
                 s.close()
+
+
+# ---- revoked shares (the node agent writes --revoked-file when the portal releases a reservation) ----
+
+
+def _write_revoked(path: Path, *shares: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{share} {int(time.time())}\n" for share in shares))
+    tmp.replace(path)  # as the agent writes it: a new file in one step
+
+
+def test_a_revoked_share_is_refused_and_its_running_worker_ended(built, tmp_path) -> None:
+    revoked = tmp_path / "revoked-shares"
+    with _host(tmp_path, "--revoked-file", str(revoked)) as host:
+        kept, ended = _connect(host.port), _connect(host.port)
+        kept.sendall(hello_bytes(host.token(share="res-kept")))
+        ended.sendall(hello_bytes(host.token(share="res-ended")))
+        assert read_reply(kept)[0] == 0 and read_reply(ended)[0] == 0  # both have workers
+        _write_revoked(revoked, "res-ended")
+        assert _closed_by_server(ended)  # its worker is killed, though its token has not expired
+        assert _still_open(kept)
+        with _connect(host.port) as again:
+            again.sendall(hello_bytes(host.token(share="res-ended")))
+            result, message = read_reply(again)
+            assert result != 0 and b"share res-ended was revoked" in message
+        with _connect(host.port) as other:
+            other.sendall(hello_bytes(host.token(share="res-other")))
+            assert read_reply(other)[0] == 0  # other shares are served as before
+        kept.close()
+        ended.close()
+    assert "share res-ended revoked: ending its worker" in host.log
