@@ -9,8 +9,10 @@ from decimal import Decimal
 import pytest
 
 from agents.remote import tokens
+from portal.audit import services as audit
 from portal.fleet.models import Gpu
 from portal.placement import share_tokens
+from portal.tenancy import policy
 from scheduler.backends import GpuShare
 from tests.reservations import placed, submitted
 
@@ -31,17 +33,21 @@ def _token_of(reservation, gpu) -> str:
     return env["TESSERA_REMOTE_TOKEN"]
 
 
-def test_the_token_of_a_reservation_with_an_end_expires_with_it_plus_the_slack(fleet, people, teams, secrets_dir):
+def test_the_token_lives_as_long_as_a_member_may_extend_the_reservation_plus_the_slack(
+        fleet, people, teams, secrets_dir):
+    # a one-minute reservation of a team whose members may extend to at most two hours
+    policy.set_policy(teams["vision"], audit.cli("test"), {"max_duration_s": 7200, "interactive_max_s": 3600})
     gpu = Gpu.objects.filter(node__name="t4-node-1").order_by("index").first()
     r = placed(submitted(people["alice"], teams["vision"], gpu_request=Decimal("0.25"), gpu_memory_mib=1024,
                          max_duration_s=60), gpu)
     assert r.expires_at is not None
     token = _token_of(r, gpu)
     _terms, expires = tokens.verify(SECRET, token)
-    assert expires == pytest.approx(r.expires_at.timestamp() + share_tokens.EXPIRY_SLACK_S, abs=2)
-    # The server's check: refused once the reservation's end and the slack have passed, not a month later.
+    longest = r.placed_at.timestamp() + 7200
+    assert expires == pytest.approx(longest + share_tokens.EXPIRY_SLACK_S, abs=2)
+    # The server's check: refused once the longest extension and the slack have passed, not a month later.
     with pytest.raises(tokens.TokenError, match="expired"):
-        tokens.verify(SECRET, token, now=r.expires_at.timestamp() + share_tokens.EXPIRY_SLACK_S + 1)
+        tokens.verify(SECRET, token, now=longest + share_tokens.EXPIRY_SLACK_S + 1)
 
 
 def test_a_reservation_without_an_end_gets_the_bounded_lifetime(fleet, people, teams, secrets_dir, settings):
