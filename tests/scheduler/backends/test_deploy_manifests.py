@@ -197,6 +197,30 @@ def test_a_device_plugin_cannot_touch_another_nodes_pods_or_their_placement(node
     backend.unbind(PodRef("team-vision", "nb"), grace_s=0, reason="done")
 
 
+@pytest.mark.parametrize("change", [
+    {"spec": {"containers": [{"name": "c", "image": "attacker/miner"}]}},
+    {"spec": {"activeDeadlineSeconds": 1}},
+    {"spec": {"tolerations": [{"operator": "Exists"}]}},
+    {"metadata": {"finalizers": ["example.com/never"]}},
+    {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone",
+                                       "uid": "00000000-0000-0000-0000-000000000000"}]}},
+], ids=["image", "activeDeadlineSeconds", "tolerations", "finalizers", "ownerReferences"])
+def test_a_device_plugin_cannot_change_anything_else_of_a_pod_on_its_own_node(change, nodes, backend, apiserver):
+    from kubernetes.client.exceptions import ApiException
+
+    apiserver.add_policy(find("ValidatingAdmissionPolicy", "tessera-device-plugin-own-node"))
+    apiserver.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nb", "namespace": "team-vision"},
+                          "spec": {"schedulerName": "tessera", "containers": [{"name": "c", "image": "x"}]}})
+    share = GpuShare("GPU-0a1b2c3d-0000-4000-8000-000000000001", 0, 0.5, 0.5, 1024)
+    backend.bind_external(PodRef("team-vision", "nb"), "gpu-node-1", *external_binding("9", "vision", (share,), 10))
+    before = apiserver.pod("team-vision", "nb")
+    plugin = plugin_on(apiserver, "gpu-node-1")
+    with pytest.raises(ApiException) as refused:
+        plugin.core.patch_namespaced_pod("nb", "team-vision", change)
+    assert refused.value.status == 403 and "may not change a pod's spec" in refused.value.body
+    assert apiserver.pod("team-vision", "nb") == before
+
+
 def test_the_ingress_sends_websockets_to_daphne_and_the_rest_to_gunicorn():
     from portal import web_server
 
