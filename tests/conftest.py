@@ -56,6 +56,12 @@ def redis_channel_layer(settings):
         client.flushdb()
 
 
+def pytest_configure(config):
+    # pytest-xdist registers this marker only when it is loaded: `-p no:xdist` (a run against a real
+    # cluster, one test at a time) would stop at collection under --strict-markers.
+    config.addinivalue_line("markers", "xdist_group(name): the lane a test runs in under `--dist loadgroup`")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
     """`make test` runs the suite in two lanes (`-n 2 --dist loadgroup`): the fault-injection suite

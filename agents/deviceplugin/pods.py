@@ -10,21 +10,29 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from scheduler.backends.kubernetes.api import RETRIED_STATUSES, status_message
+from scheduler.backends.kubernetes.refusals import explain
+
 from .placement import PLACEMENT_ANNOTATION
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ALLOCATED_ANNOTATION = "tessera.io/allocated-containers"
 MAX_CLAIM_TRIES = 5
-LIST_ATTEMPTS = 3
+# A failed Allocate fails the pod's admission for good, and the kubelet admits the node's pods one at
+# a time, all waiting behind this one: the API server gets this long to come back (a restart: seconds
+# refused, then about 2 s of 403 until its RBAC cache syncs), then the pod fails with the reason.
+ADMISSION_BUDGET_S = 20.0
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 1.0
 
 
 class NoPodForAllocation(Exception):
@@ -48,10 +56,39 @@ class PodApi(Protocol):
         ...
 
 
+def _passes(exc: Exception) -> bool:
+    """Whether a failure may pass by itself: a server under load, restarting (connection refused), or
+    restarted and still syncing its RBAC cache (403 in RBAC's words)."""
+    if not isinstance(exc, ApiException):
+        return True
+    if exc.status in RETRIED_STATUSES:
+        return True
+    refusal = explain(exc.status, *status_message(exc))
+    return refusal.transient or refusal.confirm_when_ready
+
+
+def _never_applied(exc: Exception) -> bool:
+    """A failure of a write that certainly did not happen, so that sending it again counts nothing
+    twice: no connection, or refused before admission (429, RBAC). A 5xx or a timeout may come
+    after the write (then the next list shows it)."""
+    if isinstance(exc, ApiException):
+        return exc.status in (403, 429) and _passes(exc)
+    return isinstance(exc, urllib3.exceptions.NewConnectionError | ConnectionRefusedError)
+
+
+def _reason(exc: Exception) -> str:
+    """The failure in words, without the HTTP headers an ApiException's text carries."""
+    if isinstance(exc, ApiException):
+        reason, message = status_message(exc)
+        return f"HTTP {exc.status} {reason}: {message}"
+    return str(exc).rsplit(">: ", 1)[-1]  # urllib3 prefixes the connection object's repr
+
+
 class KubernetesPods:
     """`PodApi` on the API server, with the node's service account (or an explicit host for tests)."""
 
-    def __init__(self, *, host: str | None = None, token: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(self, *, host: str | None = None, token: str | None = None, timeout_s: float = 5.0,
+                 budget_s: float = ADMISSION_BUDGET_S) -> None:
         configuration = client.Configuration()
         if host:
             configuration.host = host
@@ -62,34 +99,47 @@ class KubernetesPods:
         configuration.retries = False  # retried here, where we know what is worth it
         self.core = client.CoreV1Api(client.ApiClient(configuration))
         self.timeout_s = timeout_s
+        self.budget_s = budget_s
+
+    def _retrying(self, what: str, fn: Callable[[], T], retried: Callable[[Exception], bool]) -> T:
+        """`fn()`, asked again while the failure may pass and the admission budget lasts."""
+        deadline = time.monotonic() + self.budget_s
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                return fn()
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                if not retried(exc):
+                    raise NoPodForAllocation(f"{what}: {_reason(exc)}") from exc
+                if time.monotonic() + delay > deadline:
+                    raise NoPodForAllocation(f"{what}: {_reason(exc)} (for {self.budget_s:g} s)") from exc
+                log.info("%s: %s; asking again in %.1f s", what, _reason(exc), delay)
+            time.sleep(delay)
+            delay = min(RETRY_MAX_S, delay * 2)
 
     def pods_on_node(self, node: str) -> list[dict]:
-        # A failed Allocate fails the pod's admission for good: ride out a short API server hiccup.
-        for attempt in range(LIST_ATTEMPTS):
-            try:
-                resp = self.core.list_pod_for_all_namespaces(
-                    field_selector=f"spec.nodeName={node},status.phase=Pending", _preload_content=False,
-                    _request_timeout=self.timeout_s)
-                return list(_body(resp).get("items") or ())
-            except ApiException as exc:
-                if exc.status not in (429, 500, 502, 503, 504) or attempt + 1 == LIST_ATTEMPTS:
-                    raise
-            except urllib3.exceptions.HTTPError:
-                if attempt + 1 == LIST_ATTEMPTS:
-                    raise
-            time.sleep(0.2 * 2 ** attempt)
-        raise AssertionError("unreachable")
+        def list_pods() -> list[dict]:
+            resp = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node},status.phase=Pending", _preload_content=False,
+                _request_timeout=self.timeout_s)
+            return list(_body(resp).get("items") or ())
+
+        return self._retrying(f"cannot list the pods of node {node}", list_pods, _passes)
 
     def annotate(self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]) -> bool:
         body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
-        try:
-            _body(self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False,
-                                                 _request_timeout=self.timeout_s))
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return False
-            raise
-        return True
+
+        def patch() -> bool:
+            try:
+                _body(self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False,
+                                                     _request_timeout=self.timeout_s))
+            except ApiException as exc:
+                if exc.status in (404, 409):
+                    return False
+                raise
+            return True
+
+        return self._retrying(f"cannot count a container of pod {namespace}/{name}", patch, _never_applied)
 
 
 def _body(resp: Any) -> dict:
@@ -134,6 +184,8 @@ class PodFinder:
         for _ in range(MAX_CLAIM_TRIES):
             try:
                 pods = self.api.pods_on_node(self.node)
+            except NoPodForAllocation:
+                raise
             except Exception as exc:  # the API server's errors come in many types; all mean "cannot tell"
                 raise NoPodForAllocation(f"cannot list the pods of node {self.node}: {exc}") from exc
             candidates = []

@@ -8,6 +8,12 @@ on create means "adopt", on a binding "already bound", on a patch with a resourc
 A 403 is not always final: admission refuses a pod while the namespace's `default` ServiceAccount is
 not created yet, or while a ResourceQuota is used up, and both pass by themselves. `refusals.explain`
 sorts them out and says, for the final ones, what the operator must fix.
+
+A restart is not a failure of the request: while the server does not answer, a call probes its
+`/readyz` and goes on as soon as it answers (within `RetryPolicy.outage_s`), instead of sleeping a
+backoff sized for a server under load; and an RBAC refusal, which a freshly restarted server answers
+until its authorizer's cache has synced, is final only if it is still there once the server is ready
+and a moment (`recheck_s`) has passed.
 """
 
 from __future__ import annotations
@@ -56,6 +62,13 @@ class RetryPolicy:
     max_s: float = 5.0
     connect_timeout_s: float = 3.0
     read_timeout_s: float = 10.0
+    # A server that stops answering (restart, upgrade) is probed this often, this long, per call:
+    # within the placement task's time limit (TESSERA_CLUSTER_TASK_LIMIT_S, 60 s).
+    probe_s: float = 0.25
+    outage_s: float = 20.0
+    # A restarted kube-apiserver refuses everyone for about 2 s after it is ready, until its RBAC
+    # cache has synced: an RBAC refusal is asked again this long after readiness before it is final.
+    recheck_s: float = 3.0
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         # Full jitter: many workers retrying at once do not stampede the API server together.
@@ -119,7 +132,11 @@ class KubeApi:
         """`fn(*args, **kwargs)` with the policy's timeout; retried while the failure is transient."""
         kwargs.setdefault("_request_timeout", self.policy.timeout)
         last = ""
-        for attempt in range(self.policy.attempts):
+        attempt = 0
+        confirming = False  # an RBAC refusal is being asked again once the server is ready
+        outage_ends: float | None = None  # when a server that stopped answering is given up on
+        while True:
+            unreachable = False
             try:
                 return fn(*args, **kwargs)
             except ApiException as exc:
@@ -131,18 +148,62 @@ class KubeApi:
                 if exc.status not in RETRIED_STATUSES:
                     refusal = explain(exc.status, reason, message)
                     if not refusal.transient:
-                        raise PermanentBackendError(f"{what}: {refusal.text}") from exc
+                        if confirming or not refusal.confirm_when_ready:
+                            raise PermanentBackendError(f"{what}: {refusal.text}") from exc
+                        confirming = True
+                        log.info("%s refused (%s); asking again once the API server is ready", what, refusal.text)
+                        self.await_ready(time.monotonic() + self.policy.outage_s)
+                        self._sleep(self.policy.recheck_s)
+                        continue
                     last = refusal.text
                 else:
                     last = f"HTTP {exc.status} {reason}: {message}"
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 # Timeouts, refused or reset connections, truncated answers.
                 last = f"{type(exc).__name__}: {exc}"
-            if attempt + 1 < self.policy.attempts:
-                delay = self.policy.delay(attempt, self._rng)
-                log.info("%s failed (%s); retry %d in %.2f s", what, last, attempt + 1, delay)
-                self._sleep(delay)
-        raise TransientBackendError(f"{what}: {last} (after {self.policy.attempts} attempts)")
+                unreachable = True
+            attempt += 1
+            if attempt >= self.policy.attempts:
+                raise TransientBackendError(f"{what}: {last} (after {self.policy.attempts} attempts)")
+            if unreachable:
+                if outage_ends is None:
+                    outage_ends = time.monotonic() + self.policy.outage_s
+                if self.ready():
+                    self._backoff(what, attempt, last)  # up all along: a timeout or a reset, not a restart
+                elif not self.await_ready(outage_ends):
+                    raise TransientBackendError(
+                        f"{what}: the API server did not answer for {self.policy.outage_s:g} s ({last})")
+                else:
+                    log.info("%s failed (%s); the API server answers again, retry %d", what, last, attempt)
+            else:
+                self._backoff(what, attempt, last)
+
+    def _backoff(self, what: str, attempt: int, last: str) -> None:
+        delay = self.policy.delay(attempt - 1, self._rng)
+        log.info("%s failed (%s); retry %d in %.2f s", what, last, attempt, delay)
+        self._sleep(delay)
+
+    def ready(self) -> bool:
+        """Whether the API server says it is ready (`/readyz`, which every caller may read)."""
+        try:
+            resp = self.api_client.call_api("/readyz", "GET", auth_settings=["BearerToken"],
+                                            _return_http_data_only=True, _preload_content=False,
+                                            _request_timeout=self.policy.timeout)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError):
+            return False
+        try:
+            resp.read()  # to its end, so that the connection can be reused
+            return resp.status == 200
+        finally:
+            resp.release_conn()
+
+    def await_ready(self, until: float) -> bool:
+        """Probe `/readyz` every `probe_s` until it answers or `until` (monotonic) passes."""
+        while not self.ready():
+            if time.monotonic() >= until:
+                return False
+            self._sleep(self.policy.probe_s)
+        return True
 
     def close(self) -> None:
         self.api_client.close()

@@ -6,6 +6,10 @@ not ready yet (its `default` ServiceAccount is created by a controller a moment 
 namespace). Some pass by themselves and are worth retrying; the others need an operator, and the
 text says what to fix, since it ends up as the reservation's reason.
 
+An RBAC refusal is final only once the server is ready: a kube-apiserver that has just restarted
+answers 403 to everyone for a couple of seconds, until its authorizer's cache of Roles has synced
+(`confirm_when_ready`; `api.KubeApi` asks again after the server says it is ready).
+
 The messages matched here are the ones kube-apiserver 1.2x-1.3x writes (plugin/pkg/admission/*,
 staging/src/k8s.io/pod-security-admission, the RBAC authorizer).
 """
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 class Refusal:
     transient: bool
     text: str
+    confirm_when_ready: bool = False  # final only if it is still refused once the server is ready
 
 
 _SERVICE_ACCOUNT = re.compile(r'error looking up service account ([^/\s]+)/([^:\s]+): serviceaccount "[^"]*" not found')
@@ -55,7 +60,8 @@ def explain(status: int, reason: str, message: str) -> Refusal:
         if m := _RBAC.search(message):
             where = f" in namespace {m[4]}" if m[4] else " cluster-wide"
             return Refusal(False, f"{m[1]} may not {m[2]} {m[3]}{where}: apply deploy/portal/rbac.yaml "
-                                  "(and a Role for each namespace Tessera creates pods in)")
+                                  "(and a Role for each namespace Tessera creates pods in)",
+                           confirm_when_ready=True)
         return Refusal(False, f"forbidden: {message or reason}")
     if status == 401:
         return Refusal(False, f"the API server does not accept Tessera's credentials ({message or reason})")

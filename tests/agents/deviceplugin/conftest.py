@@ -112,7 +112,9 @@ def apiserver():
 @pytest.fixture
 def plugin(plugin_dir, kubelet, apiserver):
     cfg = PluginConfig(node=NODE, gpus=GPUS, plugin_dir=str(plugin_dir), slots_per_gpu=4)
-    service = DevicePluginService(cfg, PodFinder(KubernetesPods(host=apiserver.url), NODE, cfg.resource_name))
+    # The admission budget (20 s) shortened: a test of an API server that stays away waits it out.
+    pods = KubernetesPods(host=apiserver.url, budget_s=3.0)
+    service = DevicePluginService(cfg, PodFinder(pods, NODE, cfg.resource_name))
     runner = PluginRunner(service, check_every_s=0.1)
     runner.start()
     thread = threading.Thread(target=runner.run, daemon=True)

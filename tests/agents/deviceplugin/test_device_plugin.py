@@ -12,7 +12,7 @@ import pytest
 
 from agents.deviceplugin import api_pb2
 from agents.deviceplugin.devices import gpu_of
-from agents.deviceplugin.pods import ALLOCATED_ANNOTATION
+from agents.deviceplugin.pods import ALLOCATED_ANNOTATION, KubernetesPods
 from scheduler.backends import GpuShare, PodRef, make_pod_spec
 from scheduler.backends.base import PLACEMENT_ANNOTATION, external_binding, share_env
 from scheduler.backends.kubernetes import KubernetesBackend
@@ -189,10 +189,44 @@ def test_a_broken_placement_annotation_is_refused_naming_the_field(plugin, kubel
 
 
 def test_the_api_server_being_away_fails_the_allocation_with_the_reason(plugin, kubelet, apiserver):
-    apiserver.inject("GET", r"^/api/v1/pods$", status=500, times=20)
+    apiserver.inject("GET", r"^/api/v1/pods$", status=500, times=1000)
     with pytest.raises(grpc.RpcError) as refused:
         allocate(kubelet, plugin, "x")
-    assert "cannot list the pods of node gpu-node-1" in refused.value.details()
+    assert refused.value.details() == ("cannot list the pods of node gpu-node-1: "
+                                       "HTTP 500 InternalError: injected fault (for 3 s)")
+
+
+def test_a_final_refusal_fails_the_allocation_at_once_in_the_servers_words(plugin, kubelet, apiserver):
+    apiserver.inject("GET", r"^/api/v1/pods$", status=401, times=1)
+    with pytest.raises(grpc.RpcError) as refused:
+        allocate(kubelet, plugin, "x")
+    assert refused.value.details() == "cannot list the pods of node gpu-node-1: HTTP 401 Conflict: injected fault"
+
+
+def test_an_api_server_restart_during_allocate_does_not_fail_the_pod(plugin, kubelet, apiserver):
+    """Refused connections while it is down, then RBAC's 403 until its cache syncs: the allocation
+    waits for it (within the admission budget)."""
+    kubectl_pod(apiserver, "notebook")
+    place(apiserver, "notebook", "77")
+    restart = apiserver.restart(down_s=0.3, authorizing_s=0.6)
+    try:
+        assert allocate(kubelet, plugin, "x").envs["TESSERA_SHARE_ID"] == "77"
+    finally:
+        restart.join()
+    assert apiserver.pod("team-vision", "notebook")["metadata"]["annotations"][ALLOCATED_ANNOTATION] == "1"
+
+
+def test_the_allocation_counter_is_written_through_a_restart(apiserver):
+    kubectl_pod(apiserver, "notebook")
+    place(apiserver, "notebook", "77")
+    rv = apiserver.pod("team-vision", "notebook")["metadata"]["resourceVersion"]
+    restart = apiserver.restart(down_s=0.3, authorizing_s=0.6)
+    try:
+        assert KubernetesPods(host=apiserver.url, budget_s=3.0).annotate(
+            "team-vision", "notebook", rv, {ALLOCATED_ANNOTATION: "1"})
+    finally:
+        restart.join()
+    assert apiserver.pod("team-vision", "notebook")["metadata"]["annotations"][ALLOCATED_ANNOTATION] == "1"
 
 
 def test_after_a_kubelet_restart_the_plugin_serves_and_registers_again(plugin, kubelet):

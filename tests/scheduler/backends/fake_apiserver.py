@@ -26,6 +26,13 @@ Admission, as the real API server refuses pods (all 403 Forbidden, with its mess
   evaluated with cel-python on pod updates; the requester is who `tokens` maps the request's bearer
   token to (username and extra, e.g. the node-name claim of a bound ServiceAccount token).
 
+Restarts, as a real kube-apiserver goes through them: `go_down()` closes the port (connections are
+refused, watches end), `come_back(authorizing_s)` listens again on the same port, and for
+`authorizing_s` every request but the health probes (/readyz, /livez, /healthz, which every caller
+may read) is refused with RBAC's 403, as a restarted server does until its authorizer's cache of
+Roles has synced (about 2 s on a real one). `restart(down_s, authorizing_s)` does both, the second
+after `down_s` on a timer.
+
 Answers go out in one write (headers and body together), as the real server's do: a client that
 gives a connection back without reading the body then reuses it and fails its next request
 (`ResponseNotReady`), so a missing read shows here as it does against a real cluster.
@@ -201,6 +208,7 @@ class FakeApiServer:
         self.in_flight = self.max_in_flight = 0  # plain requests being answered at once, and the most seen
         # Mutating admission: each is called with a pod being created and answers JSON Patch operations.
         self.pod_mutators: list[Any] = []
+        self.authorizer_syncs_at = 0.0  # monotonic time until which RBAC refuses everyone (a restart)
         self._server = _Server(("127.0.0.1", 0), self._handler_class())
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
@@ -221,6 +229,27 @@ class FakeApiServer:
             self.lock.notify_all()
         self._server.shutdown()
         self._server.server_close()
+
+    def go_down(self) -> None:
+        """Stop listening: connections are refused, open watches end (the first half of a restart)."""
+        self.end_watches()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def come_back(self, authorizing_s: float = 0.5) -> None:
+        """Listen again on the same port; RBAC refuses everyone for `authorizing_s` (its cache syncs)."""
+        with self.lock:
+            self.authorizer_syncs_at = time.monotonic() + authorizing_s
+        self._server = _Server(self._server.server_address[:2], self._handler_class())
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+
+    def restart(self, down_s: float = 0.5, authorizing_s: float = 0.5) -> threading.Timer:
+        """Go down now and come back after `down_s`, in the background (join the timer to wait)."""
+        self.go_down()
+        timer = threading.Timer(down_s, self.come_back, args=(authorizing_s,))
+        timer.start()
+        return timer
 
     # -- what tests do from "outside" (kubelet, users, controllers) ---------------------------------
 
@@ -473,6 +502,9 @@ class FakeApiServer:
                 if fault and not fault.after:
                     self._fault(fault)
                     return
+                if parts.path not in _HEALTH_PATHS and time.monotonic() < server.authorizer_syncs_at:
+                    self._send(403, _rbac_refusal(method, parts.path, query, user[0]))
+                    return
                 if method == "GET" and _is_watch(query):
                     self._watch(parts.path, query)
                     return
@@ -608,6 +640,8 @@ class FakeApiServer:
 
     def _route(self, req: Request) -> tuple[int, dict | str]:
         path, m = req.path, None
+        if path in _HEALTH_PATHS and req.method == "GET":
+            return 200, "ok"
         if path == "/api/v1/nodes" and req.method == "GET":
             return 200, self._list("Node", "", req.query)
         if (m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path)) and req.method == "GET":
@@ -741,6 +775,25 @@ class FakeApiServer:
             body = copy.deepcopy(body)
             body["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
             return self._put("Event", ns, name, body, "ADDED")
+
+
+_HEALTH_PATHS = frozenset({"/readyz", "/livez", "/healthz"})
+
+
+def _rbac_refusal(method: str, path: str, query: dict[str, str], username: str) -> dict:
+    """RBAC's 403 for a request, in the RBAC authorizer's words."""
+    parts = path.strip("/").split("/")[2:]  # past api/v1
+    namespace = ""
+    if len(parts) >= 2 and parts[0] == "namespaces":
+        namespace, parts = parts[1], parts[2:]
+    resource = "/".join(parts[:1] + parts[2:3]) or "namespaces"
+    name = parts[1] if len(parts) > 1 else ""
+    verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(method) or (
+        "get" if name else "watch" if _is_watch(query) else "list")
+    where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    subject = f'{resource} "{name}"' if name else resource
+    return _status(403, "Forbidden", f'{subject} is forbidden: User "{username}" cannot {verb} resource '
+                                     f'"{resource}" in API group "" {where}')
 
 
 def policy_denial(policy: dict, operation: str, resource: str, obj: dict, old: dict | None,
