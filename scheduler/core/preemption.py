@@ -5,6 +5,8 @@ only when it is opportunistic (priority 0): a team's priorities order its own wo
 claim over another team's guaranteed shares (see may_evict). Candidates are ranked by number of
 victims, then by the highest victim priority (lowest first), then by node order; each candidate is
 checked by actually releasing its victims and running the filters again, and put back if it fails.
+Within a slot, victims that rank equal (and are of equal size) go in the order they were first
+placed (`Holding.order`), which a rolled-back candidate does not change.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def _slot_victims(req: Request, shares: list[Holding], free: int, mem: int, need
     chosen = clash
     if free >= need and mem >= req.gpu_memory_mib:
         return chosen
-    rest.sort(key=lambda p: (*rank(p), -p.milli))
+    rest.sort(key=lambda p: (*rank(p), -p.milli, p.order))  # equal victims: the first placed first
     for p in rest:
         chosen.append(p)
         free, mem = free + p.milli, mem + p.gpu_memory_mib
@@ -151,11 +153,10 @@ def find_preemption(
         top = max(rank_of(state.placed[i]) for i in ids)
         options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids, doomed))
     for _, node, slots, ids, doomed in sorted(options):
+        if doomed:  # on a node whose CPU or memory no eviction frees: it would fail the filters
+            continue
         released = [state.release(i) for i in ids]
-        # An option on a node whose CPU or memory no eviction frees fails the filters: not checked.
-        # It is still released and put back, which leaves its victims last in placement order (ties
-        # between equal victims go by that order later).
-        if not doomed and fits_on(state, req, node, slots):
+        if fits_on(state, req, node, slots):
             return Choice(node, tuple(sorted(slots)), 0.0), ids, released
         for rec in released:
             state.restore(rec)

@@ -48,7 +48,9 @@ class GpuLabels:
 
 @dataclass(frozen=True)
 class Holding:
-    """What a share took, so that it can be given back (rollback, preemption)."""
+    """What a share took, so that it can be given back (rollback, preemption), and `order`, when it
+    was first placed in this state (a count): ties between equal victims go to the lower. A
+    rolled-back preemption restores the same Holding, so a rollback never changes that order."""
 
     share: Share
     node: int
@@ -57,6 +59,7 @@ class Holding:
     gpu_memory_mib: int
     cpu_milli: int
     node_memory_mib: int
+    order: int = 0
 
 
 class ClusterState:
@@ -119,9 +122,8 @@ class ClusterState:
         self.labelled_shares = 0
         self._index_labels()
         self.placed: dict[str, Holding] = {}
-        # Per node, its entries of `placed` in the same order (the preemption search reads a
-        # node's shares, and breaks ties between equal victims by that order).
-        self.on_node: dict[int, dict[str, Holding]] = {}
+        self.placements = 0  # shares placed so far: the next one's Holding.order
+        self.on_node: dict[int, dict[str, Holding]] = {}  # per node, its entries of `placed`
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
         self._index_fresh()
         self.group_nodes: dict[str, Counter[int]] = {}
@@ -172,8 +174,8 @@ class ClusterState:
         self.mem_free[i, j] -= share.gpu_memory_mib
         self._relabel(i, j, share, +1)
         rec = self.placed.get(share.reservation_id)
-        gpus_of = (*rec.gpus, j) if rec else (j,)
-        self._hold(Holding(share, i, gpus_of, to_milli(share.gpu_request), share.gpu_memory_mib, 0, 0))
+        gpus_of, order = ((*rec.gpus, j), rec.order) if rec else ((j,), self._next_order())
+        self._hold(Holding(share, i, gpus_of, to_milli(share.gpu_request), share.gpu_memory_mib, 0, 0, order))
         if share.group:
             self.group_nodes.setdefault(share.group, Counter())[i] += 1
 
@@ -186,6 +188,7 @@ class ClusterState:
         state.mem_free = self.mem_free.copy()
         state.version = self.version.copy()
         state.labels, state.labelled_shares, state.placed, state.on_node = {}, 0, {}, {}
+        state.placements = 0
         state._index_labels()
         state.reserved_now, state.group_nodes, state.group_held = set(), {}, Counter()
         state._index_fresh()
@@ -253,7 +256,8 @@ class ClusterState:
         """Take a request's share on `gpus` of `node`. The caller has checked that it fits."""
         share = share_of(request, admission)
         milli = request.milli if request.gpu_count > 0 else 0
-        rec = Holding(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
+        rec = Holding(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib,
+                      self._next_order())
         self._apply(rec, -1)
         self._hold(rec)
         self.reserved_now.add(request.id)
@@ -271,8 +275,12 @@ class ClusterState:
         self._apply(rec, +1)
         return rec
 
+    def _next_order(self) -> int:
+        self.placements += 1
+        return self.placements
+
     def restore(self, rec: Holding) -> None:
-        """Put back a share released earlier (a rolled-back preemption)."""
+        """Put back a share released earlier (a rolled-back preemption), with its first `order`."""
         self._apply(rec, -1)
         self._hold(rec)
 
