@@ -12,7 +12,7 @@ that hold it. A filter is then a few array operations, not a walk over every GPU
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -124,6 +124,7 @@ class ClusterState:
         self.placed: dict[str, Holding] = {}
         self.placements = 0  # shares placed so far: the next one's Holding.order
         self.on_node: dict[int, dict[str, Holding]] = {}  # per node, its entries of `placed`
+        self._index_holders()
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
         self._index_fresh()
         self.group_nodes: dict[str, Counter[int]] = {}
@@ -163,6 +164,13 @@ class ClusterState:
         self.affinity_at: dict[str, set[tuple[int, int]]] = {}
         self.anti_affinity_at: dict[str, set[tuple[int, int]]] = {}
 
+    def _index_holders(self) -> None:
+        """Entries of `placed` by team, admission and priority: the shares a preemption rule can
+        take are a few of these (`holdings_of`), so a search need not ask it about every share."""
+        self.by_team: dict[str, dict[str, Holding]] = {}
+        self.by_admission: dict[str, dict[str, Holding]] = {}
+        self.by_priority: dict[int, dict[str, Holding]] = {}
+
     def _index_fresh(self) -> None:
         """Per GPU, the compute and memory that this cycle's reservations (`reserved_now`) hold."""
         self.fresh_milli = np.zeros(self.free.shape, dtype=np.int64)
@@ -189,6 +197,7 @@ class ClusterState:
         state.version = self.version.copy()
         state.labels, state.labelled_shares, state.placed, state.on_node = {}, 0, {}, {}
         state.placements = 0
+        state._index_holders()
         state._index_labels()
         state.reserved_now, state.group_nodes, state.group_held = set(), {}, Counter()
         state._index_fresh()
@@ -242,6 +251,16 @@ class ClusterState:
         if labels.shares <= 0:
             del self.labels[key]
 
+    def holdings_of(self, teams: Iterable[str] = (), admissions: Iterable[str] = (),
+                    priorities: Iterable[int] = ()) -> dict[str, Holding]:
+        """The holdings of a share of one of `teams`, or admitted as one of `admissions`, or of one
+        of `priorities`, by reservation id."""
+        out: dict[str, Holding] = {}
+        for index, keys in ((self.by_team, teams), (self.by_admission, admissions), (self.by_priority, priorities)):
+            for key in keys:
+                out.update(index.get(key, ()))
+        return out
+
     def model_mask(self, models: frozenset[str]) -> np.ndarray:
         """GPU slots of one of `models` (cached: models never change)."""
         mask = self._model_masks.get(models)
@@ -267,6 +286,9 @@ class ClusterState:
     def release(self, reservation_id: str) -> Holding:
         rec = self.placed.pop(reservation_id)
         del self.on_node[rec.node][reservation_id]
+        s = rec.share
+        for index, key in ((self.by_team, s.team), (self.by_admission, s.admission), (self.by_priority, s.priority)):
+            del index[key][reservation_id]
         if rec.share.group:
             self.group_held[rec.share.group] -= 1
         if reservation_id in self.reserved_now:
@@ -295,6 +317,9 @@ class ClusterState:
             self.group_held[rec.share.group] += 1
         self.placed[rid] = rec
         self.on_node.setdefault(rec.node, {})[rid] = rec
+        s = rec.share
+        for index, key in ((self.by_team, s.team), (self.by_admission, s.admission), (self.by_priority, s.priority)):
+            index.setdefault(key, {})[rid] = rec
 
     def _apply(self, rec: Holding, sign: int) -> None:
         i = rec.node
