@@ -11,7 +11,7 @@ placed (`Holding.order`), which a rolled-back candidate does not change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ def _by_priority(p: Holding) -> tuple:
     return (p.share.priority,)
 
 
-def _slot_victims(req: Request, shares: list[Holding], free: int, mem: int, need: int,
+def _slot_victims(req: Request, shares: Sequence[Holding], free: int, mem: int, need: int,
                   evictable: Container[str], rank: Rank) -> list[Holding] | None:
     """Victims among `shares` (those on one slot, with `free` compute and `mem` GPU memory left;
     `evictable`: the ids of those that may go), first by `rank` (lowest priority first by default),
@@ -82,6 +82,8 @@ def _slot_victims(req: Request, shares: list[Holding], free: int, mem: int, need
 def _short_without(req: Request, cpu_free: int, mem_free: int, victims: Iterable[Holding]) -> bool:
     """Whether the node filters refuse `req` on a node with `cpu_free` and `mem_free` even once
     `victims` are gone."""
+    if cpu_free >= req.cpu_milli and mem_free >= req.memory_mib:
+        return False
     victims = list(victims)
     return ((req.cpu_milli > 0 and cpu_free + sum(h.cpu_milli for h in victims) < req.cpu_milli)
             or (req.memory_mib > 0 and mem_free + sum(h.node_memory_mib for h in victims) < req.memory_mib))
@@ -152,8 +154,13 @@ def find_preemption(
         return key
 
     cpu_free, mem_free = state.cpu_free.tolist(), state.node_mem_free.tolist()
+    # The searched nodes' rows, read from the arrays at once.
+    searched = list(evictable)
+    rows = zip(searched, usable[searched].tolist(), state.free[searched].tolist(), state.mem_free[searched].tolist(),
+               strict=True)
     options: list[tuple[tuple[int, tuple, int], int, tuple[int, ...], tuple[str, ...]]] = []
-    for node, victims_here in evictable.items():
+    for node, usable_at, free, mem in rows:
+        victims_here = evictable[node]
         if _short_without(req, cpu_free[node], mem_free[node], victims_here.values()):
             continue  # no eviction here frees the CPU or memory it needs
         by_slot: dict[int, list[Holding]] = {}
@@ -161,17 +168,21 @@ def find_preemption(
             if rid not in exclude:
                 for j in h.gpus:
                     by_slot.setdefault(j, []).append(h)
-        free, mem = state.free[node].tolist(), state.mem_free[node].tolist()
         per_slot = []
-        for slot in np.flatnonzero(usable[node]).tolist():
-            victims = _slot_victims(req, by_slot.get(slot, []), free[slot], mem[slot], need, victims_here, rank_of)
+        for slot, use in enumerate(usable_at):
+            if not use:
+                continue
+            victims = _slot_victims(req, by_slot.get(slot, ()), free[slot], mem[slot], need, victims_here, rank_of)
             if victims is not None:
-                top = max((rank_of(p) for p in victims), default=())
+                top = max([rank_of(p) for p in victims]) if victims else ()
                 per_slot.append((len(victims), top, slot, victims))
         if len(per_slot) < req.gpu_count:
             continue
-        per_slot.sort(key=lambda x: x[:3])
-        picked = per_slot[: req.gpu_count]
+        if req.gpu_count == 1:
+            picked = [min(per_slot, key=lambda x: x[:3])]
+        else:
+            per_slot.sort(key=lambda x: x[:3])
+            picked = per_slot[: req.gpu_count]
         gone = {p.share.reservation_id: p for *_, vs in picked for p in vs}
         if not gone:
             continue  # fits without eviction: the filters refused it for another reason
