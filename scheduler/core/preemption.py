@@ -128,6 +128,15 @@ def find_preemption(
         # This cycle's reservations stay: a GPU can give at most what the others on it hold.
         usable &= (MILLI - state.fresh_milli >= need) & (state.mem_total - state.fresh_mem >= req.gpu_memory_mib)
     wanted = usable.sum(axis=1) >= req.gpu_count
+    if req.cpu_milli > 0 or req.memory_mib > 0:
+        # Not where the node filters refuse it even with every share that may go gone.
+        cpu, mem = state.held_cpu, state.held_node_mem
+        if exclude is state.reserved_now:
+            cpu, mem = cpu - state.fresh_cpu, mem - state.fresh_node_mem
+        if req.cpu_milli > 0:
+            wanted &= state.cpu_free + cpu >= req.cpu_milli
+        if req.memory_mib > 0:
+            wanted &= state.node_mem_free + mem >= req.memory_mib
     if nodes is not None:
         chosen = np.zeros(len(wanted), dtype=bool)
         chosen[list(nodes)] = True

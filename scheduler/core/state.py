@@ -172,9 +172,14 @@ class ClusterState:
         self.by_priority: dict[int, dict[str, Holding]] = {}
 
     def _index_fresh(self) -> None:
-        """Per GPU, the compute and memory that this cycle's reservations (`reserved_now`) hold."""
+        """Per GPU, the compute and memory that this cycle's reservations (`reserved_now`) hold; per
+        node, the CPU and memory that all holdings (`held_*`) and this cycle's (`fresh_*`) hold (a
+        snapshot's shares hold none: the node's free CPU and memory come reported)."""
         self.fresh_milli = np.zeros(self.free.shape, dtype=np.int64)
         self.fresh_mem = np.zeros(self.free.shape, dtype=np.int64)
+        n = len(self.free)
+        self.held_cpu, self.held_node_mem = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self.fresh_cpu, self.fresh_node_mem = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
 
     def _hold_existing(self, i: int, j: int, share: Share) -> None:
         # Existing shares were admitted elsewhere; record them even if they over-commit.
@@ -310,6 +315,8 @@ class ClusterState:
         for j in rec.gpus:
             self.fresh_milli[rec.node, j] += sign * rec.milli
             self.fresh_mem[rec.node, j] += sign * rec.gpu_memory_mib
+        self.fresh_cpu[rec.node] += sign * rec.cpu_milli
+        self.fresh_node_mem[rec.node] += sign * rec.node_memory_mib
 
     def _hold(self, rec: Holding) -> None:
         rid = rec.share.reservation_id
@@ -331,6 +338,8 @@ class ClusterState:
             self.cpu_free[i] += sign * rec.cpu_milli
         if self.node_mem_free[i] != UNTRACKED:
             self.node_mem_free[i] += sign * rec.node_memory_mib
+        self.held_cpu[i] -= sign * rec.cpu_milli
+        self.held_node_mem[i] -= sign * rec.node_memory_mib
         if rec.share.group:
             nodes = self.group_nodes.setdefault(rec.share.group, Counter())
             nodes[i] -= sign
