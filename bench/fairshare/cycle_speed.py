@@ -21,6 +21,11 @@ Method (one run, both engines on the same input):
   (what `decide` yields: a placement tuple, a preemption, a reclaim or a refusal) per second of the
   whole cycle, latency per decision (time between consecutive decisions; the first one counts
   from the call and includes building the state and the ledger) p50/p99/max, the whole cycle.
+- `--engines fair,flat,fair@aa9af83`: `name@commit` runs scheduler/core as it was at that commit
+  (from git) on the same input, as a baseline measured in the same run under the same load; its
+  decisions are compared with today's engine's (the table says how many differ).
+- The machine is shared: decisions per CPU-second (the cycle's thread time) are reported beside
+  decisions per wall second, and the load average at the start and at the end.
 - `--profile`: one more fair run under cProfile, the top functions by own and cumulative time.
 
     .venv/bin/python bench/fairshare/cycle_speed.py      (not under nice: it measures latency)
@@ -40,6 +45,7 @@ import pstats
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -57,14 +63,11 @@ from scheduler.core import (  # noqa: E402
     Limits,
     Node,
     PodGroup,
-    Preemption,
     QuotaTree,
-    Reclaim,
     Request,
     Share,
     Snapshot,
     Unit,
-    Unschedulable,
     decide,
 )
 from scheduler.core.engine import choose, make_scorer  # noqa: E402
@@ -256,20 +259,33 @@ def queue(n: int, teams: list[str], demand: np.ndarray, pods: list[TracePod], se
     return out
 
 
+# ---- engines -----------------------------------------------------------------------------------
+class _TempDirs:
+    """What tests' `_engine_at` asks of pytest's tmp_path_factory."""
+
+    def mktemp(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-"))
+
+
+def engine_of(name: str):
+    """`decide` of an engine name: `fair` or `flat` (today's), or `fair@commit` (scheduler/core at
+    that commit, from git: a baseline measured in the same run)."""
+    if "@" not in name:
+        return decide
+    from tests.scheduler.test_fairshare_properties import _engine_at
+    return _engine_at(name.split("@", 1)[1], _TempDirs()).decide
+
+
 # ---- timing ------------------------------------------------------------------------------------
+# Decisions by class name: a baseline engine's classes are its own.
+KINDS = {"Preemption": "preemption", "Reclaim": "reclaim", "Unschedulable": "waits"}
+
+
 def kind(d) -> str:
-    if isinstance(d, tuple):
-        return "placed"
-    if isinstance(d, Preemption):
-        return "preemption"
-    if isinstance(d, Reclaim):
-        return "reclaim"
-    if isinstance(d, Unschedulable):
-        return "waits"
-    raise TypeError(d)
+    return "placed" if isinstance(d, tuple) else KINDS[type(d).__name__]
 
 
-def run_cycle(snapshot: Snapshot, pending: list[Request], limit_s: float) -> tuple[dict, list]:
+def run_cycle(snapshot: Snapshot, pending: list[Request], limit_s: float, decide=decide) -> tuple[dict, list]:
     """One cycle over the whole queue; stopped after `limit_s` (then `partial`)."""
     gaps: list[float] = []
     decisions: list = []
@@ -291,7 +307,7 @@ def run_cycle(snapshot: Snapshot, pending: list[Request], limit_s: float) -> tup
     g = np.array(gaps)
     kinds = Counter(kind(d) for d in decisions)
     admissions = Counter(p.admission for d in decisions if isinstance(d, tuple) for p in d)
-    admissions.update(d.placement.admission for d in decisions if isinstance(d, Preemption))
+    admissions.update(d.placement.admission for d in decisions if kind(d) == "preemption")
     return {
         "partial": partial,
         "decisions": len(decisions),
@@ -301,6 +317,7 @@ def run_cycle(snapshot: Snapshot, pending: list[Request], limit_s: float) -> tup
         "cycle_s": round(wall, 3),
         "cycle_cpu_s": round(cpu, 3),
         "decisions_per_s": round(len(decisions) / wall, 1),
+        "decisions_per_cpu_s": round(len(decisions) / cpu, 1),
         "first_ms": round(gaps[0] * 1000, 1),
         "p50_ms": round(float(np.percentile(g, 50)) * 1000, 3),
         "p99_ms": round(float(np.percentile(g, 99)) * 1000, 3),
@@ -313,16 +330,27 @@ def signature(decisions: list) -> list[tuple]:
     GPUs and admission (or victims; or the reasons' codes)."""
     out = []
     for d in decisions:
-        if isinstance(d, tuple):
+        k = kind(d)
+        if k == "placed":
             out.append(("placed", tuple((p.request_id, p.node, p.gpu_uuids, p.admission) for p in d)))
-        elif isinstance(d, Preemption):
+        elif k == "preemption":
             p = d.placement
             out.append(("preempt", d.request_id, d.victims, p.node, p.gpu_uuids, p.admission))
-        elif isinstance(d, Reclaim):
+        elif k == "reclaim":
             out.append(("reclaim", d.request_id, d.victims, tuple(sorted(d.due.items()))))
         else:
-            out.append(("waits", d.request_id, tuple(r.code for r in d.reasons)))
+            out.append(("waits", d.request_id, tuple(str(r.code) for r in d.reasons)))
     return out
+
+
+def differences(a: list[tuple], b: list[tuple]) -> int:
+    """Decisions of `b` that `a` does not make the same (by request; a missing one counts)."""
+    by_request = {_request_of(x): x for x in a}
+    return sum(by_request.get(_request_of(x)) != x for x in b) + abs(len(a) - len(b))
+
+
+def _request_of(sig: tuple) -> str:
+    return sig[1][0][0] if sig[0] == "placed" else sig[1]
 
 
 def loop_seconds() -> float:
@@ -361,7 +389,8 @@ def main() -> int:
     parser.add_argument("--limit-s", type=float, default=1800.0,
                         help="stop a cycle after this long (reported as partial: the old engine's preemption "
                              "search can take hours on this queue)")
-    parser.add_argument("--engines", default="fair,flat")
+    parser.add_argument("--engines", default="fair,flat",
+                        help="fair, flat, and baselines as fair@COMMIT or flat@COMMIT (scheduler/core at COMMIT)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--profile", action="store_true", help="one more fair run under cProfile")
     parser.add_argument("--name", default="cycle_speed", help="results file name (without extension)")
@@ -391,11 +420,13 @@ def main() -> int:
 
     engines = ns.engines.split(",")
     snaps = {"fair": fair_snap, "flat": flat_snap}
+    decides = {name: engine_of(name) for name in engines}
+    load_start = os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     sigs: dict[str, list] = {}
     for k in range(ns.repeat):
         for name in engines if k % 2 == 0 else engines[::-1]:
-            row, decisions = run_cycle(snaps[name], pending, ns.limit_s)
+            row, decisions = run_cycle(snaps[name.split("@")[0]], pending, ns.limit_s, decides[name])
             sig = signature(decisions)
             if name in sigs and not row["partial"] and sigs[name] != sig:
                 raise SystemExit(f"{name}: run {k} decided differently from run 0")
@@ -406,22 +437,30 @@ def main() -> int:
     def median(name: str, key: str) -> float:
         return round(statistics.median(r[key] for r in runs[name]), 3)
 
-    keys = ("decisions", "decisions_per_s", "cycle_s", "cycle_cpu_s", "first_ms", "p50_ms", "p99_ms", "max_ms")
+    keys = ("decisions", "decisions_per_s", "decisions_per_cpu_s", "cycle_s", "cycle_cpu_s", "first_ms", "p50_ms",
+            "p99_ms", "max_ms")
     summary = {name: {k: median(name, k) for k in keys} | {"partial": any(r["partial"] for r in runs[name])}
                for name in runs}
+    # A baseline's decisions against today's engine's on the same snapshot (complete runs only).
+    for name in runs:
+        today = name.split("@")[0]
+        if "@" in name and today in sigs and not summary[name]["partial"] and not summary[today]["partial"]:
+            summary[name]["decisions_differing"] = differences(sigs[today], sigs[name])
     ratio = {}
     if "fair" in summary and "flat" in summary:
         ratio = {k: round(summary["fair"][k] / summary["flat"][k], 3) for k in ("decisions_per_s", "cycle_cpu_s")}
     target = {}
     if "fair" in summary:
         target = {"p99_below_1_s": summary["fair"]["p99_ms"] < 1000,
-                  "at_least_3000_decisions_per_s": summary["fair"]["decisions_per_s"] >= 3000}
+                  "at_least_3000_decisions_per_s": summary["fair"]["decisions_per_s"] >= 3000,
+                  "at_least_3000_decisions_per_cpu_s": summary["fair"]["decisions_per_cpu_s"] >= 3000}
     prof = profile(fair_snap, pending, 25) if ns.profile else {}
     command = "python bench/fairshare/cycle_speed.py " + shlex.join(sys.argv[1:])
     load = os.getloadavg()
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, Python "
                f"{platform.python_version()}; a 10M-iteration Python loop in {loop_seconds()} s; "
-               f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
+               f"load average at the start {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f}, "
+               f"at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
     result = {"command": command, "machine": machine, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
               "note": ns.note, "seed": ns.seed, "warm": ns.warm, "limit_s": ns.limit_s, "setup": setup,
               "runs": runs, "median": summary, "fair_over_flat": ratio, "target_met": target, "profile": prof}
@@ -456,13 +495,19 @@ def markdown(r: dict) -> str:
         f"still going after {r['limit_s']:.0f} s is stopped there (partial: its numbers cover the decisions "
         "made until then, the cycle's easiest part: the placements come first).",
         "",
-        "| engine | decisions | decisions/s | cycle s | cycle CPU s | first decision ms | p50 ms | p99 ms | max ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| engine | decisions | decisions/s | decisions per CPU s | cycle s | cycle CPU s | first decision ms "
+        "| p50 ms | p99 ms | max ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, x in m.items():
         lines.append(f"| {name}{' (partial)' if x['partial'] else ''} | {x['decisions']:.0f} | {x['decisions_per_s']} "
-                     f"| {x['cycle_s']} | {x['cycle_cpu_s']} | {x['first_ms']} | {x['p50_ms']} | {x['p99_ms']} "
-                     f"| {x['max_ms']} |")
+                     f"| {x.get('decisions_per_cpu_s', '')} | {x['cycle_s']} | {x['cycle_cpu_s']} | {x['first_ms']} "
+                     f"| {x['p50_ms']} | {x['p99_ms']} | {x['max_ms']} |")
+    for name, x in m.items():
+        if "decisions_differing" in x:
+            today = name.split("@")[0]
+            lines.append(f"\n`{name}` against `{today}`: {x['decisions_differing']} of {x['decisions']:.0f} decisions "
+                         "differ (placement, victims, due times or reason codes).")
     ratio, t = r["fair_over_flat"], r["target_met"]
     lines.append("")
     if ratio:
@@ -470,7 +515,8 @@ def markdown(r: dict) -> str:
                      + (" (flat partial)" if m["flat"]["partial"] else "") + ".  ")
     if t:
         lines.append(f"Target (fair): p99 < 1 s: {'met' if t['p99_below_1_s'] else 'NOT met'}; >= 3,000 decisions/s: "
-                     f"{'met' if t['at_least_3000_decisions_per_s'] else 'NOT met'}.")
+                     f"{'met' if t['at_least_3000_decisions_per_s'] else 'NOT met'} (per CPU-second: "
+                     f"{'met' if t.get('at_least_3000_decisions_per_cpu_s') else 'NOT met'}).")
     lines += [
         "",
         "What each engine decided (first run):",
@@ -485,12 +531,14 @@ def markdown(r: dict) -> str:
                      f"| {k.get('reclaim', 0)} | {k.get('waits', 0)} "
                      f"| {', '.join(f'{a} {n}' for a, n in x['admissions'].items())} |")
     if any(len(rows) > 1 for rows in r["runs"].values()):
-        lines += ["", "All runs:", "", "| engine | run | decisions/s | cycle s | p50 ms | p99 ms | max ms |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += ["", "All runs:", "",
+                  "| engine | run | decisions/s | decisions per CPU s | cycle s | cycle CPU s | p50 ms | p99 ms "
+                  "| max ms |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for name, rows in r["runs"].items():
             for i, x in enumerate(rows):
-                lines.append(f"| {name} | {i} | {x['decisions_per_s']} | {x['cycle_s']} | {x['p50_ms']} "
-                             f"| {x['p99_ms']} | {x['max_ms']} |")
+                lines.append(f"| {name} | {i} | {x['decisions_per_s']} | {x.get('decisions_per_cpu_s', '')} "
+                             f"| {x['cycle_s']} | {x['cycle_cpu_s']} | {x['p50_ms']} | {x['p99_ms']} | {x['max_ms']} |")
     if r["profile"]:
         lines += ["", "## Profile of one fair cycle (cProfile, own time)", "", "```",
                   r["profile"]["tottime"], "```", "", "Cumulative:", "", "```", r["profile"]["cumulative"], "```"]

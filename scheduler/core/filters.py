@@ -163,19 +163,37 @@ def only_compute_per_gpu(state: ClusterState, req: Request) -> bool:
     return not state.has_labels and not req.exclusion and req.gpu_memory_mib <= 0 and state.homogeneous
 
 
+LABEL_FILTERS = tuple(f for f in FILTERS if isinstance(f, Exclusion | AntiAffinity | Affinity))
+
+
 def feasible(state: ClusterState, req: Request) -> np.ndarray:
     """GPU slots that can take one GPU's worth of the request (nodes x slots)."""
-    if req.gpu_count > 0 and not state.has_labels and not req.exclusion:
-        # Fast path, same answer as the filters below: node rules, model, GPU memory, compute.
+    if req.gpu_count == 0:
+        return feasible_by_filters(state, req)
+    # Fast path, same answer as the filters below: node rules, model, GPU memory, compute (and the
+    # label filters themselves, when a share or the request has labels).
+    labelled = state.has_labels or req.exclusion
+    if not labelled:
         node_ok = state.ready & (state.cpu_free >= req.cpu_milli) & (state.node_mem_free >= req.memory_mib)
-        ok = state.free >= (MILLI if req.whole else req.milli)  # padded slots hold 0: never fit
-        if req.gpu_memory_mib > 0:
-            ok &= state.mem_free >= req.gpu_memory_mib
-        if req.gpu_model is not None:
-            ok &= state.model_mask(req.gpu_model)
-        ok &= node_ok[:, None]
-        return ok
-    return feasible_by_filters(state, req)
+    else:  # as NodeCpu and NodeMemory refuse: only for a request that asks for some
+        node_ok = state.ready.copy()
+        if req.cpu_milli > 0:
+            node_ok &= state.cpu_free >= req.cpu_milli
+        if req.memory_mib > 0:
+            node_ok &= state.node_mem_free >= req.memory_mib
+    ok = state.free >= (MILLI if req.whole else req.milli)  # padded slots hold 0: never fit
+    if req.gpu_memory_mib > 0:
+        ok &= state.mem_free >= req.gpu_memory_mib
+    if req.gpu_model is not None:
+        ok &= state.model_mask(req.gpu_model)
+    ok &= node_ok[:, None]
+    if labelled:
+        ok &= state.valid
+        for f in LABEL_FILTERS:
+            refused = f.refuse(state, req)
+            if refused is not None:
+                ok &= ~refused
+    return ok
 
 
 def feasible_by_filters(state: ClusterState, req: Request) -> np.ndarray:

@@ -5,11 +5,13 @@ only when it is opportunistic (priority 0): a team's priorities order its own wo
 claim over another team's guaranteed shares (see may_evict). Candidates are ranked by number of
 victims, then by the highest victim priority (lowest first), then by node order; each candidate is
 checked by actually releasing its victims and running the filters again, and put back if it fails.
+Within a slot, victims that rank equal (and are of equal size) go in the order they were first
+placed (`Holding.order`), which a rolled-back candidate does not change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 
 import numpy as np
 
@@ -31,39 +33,60 @@ def may_evict(share, req: Request) -> bool:
     return share.team == req.team or share.priority == 0
 
 
+def _may_evict_among(state: ClusterState, req: Request) -> Iterable[Holding]:
+    """The shares `may_evict` may allow: the request's team's and those of priority 0."""
+    return state.holdings_of(teams=[req.team], priorities=[0]).values()
+
+
+# Rules whose possible victims the state's indexes give (find_preemption's `among` for them).
+_CANDIDATES: dict[MayEvict, Callable[[ClusterState, Request], Iterable[Holding]]] = {may_evict: _may_evict_among}
+
+
 def _by_priority(p: Holding) -> tuple:
     return (p.share.priority,)
 
 
-def _slot_victims(req: Request, shares: list[Holding], free: int, mem: int, need: int,
-                  may: Callable[[Share], bool], rank: Rank) -> list[Holding] | None:
-    """Victims among `shares` (those on one slot, with `free` compute and `mem` GPU memory left),
-    first by `rank` (lowest priority first by default), that make room for `need` compute and the
-    request's GPU memory on it."""
+def _slot_victims(req: Request, shares: Sequence[Holding], free: int, mem: int, need: int,
+                  evictable: Container[str], rank: Rank) -> list[Holding] | None:
+    """Victims among `shares` (those on one slot, with `free` compute and `mem` GPU memory left;
+    `evictable`: the ids of those that may go), first by `rank` (lowest priority first by default),
+    that make room for `need` compute and the request's GPU memory on it."""
     if not shares:
         return [] if free >= need and mem >= req.gpu_memory_mib else None
-    if need == MILLI and not all(may(p.share) for p in shares):
-        return None  # a whole GPU: everything on it goes
-    # Shares that clash on labels must go whatever their size.
-    clash = [p for p in shares if _clashes(p, req)]
-    if not all(may(p.share) for p in clash):
-        return None
-    for p in clash:
-        free, mem = free + p.milli, mem + p.gpu_memory_mib
-    rest = [p for p in shares if may(p.share) and not any(p is c for c in clash)]
+    rest, clash = [], []
+    for p in shares:
+        if _clashes(p, req):  # shares that clash on labels must go whatever their size
+            if p.share.reservation_id not in evictable:
+                return None
+            clash.append(p)
+            free, mem = free + p.milli, mem + p.gpu_memory_mib
+        elif p.share.reservation_id in evictable:
+            rest.append(p)
+        elif need == MILLI:
+            return None  # a whole GPU: everything on it goes
+    if free >= need and mem >= req.gpu_memory_mib:
+        return clash
     if (free + sum(p.milli for p in rest) < need
             or mem + sum(p.gpu_memory_mib for p in rest) < req.gpu_memory_mib):
         return None  # not even all of them make room
+    rest.sort(key=lambda p: (*rank(p), -p.milli, p.order))  # equal victims: the first placed first
     chosen = clash
-    if free >= need and mem >= req.gpu_memory_mib:
-        return chosen
-    rest.sort(key=lambda p: (*rank(p), -p.milli))
     for p in rest:
         chosen.append(p)
         free, mem = free + p.milli, mem + p.gpu_memory_mib
         if free >= need and mem >= req.gpu_memory_mib:
             break
     return chosen
+
+
+def _short_without(req: Request, cpu_free: int, mem_free: int, victims: Iterable[Holding]) -> bool:
+    """Whether the node filters refuse `req` on a node with `cpu_free` and `mem_free` even once
+    `victims` are gone."""
+    if cpu_free >= req.cpu_milli and mem_free >= req.memory_mib:
+        return False
+    victims = list(victims)
+    return ((req.cpu_milli > 0 and cpu_free + sum(h.cpu_milli for h in victims) < req.cpu_milli)
+            or (req.memory_mib > 0 and mem_free + sum(h.node_memory_mib for h in victims) < req.memory_mib))
 
 
 def _clashes(p: Holding, req: Request) -> bool:
@@ -76,20 +99,27 @@ def _clashes(p: Holding, req: Request) -> bool:
 def find_preemption(
     state: ClusterState, req: Request, may_evict: MayEvict = may_evict, rank: Rank = _by_priority, *,
     nodes: Iterable[int] | None = None, exclude: Container[str] | None = None,
+    among: Iterable[Holding] | None = None,
 ) -> tuple[Choice, tuple[str, ...], list[Holding]] | None:
     """Where `req` fits after evicting some shares: the choice, the victims, and their holdings,
     already released from `state` (restore them to undo). Options are ranked by number of victims,
     then by the worst victim's rank, then by node order. `nodes`: the nodes to look at (None: all);
     `exclude`: reservations that are never victims (None: `state.reserved_now`, this cycle's
-    decisions, which are not running yet).
+    decisions, which are not running yet); `among`: the only shares `may_evict` may allow (None:
+    any; `may_evict` itself: those of the request's team and of priority 0, `state.holdings_of`),
+    so that the rule is asked about those alone.
 
     Only nodes with enough GPUs of the request's model and GPU memory, holding a share `may_evict`
     lets it take, are searched: elsewhere no slot has a victim, so no option (an option has some).
+    A node whose CPU or memory even all those shares do not free is not searched either: an option
+    there would fail the filters.
     """
     if req.gpu_count == 0:
         return None
     if exclude is None:
         exclude = state.reserved_now
+    if among is None and may_evict in _CANDIDATES:
+        among = _CANDIDATES[may_evict](state, req)
     need = MILLI if req.whole else req.milli
     usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
     if req.gpu_model is not None:
@@ -98,20 +128,33 @@ def find_preemption(
         # This cycle's reservations stay: a GPU can give at most what the others on it hold.
         usable &= (MILLI - state.fresh_milli >= need) & (state.mem_total - state.fresh_mem >= req.gpu_memory_mib)
     wanted = usable.sum(axis=1) >= req.gpu_count
+    if req.cpu_milli > 0 or req.memory_mib > 0:
+        # Not where the node filters refuse it even with every share that may go gone.
+        cpu, mem = state.held_cpu, state.held_node_mem
+        if exclude is state.reserved_now:
+            cpu, mem = cpu - state.fresh_cpu, mem - state.fresh_node_mem
+        if req.cpu_milli > 0:
+            wanted &= state.cpu_free + cpu >= req.cpu_milli
+        if req.memory_mib > 0:
+            wanted &= state.node_mem_free + mem >= req.memory_mib
     if nodes is not None:
         chosen = np.zeros(len(wanted), dtype=bool)
         chosen[list(nodes)] = True
         wanted &= chosen
-    # Within one search a share's answers do not change (the state and the rule's inputs stay put)
-    # while each share is asked about once per slot: keep them.
-    answers: dict[str, bool] = {}
+    # The shares the rule lets go, per node (asked once each: its answer holds for the search).
+    evictable: dict[int, dict[str, Holding]] = {}
+    if among is None:
+        for node in np.flatnonzero(wanted).tolist():
+            for rid, h in state.on_node.get(node, {}).items():
+                if rid not in exclude and may_evict(h.share, req):
+                    evictable.setdefault(node, {})[rid] = h
+    else:
+        wanted_at = wanted.tolist()
+        for h in among:
+            rid = h.share.reservation_id
+            if wanted_at[h.node] and rid not in exclude and may_evict(h.share, req):
+                evictable.setdefault(h.node, {})[rid] = h
     ranks: dict[str, tuple] = {}
-
-    def may(share: Share) -> bool:
-        answer = answers.get(share.reservation_id)
-        if answer is None:
-            answer = answers[share.reservation_id] = may_evict(share, req)
-        return answer
 
     def rank_of(h: Holding) -> tuple:
         key = ranks.get(h.share.reservation_id)
@@ -119,43 +162,47 @@ def find_preemption(
             key = ranks[h.share.reservation_id] = rank(h)
         return key
 
-    # Nodes short of CPU or memory: an option there passes the filters only if its victims free enough.
-    short = ((state.cpu_free < req.cpu_milli) & (req.cpu_milli > 0)) | (
-        (state.node_mem_free < req.memory_mib) & (req.memory_mib > 0))
-    options: list[tuple[tuple[int, tuple, int], int, tuple[int, ...], tuple[str, ...], bool]] = []
-    for node in np.flatnonzero(wanted).tolist():
-        holdings = [h for rid, h in state.on_node.get(node, {}).items() if rid not in exclude]
-        if not any(may(h.share) for h in holdings):
-            continue
-        doomed = bool(short[node]) and (
-            state.cpu_free[node] + sum(h.cpu_milli for h in holdings) < req.cpu_milli
-            or state.node_mem_free[node] + sum(h.node_memory_mib for h in holdings) < req.memory_mib)
+    cpu_free, mem_free = state.cpu_free.tolist(), state.node_mem_free.tolist()
+    # The searched nodes' rows, read from the arrays at once.
+    searched = list(evictable)
+    rows = zip(searched, usable[searched].tolist(), state.free[searched].tolist(), state.mem_free[searched].tolist(),
+               strict=True)
+    options: list[tuple[tuple[int, tuple, int], int, tuple[int, ...], tuple[str, ...]]] = []
+    for node, usable_at, free, mem in rows:
+        victims_here = evictable[node]
+        if _short_without(req, cpu_free[node], mem_free[node], victims_here.values()):
+            continue  # no eviction here frees the CPU or memory it needs
         by_slot: dict[int, list[Holding]] = {}
-        for h in holdings:
-            for j in h.gpus:
-                by_slot.setdefault(j, []).append(h)
-        free, mem = state.free[node].tolist(), state.mem_free[node].tolist()
+        for rid, h in state.on_node[node].items():
+            if rid not in exclude:
+                for j in h.gpus:
+                    by_slot.setdefault(j, []).append(h)
         per_slot = []
-        for slot in np.flatnonzero(usable[node]).tolist():
-            victims = _slot_victims(req, by_slot.get(slot, []), free[slot], mem[slot], need, may, rank_of)
+        for slot, use in enumerate(usable_at):
+            if not use:
+                continue
+            victims = _slot_victims(req, by_slot.get(slot, ()), free[slot], mem[slot], need, victims_here, rank_of)
             if victims is not None:
-                top = max((rank_of(p) for p in victims), default=())
+                top = max([rank_of(p) for p in victims]) if victims else ()
                 per_slot.append((len(victims), top, slot, victims))
         if len(per_slot) < req.gpu_count:
             continue
-        per_slot.sort(key=lambda x: x[:3])
-        picked = per_slot[: req.gpu_count]
-        ids = tuple(sorted({p.share.reservation_id for *_, vs in picked for p in vs}))
-        if not ids:
+        if req.gpu_count == 1:
+            picked = [min(per_slot, key=lambda x: x[:3])]
+        else:
+            per_slot.sort(key=lambda x: x[:3])
+            picked = per_slot[: req.gpu_count]
+        gone = {p.share.reservation_id: p for *_, vs in picked for p in vs}
+        if not gone:
             continue  # fits without eviction: the filters refused it for another reason
-        top = max(rank_of(state.placed[i]) for i in ids)
-        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids, doomed))
-    for _, node, slots, ids, doomed in sorted(options):
+        if _short_without(req, cpu_free[node], mem_free[node], gone.values()):
+            continue  # these victims leave it short of CPU or memory: it would fail the filters
+        ids = tuple(sorted(gone))
+        top = max(rank_of(p) for p in gone.values())
+        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids))
+    for _, node, slots, ids in sorted(options):
         released = [state.release(i) for i in ids]
-        # An option on a node whose CPU or memory no eviction frees fails the filters: not checked.
-        # It is still released and put back, which leaves its victims last in placement order (ties
-        # between equal victims go by that order later).
-        if not doomed and fits_on(state, req, node, slots):
+        if fits_on(state, req, node, slots):
             return Choice(node, tuple(sorted(slots)), 0.0), ids, released
         for rec in released:
             state.restore(rec)

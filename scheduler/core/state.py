@@ -12,7 +12,7 @@ that hold it. A filter is then a few array operations, not a walk over every GPU
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -48,7 +48,9 @@ class GpuLabels:
 
 @dataclass(frozen=True)
 class Holding:
-    """What a share took, so that it can be given back (rollback, preemption)."""
+    """What a share took, so that it can be given back (rollback, preemption), and `order`, when it
+    was first placed in this state (a count): ties between equal victims go to the lower. A
+    rolled-back preemption restores the same Holding, so a rollback never changes that order."""
 
     share: Share
     node: int
@@ -57,6 +59,7 @@ class Holding:
     gpu_memory_mib: int
     cpu_milli: int
     node_memory_mib: int
+    order: int = 0
 
 
 class ClusterState:
@@ -119,9 +122,9 @@ class ClusterState:
         self.labelled_shares = 0
         self._index_labels()
         self.placed: dict[str, Holding] = {}
-        # Per node, its entries of `placed` in the same order (the preemption search reads a
-        # node's shares, and breaks ties between equal victims by that order).
-        self.on_node: dict[int, dict[str, Holding]] = {}
+        self.placements = 0  # shares placed so far: the next one's Holding.order
+        self.on_node: dict[int, dict[str, Holding]] = {}  # per node, its entries of `placed`
+        self._index_holders()
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
         self._index_fresh()
         self.group_nodes: dict[str, Counter[int]] = {}
@@ -161,10 +164,22 @@ class ClusterState:
         self.affinity_at: dict[str, set[tuple[int, int]]] = {}
         self.anti_affinity_at: dict[str, set[tuple[int, int]]] = {}
 
+    def _index_holders(self) -> None:
+        """Entries of `placed` by team, admission and priority: the shares a preemption rule can
+        take are a few of these (`holdings_of`), so a search need not ask it about every share."""
+        self.by_team: dict[str, dict[str, Holding]] = {}
+        self.by_admission: dict[str, dict[str, Holding]] = {}
+        self.by_priority: dict[int, dict[str, Holding]] = {}
+
     def _index_fresh(self) -> None:
-        """Per GPU, the compute and memory that this cycle's reservations (`reserved_now`) hold."""
+        """Per GPU, the compute and memory that this cycle's reservations (`reserved_now`) hold; per
+        node, the CPU and memory that all holdings (`held_*`) and this cycle's (`fresh_*`) hold (a
+        snapshot's shares hold none: the node's free CPU and memory come reported)."""
         self.fresh_milli = np.zeros(self.free.shape, dtype=np.int64)
         self.fresh_mem = np.zeros(self.free.shape, dtype=np.int64)
+        n = len(self.free)
+        self.held_cpu, self.held_node_mem = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self.fresh_cpu, self.fresh_node_mem = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
 
     def _hold_existing(self, i: int, j: int, share: Share) -> None:
         # Existing shares were admitted elsewhere; record them even if they over-commit.
@@ -172,8 +187,8 @@ class ClusterState:
         self.mem_free[i, j] -= share.gpu_memory_mib
         self._relabel(i, j, share, +1)
         rec = self.placed.get(share.reservation_id)
-        gpus_of = (*rec.gpus, j) if rec else (j,)
-        self._hold(Holding(share, i, gpus_of, to_milli(share.gpu_request), share.gpu_memory_mib, 0, 0))
+        gpus_of, order = ((*rec.gpus, j), rec.order) if rec else ((j,), self._next_order())
+        self._hold(Holding(share, i, gpus_of, to_milli(share.gpu_request), share.gpu_memory_mib, 0, 0, order))
         if share.group:
             self.group_nodes.setdefault(share.group, Counter())[i] += 1
 
@@ -186,6 +201,8 @@ class ClusterState:
         state.mem_free = self.mem_free.copy()
         state.version = self.version.copy()
         state.labels, state.labelled_shares, state.placed, state.on_node = {}, 0, {}, {}
+        state.placements = 0
+        state._index_holders()
         state._index_labels()
         state.reserved_now, state.group_nodes, state.group_held = set(), {}, Counter()
         state._index_fresh()
@@ -239,6 +256,16 @@ class ClusterState:
         if labels.shares <= 0:
             del self.labels[key]
 
+    def holdings_of(self, teams: Iterable[str] = (), admissions: Iterable[str] = (),
+                    priorities: Iterable[int] = ()) -> dict[str, Holding]:
+        """The holdings of a share of one of `teams`, or admitted as one of `admissions`, or of one
+        of `priorities`, by reservation id."""
+        out: dict[str, Holding] = {}
+        for index, keys in ((self.by_team, teams), (self.by_admission, admissions), (self.by_priority, priorities)):
+            for key in keys:
+                out.update(index.get(key, ()))
+        return out
+
     def model_mask(self, models: frozenset[str]) -> np.ndarray:
         """GPU slots of one of `models` (cached: models never change)."""
         mask = self._model_masks.get(models)
@@ -253,7 +280,8 @@ class ClusterState:
         """Take a request's share on `gpus` of `node`. The caller has checked that it fits."""
         share = share_of(request, admission)
         milli = request.milli if request.gpu_count > 0 else 0
-        rec = Holding(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib)
+        rec = Holding(share, node, gpus, milli, request.gpu_memory_mib, request.cpu_milli, request.memory_mib,
+                      self._next_order())
         self._apply(rec, -1)
         self._hold(rec)
         self.reserved_now.add(request.id)
@@ -263,6 +291,9 @@ class ClusterState:
     def release(self, reservation_id: str) -> Holding:
         rec = self.placed.pop(reservation_id)
         del self.on_node[rec.node][reservation_id]
+        s = rec.share
+        for index, key in ((self.by_team, s.team), (self.by_admission, s.admission), (self.by_priority, s.priority)):
+            del index[key][reservation_id]
         if rec.share.group:
             self.group_held[rec.share.group] -= 1
         if reservation_id in self.reserved_now:
@@ -271,8 +302,12 @@ class ClusterState:
         self._apply(rec, +1)
         return rec
 
+    def _next_order(self) -> int:
+        self.placements += 1
+        return self.placements
+
     def restore(self, rec: Holding) -> None:
-        """Put back a share released earlier (a rolled-back preemption)."""
+        """Put back a share released earlier (a rolled-back preemption), with its first `order`."""
         self._apply(rec, -1)
         self._hold(rec)
 
@@ -280,6 +315,8 @@ class ClusterState:
         for j in rec.gpus:
             self.fresh_milli[rec.node, j] += sign * rec.milli
             self.fresh_mem[rec.node, j] += sign * rec.gpu_memory_mib
+        self.fresh_cpu[rec.node] += sign * rec.cpu_milli
+        self.fresh_node_mem[rec.node] += sign * rec.node_memory_mib
 
     def _hold(self, rec: Holding) -> None:
         rid = rec.share.reservation_id
@@ -287,6 +324,9 @@ class ClusterState:
             self.group_held[rec.share.group] += 1
         self.placed[rid] = rec
         self.on_node.setdefault(rec.node, {})[rid] = rec
+        s = rec.share
+        for index, key in ((self.by_team, s.team), (self.by_admission, s.admission), (self.by_priority, s.priority)):
+            index.setdefault(key, {})[rid] = rec
 
     def _apply(self, rec: Holding, sign: int) -> None:
         i = rec.node
@@ -298,6 +338,8 @@ class ClusterState:
             self.cpu_free[i] += sign * rec.cpu_milli
         if self.node_mem_free[i] != UNTRACKED:
             self.node_mem_free[i] += sign * rec.node_memory_mib
+        self.held_cpu[i] -= sign * rec.cpu_milli
+        self.held_node_mem[i] -= sign * rec.node_memory_mib
         if rec.share.group:
             nodes = self.group_nodes.setdefault(rec.share.group, Counter())
             nodes[i] -= sign

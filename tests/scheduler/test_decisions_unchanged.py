@@ -1,7 +1,14 @@
-"""The cycle's speed work changes no decision: the engine decides seeded cycles exactly as the
-engine at commit BEFORE_INDEXES did, with and without a quota tree. (It was first the engine before
-the label indexes and the pruned preemption search, and guarded them.) A change that means to change
-decisions moves BEFORE_INDEXES to the commit that made it.
+"""The cycle's speed work changes no decision but one tie rule: the engine decides seeded cycles
+exactly as the engine before the speed work did, with a quota tree as FAIR_BEFORE (the last commit
+that changed fair-share decisions on purpose: rationed evictions) and without one as FLAT_BEFORE
+(before the label indexes and the pruned preemption search). A change that means to change
+decisions moves the anchor it changes to the commit that made it.
+
+The tie rule: victims on one GPU that rank equal and are of equal size go in the order they were
+first placed. The engine before broke that tie by its placement dict's order, where a rolled-back
+preemption option put its victims last; now a rollback changes nothing (Holding.order). Fair cycles
+never tie (their rank ends with the reservation id), so they are compared with the engine before as
+it was; flat cycles (rank: priority) with the engine before, its rollback made to keep the order.
 
 The workloads are small bench/fairshare/cycle_speed.py cycles that reach every part that changed:
 exclusion, affinity and anti-affinity labels on shares and requests, nodes short of CPU and memory
@@ -17,7 +24,8 @@ import pytest
 from scheduler import core
 from tests.scheduler.test_fairshare_properties import _engine_at
 
-BEFORE_INDEXES = "6f72d0a"  # the engine with rationed evictions, before the latest speed work
+FAIR_BEFORE = "6f72d0a"  # rationed evictions: the latest change of fair-share decisions
+FLAT_BEFORE = "aa9af83"  # before the label indexes and the pruned preemption search
 MODELS = ("A", "B")
 TEAMS = tuple(f"t{i}" for i in range(6))
 NOW = 10_000.0
@@ -98,14 +106,56 @@ def plain(decisions: list) -> list:
 
 @pytest.fixture(scope="module")
 def before(tmp_path_factory):
-    return _engine_at(BEFORE_INDEXES, tmp_path_factory)
+    return _engine_at(FAIR_BEFORE, tmp_path_factory)
 
 
-@pytest.mark.parametrize("quotas", [True, False], ids=["fair", "flat"])
-@pytest.mark.parametrize("seed", range(6))
-def test_the_engine_decides_seeded_cycles_as_before_the_indexes(seed, quotas, before):
+@pytest.fixture(scope="module")
+def flat_before(tmp_path_factory):
+    return _engine_at(FLAT_BEFORE, tmp_path_factory)
+
+
+@pytest.fixture
+def before_with_first_placed_ties(flat_before, monkeypatch):
+    """The engine before, with the tie rule: its preemption search reads `placed` in order and
+    breaks ties by it, so its rollback (`restore`) puts a share back where it was first placed."""
+    cls = flat_before.state.ClusterState
+    release, restore = cls.release, cls.restore
+
+    def numbered(state) -> dict[str, int]:
+        # Numbered at each release: every share not yet numbered is in first-placement order
+        # (only a restore, which comes after a release, moves one).
+        first = state.__dict__.setdefault("first_placed", {})
+        for rid in state.placed:
+            first.setdefault(rid, len(first))
+        return first
+
+    def release_keeping(state, reservation_id):
+        numbered(state)
+        return release(state, reservation_id)
+
+    def restore_in_place(state, rec):
+        restore(state, rec)
+        first = numbered(state)
+        state.placed = dict(sorted(state.placed.items(), key=lambda item: first[item[0]]))
+
+    monkeypatch.setattr(cls, "release", release_keeping)
+    monkeypatch.setattr(cls, "restore", restore_in_place)
+    return flat_before
+
+
+def assert_decides_as(engine, seed: int, quotas: bool) -> None:
     now = plain(core.decide(*workload(core, seed, quotas)))
-    then = plain(before.decide(*workload(before, seed, quotas)))
+    then = plain(engine.decide(*workload(engine, seed, quotas)))
     assert now == then
     kinds = {d[0] for d in now}
     assert {"placed", "preempt", "waits"} <= kinds  # the cycle reached preemption, and some wait
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fair_cycles_decide_as_before_the_speed_work(seed, before):
+    assert_decides_as(before, seed, quotas=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flat_cycles_decide_as_before_with_ties_by_first_placement(seed, before_with_first_placed_ties):
+    assert_decides_as(before_with_first_placed_ties, seed, quotas=False)
