@@ -89,6 +89,8 @@ class Fair:
         self.ledger = ledger_of(state, tree, past)
         self.ledger.deserve(pending)
         self.claimed: set[str] = set()  # victims promised this cycle to a request waiting for a reclaim
+        # shares warned of a reclaim before this cycle (their pods got SIGTERM): `_take_warned`'s only victims
+        self._warned = [rid for rid, h in state.placed.items() if h.share.reclaim_at is not None]
         self._scorer: Scorer | None = None  # the cycle's, as try_place last had it (placing after a reclaim)
         # The snapshot's borrowed shares with their model: all a reclaim may take back (what this
         # cycle places is never a victim), listed once instead of searched for per request.
@@ -441,8 +443,12 @@ class Fair:
         def may(share: Share, r: Request) -> bool:
             return share.reclaim_at is not None and share.team != r.team and share.reservation_id not in self.claimed
 
+        placed = self.state.placed
+        among = [placed[rid] for rid in self._warned if rid in placed]
+        if not among:
+            return None  # no victim may go, so no option: an option has victims
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
-        found = find_preemption(self.state, target, may, self._rank(req), nodes=self._open_nodes())
+        found = find_preemption(self.state, target, may, self._rank(req), nodes=self._open_nodes(), among=among)
         if found is None:
             return None
         choice, victims, released = found
