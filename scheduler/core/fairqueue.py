@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -491,10 +491,19 @@ class Fair:
         if not models:
             return None
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
-        found = find_preemption(self.state, target, self._may_take_by_share, self._rank(req), nodes=self._open_nodes())
+        found = find_preemption(self.state, target, self._may_take_by_share, self._rank(req), nodes=self._open_nodes(),
+                                among=self._takeable_by_share(req))
         if found is None:
             return None
         return self._admit_by_share(req, *found)
+
+    def _takeable_by_share(self, req: Request) -> Iterable[Holding]:
+        """The only shares `_may_take_by_share` can let go: the team's own, borrowed or opportunistic
+        ones, and those warned before the cycle (another team's guaranteed work never)."""
+        placed = self.state.placed
+        out = self.state.holdings_of(teams=(req.team,), admissions=(Admission.BORROWED, Admission.OPPORTUNISTIC))
+        out.update((rid, placed[rid]) for rid in self._warned if rid in placed)
+        return out.values()
 
     def _may_take_by_share(self, share: Share, r: Request) -> bool:
         """What a reclaim by fair share may take (the taker's team is below its share there)."""
