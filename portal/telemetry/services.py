@@ -8,12 +8,15 @@ import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Max, Sum
 from django.utils import timezone
 
-from portal.reservations.models import Allocation
-from wire.agent_portal import POD_UID_PATTERN
+from portal.placement.share_tokens import EXPIRY_SLACK_S
+from portal.reservations.models import Allocation, Sharing
+from portal.reservations.states import TERMINAL
+from wire.agent_portal import MAX_REVOKED_SHARES, POD_UID_PATTERN
 
 from .models import GpuSample, RollupState, ShareMinute, ShareSample
 
@@ -74,6 +77,20 @@ def placements_for_node(node_id: int) -> dict:
     ]
     # Milliseconds keep the revision increasing across portal restarts and processes.
     return {"v": 1, "type": "placements", "revision": time.time_ns() // 1_000_000, "placements": placements}
+
+
+def revoked_shares_for_node(node_id: int) -> dict:
+    """The `revoked_shares` message body for a GPU node's agent (PROTOCOL.md 5.5): the remote shares
+    served from its GPUs whose reservations ended within the longest a share token outlives its
+    release (TESSERA_REMOTE_TOKEN_TTL_S + the tokens' slack; a token issued with an end time expires
+    earlier), newest first. A reservation back in the queue (preempted, requeued) is not listed."""
+    since = timezone.now() - timedelta(seconds=settings.TESSERA_REMOTE_TOKEN_TTL_S + EXPIRY_SLACK_S)
+    rows = (Allocation.objects.filter(gpu__node_id=node_id, released_at__gte=since,
+                                      reservation__sharing=Sharing.REMOTE, reservation__state__in=TERMINAL)
+            .values("reservation_id").annotate(at=Max("released_at")).order_by("-at", "-reservation_id")
+            .values_list("reservation_id", "at")[:MAX_REVOKED_SHARES])
+    shares = [{"share": str(reservation), "at": int(at.timestamp())} for reservation, at in rows]
+    return {"v": 1, "type": "revoked_shares", "shares": shares}
 
 
 def latest_gpu_readings(gpu_ids: Iterable[int] | None = None) -> dict[int, dict]:
