@@ -253,12 +253,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.exception("reading the placements of %s failed", self.node.name)
             return
         await self.send(json.dumps(body, separators=(",", ":")))
+        if not self.hello.revocations:
+            return
         placed = frozenset(p["reservation"] for p in body["placements"])
-        if self.hello.revocations and placed != self.placed_sent:
+        if placed != self.placed_sent:
             # A share that left the node may have ended (its token must stop working at once), and
-            # one that came back (requeued, placed again) must leave the revoked list.
+            # one placed here again (requeued) must leave the revoked list.
+            self.placed_sent = placed
             await self._send_revoked()
-        self.placed_sent = placed
 
     async def _send_revoked(self) -> None:
         try:
