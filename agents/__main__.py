@@ -22,6 +22,7 @@ from agents.inventory import InventoryError, load_inventory, pick_node
 from agents.node_resources import ResourcesError, allocatable
 from agents.placements import PlacementTable
 from agents.remote.probe import LinkTable
+from agents.remote.revocations import RevokedFile
 from agents.share_usage import BrokerUsage
 from agents.signals import stop_on_signals
 from agents.stream import websocket_url
@@ -111,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--remote-server", metavar="NODE=HOST:PORT", action="append", default=[],
                         help="a GPU node's remote-share server to probe and report the link to (repeatable; "
                              "besides these, the agent probes the GPU nodes the portal names)")
+    parser.add_argument("--revoked-file", metavar="PATH", type=Path,
+                        default=Path(os.environ["TESSERA_REVOKED_FILE"]) if os.environ.get("TESSERA_REVOKED_FILE")
+                        else None,
+                        help="write the remote shares of this GPU node whose reservations ended here, for the "
+                             "remote server's --revoked-file (env TESSERA_REVOKED_FILE)")
     parser.add_argument("--probe-interval", metavar="SECONDS", type=_bounded(float, 1.0, 86_400.0), default=600.0,
                         help="how often each link to a GPU node is measured again (default 600; a probe moves "
                              "at most 16 MiB)")
@@ -221,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                       # a real node probes the servers given here and those the portal names
                       links=LinkTable(servers, interval_s=args.probe_interval)
                       if servers or args.simulate is None else None,
-                      resources=resources)
+                      resources=resources,
+                      revoked=RevokedFile(args.revoked_file) if args.revoked_file is not None else None)
     except (ValueError, ValidationError) as exc:
         # e.g. more GPUs than the protocol carries, or a GPU name NVML reports oddly
         print(f"tessera-agent: this node cannot be described in protocol v1: {exc}", file=sys.stderr)

@@ -17,6 +17,7 @@ from agents.gpus.base import GpuSource
 from agents.pacing import Backoff
 from agents.placements import PlacementTable
 from agents.remote.probe import LinkTable
+from agents.remote.revocations import RevokedFile
 from agents.sampling import Sampler
 from agents.share_usage import BrokerUsage
 from agents.stream import PortalStream
@@ -87,6 +88,7 @@ class Agent:
         share_usage: BrokerUsage | None = None,
         links: LinkTable | None = None,
         resources: dict[str, int] | None = None,
+        revoked: RevokedFile | None = None,
     ) -> None:
         self.settings = settings
         self.links = links  # remote GPU shares: the network to GPU nodes' servers, reported to the portal
@@ -118,6 +120,7 @@ class Agent:
                 for d in devices
             ],
             resources=resources,  # the node's allocatable CPU and memory (agents.node_resources)
+            revocations=revoked is not None,  # the portal sends ended remote shares only if asked
         )
         self.buffer = SampleBuffer(
             max_samples=max(1, math.ceil(settings.buffer_seconds / settings.interval_s)),
@@ -137,6 +140,8 @@ class Agent:
         )
         if links is not None:
             self.stream.on_servers = self._servers_named
+        if revoked is not None:  # this GPU node's remote server reads the file (--revoked-file)
+            self.stream.on_revoked = revoked.apply
 
     def _servers_named(self, servers: list[RemoteServer]) -> None:
         """The portal named the GPU nodes' servers to probe (its welcome, and again when they change

@@ -42,6 +42,7 @@ from wire.agent_portal import (
     Placements,
     ProtocolError,
     RemoteServer,
+    RevokedShares,
     Servers,
     Welcome,
     error_message,
@@ -134,6 +135,8 @@ class PortalStream:
         self.links: str | None = None  # the latest `links` message (agents.remote.probe.LinkTable)
         # The GPU nodes' servers to probe, as the portal names them (welcome, then `servers`).
         self.on_servers: Callable[[list[RemoteServer]], None] | None = None
+        # The remote shares of this GPU node whose reservations ended (`revoked_shares`).
+        self.on_revoked: Callable[[RevokedShares], None] | None = None
 
     def wake(self) -> None:
         """New samples are in the buffer."""
@@ -294,6 +297,9 @@ class PortalStream:
             elif isinstance(message, Servers):
                 if self.on_servers is not None:
                     self.on_servers(message.remote_servers)
+            elif isinstance(message, RevokedShares):
+                if self.on_revoked is not None:
+                    self.on_revoked(message)
             elif isinstance(message, Error):
                 level = logging.ERROR if message.fatal else logging.WARNING
                 log.log(level, "portal reports %s: %s%s", message.code, message.message,

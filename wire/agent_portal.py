@@ -39,6 +39,9 @@ MAX_LINKS = 64  # measured links in one `links` message (GPU nodes one node's ag
 MAX_RTT_MS = 60_000.0
 MAX_BANDWIDTH_MBPS = 10_000_000.0  # 10 Tbit/s, far above any link
 MAX_ERROR_MESSAGE_CHARS = 1024
+# Shares listed in one `revoked_shares` message: half the remote server's MAX_REVOKED (8192); at
+# about 40 bytes an entry the message stays far under MAX_MESSAGE_BYTES.
+MAX_REVOKED_SHARES = 4096
 # What an agent sends at most (token bucket): a steady rate and a burst. The portal allows at
 # least PORTAL_MIN_ALLOWED_* so an agent that keeps to its side never trips the flood guard.
 AGENT_MAX_MESSAGES_PER_S = 5.0
@@ -64,6 +67,8 @@ CONTAINER_ID_PATTERN = r"^[0-9a-f]{64}$"
 STREAM_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 VERSION_PATTERN = r"^[0-9A-Za-z.+-]{1,32}$"
 # host:port of a remote-share server: an IPv4 address or DNS name, or an IPv6 address in brackets.
+# A remote share's id as share tokens carry it (agents/remote/tokens.py, preload/remote/token.c).
+SHARE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 SERVER_ADDRESS_PATTERN = r"^(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?):[0-9]{1,5}$"
 
 ERROR_CODES = (
@@ -135,6 +140,9 @@ class Hello(_Message):
     gpus: Annotated[list[GpuInfo], Field(max_length=MAX_GPUS_PER_NODE)]
     # Absent from agents before 0.2 and from simulated ones (the inventory says it there).
     resources: NodeResources | None = None
+    # The agent writes the remote server's revoked-share file (`--revoked-file`): only then does the
+    # portal send it `revoked_shares` (older agents would refuse the message).
+    revocations: StrictBool = False
 
     @model_validator(mode="after")
     def _gpus_consistent(self) -> Hello:
@@ -296,6 +304,27 @@ class Placements(_Message):
         return self
 
 
+class RevokedShare(_Strict):
+    share: Annotated[str, Field(pattern=SHARE_ID_PATTERN)]
+    at: Annotated[StrictInt, Field(ge=MIN_TS_MS // 1000, le=MAX_TS_MS // 1000)]  # when it ended, unix seconds
+
+
+class RevokedShares(_Message):
+    """The remote shares served from this GPU node whose reservations ended lately (their tokens may
+    still be valid): the complete list, replacing the previous one; the agent writes it to the
+    remote server's `--revoked-file`. Only to agents whose hello had `revocations`."""
+
+    type: Literal["revoked_shares"]
+    shares: Annotated[list[RevokedShare], Field(max_length=MAX_REVOKED_SHARES)]
+
+    @model_validator(mode="after")
+    def _once_each(self) -> RevokedShares:
+        ids = [s.share for s in self.shares]
+        if len(set(ids)) != len(ids):
+            raise ValueError("shares: the same share twice")
+        return self
+
+
 class Error(_Message):
     type: Literal["error"]
     code: Literal[ERROR_CODES]  # type: ignore[valid-type]
@@ -310,6 +339,7 @@ PORTAL_MESSAGES: dict[str, type[_Message]] = {
     "ack": Ack,
     "placements": Placements,
     "servers": Servers,
+    "revoked_shares": RevokedShares,
     "error": Error,
 }
 

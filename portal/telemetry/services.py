@@ -8,12 +8,15 @@ import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, Exists, Max, OuterRef, Q, Sum
 from django.utils import timezone
 
-from portal.reservations.models import Allocation
-from wire.agent_portal import POD_UID_PATTERN
+from portal.placement.share_tokens import EXPIRY_SLACK_S
+from portal.reservations.models import Allocation, Sharing
+from portal.reservations.states import ACTIVE, TERMINAL
+from wire.agent_portal import MAX_REVOKED_SHARES, POD_UID_PATTERN
 
 from .models import GpuSample, RollupState, ShareMinute, ShareSample
 
@@ -74,6 +77,27 @@ def placements_for_node(node_id: int) -> dict:
     ]
     # Milliseconds keep the revision increasing across portal restarts and processes.
     return {"v": 1, "type": "placements", "revision": time.time_ns() // 1_000_000, "placements": placements}
+
+
+def revoked_shares_for_node(node_id: int) -> dict:
+    """The `revoked_shares` message body for a GPU node's agent (PROTOCOL.md 5.5): the shares that
+    left its GPUs within the longest a share token outlives its release (TESSERA_REMOTE_TOKEN_TTL_S
+    + the tokens' slack; a token issued with an end time expires earlier) and hold none of them now,
+    newest first. Those that ended as remote shares, and those put back in the queue (preempted and
+    requeued, a lost node): their `sharing` says how they are placed now, not how they were here,
+    and the token of their old pod must stop working here too. A share placed here again leaves
+    the list (its new token names the same share)."""
+    since = timezone.now() - timedelta(seconds=settings.TESSERA_REMOTE_TOKEN_TTL_S + EXPIRY_SLACK_S)
+    here_now = Allocation.objects.filter(reservation_id=OuterRef("reservation_id"), gpu__node_id=node_id,
+                                         released_at__isnull=True)
+    rows = (Allocation.objects.filter(gpu__node_id=node_id, released_at__gte=since)
+            .filter(Q(reservation__sharing=Sharing.REMOTE, reservation__state__in=TERMINAL)
+                    | Q(reservation__state__in=ACTIVE))
+            .exclude(Exists(here_now))
+            .values("reservation_id").annotate(at=Max("released_at")).order_by("-at", "-reservation_id")
+            .values_list("reservation_id", "at")[:MAX_REVOKED_SHARES])
+    shares = [{"share": str(reservation), "at": int(at.timestamp())} for reservation, at in rows]
+    return {"v": 1, "type": "revoked_shares", "shares": shares}
 
 
 def latest_gpu_readings(gpu_ids: Iterable[int] | None = None) -> dict[int, dict]:

@@ -189,3 +189,22 @@ def test_portal_restart_leaves_no_hole_in_the_stored_series(portal, agents, worl
     # The simulated agent follows the placements pushed at welcome: both shares are reported.
     reported = set(ShareSample.objects.values_list("reservation_id", flat=True))
     assert reported == {r.pk for r in world["reservations"].values()}
+
+
+def test_a_remote_share_that_ends_is_revoked_on_its_gpu_nodes_agent(portal, world):
+    """Cancelling a remote reservation reaches, after its commit, the agent of the node whose GPU it
+    held (wire/PROTOCOL.md 5.5): the agent writes it to the remote server's --revoked-file."""
+    from portal.reservations import services
+    from portal.reservations.models import Reservation, Sharing
+
+    vision = world["reservations"]["vision"]
+    Reservation.objects.filter(pk=vision.pk).update(sharing=Sharing.REMOTE)
+    hello = json.loads(_hello(world, str(uuid.uuid4())))
+    with _agent_socket(portal, issue_node_token(world["node"])) as ws:
+        ws.send(json.dumps({**hello, "revocations": True}))
+        assert _until(ws, "revoked_shares")["shares"] == []
+        before = int(time.time())
+        services.cancel(vision.pk, world["people"]["alice"], "not needed")
+        revoked = _until(ws, "revoked_shares")["shares"]
+    assert [s["share"] for s in revoked] == [str(vision.pk)]
+    assert before <= revoked[0]["at"] <= time.time()  # when it gave the GPU back

@@ -5,6 +5,7 @@ many connections from one address or from many)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import socket
 import subprocess
@@ -224,3 +225,37 @@ def test_a_revoked_share_is_refused_and_its_running_worker_ended(built, tmp_path
         kept.close()
         ended.close()
     assert "share res-ended revoked: ending its worker" in host.log
+
+
+def test_what_the_agent_writes_from_the_portals_list_is_what_the_server_refuses(built, tmp_path) -> None:
+    """The node agent's side of revocation (agents/remote/revocations.py) against the real server:
+    the portal's revoked_shares, written to --revoked-file, ends that share and only that one; a
+    later list without it (placed here again) lets it back in."""
+    from agents.remote.revocations import RevokedFile
+    from wire.agent_portal import PORTAL_MESSAGES, parse
+
+    def portal_says(*shares: str):
+        entries = [{"share": s, "at": int(time.time())} for s in shares]
+        return parse(json.dumps({"v": 1, "type": "revoked_shares", "shares": entries}), PORTAL_MESSAGES)
+
+    path = tmp_path / "revoked-shares"
+    agent_file = RevokedFile(path)
+    agent_file.write(portal_says())
+    with _host(tmp_path, "--revoked-file", str(path)) as host:
+        ended, kept = _connect(host.port), _connect(host.port)
+        ended.sendall(hello_bytes(host.token(share="812")))
+        kept.sendall(hello_bytes(host.token(share="813")))
+        assert read_reply(ended)[0] == 0 and read_reply(kept)[0] == 0
+        agent_file.write(portal_says("812", "700"))
+        assert _closed_by_server(ended)
+        assert _still_open(kept)
+        with _connect(host.port) as again:
+            again.sendall(hello_bytes(host.token(share="812")))
+            result, message = read_reply(again)
+            assert result != 0 and b"share 812 was revoked" in message
+        agent_file.write(portal_says("700"))
+        with _connect(host.port) as back:
+            back.sendall(hello_bytes(host.token(share="812")))
+            assert read_reply(back)[0] == 0
+        kept.close()
+        ended.close()

@@ -88,3 +88,32 @@ def test_the_workers_sign_tokens_with_the_same_secrets_the_servers_check():
     assert volume["secret"]["secretName"] == server_volume["secret"]["secretName"]
     [mount] = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "remote-secrets"]
     assert mount["mountPath"] == config["TESSERA_REMOTE_SECRETS_DIR"]
+
+
+def test_the_agent_writes_the_revoked_share_file_the_server_reads_through_a_host_directory_no_workload_mounts():
+    from agents.__main__ import build_parser
+
+    node_pod = _node_daemonset()["spec"]["template"]["spec"]
+    [server] = [c for c in node_pod["containers"] if c["name"] == "remote-server"]
+    server_file = dict(zip(server["args"][::2], server["args"][1::2], strict=True))["--revoked-file"]
+    [agent_ds] = [d for d in yaml.safe_load_all((ROOT / "deploy/agent/daemonset.yaml").read_text())
+                  if d and d["kind"] == "DaemonSet" and d["metadata"]["name"] == "tessera-agent"]
+    agent_pod = agent_ds["spec"]["template"]["spec"]
+    [agent] = agent_pod["containers"]
+    agent_file = str(build_parser().parse_args([a.replace("$(NODE_NAME)", "n1") for a in agent["args"]]).revoked_file)
+
+    def host_path(pod, container, file):
+        [mount] = [m for m in container["volumeMounts"] if file.startswith(m["mountPath"] + "/")]
+        [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        return volume["hostPath"]["path"] + file.removeprefix(mount["mountPath"]), mount
+
+    on_host, server_mount = host_path(node_pod, server, server_file)
+    assert host_path(agent_pod, agent, agent_file)[0] == on_host  # the same file on the node
+    assert server_mount["readOnly"] is True  # the server cannot clear its own list
+    # Workloads get the broker directory (/run/tessera); the list lives outside it.
+    broker = next(v for v in node_pod["volumes"] if v["name"] == "broker")["hostPath"]["path"]
+    assert not on_host.startswith(broker + "/")
+    # The agent (the image's uid 10001) owns the directory, so it can replace the file by rename.
+    [init] = agent_pod["initContainers"]
+    assert "os.chown('/run/tessera-revoked', 10001, 10001)" in init["command"][-1]
+    assert any(m["mountPath"] == "/run/tessera-revoked" for m in init["volumeMounts"])

@@ -15,7 +15,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from portal.fleet.links import LinksRefused, remote_servers_for, store_links
 from portal.fleet.services import node_for_token
 from portal.telemetry import conf, dbthread, ingest, ticker
-from portal.telemetry.services import placements_for_node
+from portal.telemetry.services import placements_for_node, revoked_shares_for_node
 from portal.telemetry.signals import REMOTE_PROBERS, agent_token_group
 from portal.telemetry.writer import writer
 from portal.tenancy.models import hash_secret
@@ -92,6 +92,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.broken = False  # a store failed: nothing more may be stored or acked here
         self.servers_sent: list[dict[str, str]] | None = None  # the GPU nodes' servers the agent probes
         self.token_group: str | None = None
+        # What this connection last sent: the reservations placed on the node (a change there is
+        # when a share may have ended or come back) and the revoked shares (sent again only if changed).
+        self.placed_sent: frozenset[str] | None = None
+        self.revoked_sent: list[dict] | None = None
         token = _bearer_token(self.scope)
         if token:
             # Tied to its token from the start: joined before the lookup, so a rotation or
@@ -249,6 +253,25 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.exception("reading the placements of %s failed", self.node.name)
             return
         await self.send(json.dumps(body, separators=(",", ":")))
+        if not self.hello.revocations:
+            return
+        placed = frozenset(p["reservation"] for p in body["placements"])
+        if placed != self.placed_sent:
+            # A share that left the node may have ended (its token must stop working at once), and
+            # one placed here again (requeued) must leave the revoked list.
+            self.placed_sent = placed
+            await self._send_revoked()
+
+    async def _send_revoked(self) -> None:
+        try:
+            body = await dbthread.run(revoked_shares_for_node, self.node.pk)
+        except Exception:
+            # Sent again at the next change on the node or the next hello; the token expires anyway.
+            log.exception("reading the revoked shares of %s failed", self.node.name)
+            return
+        if body["shares"] != self.revoked_sent:
+            self.revoked_sent = body["shares"]
+            await self.send(json.dumps(body, separators=(",", ":")))
 
     # Channel layer events
     async def placements_changed(self, event) -> None:

@@ -1,0 +1,60 @@
+"""The remote server's revoked-share file (`--revoked-file`, preload/remote/README.md), written by
+the GPU node's agent from the portal's `revoked_shares` (wire/PROTOCOL.md 5.5).
+
+One `<share id> <unix seconds>` a line. The file is replaced whole (a temporary file in the same
+directory, then rename): the server, which reloads it when its inode changes, never reads half a
+list. The portal sends the complete recent list, bounded by MAX_REVOKED_SHARES, so the file holds
+exactly its latest list: a share placed again after a preemption leaves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from wire.agent_portal import RevokedShares
+
+log = logging.getLogger(__name__)
+
+
+def file_text(message: RevokedShares) -> str:
+    return "".join(f"{s.share} {s.at}\n" for s in message.shares)
+
+
+class RevokedFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._written: str | None = None
+
+    def write(self, message: RevokedShares) -> bool:
+        """Replace the file with `message`'s shares; False if it already said that. Raises OSError."""
+        text = file_text(message)
+        if text == self._written:
+            return False
+        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(text)
+                f.flush()
+                os.fchmod(f.fileno(), 0o644)  # the server runs as another user; it only reads
+                os.fsync(f.fileno())
+            os.replace(temp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        self._written = text
+        log.info("revoked-share file %s: %d share(s)", self.path, len(message.shares))
+        return True
+
+    def apply(self, message: RevokedShares) -> None:
+        """The stream's callback: a failed write is logged; the portal sends the list again at the
+        next change or session, and the tokens expire anyway."""
+        try:
+            self.write(message)
+        except OSError as exc:
+            log.error("cannot write the revoked-share file %s: %s", self.path, exc)
+
