@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db.models import Q
@@ -66,9 +67,27 @@ _DURATIONS = Precompiled(lambda: Reservation.objects.filter(param_in("pk", "ids"
                          .values_list("pk", "max_duration_s", "kind", "team__interactive_max_s", "state_reason",
                                       "owner_id", "team_id", "gpu_count"))
 
-_learnt_lock = threading.Lock()
-_learnt: tuple[float, RunLengths] | None = None  # (monotonic time read, what was learnt)
-_arrivals: tuple[float, Arrivals] | None = None
+class _Learnt:
+    """What the forecast learns from the database (`learn()`), kept per process for LEARNT_FOR_S
+    seconds: it changes slowly, and a cycle runs every few seconds."""
+
+    def __init__(self, learn: Callable[[], Any]) -> None:
+        self._learn = learn
+        self._lock = threading.Lock()
+        self._kept: tuple[float, Any] | None = None  # (monotonic time learnt, what)
+
+    def __call__(self) -> Any:
+        with self._lock:
+            if self._kept is not None and time.monotonic() - self._kept[0] < LEARNT_FOR_S:
+                return self._kept[1]
+        learnt = self._learn()
+        with self._lock:
+            self._kept = (time.monotonic(), learnt)
+        return learnt
+
+    def forget(self) -> None:
+        with self._lock:
+            self._kept = None
 
 
 def _keys(owner_id: int, team_id: int, gpu_count: int) -> tuple:
@@ -76,13 +95,8 @@ def _keys(owner_id: int, team_id: int, gpu_count: int) -> tuple:
     return ("owner", owner_id), ("team", team_id), ("gpus", gpu_count)
 
 
-def run_lengths() -> RunLengths:
-    """How much of their reserved time the last LEARN_FROM reservations that ended used (kept for
-    LEARNT_FOR_S seconds per process)."""
-    global _learnt
-    with _learnt_lock:
-        if _learnt is not None and time.monotonic() - _learnt[0] < LEARNT_FOR_S:
-            return _learnt[1]
+def _learn_run_lengths() -> RunLengths:
+    """How much of their reserved time the last LEARN_FROM reservations that ended used."""
     lengths = RunLengths()
     ended = (Reservation.objects.filter(state__in=ENDED, placed_at__isnull=False, expires_at__isnull=False,
                                         finished_at__gte=timezone.now() - timedelta(seconds=LEARN_WITHIN_S))
@@ -91,19 +105,13 @@ def run_lengths() -> RunLengths:
     for placed_at, expires_at, finished_at, owner, team, gpus in ended:
         lengths.observe((finished_at - placed_at).total_seconds(), (expires_at - placed_at).total_seconds(),
                         _keys(owner, team, gpus))
-    with _learnt_lock:
-        _learnt = (time.monotonic(), lengths)
     return lengths
 
 
-def arrivals() -> Arrivals:
+def _learn_arrivals() -> Arrivals:
     """The reservations submitted within the last day (the last ARRIVALS_FROM; the window shrinks to
     what they span when there are more), each with how long it ran where it ended: what the forecast
-    expects to arrive next (kept for LEARNT_FOR_S seconds per process)."""
-    global _arrivals
-    with _learnt_lock:
-        if _arrivals is not None and time.monotonic() - _arrivals[0] < LEARNT_FOR_S:
-            return _arrivals[1]
+    expects to arrive next."""
     now = timezone.now()
     window = Arrivals().window_s
     # What waited or ran: not what was cancelled or refused before it was ever placed.
@@ -122,17 +130,18 @@ def arrivals() -> Arrivals:
             continue
         ran = (finished_at - placed_at).total_seconds() if state in ENDED and finished_at and placed_at else None
         learnt.observe(req.created_at, req, ran)
-    with _learnt_lock:
-        _arrivals = (time.monotonic(), learnt)
     return learnt
 
 
-def forget_run_lengths() -> None:
+run_lengths = _Learnt(_learn_run_lengths)
+arrivals = _Learnt(_learn_arrivals)
+
+
+def forget_learnt() -> None:
     """Learn again at the next forecast (after reservations were rewritten, e.g. in tests): run
     lengths and expected arrivals."""
-    global _learnt, _arrivals
-    with _learnt_lock:
-        _learnt = _arrivals = None
+    run_lengths.forget()
+    arrivals.forget()
 
 
 def read_queue() -> list[Queued]:

@@ -37,9 +37,9 @@ def _fast_password_hashing(settings):
 def _fresh_learnt_forecast():
     # what the forecast learnt from ended reservations is kept per process for minutes: one test's
     # reservations must not teach the next test's estimates
-    queue.forget_run_lengths()
+    queue.forget_learnt()
     yield
-    queue.forget_run_lengths()
+    queue.forget_learnt()
 
 
 @pytest.fixture(autouse=True)

@@ -75,31 +75,27 @@ def test_what_a_person_used_of_their_past_reservations_moves_the_start_others_ar
     alice = client_for("alice")
     rid = alice.post(URL, reservation_body(gpu_model="T4", gpu_request=1.0, gpu_memory_mib=1000),
                      format="json").json()["id"]
-    queue.forget_run_lengths()
-    try:
-        placement_loop()
-        told = alice.get(f"{URL}{rid}/").json()
-        assert told["state"] == "pending"
-        hours = (Reservation.objects.get(pk=rid).estimated_start - timezone.now()).total_seconds() / 3600
-        assert 3.9 < hours <= 4.0  # nothing ended yet: the expiry
+    placement_loop()
+    told = alice.get(f"{URL}{rid}/").json()
+    assert told["state"] == "pending"
+    hours = (Reservation.objects.get(pk=rid).estimated_start - timezone.now()).total_seconds() / 3600
+    assert 3.9 < hours <= 4.0  # nothing ended yet: the expiry
 
-        # bob's history: 4-hour interactive reservations, each ended by him after one hour.
-        day = timezone.now() - timedelta(days=1)
-        for k in range(queue.RunLengths().min_samples):
-            past = submitted(people["bob"], teams["nlp"], gpu_request=Decimal(1), gpu_memory_mib=1000,
-                             kind="interactive", max_duration_s=4 * 3600, gpu_model="T4")
-            start = day + timedelta(minutes=k)
-            Reservation.objects.filter(pk=past.pk).update(
-                state="succeeded", placed_at=start, expires_at=start + timedelta(hours=4),
-                finished_at=start + timedelta(hours=1))
-        queue.forget_run_lengths()
-        placement_loop()
-        told = alice.get(f"{URL}{rid}/").json()
-        assert told["state"] == "pending" and told["estimated_start"] is not None
-        hours = (Reservation.objects.get(pk=rid).estimated_start - timezone.now()).total_seconds() / 3600
-        assert 0.9 < hours <= 1.0
-    finally:
-        queue.forget_run_lengths()  # what this test taught must not reach the next one
+    # bob's history: 4-hour interactive reservations, each ended by him after one hour.
+    day = timezone.now() - timedelta(days=1)
+    for k in range(queue.RunLengths().min_samples):
+        past = submitted(people["bob"], teams["nlp"], gpu_request=Decimal(1), gpu_memory_mib=1000,
+                         kind="interactive", max_duration_s=4 * 3600, gpu_model="T4")
+        start = day + timedelta(minutes=k)
+        Reservation.objects.filter(pk=past.pk).update(
+            state="succeeded", placed_at=start, expires_at=start + timedelta(hours=4),
+            finished_at=start + timedelta(hours=1))
+    queue.forget_learnt()
+    placement_loop()
+    told = alice.get(f"{URL}{rid}/").json()
+    assert told["state"] == "pending" and told["estimated_start"] is not None
+    hours = (Reservation.objects.get(pk=rid).estimated_start - timezone.now()).total_seconds() / 3600
+    assert 0.9 < hours <= 1.0
 
 
 def test_the_estimate_after_a_cycle_counts_what_that_cycle_placed(
@@ -144,7 +140,6 @@ def test_the_estimate_walks_the_work_a_team_keeps_submitting(
     from portal.placement import queue
     from tests.teams import set_any_quota
 
-    queue.forget_run_lengths()
     set_any_quota(teams["vision"], share=20, gpus=20)
     set_any_quota(teams["nlp"], share=20, gpus=20)
     for gpu in Gpu.objects.filter(model="A100-80GB"):  # vision uses more than nlp for the day
@@ -168,7 +163,7 @@ def test_the_estimate_walks_the_work_a_team_keeps_submitting(
         created = now - timedelta(days=1) + timedelta(minutes=20 * k)
         Reservation.objects.filter(pk=past.pk).update(
             created_at=created, state="succeeded", placed_at=created, finished_at=created + timedelta(hours=3))
-    queue.forget_run_lengths()
+    queue.forget_learnt()
     placement_loop()
     row = Reservation.objects.get(pk=rid)
     assert row.state == "pending" and row.estimated_start is not None
@@ -176,4 +171,3 @@ def test_the_estimate_walks_the_work_a_team_keeps_submitting(
     coming = [e for e in queue.arrivals().forward(timezone.now().timestamp(), 3600) if e.request.team == "nlp"]
     assert len(coming) == 3
     assert all(e.request.gpu_model == frozenset({"T4"}) and e.run_s == 3 * 3600 for e in coming)
-    queue.forget_run_lengths()  # what this test taught must not reach the next one
