@@ -60,7 +60,7 @@ def ledger_of(state: ClusterState, tree: QuotaTree, past=None) -> Ledger:
     for h in state.placed.values():
         if not h.gpus:
             continue
-        model = state.models[int(state.gpu_model[h.node, h.gpus[0]])]
+        model = state.model_at(h.node, h.gpus[0])
         shares.append((h.share, model, len(h.gpus)))
         if not state.ready[h.node] and h.share.admission != Admission.OPPORTUNISTIC and h.share.team in tree.units:
             held = held_by(h.share, len(h.gpus))
@@ -94,7 +94,7 @@ class Fair:
         self._scorer: Scorer | None = None  # the cycle's, as try_place last had it (placing after a reclaim)
         # The snapshot's borrowed shares with their model: all a reclaim may take back (what this
         # cycle places is never a victim), listed once instead of searched for per request.
-        self._model_of = {h.share.reservation_id: state.models[int(state.gpu_model[h.node, h.gpus[0]])]
+        self._model_of = {h.share.reservation_id: state.model_at(h.node, h.gpus[0])
                           for h in state.placed.values() if h.gpus}
         self._borrowed = [(h, self._model_of[h.share.reservation_id]) for h in state.placed.values()
                           if h.gpus and h.share.admission == Admission.BORROWED]
@@ -209,7 +209,7 @@ class Fair:
         return None, reasons
 
     def charge(self, req: Request, choice: Choice, admission: Admission) -> None:
-        model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])] if choice.slots else None
+        model = self.state.model_at(choice.node, choice.slots[0]) if choice.slots else None
         if model is not None:
             self.ledger.charge(req.id, req.team, model, demand_of(req), admission)
 
@@ -263,7 +263,7 @@ class Fair:
                 kind = 1
             else:
                 kind = 2
-            model = self.state.models[int(self.state.gpu_model[h.node, h.gpus[0]])] if h.gpus else ""
+            model = self.state.model_at(h.node, h.gpus[0]) if h.gpus else ""
             # Most saturated team first, then lowest priority, then newest (placed later, or in the
             # same commit submitted later: a higher id).
             return (kind, -self.ledger.saturation(s.team, model), s.priority, -s.since, _newer(s.reservation_id))
@@ -278,7 +278,7 @@ class Fair:
         held = {v: self.ledger.holdings[v] for v in victims if v in self.ledger.holdings}
         for v in held:
             self.ledger.refund(v)
-        model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+        model = self.state.model_at(choice.node, choice.slots[0])
         v = self.ledger.verdict(req.team, model, demand_of(req), req.priority)
         if v.admission is not None and not v.reclaim and ORDER.index(v.admission) <= ORDER.index(admission):
             return held
@@ -420,7 +420,7 @@ class Fair:
                 if adm in COUNTED and team != req.team and self.state.placed[rid].share.reclaim_at is None:
                     self._losing[(team, model)] = _add(self._losing[(team, model)], amount_)
             if admission == Admission.BORROWED:
-                model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+                model = self.state.model_at(choice.node, choice.slots[0])
                 self._promised[(req.team, model)] = _add(self._promised[(req.team, model)], demand_of(req))
             self.claimed.update(victims)
             return choice, victims, admission, {v: due.get(v, self.now) for v in victims}
@@ -457,7 +457,7 @@ class Fair:
             for h in released:
                 self.state.restore(h)
             return None
-        model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+        model = self.state.model_at(choice.node, choice.slots[0])
         return choice, victims, released, given_back, self.ledger.verdict(req.team, model, demand_of(req),
                                                                           req.priority).admission
 
@@ -527,7 +527,7 @@ class Fair:
         """Check victims found for a reclaim by fair share together: each victim team stays at or
         above its share without all of them, and without them `req` is admitted (borrowed or better).
         Returns what `_take_by_share` does; else None, with the victims restored."""
-        model = self.state.models[int(self.state.gpu_model[choice.node, choice.slots[0]])]
+        model = self.state.model_at(choice.node, choice.slots[0])
         losing: dict[str, Vec] = defaultdict(lambda: (0, 0, 0))
         for h in released:  # together, too, each victim team stays at or above its share
             s = h.share

@@ -266,6 +266,10 @@ class ClusterState:
                 out.update(index.get(key, ()))
         return out
 
+    def model_at(self, node: int, slot: int) -> str:
+        """The GPU model of slot `slot` of node `node`."""
+        return self.models[int(self.gpu_model[node, slot])]
+
     def model_mask(self, models: frozenset[str]) -> np.ndarray:
         """GPU slots of one of `models` (cached: models never change)."""
         mask = self._model_masks.get(models)

@@ -96,7 +96,7 @@ class Walk:
         if req.priority > 0:
             self.team_placed.setdefault(rec.node, set()).add(req.team)
         self.out[req.id] = Estimate(t, why or "it fits now", AFTER_ENDS if why else NOW)
-        model = state.models[int(state.gpu_model[rec.node, rec.gpus[0]])] if rec.gpus else ""
+        model = state.model_at(rec.node, rec.gpus[0]) if rec.gpus else ""
         if self.gate is not None:
             self.gate.charge(req, model)
         if self.order is not None and self.order is not self.gate:
