@@ -94,10 +94,8 @@ def _evict(victim_id: int, by: snapshot.Pending, placed_as: str, report: CycleRe
     if pod is None:
         return
     priority, namespace, name, admission, team = pod
-    if admission == Admission.BORROWED and team != by.team_slug and placed_as == Admission.BORROWED:
-        why = f"reclaimed: taken back for team {by.team_slug}, which is below its fair share (reservation {by.pk})"
-    elif admission == Admission.BORROWED and team != by.team_slug:
-        why = f"reclaimed: team {by.team_slug} needs the capacity it lent, within its quota (reservation {by.pk})"
+    if admission == Admission.BORROWED and team != by.team_slug:
+        why = "reclaimed: " + _reclaimed_for("fair_share" if placed_as == Admission.BORROWED else "quota", by)
     else:
         why = f"preempted by reservation {by.pk} (priority {by.priority} over {priority})"
     if not services.preempt(victim_id, why, ACTOR):
