@@ -13,11 +13,11 @@ broken node, not an idle one.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from agents.gpus.base import GpuSource
+from agents.remote.files import write_whole
 
 
 class NoGpusError(RuntimeError):
@@ -33,10 +33,7 @@ def gpu_uuids(source: GpuSource) -> list[str]:
 
 
 def write_gpu_file(path: Path, uuids: list[str]) -> None:
-    """Written whole or not at all (a temporary file renamed into place)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(f"{u}\n" for u in uuids))
-    os.replace(tmp, path)
+    write_whole(path, "".join(f"{u}\n" for u in uuids))
 
 
 def main(argv: list[str] | None = None, source: GpuSource | None = None) -> int:

@@ -9,12 +9,10 @@ exactly its latest list: a share placed again after a preemption leaves it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import tempfile
 from pathlib import Path
 
+from agents.remote.files import write_whole
 from wire.agent_portal import RevokedShares
 
 log = logging.getLogger(__name__)
@@ -34,18 +32,7 @@ class RevokedFile:
         text = file_text(message)
         if text == self._written:
             return False
-        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(text)
-                f.flush()
-                os.fchmod(f.fileno(), 0o644)  # the server runs as another user; it only reads
-                os.fsync(f.fileno())
-            os.replace(temp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        write_whole(self.path, text)
         self._written = text
         log.info("revoked-share file %s: %d share(s)", self.path, len(message.shares))
         return True
