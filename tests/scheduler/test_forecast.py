@@ -353,10 +353,7 @@ def test_preemption_on_all_nodes_finds_what_the_cycle_finds(seed):
                       gpu_request=1.0 if count > 1 else rng.choice([0.25, 0.5, 1.0]),
                       gpu_model=rng.choice([None, "A100", "T4"]), exclusion=rng.choice(["", "red"]))
         state = ClusterState.from_snapshot(snap)
-        on_node = {}
-        for rid, rec in state.placed.items():
-            on_node.setdefault(rec.node, {})[rid] = None
-        ours = preempt_on(state, req, range(len(nodes)), on_node)
+        ours = preempt_on(state, req, range(len(nodes)))
         found = find_preemption(ClusterState.from_snapshot(snap), req) if req.priority > 0 else None
         assert ours == (found[:2] if found else None)  # (choice, victims); find_preemption adds the holdings
 

@@ -79,11 +79,9 @@ def might_preempt(state: ClusterState, need: tuple[int, int, int, int, int], mod
     return False
 
 
-def preempt_on(state: ClusterState, req: Request, nodes: Iterable[int],
-               on_node: Mapping[int, Iterable[str]] | None = None) -> tuple[Choice, tuple[str, ...]] | None:
+def preempt_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> tuple[Choice, tuple[str, ...]] | None:
     """find_preemption restricted to `nodes`, every share there a possible victim (the forecast's
-    own placements included). Leaves the state as it found it. (`on_node`, the walk's shares per
-    node, is no longer read: the state keeps its own, in the order they were placed.)"""
+    own placements included). Leaves the state as it found it."""
     if req.priority <= 0 or req.gpu_count == 0:
         return None
     found = find_preemption(state, req, may_evict, _by_priority, nodes=nodes, exclude=())

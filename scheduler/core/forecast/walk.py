@@ -358,7 +358,7 @@ class Walk:
             if use is None or (rooms is not None and not might_preempt(
                     state, line.need, model_ids(state, use), rooms.values(), req.team, req.priority)):
                 break
-            found = preempt_on(state, use, nodes, self.on_node)
+            found = preempt_on(state, use, nodes)
             if found is None:
                 break
             choice, victims = found
