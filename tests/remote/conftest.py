@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.remote.tokens import ShareTerms, issue
 from tests.agents.broker.process import query_broker
+from wire.share_tokens import ShareTerms, issue
 
 REPO = Path(__file__).resolve().parents[2]
 PRELOAD = REPO / "preload"

@@ -170,7 +170,7 @@ def test_a_token_signed_with_another_secret_is_refused(gpu_host: GpuHost) -> Non
 
 
 def test_an_expired_or_missing_token_is_refused(gpu_host: GpuHost) -> None:
-    from agents.remote.tokens import ShareTerms, issue
+    from wire.share_tokens import ShareTerms, issue
 
     expired = issue(gpu_host.secret, ShareTerms("res-1", "GPU-fake-0", MiB, 1, 1), ttl_s=1, now=time.time() - 60)
     r = Client(gpu_host.address, expired).run("rt_prog")
