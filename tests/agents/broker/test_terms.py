@@ -186,3 +186,37 @@ def test_terms_are_validated(broker: BrokerProcess) -> None:
         s.sendall(b'TERMS {"shares":[{"share":"x","gpu":"GPU-t","request":0.6,"limit":0.5,"priority":"low"}]}\n')
         assert s.recv(4096).startswith(b"ERR TERMS: shares.0: Value error, limit 0.5 is below request 0.6")
     assert "x" not in broker.query()["gpus"]["GPU-t"]["shares"]
+
+
+THROUGH_READ_ONLY_MOUNT = """
+import os, socket, sys
+path = sys.argv[1]
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(path)
+s.sendall(b"HELLO v=1 share=s1 gpu=GPU-t pid=1 request=0.5 limit=1 priority=low\\n")
+print(s.recv(4096).decode().strip())
+for attempt in (lambda: os.unlink(path), lambda: open(os.path.join(os.path.dirname(path), "planted"), "w")):
+    try:
+        attempt()
+        print("written")
+    except OSError as exc:
+        print(exc.strerror)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare to mount")
+def test_a_workload_reaches_the_socket_through_a_read_only_mount_but_cannot_replace_it(broker: BrokerProcess,
+                                                                                      tmp_path: Path) -> None:
+    # as the device plugin mounts the broker's directory into a container: read-only, and the
+    # workload root inside it
+    inside = tmp_path / "in-container"
+    inside.mkdir()
+    script = (f"mount --bind {broker.socket_path.parent} {inside} && mount -o remount,bind,ro {inside} && "
+              f"exec {sys.executable} -c '{THROUGH_READ_ONLY_MOUNT}' {inside / broker.socket_path.name}")
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0 and "mount" in out.stderr:
+        pytest.skip(f"cannot mount here: {out.stderr.strip()}")
+    assert out.stdout.splitlines() == ["OK v=1 window_ms=10000 drain=1", "Read-only file system",
+                                       "Read-only file system"], out.stderr
+    assert broker.socket_path.is_socket()
