@@ -103,6 +103,8 @@ class Broker:
         self._ids = itertools.count(1)
         self.rejected_lines = 0
         self.refused_hellos = 0
+        # (pid, gpu, share) refusals already logged as warnings: a refused library asks again every second
+        self.refusals_logged: set[tuple[int, str, str]] = set()
 
     def snapshot(self) -> dict[str, object]:
         """Per-share GPU time (telemetry for the node agent)."""
@@ -265,8 +267,13 @@ class _Connection(_LineConnection):
             reason = broker.identity.refusal(self.peer_pid, terms)
         if reason is not None:
             broker.refused_hellos += 1
-            log.warning("refused pid %d (says %d) for share %s on gpu %s: %s",
-                        self.peer_pid, message.pid, message.share, message.gpu, reason)
+            key = (self.peer_pid, message.gpu, message.share)
+            if len(broker.refusals_logged) >= 4096:
+                broker.refusals_logged.clear()
+            level = logging.DEBUG if key in broker.refusals_logged else logging.WARNING
+            broker.refusals_logged.add(key)
+            log.log(level, "refused pid %d (says %d) for share %s on gpu %s: %s",
+                    self.peer_pid, message.pid, message.share, message.gpu, reason)
             transport.write(error_line(f"refused: {reason}"))
             transport.close()
             return
