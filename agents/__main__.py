@@ -18,7 +18,6 @@ from agents.agent import DEFAULT_BUFFER_SECONDS, Agent, AgentSettings
 from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource
 from agents.gpus.none import NoGpuSource
-from agents.inventory import InventoryError, load_inventory, pick_node
 from agents.node_resources import ResourcesError, allocatable
 from agents.placements import PlacementTable
 from agents.remote.probe import LinkTable
@@ -27,6 +26,7 @@ from agents.share_usage import BrokerUsage
 from agents.signals import stop_on_signals
 from agents.stream import websocket_url
 from wire.agent_portal import NODE_NAME_PATTERN, TOKEN_PATTERN
+from wire.inventory import InventoryError, load_inventory, pick_node
 
 log = logging.getLogger("agents")
 

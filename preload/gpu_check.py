@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from agents.broker.protocol import ShareTerms as BrokerTerms  # noqa: E402
 from agents.broker.protocol import query_stats  # noqa: E402
-from agents.remote.tokens import ShareTerms, issue  # noqa: E402
+from wire.share_tokens import ShareTerms, issue  # noqa: E402
 
 BUILD = REPO / "preload" / "build"
 LIBRARY = BUILD / "libtessera_preload.so"

@@ -20,8 +20,8 @@ import pytest
 
 from agents.broker.protocol import ShareTerms as BrokerTerms
 from agents.broker.protocol import query_stats
-from agents.remote.tokens import ShareTerms, issue
 from tests.agents.broker.process import broker_command, control_path, query_broker
+from wire.share_tokens import ShareTerms, issue
 
 REPO = Path(__file__).resolve().parents[2]
 PRELOAD = REPO / "preload"
