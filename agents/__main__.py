@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to read processes' cgroups to find their pods, and the node's meminfo "
                              "(default /proc)")
     parser.add_argument("--broker-socket", metavar="PATH", type=Path,
-                        help="the node's share broker socket, to report the GPU time each share used")
+                        help="the node's share broker's control socket: the agent gives it every share's "
+                             "terms and reads the GPU time each share used")
     parser.add_argument("--remote-server", metavar="NODE=HOST:PORT", action="append", default=[],
                         help="a GPU node's remote-share server to probe and report the link to (repeatable; "
                              "besides these, the agent probes the GPU nodes the portal names)")
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         placements = PlacementTable({d.uuid for d in source.devices()})
         resolver = CgroupResolver(args.proc_root)
         if args.broker_socket is not None:
-            share_usage = BrokerUsage(args.broker_socket, {d.uuid for d in source.devices()})
+            share_usage = BrokerUsage(args.broker_socket, {d.uuid for d in source.devices()},
+                                      placements=placements)
 
     servers: dict[str, str] = {}
     for item in args.remote_server:

@@ -5,6 +5,7 @@ checked; the server survives clients that die or misbehave."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import struct
@@ -132,6 +133,8 @@ def test_remote_launches_take_the_share_s_time_from_the_broker(built, tmp_path) 
     broker = start_broker(tmp_path)
     host = GpuHost(tmp_path, secrets.token_hex(32).encode(), broker=broker).start()
     try:
+        # the GPU node's agent names the share (the server's workers run in the server's session)
+        broker.define("res-timed", "GPU-fake-0", 0.3, 0.3, session=os.getsid(host.proc.pid))
         client = Client(host.address, host.token(share="res-timed", request=0.3, limit=0.3))
         r = client.run("drv_prog", image("cubin"), "--launches", 200, "--kernel-us", 5000)
         assert r.returncode == 0, r.stderr
