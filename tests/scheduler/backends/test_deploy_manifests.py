@@ -24,6 +24,12 @@ def docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+def find_kind_namespace(name: str) -> str:
+    """The namespace of the workload (DaemonSet, Deployment, StatefulSet, Job) called `name`."""
+    return next(d["metadata"]["namespace"] for path in MANIFESTS for d in docs(path)
+                if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job") and d["metadata"]["name"] == name)
+
+
 def find(kind: str, name: str) -> dict:
     for path in MANIFESTS:
         for d in docs(path):
@@ -46,8 +52,15 @@ def test_the_kustomization_applies_every_manifest_but_the_optional_ones():
 def test_workload_pods_go_to_a_namespace_that_enforces_pod_security_baseline():
     labels = find("Namespace", "tessera-workloads")["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
-    # Tessera's own namespace holds the node plugins (hostPath, root): privileged, said explicitly.
-    assert find("Namespace", "tessera")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    # The node plugins (hostPath, root, host PID) have a privileged namespace of their own; the
+    # portal's, with the databases, enforces baseline.
+    assert find("Namespace", "tessera-node")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert find("Namespace", "tessera")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    privileged = {d["metadata"]["name"] for path in MANIFESTS for d in docs(path)
+                  if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job")
+                  and (d["spec"]["template"]["spec"].get("hostPID")
+                       or any(v.get("hostPath") for v in d["spec"]["template"]["spec"].get("volumes", ())))}
+    assert privileged and all(find_kind_namespace(name) == "tessera-node" for name in privileged)
     assert find("RuntimeClass", "nvidia")["handler"] == "nvidia"
 
 
@@ -164,7 +177,7 @@ def test_the_portal_may_do_exactly_what_the_backend_does_and_creates_pods_only_i
     assert find("ConfigMap", "tessera-config")["data"]["TESSERA_NAMESPACE"] == "tessera-workloads"
 
 
-PLUGIN_USER = "system:serviceaccount:tessera:tessera-device-plugin"
+PLUGIN_USER = "system:serviceaccount:tessera-node:tessera-device-plugin"
 
 
 def plugin_on(apiserver, node: str) -> KubernetesPods:
