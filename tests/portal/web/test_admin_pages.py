@@ -299,3 +299,17 @@ def test_rows_with_a_service_writer_are_read_only_in_django_admin_and_its_action
     people["carol"].user_permissions.add(Permission.objects.get(codename="view_reservation"))
     page = browser_for("carol").get("/admin/reservations/reservation/")
     assert page.status_code == 200 and b"cancel_selected" not in page.content
+
+
+def test_a_preset_command_is_split_as_a_shell_would_and_shown_back_quoted(fleet, browser_for):
+    form = {"name": "Check", "kind": "batch", "gpu_model": "T4", "gpu_request": "0.5", "gpu_limit": "",
+            "gpu_memory_mib": "4096", "max_duration_h": "1", "image": "pytorch/pytorch:latest",
+            "command": "python -c 'import torch; print(torch.cuda.is_available())'"}
+    assert browser_for("carol").post("/team/vision/presets/", form).status_code == 302
+    preset = Preset.objects.get(name="Check")
+    assert preset.command == ["python", "-c", "import torch; print(torch.cuda.is_available())"]
+    page = browser_for("carol").get(f"/team/vision/presets/?edit={preset.pk}").content.decode()
+    assert "python -c &#x27;import torch; print(torch.cuda.is_available())&#x27;" in page
+    bad = browser_for("carol").post("/team/vision/presets/", form | {"name": "Broken", "command": "python -c 'x"})
+    assert bad.status_code == 400 and "could not be split like a shell would" in bad.content.decode()
+    assert not Preset.objects.filter(name="Broken").exists()
