@@ -313,3 +313,16 @@ def test_a_preset_command_is_split_as_a_shell_would_and_shown_back_quoted(fleet,
     bad = browser_for("carol").post("/team/vision/presets/", form | {"name": "Broken", "command": "python -c 'x"})
     assert bad.status_code == 400 and "could not be split like a shell would" in bad.content.decode()
     assert not Preset.objects.filter(name="Broken").exists()
+
+
+def test_403_and_404_are_pages_of_the_portal_that_say_what_happened(fleet, browser_for):
+    forbidden = browser_for("alice").get("/fleet/")
+    page = forbidden.content.decode()
+    assert forbidden.status_code == 403
+    assert "Not allowed" in page and "only site admins may see the fleet" in page
+    assert 'aria-label="Main"' in page  # the navigation is there: the way back
+    missing = browser_for("alice").get("/reservations/987654/")
+    assert missing.status_code == 404 and "Not found" in missing.content.decode()
+    assert 'aria-label="Main"' in missing.content.decode()
+    api = browser_for("alice").get("/api/v1/reservations/987654/")
+    assert api.status_code == 404 and api.json()["detail"]
