@@ -63,7 +63,7 @@
         .then(function () { return load(root.getAttribute("data-xterm-fit")); })
         .then(function () {
           screen.hidden = false;
-          term = new window.Terminal({cursorBlink: true, fontSize: 14, scrollback: 2000,
+          term = new window.Terminal({cursorBlink: true, fontSize: 14, lineHeight: 1.2, scrollback: 2000,
             fontFamily: "ui-monospace, SFMono-Regular, Menlo, Consolas, monospace"});
           fit = new window.FitAddon.FitAddon();
           term.loadAddon(fit);
@@ -120,7 +120,11 @@
           var focused = root.contains(document.activeElement);
           socket = null;
           setState("closed", said || closedWords(event.code));
-          if (focused) { openButton.focus(); } // the focus was on what just went away
+          if (event.code === 4410) { // the reservation ended: nothing left to connect to
+            openButton.hidden = true;
+          } else if (focused) {
+            openButton.focus(); // the focus was on what just went away
+          }
         };
       }).catch(function (error) {
         setState("closed", "The terminal could not start: " + error.message);
