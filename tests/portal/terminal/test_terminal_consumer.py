@@ -9,11 +9,12 @@ import json
 from decimal import Decimal
 
 import pytest
+import pytest_asyncio
 from asgiref.sync import sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
-from django.db import transaction
+from django.db import connections, transaction
 from django.urls import path
 
 from portal.fleet.models import Gpu
@@ -41,6 +42,14 @@ def _memory_layer(settings):
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def _close_database_thread():
+    yield
+    # The consumer's queries ran in the one thread sync_to_async keeps: its connection is closed
+    # there, or the test database cannot be dropped at the end.
+    await sync_to_async(connections.close_all)()
 
 
 @pytest.fixture
