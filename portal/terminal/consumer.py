@@ -121,8 +121,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         per_user = limit("PER_USER")
         self.slot = await sync_to_async(slots.claim, thread_sensitive=False)(self.user.pk, per_user)
         if self.slot is None:
-            await self._finish("error", f"You have {per_user} terminals open already; close one to open "
-                               "another.", CLOSE_TOO_MANY)
+            await self._finish("error", f"You have {per_user} terminal{'s' if per_user != 1 else ''} open "
+                               "already; close one to open another.", CLOSE_TOO_MANY)
             return
         rows, cols = _size(self.scope.get("query_string", b""))
         loop = asyncio.get_running_loop()

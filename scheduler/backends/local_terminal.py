@@ -1,7 +1,9 @@
 """The local backend's terminal: a real shell on a real PTY, run by this process, in the simulated
 pod's working directory with the pod's environment (what `make_pod_spec` gave it, so
 `echo $TESSERA_GPU_REQUEST` answers the share), and nothing of this process's own environment
-(the portal's database URL and secrets stay out).
+(the portal's database URL and secrets stay out). The shell runs as this process's own OS user, on
+this machine: the local backend is for the quickstart, the demo and the tests, not for a cluster
+people share.
 """
 
 from __future__ import annotations

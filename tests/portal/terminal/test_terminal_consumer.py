@@ -195,7 +195,7 @@ async def test_at_most_n_terminals_per_user(people, shell_for, settings):
     assert (await _text(first))["type"] == "ready"
     second, _ = await _open(people["alice"], r.pk)
     said, code = await _closed(second)
-    assert code == 4429 and "1 terminals open already" in said["message"]
+    assert code == 4429 and "You have 1 terminal open already" in said["message"]
     await first.disconnect()
     third, _ = await _open(people["alice"], r.pk)  # the first one's slot is free again
     assert (await _text(third))["type"] == "ready"
