@@ -217,3 +217,18 @@ async def test_the_shell_exiting_closes_the_terminal(people, shell_for):
     await communicator.send_to(bytes_data=b"exit\n")
     said, code = await _closed(communicator)
     assert code == 1000 and said == {"type": "closed", "message": "The shell exited."}
+
+
+async def test_output_comes_in_bounded_frames(people, shell_for, settings):
+    settings.TESSERA_TERMINAL_OUTPUT_CHUNK_BYTES = 1024
+    r = await sync_to_async(shell_for)(people["alice"])
+    communicator, _ = await _open(people["alice"], r.pk)
+    await _text(communicator)
+    await communicator.send_to(bytes_data=b"head -c 50000 /dev/zero | tr '\\0' a; echo; echo end-$((6*7))\n")
+    frames = []
+    while b"end-42" not in b"".join(frames):
+        message = await communicator.receive_output(timeout=10)
+        frames.append(message.get("bytes") or b"")
+    assert max(map(len, frames)) <= 1024
+    assert b"".join(frames).count(b"a" * 1000) >= 50  # all of it, in more frames than one
+    await communicator.disconnect()
