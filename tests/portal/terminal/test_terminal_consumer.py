@@ -232,3 +232,21 @@ async def test_output_comes_in_bounded_frames(people, shell_for, settings):
     assert max(map(len, frames)) <= 1024
     assert b"".join(frames).count(b"a" * 1000) >= 50  # all of it, in more frames than one
     await communicator.disconnect()
+
+
+async def test_the_reservations_live_message_closes_it_without_waiting_for_a_look(people, shell_for, settings,
+                                                                                  redis_channel_layer):
+    """Through Redis, as between portal processes: the change's push to the reservation's group
+    closes the terminal; the periodic look (an hour away here) is not what does it."""
+    import os
+
+    url = f"redis://127.0.0.1:6379/{int(os.environ.get('TESSERA_TEST_REDIS_DB', '7'))}"
+    await sync_to_async(redis_channel_layer)(url)
+    settings.REDIS_URL = url
+    settings.TESSERA_TERMINAL_CHECK_S = 3600
+    r = await sync_to_async(shell_for)(people["alice"])
+    communicator, _ = await _open(people["alice"], r.pk)
+    assert (await _text(communicator))["type"] == "ready"
+    await sync_to_async(services.cancel)(r.pk, people["alice"])
+    said, code = await _closed(communicator)
+    assert code == 4410 and "cancelled" in said["message"]
