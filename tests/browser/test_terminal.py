@@ -84,6 +84,7 @@ def test_owner_types_in_the_terminal_and_reads_the_share(chromium, stack, people
     sign_in(page, base, "alice", "alice-pw")
     page.goto(f"{base}/reservations/{r.pk}/")
     assert page.inner_text("#terminal [data-terminal-status]") == "Not connected."
+    shots(page, "terminal-idle")
 
     # Keyboard only: focus the button, Enter.
     page.get_by_role("button", name="Connect terminal").focus()
