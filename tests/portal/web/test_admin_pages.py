@@ -262,3 +262,40 @@ def test_teams_are_not_added_in_django_admin(browser_for, people):
     admin = browser_for("admin")
     assert admin.get("/admin/tenancy/team/add/").status_code == 403
     assert b"/admin/tenancy/team/add/" not in admin.get("/admin/tenancy/team/").content
+
+
+def test_rows_with_a_service_writer_are_read_only_in_django_admin_and_its_actions_call_the_services(
+        fleet, browser_for, teams, people):
+    people["admin"].is_superuser = True
+    people["admin"].save()
+    admin = browser_for("admin")
+    node = Node.objects.get(name="t4-node-1")
+    gpu = Gpu.objects.get(node=node, index=0)
+    r = services.submit(people["alice"], rules.ReservationSpec(team=teams["vision"], image="img",
+                                                                 gpu_request=Decimal("0.25"), gpu_memory_mib=1024))
+    # an edit posted by hand is refused: the status, the state and the allocations stay the services'
+    assert admin.post(f"/admin/fleet/node/{node.pk}/change/", {"status": "lost"}).status_code == 403
+    assert admin.post(f"/admin/reservations/reservation/{r.pk}/change/", {"state": "running"}).status_code == 403
+    assert admin.get("/admin/reservations/allocation/add/").status_code == 403
+    assert admin.post(f"/admin/reservations/reservation/{r.pk}/delete/", {"post": "yes"}).status_code == 403
+    # the pages still show the rows
+    assert admin.get(f"/admin/fleet/node/{node.pk}/change/").status_code == 200
+    assert admin.get(f"/admin/reservations/reservation/{r.pk}/change/").status_code == 200
+
+    admin.post("/admin/fleet/node/", {"action": "drain_selected", "_selected_action": [node.pk]})
+    admin.post("/admin/fleet/gpu/", {"action": "cordon_selected", "_selected_action": [gpu.pk]})
+    admin.post("/admin/reservations/reservation/", {"action": "cancel_selected", "_selected_action": [r.pk]})
+    node.refresh_from_db()
+    gpu.refresh_from_db()
+    r.refresh_from_db()
+    assert (node.status, gpu.cordoned, r.state) == ("draining", True, "cancelled")
+    assert {e.action for e in AuditEntry.objects.filter(via="web")} >= {"drained", "cordoned"}
+    assert r.transitions.get(to_state="cancelled").actor_label == "admin"
+
+    # staff who may only look get no actions
+    people["carol"].is_staff = True
+    people["carol"].save()
+    from django.contrib.auth.models import Permission
+    people["carol"].user_permissions.add(Permission.objects.get(codename="view_reservation"))
+    page = browser_for("carol").get("/admin/reservations/reservation/")
+    assert page.status_code == 200 and b"cancel_selected" not in page.content
