@@ -14,7 +14,7 @@ import yaml
 from agents.deviceplugin.__main__ import build_parser as plugin_parser
 from agents.deviceplugin.pods import KubernetesPods, NoPodForAllocation, PodFinder
 from scheduler.backends import GpuShare, PodRef
-from scheduler.backends.base import BROKER_HOST_DIR, PRELOAD_HOST_DIR, external_binding
+from scheduler.backends.base import BROKER_HOST_DIR, PRELOAD_HOST_DIR, BackendError, external_binding
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if "inventory" not in p.parts and p.name != "kustomization.yaml")
@@ -160,8 +160,13 @@ def test_the_portal_may_do_exactly_what_the_backend_does_and_creates_pods_only_i
     backend.bind_external(PodRef("team-vision", "nb"), "gpu-node-1", *external_binding("9", "vision", (share,), 10))
     apiserver.pod_logs[("tessera-workloads", status.name)] = "epoch 1\nepoch 2\n"
     assert backend.pod_log(status.ref, tail_lines=1).endswith("epoch 2\n")
+    with pytest.raises(BackendError):  # the fake speaks no exec, but the terminal's request reaches it
+        backend.open_terminal(status.ref, 24, 80)
     backend.unbind(status.ref, grace_s=5, reason="done")
     used = used_permissions(apiserver.requests)
+    # An exec WebSocket upgrade is authorized as its GET and, since Kubernetes 1.30
+    # (AuthorizePodWebsocketUpgradeCreatePermission), as create too: the fake records the GET only.
+    used |= {("pods/exec", "create", namespace) for resource, _, namespace in used if resource == "pods/exec"}
     team_binding = yaml.safe_load((DEPLOY / "optional" / "team-namespace.yaml").read_text())
     assert team_binding["roleRef"]["name"] == "tessera-team-namespace"
     check_least_privilege(used, "tessera-scheduler", roles=("tessera-workloads",),
