@@ -91,7 +91,9 @@ def test_reclaim_warning(people, teams, a100, heard):
     alice = people["alice"]
     alice.email = "alice@example.com"
     alice.save()
-    r = running(job(alice, teams["vision"], name="borrower"), a100, admission="borrowed")
+    r = job(alice, teams["vision"], name="borrower")
+    heard(lambda: running(r, a100, admission="borrowed"))
+    mail.outbox.clear()
     at = timezone.now() + timedelta(minutes=5)
     heard(lambda: services.warn_reclaim(r.pk, at, "nlp needs its quota back"))
     heard(lambda: services.warn_reclaim(r.pk, at, "nlp needs its quota back"))  # once warned stays warned
