@@ -10,42 +10,15 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from portal.fleet.models import Gpu
 from portal.notifications import preferences
 from portal.notifications.checks import run_checks
 from portal.notifications.live import unread_count
 from portal.notifications.models import Channel, Event, Notification
-from portal.reservations import events, services
+from portal.reservations import services
 from portal.reservations.states import State
-from tests.reservations import clock_at, ended, placed, running, submitted
+from tests.reservations import clock_at, ended, placed, running
 
-
-@pytest.fixture(autouse=True)
-def _clean_notes():
-    events.forget_pending()
-    yield
-    events.forget_pending()
-
-
-@pytest.fixture
-def a100(fleet):
-    return Gpu.objects.select_related("node").get(node__name="a100-node-1", index=0)
-
-
-@pytest.fixture
-def heard(django_capture_on_commit_callbacks):
-    """Run a block as if it committed: the signals (and what they cause) run after it."""
-    def run(action):
-        # What the test did outside a block never committed: its notes are not announced with it.
-        events.forget_pending()
-        with django_capture_on_commit_callbacks(execute=True):
-            return action()
-    return run
-
-
-def job(user, team, **spec):
-    """A pending reservation of a quarter GPU, 4 GiB (submitted outside `heard`: its cycle stays unrun)."""
-    return submitted(user, team, **{"gpu_request": Decimal("0.25"), "gpu_memory_mib": 4096, **spec})
+from .conftest import job
 
 
 def mine(user, event=None):
