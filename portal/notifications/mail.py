@@ -4,7 +4,7 @@ var/mail/, which `demo_mails` reads back for the demo's mail page)."""
 from __future__ import annotations
 
 from email import message_from_string, policy
-from email.utils import parsedate_to_datetime
+from email.utils import getaddresses, parsedate_to_datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -33,7 +33,7 @@ def demo_mails(address: str, limit: int = 50) -> list[dict]:
             if not chunk.strip():
                 continue
             message = message_from_string(chunk.strip() + "\n", policy=policy.default)
-            if address.lower() not in str(message.get("To", "")).lower():
+            if address.lower() not in {a.lower() for _, a in getaddresses([str(message.get("To", ""))])}:
                 continue
             body = message.get_body(("plain",))
             try:

@@ -64,6 +64,13 @@ def occurrences_of(rows: list[Reservation]) -> list[Occurrence]:
 
 @receiver(reservations_changed, dispatch_uid="notifications.reservations_changed")
 def on_reservations_changed(sender, changes: dict[int, int], **kwargs) -> None:
+    try:
+        _notify_changes(changes)
+    except Exception:  # the signal's other receivers (the live pages) still hear of the change
+        log.exception("could not notify the changes of reservations %s", sorted(changes)[:10])
+
+
+def _notify_changes(changes: dict[int, int]) -> None:
     # Only the rows at an event are read: a placement batch or new queue places (pending rows) cost
     # one indexed query that finds nothing.
     rows = list(Reservation.objects.filter(pk__in=list(changes)).filter(
@@ -75,6 +82,13 @@ def on_reservations_changed(sender, changes: dict[int, int], **kwargs) -> None:
 
 @receiver(node_lost, dispatch_uid="notifications.node_lost")
 def on_node_lost(sender, reservation_id: int, why: str, **kwargs) -> None:
+    try:
+        _notify_node_lost(reservation_id, why)
+    except Exception:
+        log.exception("could not notify that reservation %s lost its node", reservation_id)
+
+
+def _notify_node_lost(reservation_id: int, why: str) -> None:
     r = Reservation.objects.filter(pk=reservation_id).select_related("node").only(*_COLUMNS).first()
     if r is None:
         return

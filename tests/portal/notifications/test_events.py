@@ -155,3 +155,35 @@ def test_placing_many_reservations_tells_nobody(people, teams, a100, heard):
     rs = [job(alice, teams["vision"]) for _ in range(3)]
     heard(lambda: [placed(r, a100) for r in rs])
     assert mine(alice) == []
+
+
+def test_a_second_try_to_notify_the_same_event_stores_and_sends_nothing(people, teams, a100, heard):
+    from portal.notifications.services import Occurrence, notify
+
+    alice = people["alice"]
+    alice.email = "alice@example.com"
+    alice.save()
+    r = job(alice, teams["vision"], name="twice")
+    heard(lambda: running(r, a100))
+    again = Occurrence(f"r{r.pk}:running:{r.attempt + 1}", Event.RUNNING, r)
+    assert Notification.objects.get(user=alice).key == again.key
+    assert heard(lambda: notify([again])) == []  # the key is taken: no row, no mail
+    assert len(mail.outbox) == 1
+
+
+def test_a_failing_notification_does_not_keep_the_change_from_the_live_pages(people, teams, a100, heard,
+                                                                             monkeypatch):
+    from portal.notifications import subscribers
+    from portal.reservations.events import reservations_changed
+
+    heard_by_others = []
+    reservations_changed.connect(lambda sender, changes, **kw: heard_by_others.append(changes),
+                                 dispatch_uid="test-after-notifications", weak=False)
+    try:
+        monkeypatch.setattr(subscribers, "notify", lambda found: 1 / 0)
+        r = job(people["alice"], teams["vision"])
+        heard(lambda: running(r, a100))
+    finally:
+        reservations_changed.disconnect(dispatch_uid="test-after-notifications")
+    assert heard_by_others and all(r.pk in changes for changes in heard_by_others)
+    assert mine(people["alice"]) == []
