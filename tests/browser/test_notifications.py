@@ -78,7 +78,7 @@ def test_the_bell_counts_up_when_the_reservation_runs(chromium, stack, tmp_path)
     note = page.locator(".note.is-unread")
     assert note.count() == 1
     assert "Your reservation 'train-resnet' (0.5 of a T4) is running on t4-node-1." in note.inner_text()
-    shoot(page, "notifications-list")
+    shoot(page, "notifications-list", dark=True)
     note.locator("button[name=open]").click()
     page.wait_for_url(f"{portal.url}/reservations/{r.pk}/")
     assert bell(page) == 0 and page.locator("[data-bell-count]").is_hidden()
