@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bookings import BookingScorer, plan
 from .engine import Choice, choose, make_scorer
 from .fairqueue import MIN_RUN_S, Fair
 from .fairshare import Admission
@@ -165,6 +166,12 @@ def decide(
     else:
         fair = None
         ordered = queue_order(waiting, snapshot.teams, snapshot.now, aging_s)
+    if snapshot.bookings:
+        booked = plan(state, snapshot.bookings, snapshot.now, snapshot.durations,
+                      fair.claimed if fair is not None else None)
+        yield from booked.reclaims
+        if booked.room is not None:
+            scorer = BookingScorer(scorer, booked.room)
     for req in ordered:
         if req.id in decided:
             continue
