@@ -147,3 +147,34 @@ def test_decisions_without_bookings_are_unchanged():
     # a booking whose window has ended, and one of a model the fleet lacks, are no bookings at all
     gone = [booking(starts_in=-3 * HOUR, hours=1), booking("901", model="H100")]
     assert cycle(nodes, QUOTAS, pending, bookings=gone) == before
+
+
+# ---- the forecast ---------------------------------------------------------------------------------
+def test_the_estimated_start_moves_with_a_booking():
+    from scheduler.core.forecast import estimate_starts
+
+    nodes = [node("n1", "A100", 1, {0: [share("1", "b", since=0)]})]
+    waiting = [req("2", "b", created=NOW)]
+    ends = {"1": NOW + HOUR}
+    plain = estimate_starts(Snapshot(tuple(nodes), now=NOW), waiting, ends, now=NOW)
+    assert plain["2"].start == NOW + HOUR
+    # a booking from in 30 minutes to in 3 hours takes the GPU as soon as it is free
+    b = booking(starts_in=1800, hours=2.5)
+    got = estimate_starts(Snapshot(tuple(nodes), now=NOW, bookings=(b,)), waiting, ends, now=NOW)
+    assert got["2"].start == b.ends_at
+    # a booking on another model, or one that ended, moves nothing
+    other = booking(model="H100")
+    assert estimate_starts(Snapshot(tuple(nodes), now=NOW, bookings=(other,)), waiting, ends, now=NOW)["2"].start \
+        == NOW + HOUR
+
+
+def test_the_forecast_holds_a_booking_whose_lead_has_begun():
+    from scheduler.core.forecast import estimate_starts
+
+    nodes = [node("n1", "A100", 2, {0: [share("1", "b", since=0)]})]
+    waiting = [req("2", "b", created=NOW)]
+    ends = {"1": NOW + HOUR}
+    assert estimate_starts(Snapshot(tuple(nodes), now=NOW), waiting, ends, now=NOW)["2"].start == NOW
+    b = booking(starts_in=300, hours=2)  # its room is held from now: the free GPU is taken
+    got = estimate_starts(Snapshot(tuple(nodes), now=NOW, bookings=(b,)), waiting, ends, now=NOW)
+    assert got["2"].start == NOW + HOUR
