@@ -22,16 +22,16 @@ Without bookings none of this runs: the cycle decides exactly as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
 
 from .engine import choose
-from .fairshare import Admission
-from .filters import nodes_with_room
-from .model import MILLI, Reason, ReasonCode, Reclaim, Request, to_milli
+from .fairshare import Admission, demand_of, held_by
+from .filters import fits_on, nodes_with_room
+from .model import MILLI, Placement, Preemption, Reason, ReasonCode, Reclaim, Request, to_milli
 from .preemption import find_preemption
 from .scorers import BestFitScorer, Scorer
 from .state import ClusterState, Holding
@@ -172,6 +172,9 @@ class Plan:
     reclaims: list[Reclaim]
     placed: dict[str, tuple[int, tuple[int, ...]]]
     room: BookedRoom | None
+    # Started bookings (their request waits in the queue): what must leave their room now.
+    victims: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    held: dict[str, Request] = field(default_factory=dict)  # the room held now, per booking
 
 
 def _take(state: ClusterState, node: int, slots: Sequence[int], req: Request, sign: int = -1) -> None:
@@ -184,11 +187,14 @@ def _take(state: ClusterState, node: int, slots: Sequence[int], req: Request, si
 
 
 def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
-         durations: Mapping[str, float] | None = None, claimed: set[str] | None = None) -> Plan:
+         durations: Mapping[str, float] | None = None, claimed: set[str] | None = None,
+         started: Container[str] = ()) -> Plan:
     """Hold the room of bookings whose lead time has begun (in `state`, for the rest of the cycle)
     and warn what is in its way; plan later bookings on the GPUs they would take. `claimed`: victims
     already promised this cycle (the fair queue's), which others must not count on; the bookings'
-    victims are added to it."""
+    victims are added to it. `started`: the waiting requests, among which a booking whose window
+    began waits (the portal made it a pending reservation of the same id, and keeps feeding the
+    booking until it is placed): its room is held for it and its victims listed (`start`)."""
     out = Plan([], {}, None)
     live = sorted((b for b in bookings if b.ends_at > now and b.gpu_model in state.model_id),
                   key=lambda b: (b.starts_at, b.id))
@@ -202,6 +208,9 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
         if choice is not None:
             _take(state, choice.node, choice.slots, req)
             out.placed[b.id] = (choice.node, choice.slots)
+            out.held[b.id] = req
+            if b.id in started:
+                out.victims[b.id] = ()
             continue
         among = [h for rid, h in state.placed.items() if rid not in claimed and _evictable(h.share, req)]
         found = find_preemption(state, req, _evictable, _rank, among=among) if among else None
@@ -212,9 +221,11 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
             state.restore(h)  # they run until the window starts
         _take(state, choice.node, choice.slots, req)
         out.placed[b.id] = (choice.node, choice.slots)
+        out.held[b.id] = req
         claimed.update(victims)
-        if b.starts_at <= now:
-            continue  # started: its request takes them now (they were warned when the lead began)
+        if b.id in started:
+            out.victims[b.id] = victims  # its request takes them now (they were warned when the lead began)
+            continue
         due = {v: min(state.placed[v].share.reclaim_at or b.starts_at, b.starts_at) for v in victims}
         text = warning_text(b)
         out.reclaims.append(Reclaim(b.id, victims, due, (Reason(ReasonCode.NO_FIT, text, len(victims)),), "booking"))
@@ -241,3 +252,38 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
         state.restore(h)
     out.room = room if taken else None
     return out
+
+
+def start(state: ClusterState, booked: Plan, pending: Sequence[Request], fair=None) -> Iterator[Preemption | tuple]:
+    """Place the waiting requests of started bookings in the room held for them, before the queue:
+    what is left there of the work warned ahead of the window goes now (a `Preemption`). Counted as
+    guaranteed: the booking check kept its team's quota for the window. A request that does not fit
+    its room even so (its pod asks for more node CPU than the booking) is left to the queue."""
+    for req in pending:
+        where = booked.placed.get(req.id)
+        if where is None or req.id not in booked.victims:
+            continue
+        node, slots = where
+        victims = booked.victims[req.id]
+        _take(state, node, slots, booked.held[req.id], +1)
+        released = [fair.release(v) if fair is not None else state.release(v) for v in victims]
+        if not fits_on(state, req, node, slots):
+            for h in released:
+                state.restore(h)
+                if fair is not None:
+                    fair.ledger.charge(h.share.reservation_id, h.share.team, state.model_at(h.node, h.gpus[0]),
+                                       held_by(h.share, len(h.gpus)), Admission(h.share.admission))
+            continue
+        state.reserve(req, node, slots, admission=str(Admission.GUARANTEED))
+        if fair is not None:
+            fair.ledger.charge(req.id, req.team, state.model_at(node, slots[0]), demand_of(req), Admission.GUARANTEED)
+        placement = placement_of(state, req, node, slots)
+        yield Preemption(req.id, victims, placement) if victims else (placement,)
+
+
+def placement_of(state: ClusterState, req: Request, node: int, slots: Sequence[int]) -> Placement:
+    return Placement(request_id=req.id, node=state.node_names[node],
+                     gpu_uuids=tuple(state.gpu_uuids[node][j] for j in slots),
+                     gpu_indexes=tuple(state.gpu_indexes[node][j] for j in slots),
+                     gpu_request=req.gpu_request, gpu_memory_mib=req.gpu_memory_mib,
+                     group=req.group.name if req.group else None, admission=str(Admission.GUARANTEED))
