@@ -68,6 +68,7 @@ def choose_bookings(trace, tree, share: float, seed: int) -> dict[str, Booking]:
     rng = np.random.default_rng([seed, 24])
     demand = sum(j.gpu_seconds for j in trace.jobs)
     candidates = [j for j in trace.jobs if j.max_duration is not None]
+    per_node = {p.model: p.gpus_per_node for p in trace.config.pools}
     accepted: dict[str, Booking] = {}
     by_team: dict[tuple[str, str], list[Booking]] = defaultdict(list)
     booked = 0.0
@@ -76,6 +77,8 @@ def choose_bookings(trace, tree, share: float, seed: int) -> dict[str, Booking]:
             break
         job = candidates[k]
         model = job.gpu_model or next(t.model for t in trace.teams if t.name == job.team)
+        if job.gpu_count > per_node[model]:
+            continue  # booked on its team's model, it would fit on no node of it
         quota = tree.units[job.team].quotas.get(model) if job.team in tree.units else None
         if quota is None:
             continue
@@ -128,7 +131,8 @@ class BookingReplay(Replay):
         now = self.now
         # as the portal feeds them: booked windows of the next hours, and started ones whose job waits
         live = tuple(b for b in self.bookings.values()
-                     if now < b.starts_at <= now + self.feed_s or (b.starts_at <= now and b.id in self.waiting))
+                     if now < b.starts_at <= now + self.feed_s
+                     or (b.starts_at <= now < b.ends_at and (b.id in self.waiting or b.id in self.running)))
         return {"quotas": self.tree, "bookings": live, "durations": self.known_durations() if live else {}}
 
     def _on_decision(self, sim, decision) -> None:

@@ -14,7 +14,11 @@ no longer carries it). The cycle does three things with them (`plan`, called by 
   work whose end (now + its known run time, `Snapshot.durations`) falls after such a window is
   kept off the booked room where it fits elsewhere, while work known to end before it fills that
   gap first (backfill).
-- The forecast takes booked capacity from `starts_at` (`forecast.estimate_starts`).
+- **At the start** (the portal keeps feeding a booking while its reservation waits, then while it
+  runs): the waiting request takes the room held for it before the queue (`start`), evicting what
+  is left of the work warned ahead; while its window runs it is nobody's victim
+  (`ClusterState.protected`).
+- The forecast takes booked capacity from the lead time on (`forecast.estimate_starts`).
 
 Without bookings none of this runs: the cycle decides exactly as before.
 """
@@ -198,6 +202,9 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
     out = Plan([], {}, None)
     live = sorted((b for b in bookings if b.ends_at > now and b.gpu_model in state.model_id),
                   key=lambda b: (b.starts_at, b.id))
+    running = {b.id for b in live if b.id in state.placed}
+    state.protected |= running  # a window that runs is kept to its end: nobody's victim
+    live = [b for b in live if b.id not in running]
     if not live:
         return out
     claimed = claimed if claimed is not None else set()

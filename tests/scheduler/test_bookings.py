@@ -178,3 +178,33 @@ def test_the_forecast_holds_a_booking_whose_lead_has_begun():
     b = booking(starts_in=300, hours=2)  # its room is held from now: the free GPU is taken
     got = estimate_starts(Snapshot(tuple(nodes), now=NOW, bookings=(b,)), waiting, ends, now=NOW)
     assert got["2"].start == NOW + HOUR
+
+
+# ---- at the start and while the window runs --------------------------------------------------------
+def test_a_started_booking_takes_its_room_before_the_queue():
+    # The window began: its request waits beside another team's older guaranteed request, and the
+    # one GPU is held by work warned for the booking. The booking's request goes first, evicting it.
+    b = booking("900", "a", starts_in=-30)
+    nodes = [node("n1", "A100", 1, {0: [share("1", "c", admission="borrowed", since=0, reclaim_at=b.starts_at)]})]
+    quotas = research(q(1), q(1))
+    pending = [req("5", "b", created=NOW - 3000), replace(req("900", "a", model="A100"), created_at=b.starts_at)]
+    ds = cycle(nodes, quotas, pending, bookings=[b])
+    first = next(d for d in ds if isinstance(d, Preemption | tuple))
+    assert isinstance(first, Preemption) and first.request_id == "900" and first.victims == ("1",)
+    assert first.placement.admission == "guaranteed"
+    assert "5" not in placed(ds)
+
+
+def test_a_running_window_is_nobodys_victim():
+    # a's booked job (priority 1) runs in its window; a's own priority-50 request would evict it
+    # without the booking (within a team, priorities order work).
+    nodes = [node("n1", "A100", 1, {0: [share("900", "a", priority=1, since=0)]})]
+    quotas = research(q(2), q(0))
+    pending = [req("5", "a", created=NOW - 10)]
+    assert any(isinstance(d, Preemption) for d in cycle(nodes, quotas, pending))
+    running = booking("900", "a", starts_in=-600)
+    ds = cycle(nodes, quotas, pending, bookings=[running])
+    assert not any(isinstance(d, Preemption) for d in ds)
+    # once the window is over it is ordinary work again
+    over = booking("900", "a", starts_in=-3 * HOUR, hours=1)
+    assert any(isinstance(d, Preemption) for d in cycle(nodes, quotas, pending, bookings=[over]))
