@@ -4,10 +4,11 @@ same engine (issue 24's "Done means").
 Method: the trace of bench/fairshare/replay.py (`scheduler.sim.tenants`: 3 departments, 12 teams,
 Zipf-skewed demand) under its fair-share quota tree, replayed by `scheduler.sim.events` (a cycle of
 `scheduler.core.decide` every `--cycle-s`, on every arrival and every end). About `--booked` (20%)
-of the demand (GPU-seconds) is booked ahead: interactive jobs of one GPU model with a priority,
-drawn at random, each booking accepted only as the portal's booking check would (its team's quota
-of that model holds it beside the team's other bookings over the window: compute and GPUs); the
-window is the job's reservation (arrival to arrival + its maximum duration), the job arrives at the
+of the demand (GPU-seconds) is booked ahead: interactive jobs drawn at random (then batch jobs,
+booking the hours they need rounded up, once those run out), on the job's model or its team's,
+each booking accepted only as the portal's booking check would (its team's quota of that model
+holds it beside the team's other bookings over the window: compute and GPUs); the window is the
+job's reservation (arrival to arrival + its maximum duration), the job arrives at the
 window's start. Three runs, same jobs:
 
 - none: no bookings; the booked jobs are ordinary jobs arriving at their window's start.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -67,15 +69,21 @@ def choose_bookings(trace, tree, share: float, seed: int) -> dict[str, Booking]:
     bookings that overlap its window (compute and GPUs), as the portal's booking check does."""
     rng = np.random.default_rng([seed, 24])
     demand = sum(j.gpu_seconds for j in trace.jobs)
+    # A window is the job's reservation (interactive: arrival to its maximum duration); a batch job
+    # books the hours it needs, rounded up (its owner knows roughly how long it runs).
+    window = {j.id: j.max_duration if j.max_duration is not None else math.ceil(j.duration / HOUR) * HOUR
+              for j in trace.jobs}
     candidates = [j for j in trace.jobs if j.max_duration is not None]
+    extra = [j for j in trace.jobs if j.max_duration is None]
     per_node = {p.model: p.gpus_per_node for p in trace.config.pools}
     accepted: dict[str, Booking] = {}
     by_team: dict[tuple[str, str], list[Booking]] = defaultdict(list)
     booked = 0.0
-    for k in rng.permutation(len(candidates)).tolist():
+    order = [candidates[k] for k in rng.permutation(len(candidates)).tolist()]
+    order += [extra[k] for k in rng.permutation(len(extra)).tolist()]
+    for job in order:
         if booked >= share * demand:
             break
-        job = candidates[k]
         model = job.gpu_model or next(t.model for t in trace.teams if t.name == job.team)
         if job.gpu_count > per_node[model]:
             continue  # booked on its team's model, it would fit on no node of it
@@ -83,7 +91,7 @@ def choose_bookings(trace, tree, share: float, seed: int) -> dict[str, Booking]:
         if quota is None:
             continue
         b = Booking(job.id, job.team, model, job.gpu_request, job.gpu_memory_mib, job.gpu_count,
-                    job.arrival, job.arrival + job.max_duration)
+                    job.arrival, job.arrival + window[job.id])
         overlapping = [o for o in by_team[(job.team, model)]
                        if o.starts_at < b.ends_at and b.starts_at < o.ends_at]
         # the most the team's bookings hold at once within the window: at some booking's start
@@ -106,8 +114,9 @@ def choose_bookings(trace, tree, share: float, seed: int) -> dict[str, Booking]:
 
 def with_booked_jobs(trace, bookings: dict[str, Booking]):
     """The trace with each booked job asking for its booking's model, at priority 1 at least (a
-    booking is guaranteed work): the same jobs in every mode."""
-    jobs = tuple(replace(j, gpu_model=bookings[j.id].gpu_model, priority=max(1, j.priority))
+    booking is guaranteed work), its window its known end: the same jobs in every mode."""
+    jobs = tuple(replace(j, gpu_model=bookings[j.id].gpu_model, priority=max(1, j.priority),
+                         max_duration=bookings[j.id].ends_at - bookings[j.id].starts_at)
                  if j.id in bookings else j for j in trace.jobs)
     return replace(trace, jobs=jobs)
 
@@ -269,7 +278,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--horizon-h", type=float, default=24.0)
-    ap.add_argument("--load", type=float, default=1.0)
+    ap.add_argument("--load", type=float, default=1.3)
     ap.add_argument("--booked", type=float, default=0.2, help="share of the demand (GPU-seconds) booked ahead")
     ap.add_argument("--lead-s", type=float, default=900.0, help="warnings this long before a window (the grace)")
     ap.add_argument("--feed-h", type=float, default=12.0, help="bookings reach the engine this long before a window")
