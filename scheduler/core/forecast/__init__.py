@@ -24,6 +24,10 @@ None, with the reason in the user's words and a stable `code`:
   after `max_events` ends before it could start.
 - `invalid`: the request already holds a share in the snapshot.
 
+Booked windows (`Snapshot.bookings`) take their room from their lead time (now, where it has begun)
+to their end, before any waiting request, on the GPUs the cycle would hold for them, so a request
+waits for a booked window as it waits for running work (`_with_bookings`, `Walk.hold_bookings`).
+
 Pod groups are forecast together: a group's members wait in one line at the place of its first
 member and are placed with the cycle's own gang rule (at least the group's threshold at once,
 running members counted), so a member's estimate is when its group can start.
