@@ -226,3 +226,29 @@ def _wait(predicate, timeout_s: float = 10.0) -> None:
             return
         event.wait(0.02)
     raise AssertionError("timed out")
+
+
+def test_the_command_line_publishes_a_simulated_node_and_serves_until_sigterm(apiserver, dirs):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[3]
+    apiserver.add_node("t4-node-1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agents.dra", "--node", "t4-node-1", "--simulate",
+         str(repo / "deploy" / "inventory" / "demo.yaml"), "--api-server", apiserver.url,
+         "--plugins-dir", str(dirs["plugins"]), "--registry-dir", str(dirs["registry"]),
+         "--cdi-dir", str(dirs["cdi"])],
+        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        _wait(lambda: apiserver.objects("ResourceSlice") and (dirs["registry"] / "gpu.tessera.io-reg.sock").exists(),
+              timeout_s=60)
+        (stored,) = apiserver.objects("ResourceSlice")
+        assert stored["spec"]["nodeName"] == "t4-node-1" and stored["spec"]["devices"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
