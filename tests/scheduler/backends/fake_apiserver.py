@@ -766,6 +766,7 @@ class FakeApiServer:
                 if kind == "ResourceClaim":
                     obj["status"] = {}  # the status subresource: a create does not set it
                 self._check_resource(kind, obj, None, status=False)
+                self._admit(req, "CREATE", plural, obj, None)
                 return 201, self._put(kind, ns, key[2], obj, "ADDED")
         if req.method in ("PUT", "PATCH") and name:
             with self.lock:
@@ -795,15 +796,27 @@ class FakeApiServer:
                         new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
                 self._validate(new)
                 self._check_resource(kind, new, old, status=sub == "status")
+                self._admit(req, "UPDATE", plural, new, old)
                 return 200, self._put(kind, ns, name, new, "MODIFIED")
         if req.method == "DELETE" and name:
             with self.lock:
-                obj = self.store.objects.pop((kind, ns, name), None)
+                obj = self.store.objects.get((kind, ns, name))
                 if obj is None:
                     raise ApiError(404, "NotFound", f'{plural}.resource.k8s.io "{name}" not found')
+                self._admit(req, "DELETE", plural, None, obj)
+                del self.store.objects[(kind, ns, name)]
                 self._record(kind, "DELETED", obj)
                 return 200, copy.deepcopy(obj)
         raise ApiError(405, "MethodNotAllowed", f"the fake has no {req.method} for {plural}")
+
+    def _admit(self, req: Request, operation: str, plural: str, obj: dict | None, old: dict | None) -> None:
+        """The ValidatingAdmissionPolicies added with `add_policy`, as for pods."""
+        for policy in self.policies:
+            denied = policy_denial(policy, operation, plural, obj, old, req.user)
+            if denied:
+                code, reason, message = denied
+                name = (obj or old or {}).get("metadata", {}).get("name", "")
+                raise ApiError(code, reason, f'{plural}.resource.k8s.io "{name}" is forbidden: {message}')
 
     def _check_resource(self, kind: str, obj: dict, old: dict | None, *, status: bool) -> None:
         """resource.k8s.io/v1 semantics beyond the schema (fake_resource_api.py says which)."""
