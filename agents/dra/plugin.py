@@ -6,8 +6,9 @@ Prepare reads each claim from the API server, takes the results of its allocatio
 (driver `gpu.tessera.io`, pool = this node), turns each device and its `consumedCapacity` into a GPU
 share (compute milli-GPUs → the share, memory bytes → the cap in MiB), writes the claim's CDI spec
 (`cdi.py`) and answers its CDI id. The share's reservation, limit and priority come from the
-placement annotation our engine writes on claims it allocates (`tessera.io/placement`, as on pods);
-a claim the kube-scheduler allocated has none: its share id is `claim-<uid>`, its limit its request,
+placement annotation our engine writes (`tessera.io/placement`) on the pod the claim is reserved for,
+with the Binding, as on the device-plugin path (or on the claim itself); a claim the kube-scheduler
+allocated has none: its share id is `claim-<uid>`, its limit its request,
 its priority low.
 
 Restart-safe and idempotent: every prepared claim is kept in a checkpoint file (written atomically,
@@ -36,7 +37,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from agents.deviceplugin.placement import PlacementError, parse_placement
+from agents.deviceplugin.placement import PLACEMENT_ANNOTATION, PlacementError, parse_placement
 from agents.gpus.base import GpuDevice
 from scheduler.backends.base import HIGH_PRIORITY_FROM, GpuShare
 
@@ -60,6 +61,10 @@ class ClaimError(Exception):
 class ClaimReader(Protocol):
     def claim(self, namespace: str, name: str) -> dict: ...
 
+    def pod_annotations(self, namespace: str, name: str) -> dict[str, str]:
+        """The annotations of a pod ({} when it is gone)."""
+        ...
+
 
 class KubernetesClaims:
     """`ClaimReader` on the API server (in-cluster, or a host for tests)."""
@@ -73,8 +78,23 @@ class KubernetesClaims:
         else:
             config.load_incluster_config(client_configuration=configuration)
         configuration.retries = False
-        self.resource = client.ResourceV1Api(client.ApiClient(configuration))
+        api_client = client.ApiClient(configuration)
+        self.resource = client.ResourceV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
         self.timeout_s = timeout_s
+
+    def pod_annotations(self, namespace: str, name: str) -> dict[str, str]:
+        try:
+            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                 _request_timeout=self.timeout_s)
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise ClaimError(f"cannot read pod {namespace}/{name}: HTTP {exc.status} {exc.reason}") from exc
+        try:
+            return (json.loads(resp.data).get("metadata") or {}).get("annotations") or {}
+        finally:
+            resp.release_conn()
 
     def claim(self, namespace: str, name: str) -> dict:
         try:
@@ -96,8 +116,10 @@ class Terms:
     devices: tuple[tuple[str, str, str], ...]  # (request, pool, device) of each result that is ours
 
 
-def claim_terms(claim: dict, uid: str, node: str, gpus: Sequence[GpuDevice]) -> Terms:
-    """The GPU shares a claim's allocation gives on this node; ClaimError when it gives none here."""
+def claim_terms(claim: dict, uid: str, node: str, gpus: Sequence[GpuDevice],
+                annotations: dict[str, str] | None = None) -> Terms:
+    """The GPU shares a claim's allocation gives on this node; ClaimError when it gives none here.
+    `annotations`: where the placement is (the claim's own, else its pod's)."""
     meta = claim.get("metadata") or {}
     where = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
     if meta.get("uid") != uid:
@@ -132,8 +154,8 @@ def claim_terms(claim: dict, uid: str, node: str, gpus: Sequence[GpuDevice]) -> 
     if not shares:
         raise ClaimError(f"{where} has no device of driver {DRIVER}")
     share_id, priority = f"claim-{uid}", 0
-    annotations = meta.get("annotations") or {}
-    if "tessera.io/placement" in annotations:
+    annotations = annotations if annotations is not None else meta.get("annotations") or {}
+    if PLACEMENT_ANNOTATION in annotations:
         try:
             placement = parse_placement(annotations)
         except PlacementError as exc:
@@ -198,7 +220,8 @@ class DraService(dra_pb2_grpc.DRAPluginServicer):
             entry = self.checkpoint.claims.get(claim.uid)
             if entry is None:
                 self.api_reads += 1
-                terms = claim_terms(self.claims.claim(claim.namespace, claim.name), claim.uid, self.node, self.gpus)
+                obj = self.claims.claim(claim.namespace, claim.name)
+                terms = claim_terms(obj, claim.uid, self.node, self.gpus, self._placement_of(obj))
                 entry = {"namespace": claim.namespace, "name": claim.name, "share_id": terms.share_id,
                          "devices": [list(d) for d in terms.devices],
                          "spec": claim_spec(claim.uid, terms.share_id, terms.shares, terms.priority)}
@@ -210,6 +233,18 @@ class DraService(dra_pb2_grpc.DRAPluginServicer):
                 write_atomically(spec_path(self.cdi_dir, claim.uid), entry["spec"])  # the runtime's dir was wiped
         return [dra_pb2.Device(request_names=[request] if request else [], pool_name=pool, device_name=device,
                                cdi_device_ids=[cdi_id(claim.uid)]) for request, pool, device in entry["devices"]]
+
+    def _placement_of(self, claim: dict) -> dict[str, str]:
+        """The annotations that carry the claim's placement: its own, else those of the pod it is
+        reserved for (Tessera's Binding put the placement there, as on the device-plugin path)."""
+        own = (claim.get("metadata") or {}).get("annotations") or {}
+        if PLACEMENT_ANNOTATION in own:
+            return own
+        pods = [r for r in (claim.get("status") or {}).get("reservedFor") or () if r.get("resource") == "pods"]
+        if not pods:
+            return own
+        self.api_reads += 1
+        return self.claims.pod_annotations(claim["metadata"]["namespace"], pods[0]["name"])
 
     def _unprepare(self, uid: str) -> None:
         with self._lock:

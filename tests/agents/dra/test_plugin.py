@@ -149,6 +149,20 @@ def test_a_claim_the_kube_scheduler_allocated_gets_its_own_share_id(apiserver, g
         f"claim-{uid}", "0.25", "0.25", "8192Mi", "low")
 
 
+def test_the_placement_is_read_from_the_pod_the_claim_is_reserved_for(apiserver, gpus, dirs, start_plugin, kubelet):
+    pod = apiserver.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "train-0", "namespace": "team-vision", "annotations": {"tessera.io/placement": PLACEMENT}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    claim = _allocated_claim(apiserver, gpus, "train")
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": "train-0", "uid": pod["metadata"]["uid"]}]
+    claim = apiserver.put_object(claim)
+    start_plugin()
+    uid = claim["metadata"]["uid"]
+    assert _prepare(kubelet.register(), claim).claims[uid].error == ""
+    env = _env(json.loads((dirs["cdi"] / f"gpu.tessera.io-share_{uid}.json").read_text()))
+    assert (env["TESSERA_SHARE_ID"], env["TESSERA_GPU_LIMIT"], env["TESSERA_PRIORITY"]) == ("77", "0.6", "high")
+
+
 def test_preparing_again_reads_nothing_and_a_restart_keeps_the_claims(apiserver, gpus, dirs, start_plugin, kubelet):
     claim = _allocated_claim(apiserver, gpus, "train")
     uid = claim["metadata"]["uid"]

@@ -88,7 +88,9 @@ def test_the_driver_may_do_exactly_what_it_does(nodes, apiserver, tmp_path):
     publisher.sync(GPUS)
     publisher.sync(GPUS[:1])
     claim = apiserver.put_object(docs(DRA / "examples" / "whole-gpu.yaml")[0])
-    claim["status"] = {"allocation": {"devices": {"results": [{
+    pod = apiserver.create_pod(docs(DRA / "examples" / "whole-gpu.yaml")[1])
+    claim["status"] = {"reservedFor": [{"resource": "pods", "name": "trainer", "uid": pod["metadata"]["uid"]}],
+                       "allocation": {"devices": {"results": [{
         "request": "gpu", "driver": "gpu.tessera.io", "pool": "gpu-node-1", "device": "gpu-0",
         "shareID": "6f1c2a40-0000-4000-8000-000000000001",
         "consumedCapacity": {"compute": "1000", "memory": str(40960 * MIB)}}]}}}
