@@ -11,16 +11,19 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
 
 from ..base import (
+    PLACEMENT_ANNOTATION,
     REASON_ANNOTATION,
     RESERVATION_LABEL,
     BackendError,
     ClusterEvent,
     ExternalPod,
+    GpuShare,
     NodeCondition,
     PermanentBackendError,
     PodConflict,
@@ -29,6 +32,7 @@ from ..base import (
     PodStatus,
     TransientBackendError,
 )
+from . import dra
 from .api import BIND_CONCURRENCY, Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
 from .manifests import (
     DEFAULT_CLIENT_IMAGE,
@@ -106,6 +110,8 @@ class KubernetesBackend:
         self._memory_lock = threading.Lock()
         self._deleted: OrderedDict[tuple[str, str], float] = OrderedDict()  # pod -> when we deleted it
         self._events: OrderedDict[tuple[str, str], list] = OrderedDict()  # event -> [count, sent at, uid]
+        self.claims = dra.ClaimAllocator(self.api)
+        self._slices: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> index, from its ResourceSlice
         self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
                                   backoff_max_s=policy.max_s)
 
@@ -236,7 +242,20 @@ class KubernetesBackend:
         objs = [o for name in self.scheduler_names
                 for o in self._list_all("list pending pods", self.api.core.list_pod_for_all_namespaces,
                                         field_selector=f"spec.schedulerName={name},spec.nodeName=")]
-        pods = [external_pod(o) for o in objs if is_pending_external(o, self.scheduler_names)]
+        objs = [o for o in objs if is_pending_external(o, self.scheduler_names)]
+        claimed = [o for o in objs if dra.uses_claims(o)]
+        claims = self.claims.list_claims() if claimed else {}
+        pods = [external_pod(o) for o in objs if not dra.uses_claims(o)]
+        for obj in claimed:
+            pod = external_pod(obj)
+            try:
+                terms = dra.claim_terms([claims[(pod.namespace, n)] for n in dra.pod_claim_names(obj)
+                                         if (pod.namespace, n) in claims])
+            except dra.ClaimError as exc:
+                self.reject_external(pod.ref, f"tessera: {exc}")
+                continue
+            if terms is not None:  # asks for our GPUs through DRA: admitted as if labelled
+                pods.append(replace(pod, labels={**pod.labels, **dra.terms_as_labels(terms)}))
         return sorted(pods, key=lambda p: (p.created_at, p.namespace, p.name))
 
     def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
@@ -248,6 +267,8 @@ class KubernetesBackend:
             self._check_bound(pod, node, bound_to)
             return
         marked = RESERVATION_LABEL in ((current.get("metadata") or {}).get("labels") or {})
+        if dra.uses_claims(current):
+            self._allocate_claims(pod, current, node, annotations)
         try:
             if not marked:
                 # No webhook marked it at creation, so the watch (which selects RESERVATION_LABEL)
@@ -265,6 +286,31 @@ class KubernetesBackend:
             # Bound meanwhile: by our own earlier try (answer lost) or by someone else.
             after = self._read_external(pod)
             self._check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
+
+    def _allocate_claims(self, pod: PodRef, obj: dict, node: str, annotations: Mapping[str, str]) -> None:
+        """Before the Binding: allocate the pod's claims of our classes to the placed GPUs (one status
+        write each), so the kubelet finds them allocated and reserved when the pod reaches it."""
+        placement = json.loads(annotations[PLACEMENT_ANNOTATION])
+        index = self._slices.get(node) or {}
+        if any(u not in index for u in placement["gpus"]):  # first time, or the node's GPUs changed
+            try:
+                index = dra.devices_by_uuid(self.claims.read_slice(node))
+            except NotFound as exc:
+                raise PermanentBackendError(f"node {node} publishes no ResourceSlice of {dra.DRIVER}") from exc
+            with self._memory_lock:
+                self._slices[node] = index
+        missing = [u for u in placement["gpus"] if u not in index]
+        if missing:
+            raise PodConflict(f"node {node}'s ResourceSlice has no GPU {', '.join(missing)}")
+        gpus = [GpuShare(uuid=u, index=index[u], gpu_request=placement["request"], gpu_limit=placement["limit"],
+                         gpu_memory_mib=placement["memory_mib"]) for u in placement["gpus"]]
+        for name in dra.pod_claim_names(obj):
+            try:
+                claim = self.claims.read_claim(pod.namespace, name)
+            except NotFound as exc:
+                raise PodConflict(f"claim {pod.namespace}/{name} of pod {pod.name} is gone") from exc
+            if dra.claim_terms([claim]) is not None:
+                self.claims.allocate(claim, pod, obj["metadata"]["uid"], node, gpus)
 
     def reject_external(self, pod: PodRef, reason: str) -> None:
         """A Warning Event on the pod, posted once; the same refusal again only counts up (the count

@@ -107,6 +107,29 @@ def claim_terms(claims: Sequence[Mapping[str, Any]]) -> ClaimTerms | None:
                       gpu_memory_mib=None if memory is None else max(1, math.ceil(memory / MIB)))
 
 
+def terms_as_labels(terms: ClaimTerms) -> dict[str, str]:
+    """The claims' terms as the `sharedgpu/*` labels the portal admits kubectl pods by
+    (portal/placement/kubectl_labels.py): so a DRA pod is a reservation like any other."""
+    labels = {"sharedgpu/gpu_request": str(terms.gpu_count) if terms.whole else f"{terms.gpu_request.normalize():f}"}
+    if terms.gpu_memory_mib is not None:
+        labels["sharedgpu/gpu_mem"] = f"{terms.gpu_memory_mib}Mi"
+    return labels
+
+
+def uses_claims(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("resourceClaims"))
+
+
+def devices_by_uuid(resource_slice: Mapping[str, Any]) -> dict[str, int]:
+    """GPU UUID -> its index, from the node's slice (agents/dra/slices.py names devices gpu-<index>)."""
+    out = {}
+    for device in (resource_slice.get("spec") or {}).get("devices") or ():
+        attributes = device.get("attributes") or {}
+        if "uuid" in attributes and "index" in attributes:
+            out[attributes["uuid"]["string"]] = int(attributes["index"]["int"])
+    return out
+
+
 def consumed_milli(share: float) -> int:
     """A share (0..1] as the milli-GPUs a device's request policy lets a claim consume."""
     milli = math.ceil(round(share * WHOLE_GPU_MILLI, 6) / STEP_MILLI) * STEP_MILLI
@@ -147,6 +170,9 @@ class ClaimAllocator:
         """Every ResourceClaim, by (namespace, name): read once per cycle, not once per pod."""
         page = self._raw("list claims", self.resource.list_resource_claim_for_all_namespaces)
         return {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in page.get("items") or ()}
+
+    def read_slice(self, node: str) -> dict:
+        return self._raw("read slice", self.resource.read_resource_slice, f"{node}-{DRIVER}")
 
     def read_claim(self, namespace: str, name: str) -> dict:
         return self._raw("read claim", self.resource.read_namespaced_resource_claim, name, namespace)

@@ -331,6 +331,29 @@ class FakeApiServer:
                 new["metadata"]["uid"] = old["metadata"]["uid"]
             return self._put(kind, key[1], key[2], new, "MODIFIED" if old else "ADDED")
 
+    def make_template_claims(self, namespace: str, pod_name: str) -> list[dict]:
+        """What the resourceclaim controller does for a new pod: a claim from each ResourceClaimTemplate
+        it names (owned by the pod), recorded in the pod's status.resourceClaimStatuses."""
+        with self.lock:
+            pod = copy.deepcopy(self.store.objects[("Pod", namespace, pod_name)])
+            made, statuses = [], []
+            for ref in pod["spec"].get("resourceClaims") or ():
+                if not ref.get("resourceClaimTemplateName"):
+                    continue
+                template = self.store.objects[("ResourceClaimTemplate", namespace, ref["resourceClaimTemplateName"])]
+                name = f"{pod_name}-{ref['name']}-{uuid.uuid4().hex[:5]}"
+                claim = resource_api.new_object("ResourceClaim", namespace, {
+                    "apiVersion": resource_api.API_VERSION, "kind": "ResourceClaim",
+                    "metadata": {**copy.deepcopy(template["spec"].get("metadata") or {}), "name": name,
+                                 "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
+                                                      "uid": pod["metadata"]["uid"], "controller": True}]},
+                    "spec": copy.deepcopy(template["spec"]["spec"])})
+                made.append(self._put("ResourceClaim", namespace, name, claim, "ADDED"))
+                statuses.append({"name": ref["name"], "resourceClaimName": name})
+            pod.setdefault("status", {})["resourceClaimStatuses"] = statuses
+            self._put("Pod", namespace, pod_name, pod, "MODIFIED")
+            return made
+
     def set_node_ready(self, name: str, ready: bool) -> None:
         with self.lock:
             obj = copy.deepcopy(self.store.objects[("Node", "", name)])
