@@ -139,3 +139,24 @@ def test_a_placement_that_would_over_commit_the_gpu_is_refused_before_the_bindin
 
 def test_shares_are_consumed_on_the_slices_grid():
     assert [consumed_milli(s) for s in (0.001, 0.01, 0.25, 0.255, 0.4, 1.0)] == [10, 10, 250, 260, 400, 1000]
+
+
+def test_the_portal_may_do_exactly_the_dra_calls_it_makes(cluster, backend):
+    import re
+
+    pod = _share_pod(cluster)
+    before = len(cluster.requests)
+    backend.list_pending_external()
+    _bind(backend, pod, GPUS[1].uuid, 0.4, 12288)
+    used = set()
+    for r in cluster.requests[before:]:
+        m = re.fullmatch(r"/apis/resource\.k8s\.io/v1/(?:namespaces/[^/]+/)?(\w+)(?:/([^/]+))?(?:/(\w+))?", r.path)
+        if m:
+            resource, name, sub = m.groups()
+            verb = ("get" if name else "list") if r.method == "GET" else {"PUT": "update", "POST": "create"}[r.method]
+            used.add((f"{resource}/{sub}" if sub else resource, verb))
+    rbac = next(d for d in yaml.safe_load_all((EXAMPLES.parents[1] / "portal" / "rbac.yaml").read_text())
+                if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tessera-scheduler")
+    granted = {(res, verb) for rule in rbac["rules"] if rule["apiGroups"] == ["resource.k8s.io"]
+               for res in rule["resources"] for verb in rule["verbs"]}
+    assert used == granted
