@@ -112,6 +112,8 @@ class KubernetesBackend:
         self._events: OrderedDict[tuple[str, str], list] = OrderedDict()  # event -> [count, sent at, uid]
         self.claims = dra.ClaimAllocator(self.api)
         self._slices: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> index, from its ResourceSlice
+        # Claims as the last listing read them: binding starts from them (a stale one costs a 409 and a read).
+        self._claims: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
                                   backoff_max_s=policy.max_s)
 
@@ -256,6 +258,8 @@ class KubernetesBackend:
                 continue
             if terms is not None:  # asks for our GPUs through DRA: admitted as if labelled
                 pods.append(replace(pod, labels={**pod.labels, **dra.terms_as_labels(terms)}))
+                for name in dra.pod_claim_names(obj):
+                    self._remember(self._claims, (pod.namespace, name), claims[(pod.namespace, name)])
         return sorted(pods, key=lambda p: (p.created_at, p.namespace, p.name))
 
     def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
@@ -305,8 +309,10 @@ class KubernetesBackend:
         gpus = [GpuShare(uuid=u, index=index[u], gpu_request=placement["request"], gpu_limit=placement["limit"],
                          gpu_memory_mib=placement["memory_mib"]) for u in placement["gpus"]]
         for name in dra.pod_claim_names(obj):
+            with self._memory_lock:
+                claim = self._claims.pop((pod.namespace, name), None)
             try:
-                claim = self.claims.read_claim(pod.namespace, name)
+                claim = claim or self.claims.read_claim(pod.namespace, name)
             except NotFound as exc:
                 raise PodConflict(f"claim {pod.namespace}/{name} of pod {pod.name} is gone") from exc
             if dra.claim_terms([claim]) is not None:
