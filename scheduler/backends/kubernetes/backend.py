@@ -271,14 +271,18 @@ class KubernetesBackend:
             self._check_bound(pod, node, bound_to)
             return
         marked = RESERVATION_LABEL in ((current.get("metadata") or {}).get("labels") or {})
-        if dra.uses_claims(current):
-            self._allocate_claims(pod, current, node, annotations)
         try:
             if not marked:
                 # No webhook marked it at creation, so the watch (which selects RESERVATION_LABEL)
-                # would not see it: the labels go on first, in their own write.
+                # would not see it: the labels go on first, in their own write (beside the claims'
+                # allocation, which is another object: both before the Binding).
                 patch = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
-                self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name, pod.namespace, patch)
+                self._beside(lambda: self._allocate_claims(pod, current, node, annotations)
+                             if dra.uses_claims(current) else None,
+                             lambda: self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name,
+                                               pod.namespace, patch))
+            elif dra.uses_claims(current):
+                self._allocate_claims(pod, current, node, annotations)
             # The placement rides on the Binding: the API server puts it on the pod with its node, in
             # one write, so the device plugin finds it as soon as the kubelet sees the pod.
             # Read as raw JSON: the client's model for Binding cannot parse the Status the server answers.
@@ -290,6 +294,15 @@ class KubernetesBackend:
             # Bound meanwhile: by our own earlier try (answer lost) or by someone else.
             after = self._read_external(pod)
             self._check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
+
+    def _beside(self, first: Callable[[], Any], second: Callable[[], Any]) -> None:
+        """Both calls at once (`second` in another thread); the first failure is raised once both ended."""
+        with ThreadPoolExecutor(1, thread_name_prefix="beside") as pool:
+            later = pool.submit(second)
+            try:
+                first()
+            finally:
+                later.result()
 
     def _allocate_claims(self, pod: PodRef, obj: dict, node: str, annotations: Mapping[str, str]) -> None:
         """Before the Binding: allocate the pod's claims of our classes to the placed GPUs (one status
