@@ -251,15 +251,22 @@ class KubernetesBackend:
         for obj in claimed:
             pod = external_pod(obj)
             try:
-                terms = dra.claim_terms([claims[(pod.namespace, n)] for n in dra.pod_claim_names(obj)
-                                         if (pod.namespace, n) in claims])
+                keys = [(pod.namespace, n) for n in dra.pod_claim_names(obj)]
+            except dra.ClaimError:
+                continue  # a claim not made from its template yet: the pod waits for it
+            if any(k not in claims for k in keys):
+                continue  # a claim it names does not exist (yet): the kubelet would not start it either
+            try:
+                terms = dra.claim_terms([claims[k] for k in keys])
             except dra.ClaimError as exc:
                 self.reject_external(pod.ref, f"tessera: {exc}")
                 continue
-            if terms is not None:  # asks for our GPUs through DRA: admitted as if labelled
-                pods.append(replace(pod, labels={**pod.labels, **dra.terms_as_labels(terms)}))
-                for name in dra.pod_claim_names(obj):
-                    self._remember(self._claims, (pod.namespace, name), claims[(pod.namespace, name)])
+            if terms is None:  # no claim of ours: a KubeShare-labelled pod that also uses other devices
+                pods.append(pod)
+                continue
+            pods.append(replace(pod, labels={**pod.labels, **dra.terms_as_labels(terms)}))  # admitted as if labelled
+            for key in keys:
+                self._remember(self._claims, key, claims[key])
         return sorted(pods, key=lambda p: (p.created_at, p.namespace, p.name))
 
     def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],

@@ -161,3 +161,28 @@ def test_the_portal_may_do_exactly_the_dra_calls_it_makes(cluster, backend, make
     granted = {(res, verb) for rule in rbac["rules"] if rule["apiGroups"] == ["resource.k8s.io"]
                for res in rule["resources"] for verb in rule["verbs"]}
     assert used == granted
+
+
+def test_claims_tessera_cannot_place_are_refused_in_words_and_other_vendors_claims_pass(cluster, backend):
+    def claim(name, requests):
+        cluster.put_object({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": name, "namespace": "team-vision"},
+                            "spec": {"devices": {"requests": requests}}})
+
+    def pod(name, claim_name, labels=None):
+        cluster.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": "team-vision", "labels": labels or {}},
+            "spec": {"schedulerName": "tessera", "resourceClaims": [{"name": "c", "resourceClaimName": claim_name}],
+                     "containers": [{"name": "c", "image": "x"}]}})
+
+    share = {"deviceClassName": "gpu-share.tessera.io", "capacity": {"requests": {"compute": "500"}}}
+    claim("two", [{"name": "a", "exactly": share}, {"name": "b", "exactly": share}])
+    claim("nic", [{"name": "n", "exactly": {"deviceClassName": "nic.example.com"}}])
+    pod("greedy", "two")
+    pod("labelled", "nic", {"sharedgpu/gpu_request": "0.5"})
+    pod("early", "not-made-yet")
+    listed = {p.name: p for p in backend.list_pending_external()}
+    assert set(listed) == {"labelled"} and listed["labelled"].labels == {"sharedgpu/gpu_request": "0.5"}
+    (event,) = cluster.events()
+    assert event["involvedObject"]["name"] == "greedy"
+    assert "2 requests name a Tessera class; one request (with a count) is supported" in event["message"]
