@@ -6,8 +6,8 @@ measured is our side against a given latency; the fake's over-commit guard runs 
 - device plugin: pods as the webhook leaves them (`sharedgpu/*` labels, an empty reservation label);
   `bind_external` writes the Binding carrying the placement annotation;
 - DRA: pods whose claim (made from a ResourceClaimTemplate of class gpu-share.tessera.io) asks
-  compute 250 and 4 GiB; `list_pending_external` reads the claims (one list per call) and
-  `bind_external` writes the claim's allocation, labels the pod (no webhook marked it) and binds.
+  compute 250 and 4 GiB, marked by the webhook as the KubeShare ones; `list_pending_external` reads
+  the claims (one list per call) and `bind_external` writes the claim's allocation, then binds.
 
 Both bind one pod after the other, as portal/placement/binding.py does for kubectl pods, and each
 life ends with `unbind` (one delete). Target: DRA at least the device plugin's rate, and 1 claim
@@ -77,8 +77,9 @@ def make_pods(server, n: int, dra: bool) -> None:
             spec = {"schedulerName": "tessera",
                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "quarter"}],
                     "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}]}
-            server.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team"},
-                               "spec": spec})
+            # As the webhook leaves it (deploy/portal/webhook.yaml's dra.tessera.io): marked, no share slot.
+            server.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": name, "namespace": "team", "labels": {"tessera.io/reservation": ""}}, "spec": spec})
             server.make_template_claims("team", name)  # the resourceclaim controller
         else:
             server.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {

@@ -92,6 +92,18 @@ def test_binding_allocates_the_claim_in_one_status_write_then_labels_and_binds(c
     assert [r for r in cluster.requests[before:] if r.method != "GET"] == []
 
 
+def test_a_pod_the_webhook_marked_costs_one_claim_status_write_and_the_binding(cluster, backend):
+    from scheduler.backends.kubernetes.webhook import share_patch
+
+    cluster.pod_mutators.append(share_patch)  # deploy/portal/webhook.yaml's dra.tessera.io
+    pod = _share_pod(cluster)
+    assert pod["metadata"]["labels"] == {"tessera.io/reservation": ""}
+    before = len(cluster.requests)
+    _bind(backend, pod, GPUS[1].uuid, 0.4, 12288)
+    writes = [r.method for r in cluster.requests[before:] if r.method != "GET"]
+    assert writes == ["PUT", "POST"]
+
+
 def test_the_node_driver_prepares_the_claim_with_the_reservations_terms(cluster, backend, tmp_path):
     pod = _share_pod(cluster)
     _bind(backend, pod, GPUS[0].uuid, 0.4, 12288)
