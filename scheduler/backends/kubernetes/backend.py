@@ -114,6 +114,7 @@ class KubernetesBackend:
         self._slices: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> index, from its ResourceSlice
         # Claims as the last listing read them: binding starts from them (a stale one costs a 409 and a read).
         self._claims: OrderedDict[tuple[str, str], dict] = OrderedDict()
+        self._claim_pods: OrderedDict[tuple[str, str], dict] = OrderedDict()  # DRA pods as last listed
         self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
                                   backoff_max_s=policy.max_s)
 
@@ -267,12 +268,17 @@ class KubernetesBackend:
             pods.append(replace(pod, labels={**pod.labels, **dra.terms_as_labels(terms)}))  # admitted as if labelled
             for key in keys:
                 self._remember(self._claims, key, claims[key])
+            self._remember(self._claim_pods, (pod.namespace, pod.name), obj)
         return sorted(pods, key=lambda p: (p.created_at, p.namespace, p.name))
 
     def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
                       annotations: Mapping[str, str]) -> None:
         check_labels(labels)
-        current = self._read_external(pod)
+        with self._memory_lock:
+            listed = self._claim_pods.pop((pod.namespace, pod.name), None)
+        # A DRA pod as the listing read it spares a read: its claim's write and the Binding check the
+        # rest (a pod bound meanwhile answers the Binding 409, then it is read; one gone, 404).
+        current = listed or self._read_external(pod)
         bound_to = (current.get("spec") or {}).get("nodeName")
         if bound_to:
             self._check_bound(pod, node, bound_to)

@@ -198,3 +198,28 @@ def test_claims_tessera_cannot_place_are_refused_in_words_and_other_vendors_clai
     (event,) = cluster.events()
     assert event["involvedObject"]["name"] == "greedy"
     assert "2 requests name a Tessera class; one request (with a count) is supported" in event["message"]
+
+
+def test_binding_from_the_listing_without_reading_the_pod_still_holds_when_it_moved_on(cluster, backend,
+                                                                                      make_backend):
+    from scheduler.backends.kubernetes.webhook import share_patch
+
+    cluster.pod_mutators.append(share_patch)
+    pod = _share_pod(cluster)
+    backend.list_pending_external()
+    # Another worker bound it meanwhile (the same placement): ours is then a success, written once.
+    _bind(make_backend(), pod, GPUS[1].uuid, 0.4, 12288)
+    before = len(cluster.requests)
+    _bind(backend, pod, GPUS[1].uuid, 0.4, 12288)
+    assert [r.method for r in cluster.requests[before:] if r.method != "GET"] == ["PUT", "POST"]  # both 409
+    (claim,) = cluster.objects("ResourceClaim")
+    assert len(claim["status"]["reservedFor"]) == 1
+    # Listed, then deleted before its binding: the pod is gone, said so.
+    _, other = example("share.yaml")
+    other["metadata"]["name"] = "notebook-2"
+    cluster.create_pod(other)
+    cluster.make_template_claims("team-vision", "notebook-2")
+    backend.list_pending_external()
+    cluster.remove_pod("team-vision", "notebook-2")
+    with pytest.raises(PodConflict, match="gone"):
+        _bind(backend, {"metadata": {"name": "notebook-2"}}, GPUS[0].uuid, 0.4, 12288)
