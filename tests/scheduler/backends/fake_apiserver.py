@@ -8,6 +8,11 @@ before the retained history. Every object posted to it is validated with `kubern
 against Kubernetes 1.34 (strict: unknown fields are errors); an invalid one is answered 422 and kept
 in `invalid` so that a test can fail on it.
 
+`resource.k8s.io/v1` (Dynamic Resource Allocation: ResourceSlice, DeviceClass, ResourceClaim with its
+status, ResourceClaimTemplate) is served from the same store, with the validation fake_resource_api.py
+lists; `remove_node` deletes what the node owns (its slices), `make_template_claims` plays the
+resourceclaim controller, `check_allocations` refuses claim allocations that over-commit a device.
+
 Faults: `inject(method, path_regex, status=..., delay_s=..., times=..., after=...)` answers the next
 matching requests with an HTTP error, a delay longer than the client's timeout, or (with
 `after=True`) performs the request and then answers the error, like an answer lost on the way back.
