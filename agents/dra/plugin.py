@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
@@ -91,6 +92,8 @@ class KubernetesClaims:
             if exc.status == 404:
                 return {}
             raise ClaimError(f"cannot read pod {namespace}/{name}: HTTP {exc.status} {exc.reason}") from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClaimError(f"cannot read pod {namespace}/{name}: {exc}") from exc
         try:
             return (json.loads(resp.data).get("metadata") or {}).get("annotations") or {}
         finally:
@@ -102,6 +105,8 @@ class KubernetesClaims:
                                                                 _request_timeout=self.timeout_s)
         except ApiException as exc:
             raise ClaimError(f"cannot read ResourceClaim {namespace}/{name}: HTTP {exc.status} {exc.reason}") from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # the kubelet asks again
+            raise ClaimError(f"cannot read ResourceClaim {namespace}/{name}: {exc}") from exc
         try:
             return json.loads(resp.data)
         finally:

@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -241,7 +242,7 @@ class SlicePublisher:
         while True:
             try:
                 self.sync(*read())
-            except (ApiException, OSError, RuntimeError) as exc:
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, RuntimeError) as exc:
                 log.warning("ResourceSlice %s: %s; trying again", slice_name(self.node), exc)
             if stop.wait(every_s):
                 return

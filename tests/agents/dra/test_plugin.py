@@ -181,6 +181,18 @@ def test_preparing_again_reads_nothing_and_a_restart_keeps_the_claims(apiserver,
     assert (dirs["cdi"] / f"gpu.tessera.io-share_{uid}.json").exists()
 
 
+def test_a_claim_that_cannot_be_read_now_is_reported_and_prepared_when_asked_again(
+        apiserver, gpus, dirs, start_plugin, kubelet):
+    claim = _allocated_claim(apiserver, gpus, "train")
+    uid = claim["metadata"]["uid"]
+    runner = start_plugin()
+    dra = kubelet.register()
+    apiserver.inject("GET", r"/resourceclaims/", status=None, delay_s=2.0)  # longer than the client waits
+    runner.service.claims.timeout_s = 0.5
+    assert "cannot read ResourceClaim team-vision/train" in _prepare(dra, claim).claims[uid].error
+    assert _prepare(dra, claim).claims[uid].error == ""
+
+
 def test_unprepare_deletes_the_spec_and_forgets_the_claim_even_twice(apiserver, gpus, dirs, start_plugin, kubelet):
     claim = _allocated_claim(apiserver, gpus, "train")
     uid = claim["metadata"]["uid"]

@@ -88,3 +88,18 @@ def _wait(predicate, timeout_s: float = 10.0) -> None:
             return
         event.wait(0.02)
     raise AssertionError("timed out")
+
+
+def test_a_slice_is_published_once_the_api_server_answers(apiserver, gpus):
+    apiserver.go_down()
+    publisher = _publisher(apiserver)
+    publisher.api.timeout_s = 0.5
+    stop = threading.Event()
+    thread = threading.Thread(target=publisher.run, args=(lambda: (gpus, "550.54.15", "12.4"), stop, 0.05))
+    thread.start()
+    try:
+        apiserver.come_back(authorizing_s=0.0)
+        _wait(lambda: apiserver.objects("ResourceSlice"))
+    finally:
+        stop.set()
+        thread.join(5)
