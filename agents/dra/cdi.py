@@ -11,7 +11,8 @@ One spec file per claim, `<cdi dir>/gpu.tessera.io-share_<claim uid>.json`, kind
   (`scheduler.backends.base.share_env`): NVIDIA_VISIBLE_DEVICES, LD_PRELOAD, TESSERA_GPU_REQUEST,
   TESSERA_GPU_LIMIT, TESSERA_GPU_MEMORY_LIMIT, TESSERA_PRIORITY, TESSERA_SHARE_ID,
   TESSERA_BROKER_SOCKET;
-- the preload library's directory (read-only) and the broker's socket directory, bind-mounted.
+- the preload library's directory, `/etc/ld.so.preload` naming the library, and the broker's
+  socket directory, bind-mounted read-only, as the device plugin mounts them.
 
 Files are written atomically (a temporary file in the same directory, fsync, rename), so a runtime
 never reads half a spec.
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.deviceplugin.placement import CONTROL_DEVICES
+from agents.deviceplugin.placement import CONTROL_DEVICES, LD_SO_PRELOAD, NodePaths
 from scheduler.backends.base import BROKER_HOST_DIR, PRELOAD_HOST_DIR, GpuShare, share_env
 
 CDI_VERSION = "0.6.0"
@@ -56,11 +57,16 @@ def claim_spec(claim_uid: str, share_id: str, gpus: Sequence[GpuShare], priority
             "containerEdits": {
                 "env": [f"{k}={v}" for k, v in sorted(env.items())],
                 "deviceNodes": [{"path": p} for p in nodes],
+                # As the device plugin mounts them (agents/deviceplugin/placement.py): all read-only.
                 "mounts": [
                     {"hostPath": PRELOAD_HOST_DIR, "containerPath": PRELOAD_HOST_DIR,
                      "options": ["ro", "nosuid", "nodev", "bind"]},
+                    # LD_PRELOAD is the container's to unset; /etc/ld.so.preload, read-only, is not
+                    {"hostPath": f"{PRELOAD_HOST_DIR}/{NodePaths.preload_list}", "containerPath": LD_SO_PRELOAD,
+                     "options": ["ro", "nosuid", "nodev", "bind"]},
+                    # a workload connects to the socket but can neither replace it nor plant another
                     {"hostPath": BROKER_HOST_DIR, "containerPath": BROKER_HOST_DIR,
-                     "options": ["rw", "nosuid", "nodev", "bind"]},
+                     "options": ["ro", "nosuid", "nodev", "bind"]},
                 ],
             },
         }],

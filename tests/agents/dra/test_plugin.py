@@ -135,7 +135,8 @@ def test_a_share_claim_becomes_a_cdi_spec_with_the_gpu_the_library_and_the_terms
         "TESSERA_GPU_REQUEST": "0.4", "TESSERA_GPU_LIMIT": "0.6", "TESSERA_GPU_MEMORY_LIMIT": "12288Mi",
         "TESSERA_PRIORITY": "high", "TESSERA_SHARE_ID": "77", "TESSERA_BROKER_SOCKET": "/run/tessera/broker.sock"}
     assert [(m["hostPath"], m["containerPath"], m["options"][0]) for m in edits["mounts"]] == [
-        ("/opt/tessera/lib", "/opt/tessera/lib", "ro"), ("/run/tessera", "/run/tessera", "rw")]
+        ("/opt/tessera/lib", "/opt/tessera/lib", "ro"), ("/opt/tessera/lib/ld.so.preload", "/etc/ld.so.preload", "ro"),
+        ("/run/tessera", "/run/tessera", "ro")]
 
 
 def test_a_claim_the_kube_scheduler_allocated_gets_its_own_share_id(apiserver, gpus, dirs, start_plugin, kubelet):

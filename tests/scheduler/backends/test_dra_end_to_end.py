@@ -16,10 +16,10 @@ from agents.dra import dra_pb2
 from agents.dra.plugin import DraService, KubernetesClaims
 from agents.dra.slices import MIB, SliceApi, SlicePublisher
 from agents.gpus.simulated import SimulatedSource
-from agents.inventory import load_inventory
 from agents.placements import PlacementTable
 from scheduler.backends.kubernetes.webhook import share_patch
 from tests.scheduler.backends.test_kubectl_end_to_end import INVENTORY, portal_on_kubernetes, sync_until
+from wire.inventory import load_inventory
 
 pytestmark = pytest.mark.django_db
 EXAMPLES = Path(__file__).resolve().parents[3] / "deploy" / "dra" / "examples"

@@ -20,7 +20,7 @@ from agents.gpus.base import GpuDevice
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 DRA = DEPLOY / "dra"
-USER = "system:serviceaccount:tessera:tessera-dra"
+USER = "system:serviceaccount:tessera-node:tessera-dra"
 GPUS = [GpuDevice(index=i, uuid=f"GPU-00000000-0000-4000-8000-00000000000{i}", model="NVIDIA A100-SXM4-40GB",
                   memory_mib=40960, numa_node=0, nvlink_peers=(), mig_mode="disabled") for i in range(2)]
 

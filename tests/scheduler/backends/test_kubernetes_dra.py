@@ -168,11 +168,16 @@ def test_the_portal_may_do_exactly_the_dra_calls_it_makes(cluster, backend, make
             resource, name, sub = m.groups()
             verb = ("get" if name else "list") if r.method == "GET" else {"PUT": "update", "POST": "create"}[r.method]
             used.add((f"{resource}/{sub}" if sub else resource, verb))
-    rbac = next(d for d in yaml.safe_load_all((EXAMPLES.parents[1] / "portal" / "rbac.yaml").read_text())
-                if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tessera-scheduler")
-    granted = {(res, verb) for rule in rbac["rules"] if rule["apiGroups"] == ["resource.k8s.io"]
-               for res in rule["resources"] for verb in rule["verbs"]}
-    assert used == granted
+    roles = {d["metadata"]["name"]: d for d in yaml.safe_load_all((EXAMPLES.parents[1] / "portal" / "rbac.yaml")
+                                                                  .read_text()) if d and d["kind"] == "ClusterRole"}
+
+    def granted(role: str) -> set[tuple[str, str]]:
+        return {(res, verb) for rule in roles[role]["rules"] if rule["apiGroups"] == ["resource.k8s.io"]
+                for res in rule["resources"] for verb in rule["verbs"]}
+
+    assert used == granted("tessera-scheduler") | granted("tessera-team-namespace")
+    # Cluster-wide only reads; the claim's status write only where a team namespace's RoleBinding grants it.
+    assert granted("tessera-team-namespace") == {("resourceclaims/status", "update")}
 
 
 def test_claims_tessera_cannot_place_are_refused_in_words_and_other_vendors_claims_pass(cluster, backend):
