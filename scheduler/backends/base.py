@@ -251,6 +251,11 @@ class Backend(Protocol):
     # The pod's log, its last `tail_lines` lines (timestamped); None when there is no such pod.
     def pod_log(self, ref: PodRef, tail_lines: int = 200) -> str | None: ...
 
+    def app_address(self, ref: PodRef, port: int) -> str | None:
+        """`host:port` where the portal reaches the pod's app (portal.connect), or None while the
+        pod has no address yet or is gone."""
+        ...
+
 
 def pod_name(reservation_id: str | int, attempt: int) -> str:
     return f"tessera-r{reservation_id}-{attempt}"
