@@ -18,11 +18,15 @@ if settings.DEBUG:
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up first)
 
+from portal.connect.proxy import ConnectProxy  # noqa: E402
 from portal.telemetry.routing import websocket_urlpatterns  # noqa: E402
 
 # Each route brings its own authentication: agents a node token, browsers the session (with the
 # Origin check), so the two cannot be confused.
 application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": URLRouter(websocket_urlpatterns)})
+# /connect/<reservation id>/: the reservations' apps, HTTP and WebSockets, proxied (the session as
+# the pages use it, checked per request).
+application = ConnectProxy(application)
 
 import gc  # noqa: E402
 
