@@ -70,3 +70,25 @@ def target_for(user, reservation_id: int) -> Target | None:
         return None
     return Target(reservation.pk, reservation.app, reservation.app_port, reservation.pod_namespace,
                   reservation.pod_name)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The reservation page's Open button: where it leads, what it opens, whether it works yet."""
+
+    url: str
+    app: str
+    label: str
+    ready: bool  # running; else the page says it opens once the pod runs
+
+
+def link_for(user, reservation: Reservation) -> Link | None:
+    """The Open button for `user`, or None: no app, ended, or not theirs to open."""
+    from .kinds import AppKind
+
+    if not reservation.app or reservation.state not in (State.PENDING, State.PLACED, State.RUNNING):
+        return None
+    if not may_open(user, reservation):
+        return None
+    return Link(url=base_url(reservation.pk), app=reservation.app, label=AppKind(reservation.app).label,
+                ready=reservation.state == State.RUNNING)
