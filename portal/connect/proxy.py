@@ -38,6 +38,8 @@ from scheduler.backends import PodRef
 from . import access
 
 log = logging.getLogger(__name__)
+# httpx logs every request at INFO: a line per proxied request would cost more than the proxying.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 PATH = re.compile(r"^/connect/(?P<id>[0-9]{1,12})(?P<rest>/.*)?$")
 MAX_REQUEST_HEADERS = 100
@@ -51,10 +53,11 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-autho
               b"transfer-encoding", b"upgrade", b"proxy-connection"}
 REQUEST_DROPPED = HOP_BY_HOP | {b"host", b"cookie", b"authorization", b"x-csrftoken", b"origin", b"referer",
                                 b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto",
-                                b"x-real-ip", b"content-length",
+                                b"x-real-ip",
                                 # plain bodies from the app, so the token can be masked in them (Masker)
                                 b"accept-encoding"}
-WS_REQUEST_DROPPED = REQUEST_DROPPED | {b"sec-websocket-key", b"sec-websocket-version", b"sec-websocket-extensions",
+WS_REQUEST_DROPPED = REQUEST_DROPPED | {b"content-length", b"sec-websocket-key", b"sec-websocket-version",
+                                        b"sec-websocket-extensions",
                                         b"sec-websocket-protocol"}
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -269,7 +272,10 @@ class ConnectProxy:
         client = _client()
         request = client.build_request(
             scope["method"], f"http://{address}{_upstream_path(scope)}",
-            headers=_upstream_headers(scope, REQUEST_DROPPED, cookie, target), content=_body(receive))
+            headers=_upstream_headers(scope, REQUEST_DROPPED, cookie, target),
+            # A body streams on (its Content-Length kept, else chunked); none is sent as none, not as
+            # an empty chunked one the app would wait for.
+            content=_body(receive) if _has_body(headers) else None)
         try:
             response = await client.send(request, stream=True)
         except httpx.RequestError as exc:
@@ -322,6 +328,11 @@ class ConnectProxy:
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
         await _pump(receive, send, upstream, access.app_token(target.reservation_id))
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    length = _header(headers, b"content-length")
+    return (length is not None and length.strip() != b"0") or _header(headers, b"transfer-encoding") is not None
 
 
 async def _body(receive) -> AsyncIterator[bytes]:
