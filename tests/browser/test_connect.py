@@ -53,7 +53,8 @@ RUN_CELL = """async (code) => {
   ws.close();
   const shown = document.createElement("pre");
   shown.id = "cell-output";
-  shown.style.cssText = "font: 16px monospace; padding: 1rem; border: 1px solid #888; margin: 1rem; white-space: pre-wrap";
+  shown.style.cssText = "font: 16px monospace; padding: 1rem; border: 1px solid #888; margin: 1rem; " +
+                        "white-space: pre-wrap";
   shown.textContent = "kernel " + kernel.id + " (" + kernel.name + ")\\nIn:  " + code + "\\nOut: " + printed;
   document.body.prepend(shown);
   return printed;
