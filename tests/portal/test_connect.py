@@ -145,3 +145,23 @@ def test_the_reservation_page_shows_open_to_whom_it_opens_for(fleet, teams, peop
     waiting = alice.get(f"/reservations/{pending.pk}/").content.decode()
     assert "Open appears here once the pod runs." in waiting and "data-connect" not in waiting
     assert "data-connect" not in carol.get(f"/reservations/{r.pk}/").content.decode()  # sees the page, not Open
+
+
+def test_team_admins_set_a_presets_app_and_the_policy_in_their_pages(fleet, teams, people):
+    carol = Client()
+    carol.force_login(people["carol"])
+    answer = carol.post("/team/vision/presets/", {
+        "name": "Board", "kind": "interactive", "gpu_model": "", "gpu_request": "0.25", "gpu_limit": "",
+        "gpu_memory_mib": "4096", "max_duration_h": "", "image": "tensorflow/tensorflow:2.16.1", "command": "",
+        "app": "tensorboard", "app_port": ""})
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    preset = teams["vision"].presets.get(name="Board")
+    assert (preset.app, preset.app_port) == ("tensorboard", None)
+    assert "opens TensorBoard" in carol.get("/team/vision/presets/").content.decode()
+    refused = carol.post("/team/vision/presets/", {
+        "name": "Port", "kind": "interactive", "gpu_model": "", "gpu_request": "0.25", "gpu_limit": "",
+        "gpu_memory_mib": "4096", "max_duration_h": "", "image": "img:1", "command": "", "app": "port",
+        "app_port": ""})
+    assert refused.status_code == 400 and "give the port your app listens on" in refused.content.decode()
+    page = carol.get("/team/vision/policy/").content.decode()
+    assert 'name="connect_admins"' in page
