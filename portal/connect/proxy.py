@@ -287,10 +287,15 @@ class ConnectProxy:
             await _respond(send, 502, "The app did not answer; it may still be starting or it stopped.")
             return
         masker = Masker(access.app_token(target.reservation_id))
+        # A browser that goes away (a cancelled download) stops the copy from the app. Its receive
+        # channel is free to watch only once the request's body was read.
+        gone = None if _has_body(headers) else asyncio.ensure_future(_disconnected(receive))
         try:
             await send({"type": "http.response.start", "status": response.status,
                         "headers": _response_headers(response.raw_headers)})
             async for chunk in response.content.iter_chunked(STREAM_CHUNK):  # what has come, up to that
+                if gone is not None and gone.done():
+                    break
                 chunk = masker.feed(chunk)
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -299,6 +304,8 @@ class ConnectProxy:
             log.info("connect %s: the answer broke off: %s", target.reservation_id, exc)
             await send({"type": "http.response.body", "body": masker.end()})
         finally:
+            if gone is not None:
+                gone.cancel()
             if response.content.at_eof():
                 response.release()  # the connection goes back to the pool
             else:
@@ -334,6 +341,11 @@ class ConnectProxy:
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
         await _pump(receive, send, upstream, access.app_token(target.reservation_id))
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -3,6 +3,8 @@ cluster's pod: who gets in, what the browser never sees, and a kernel over the p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
@@ -21,6 +23,7 @@ def notebook(transactional_db, redis_layer, settings, tmp_path):
     server.env.update(world["cluster"])
     server.start()
     world["portal"] = server
+    world["cluster_dir"] = tmp_path
     world["cookies"] = {name: session_cookie(user) for name, user in world["people"].items()}
     yield world
     server.stop()
@@ -107,3 +110,35 @@ def test_ended_reservation_is_404(notebook):
     from tests.integration.conftest import wait_for
     wait_for(lambda: get(notebook, "alice", f"/connect/{r.pk}/api/status").status_code == 404,
              3 * proxy.ACCESS_TTL_S, "the ended reservation's app to be gone")
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_100_mb_download_streams_through_without_being_held(notebook):
+    import hashlib
+    import os
+
+    r = notebook["reservation"]
+    wait_for_app(notebook["portal"].url, r.pk, notebook["cookies"]["alice"])
+    root = notebook["cluster_dir"] / "apps" / f"{r.pod_namespace}-{r.pod_name}"
+    chunk = os.urandom(1024 * 1024)
+    with (root / "big.bin").open("wb") as out:
+        for _ in range(100):
+            out.write(chunk)
+    expected = hashlib.sha256(chunk * 100).hexdigest()
+    daphne = notebook["portal"].proc.pid
+    before = _peak_rss_mib(daphne)
+    digest, size = hashlib.sha256(), 0
+    with httpx.stream("GET", f"{notebook['portal'].url}/connect/{r.pk}/files/big.bin",
+                      headers={"Cookie": notebook["cookies"]["alice"]}, timeout=120) as answer:
+        assert answer.status_code == 200
+        for part in answer.iter_raw():
+            digest.update(part)
+            size += len(part)
+    assert size == 100 * 1024 * 1024 and digest.hexdigest() == expected
+    assert _peak_rss_mib(daphne) - before < 50  # the portal held a few chunks at a time, not the file
