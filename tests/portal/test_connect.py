@@ -165,3 +165,36 @@ def test_team_admins_set_a_presets_app_and_the_policy_in_their_pages(fleet, team
     assert refused.status_code == 400 and "give the port your app listens on" in refused.content.decode()
     page = carol.get("/team/vision/policy/").content.decode()
     assert 'name="connect_admins"' in page
+
+
+def test_oversized_request_headers_are_refused_before_anything_else():
+    import asyncio
+
+    from portal.connect.proxy import ConnectProxy
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def fallback(scope, receive, send):  # pragma: no cover - never reached for /connect/
+        raise AssertionError("not for Django")
+
+    scope = {"type": "http", "method": "GET", "path": "/connect/1/", "query_string": b"",
+             "headers": [(b"x-filler", b"a" * 1024)] * 70}
+    asyncio.run(ConnectProxy(fallback)(scope, receive, send))
+    assert sent[0]["status"] == 431
+    sent.clear()
+    asyncio.run(ConnectProxy(fallback)({**scope, "headers": [(b"x-n", b"1")] * 101}, receive, send))
+    assert sent[0]["status"] == 431
+
+
+def test_a_page_of_another_site_may_not_drive_the_app():
+    from portal.connect.proxy import _same_origin
+
+    assert _same_origin([(b"host", b"portal.example.org"), (b"origin", b"https://portal.example.org")])
+    assert not _same_origin([(b"host", b"portal.example.org"), (b"origin", b"https://evil.example")])
+    assert _same_origin([(b"host", b"portal.example.org")])  # no Origin: not a cross-site browser request
