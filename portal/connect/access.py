@@ -30,12 +30,19 @@ def app_token(reservation_id: int) -> str:
 
 
 def app_env(reservation_id: int, app: str, port: int | None) -> dict[str, str]:
-    """The pod's variables for its app (none without one): Jupyter reads the token and base URL
-    from its command line (the local backend passes them; an image's entrypoint can do the same)."""
+    """The pod's variables for its app (none without one). An image that is not a stock Jupyter one
+    starts its app with them (`--ServerApp.token`, `--path_prefix`, …)."""
     if not app or port is None:
         return {}
-    return {"TESSERA_APP": app, "TESSERA_APP_PORT": str(port), "TESSERA_APP_TOKEN": app_token(reservation_id),
-            "TESSERA_APP_BASE_URL": base_url(reservation_id)}
+    env = {"TESSERA_APP": app, "TESSERA_APP_PORT": str(port), "TESSERA_APP_TOKEN": app_token(reservation_id),
+           "TESSERA_APP_BASE_URL": base_url(reservation_id)}
+    if app == "jupyter":
+        # What a stock Jupyter image reads without a command of its own: jupyter-server takes its
+        # token and port from JUPYTER_TOKEN and JUPYTER_PORT, the Jupyter Docker Stacks' start
+        # script adds NOTEBOOK_ARGS to its command line (the base URL).
+        env |= {"JUPYTER_TOKEN": env["TESSERA_APP_TOKEN"], "JUPYTER_PORT": str(port),
+                "NOTEBOOK_ARGS": f"--ServerApp.base_url={base_url(reservation_id)}"}
+    return env
 
 
 @dataclass(frozen=True)

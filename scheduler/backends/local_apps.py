@@ -40,7 +40,7 @@ def start(env: Mapping[str, str], workdir: Path) -> tuple[int, int] | None:
     bin_dir = str(Path(sys.executable).parent)
     process_env = {
         "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8",
-        **{k: v for k, v in env.items() if k != "TESSERA_APP_TOKEN"},
+        **{k: v for k, v in env.items() if k not in ("TESSERA_APP_TOKEN", "JUPYTER_TOKEN")},
         "JUPYTER_TOKEN": env["TESSERA_APP_TOKEN"],
         # its own config, data and runtime files: nothing of the machine's Jupyter set-up leaks in
         "JUPYTER_CONFIG_DIR": str(workdir / ".jupyter"), "JUPYTER_DATA_DIR": str(workdir / ".local"),

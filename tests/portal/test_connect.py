@@ -96,7 +96,9 @@ def test_only_the_owner_opens_it_and_team_admins_when_the_policy_says_so(fleet, 
 def test_the_pod_gets_the_token_port_and_base_url_and_kubernetes_admits_the_port(fleet):
     env = access.app_env(7, "jupyter", 8888)
     assert env == {"TESSERA_APP": "jupyter", "TESSERA_APP_PORT": "8888", "TESSERA_APP_TOKEN": access.app_token(7),
-                   "TESSERA_APP_BASE_URL": "/connect/7/"}
+                   "TESSERA_APP_BASE_URL": "/connect/7/", "JUPYTER_TOKEN": access.app_token(7),
+                   "JUPYTER_PORT": "8888", "NOTEBOOK_ARGS": "--ServerApp.base_url=/connect/7/"}
+    assert "JUPYTER_TOKEN" not in access.app_env(7, "tensorboard", 6006)
     assert access.app_token(7) != access.app_token(8) and len(access.app_token(7)) == 64
     assert access.app_env(7, "", None) == {}
     pod = make_pod_spec(reservation_id="7", attempt=1, namespace="work", node="n1", team="vision", image="img:1",
