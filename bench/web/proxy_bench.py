@@ -332,8 +332,9 @@ def main() -> None:
                      f"{m['proxy']['p50_ms']} ms | {m['proxy']['p99_ms']} ms | {added[kind]['p50_ms']} ms | "
                      f"{added[kind]['p99_ms']} ms |")
     lines += ["", f"Daphne's own floor (a 301 the proxy answers itself, no upstream): p50 {floor['p50_ms']} ms, "
-              f"p99 {floor['p99_ms']} ms; of the HTTP request's added latency, that much is the server's, "
-              "the rest is the proxying (access check from the cache, aiohttp to the app, streaming back).",
+              f"p99 {floor['p99_ms']} ms; measured after the interleaved loops, not "
+              "beside them: what any request to Daphne costs, before the proxying (access check from the cache, "
+              "aiohttp to the app, streaming back).",
               "", "| 100 MB download | direct | proxy | proxy / direct (target ≥ 50 %) |", "| --- | --- | --- | --- |",
               f"| best of {args.downloads} | {download['direct']['mb_per_s']} MB/s | "
               f"{download['proxy']['mb_per_s']} MB/s | {ratio:.0%} |", ""]
