@@ -225,6 +225,18 @@ class KubernetesBackend:
         own = client.CoreV1Api(client.ApiClient(configuration=self.api.api_client.configuration))
         return open_exec_terminal(own, ref, rows, cols)
 
+    def app_address(self, ref: PodRef, port: int) -> str | None:
+        """The pod's IP (deploy/'s NetworkPolicy admits only the portal to its app port)."""
+        try:
+            pod = self._raw(f"read pod {ref.namespace}/{ref.name}", self.api.core.read_namespaced_pod,
+                            ref.name, ref.namespace)
+        except NotFound:
+            return None
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            return None
+        return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
     def _deleted_lately(self, key: tuple[str, str]) -> bool:
         with self._memory_lock:
             at = self._deleted.get(key)
