@@ -168,3 +168,31 @@ def test_another_teams_reservation_is_404(work, people):
 def test_navigation_shows_workloads_to_managers_only(work, people):
     assert 'href="/workloads/"' in client(people, "dave").get("/").content.decode()
     assert 'href="/workloads/"' not in client(people, "alice").get("/").content.decode()
+
+
+def api(people, who: str):
+    from rest_framework.test import APIClient
+
+    c = APIClient()
+    c.force_authenticate(people[who])
+    return c
+
+
+def test_the_api_lists_the_same_workloads_with_the_same_filters(work, people):
+    r = api(people, "dave").get("/api/v1/workloads/", {"state": "active", "sort": "id"})
+    assert r.status_code == 200
+    body = r.json()
+    assert [w["id"] for w in body["results"]] == sorted([work["train"].pk, work["waiting"].pk])
+    train = body["results"][0]
+    assert train | {"created": None, "started": None} == {
+        "id": work["train"].pk, "team": "vision", "user": "alice", "name": "train", "state": "running",
+        "gpu_model": "T4", "share_pct": 25.0, "memory_gib": 8.0, "node": "t4-node-1", "gpus": ["t4-node-1/0"],
+        "created": None, "started": None, "ended": None}
+
+
+def test_the_api_refuses_what_the_page_refuses(work, people):
+    assert api(people, "alice").get("/api/v1/workloads/").status_code == 403
+    assert api(people, "dave").get("/api/v1/workloads/", {"team": "nlp"}).status_code == 404
+    r = api(people, "dave").get("/api/v1/workloads/", {"since": "2026-11-05", "until": "2026-11-01"})
+    assert r.status_code == 400 and "is before the start date 2026-11-05" in r.json()["until"][0]
+    assert api(people, "dave").get("/api/v1/workloads/", {"stat": "running"}).status_code == 400
