@@ -14,6 +14,7 @@ its keys are prefixed with TESSERA_REDIS_PREFIX (default "tessera-demo:"). Both 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -155,20 +156,16 @@ class Command(BaseCommand):
             self._signal_group(c, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for c in self.children:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 c.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         for c in self.children:  # what is left of each group (a pool process, a stuck child)
             self._signal_group(c, signal.SIGKILL)
             c.wait()
 
     @staticmethod
     def _signal_group(child: subprocess.Popen, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group has gone already
             os.killpg(child.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def _write_tokens(self, path: Path) -> tuple[int, int]:
         """Each node's token: the one in `path` while it still works (a fleet started before keeps
