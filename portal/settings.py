@@ -232,6 +232,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 
 # The cluster backend the placement cycle acts through: "local" (simulated) or "kubernetes".
 TESSERA_BACKEND = os.environ.get("TESSERA_BACKEND", "local")
+# Set by `manage.py demo` only: where its simulated fleet reads node tokens (portal.fleet.demo_tokens).
+TESSERA_DEMO_TOKENS_FILE = os.environ.get("TESSERA_DEMO_TOKENS_FILE", "")
 TESSERA_INVENTORY = os.environ.get("TESSERA_INVENTORY", str(BASE_DIR / "deploy" / "inventory" / "demo.yaml"))
 # Placement: the engine's policy; the namespace of portal reservations' pods; the simulated
 # cluster's state file (shared by web, workers and beat), pod start delay and batch run time.

@@ -12,6 +12,7 @@ from portal.audit import services as audit
 from portal.reservations.events import request_cycle
 from portal.tenancy.models import hash_secret
 
+from . import demo_tokens
 from .events import announce_nodes, announce_token_retired
 from .models import Gpu, LostCause, Node, NodeStatus
 
@@ -100,6 +101,7 @@ def issue_node_token(node: Node, actor=None) -> str:
                      action="rotated" if rotated else "created", after={"created_at": node.agent_token_created_at
                                                                         .isoformat()},
                      message="the previous token is refused from now on" if rotated else "")
+        demo_tokens.remember_after_commit(node.name, key)
     return key
 
 
