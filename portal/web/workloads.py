@@ -203,7 +203,8 @@ def workloads_page(request):
     page = Paginator(qs, PAGE_SIZE).get_page(q.get("page") or 1)
     raw = {k: request.GET.get(k, "") for k in PARAMS}  # what was typed, shown back even when refused
     kept = {k: v for k, v in raw.items() if v and k != "page"}
-    sort = q.get("sort") or DEFAULT_SORT
+    # The sort asked for stays in force while another filter is refused (the next answer uses it).
+    sort = q.get("sort") or (raw["sort"] if raw["sort"].lstrip("-") in SORTS else DEFAULT_SORT)
     may_act = {t.pk for t in user_teams if request.user.is_staff or roles.can_admin(request.user, t.pk)}
     context = {
         "rows": [(row(r), r.team_id in may_act) for r in page.object_list], "page": page, "filters": raw,
@@ -216,8 +217,10 @@ def workloads_page(request):
     context["prev_url"] = "?" + urlencode({**kept, "page": page.number - 1}) if page.has_previous() else ""
     context["next_url"] = "?" + urlencode({**kept, "page": page.number + 1}) if page.has_next() else ""
     partial = request.htmx and not request.htmx.history_restore_request
+    # A refused filter is 400, but htmx swaps only 2xx answers: its fragment, which says what is
+    # wrong in place of the table, comes as 200 so the person sees it.
     response = render(request, "web/_workloads_table.html" if partial else "web/workloads.html", context,
-                      status=200 if valid else 400)
+                      status=200 if valid or partial else 400)
     response["Vary"] = "HX-Request"
     return response
 
