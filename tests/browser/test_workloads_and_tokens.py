@@ -77,11 +77,11 @@ def test_team_admin_filters_sorts_exports_and_cancels_workloads(page, live_serve
     page.click("table.workloads th >> text=Share")
     page.wait_for_url(re.compile(r"sort=share"), wait_until="commit")
     page.wait_for_selector("th[aria-sort=ascending] >> text=Share")
-    shares = page.locator("table.workloads tbody td:nth-child(7)").all_inner_texts()
+    shares = page.locator("table.workloads tbody td:nth-child(8)").all_inner_texts()
     assert shares == ["25 %", "75 %"]
     page.click("table.workloads th >> text=Share")
     page.wait_for_selector("th[aria-sort=descending] >> text=Share")
-    assert page.locator("table.workloads tbody td:nth-child(7)").all_inner_texts() == ["75 %", "25 %"]
+    assert page.locator("table.workloads tbody td:nth-child(8)").all_inner_texts() == ["75 %", "25 %"]
     shoot(page, "workloads-desktop")
 
     # A backwards range: said in words, both dates still there.
@@ -107,6 +107,7 @@ def test_team_admin_filters_sorts_exports_and_cancels_workloads(page, live_serve
     target = world["alice-0.75"]
     row = page.locator(f"tr[data-reservation='{target.pk}']")
     row.locator("summary").click()
+    shoot(page, "workloads-actions")
     row.locator("button:has-text('Cancel')").click()
     page.wait_for_selector(f"text=Reservation {target.pk} cancelled.")
     assert "user=alice" in page.url and "sort=-share" in page.url  # back where she was
