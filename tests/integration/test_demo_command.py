@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import redis
+
 from tests.integration.conftest import REDIS_URL
 from tests.integration.test_quickstart import ROOT, free_port, wait_for
 
@@ -71,6 +73,8 @@ def test_a_taken_port_is_refused_before_anything_is_done(tmp_path):
 def test_sigterm_stops_every_process_it_started(tmp_path):
     port = free_port()
     env = demo_env(tmp_path, TESSERA_DEMO_REDIS_URL=REDIS_URL, TESSERA_REDIS_PREFIX="test-demo:")
+    store = redis.Redis.from_url(REDIS_URL)
+    store.flushdb()  # this suite's own database: only the demo writes to it from here on
     log_path = tmp_path / "demo.log"
     log = log_path.open("w")
     demo = subprocess.Popen([sys.executable, "manage.py", "demo", "--port", str(port), "--no-history"], cwd=ROOT,
@@ -81,6 +85,11 @@ def test_sigterm_stops_every_process_it_started(tmp_path):
         assert "Tessera is running" in output, output[-3000:]
         assert f"Redis {REDIS_URL}, keys prefixed 'test-demo:'" in output
         wait_for(lambda: len(descendants(demo.pid)) >= 4, 60, "the portal, worker, beat and fleet")
+        # Celery's, the cache's and the channel layer's keys carry the prefix it stated.
+        # (The queue's binding is declared as the worker starts consuming: stopping it earlier,
+        # half-started, is Celery's own business and prints its traceback.)
+        wait_for(lambda: store.exists("test-demo:_kombu.binding.celery"), 60, "the worker's queue, prefixed")
+        assert [k for k in store.scan_iter() if not k.startswith((b"test-demo:", b"tessera:"))] == []
         started = descendants(demo.pid)
         assert not port_free(port)
 
@@ -94,4 +103,5 @@ def test_sigterm_stops_every_process_it_started(tmp_path):
         for pid in descendants(demo.pid):
             os.kill(pid, signal.SIGKILL)
         log.close()
-    assert "Traceback" not in log_path.read_text()
+    output = log_path.read_text()
+    assert "Traceback" not in output, output[-4000:]
