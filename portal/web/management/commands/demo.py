@@ -93,15 +93,19 @@ class Command(BaseCommand):
             env.pop("REDIS_URL", None)
         tokens = var / "agent-tokens.yaml"
         env["TESSERA_DEMO_TOKENS_FILE"] = str(tokens)  # rotating a token in the fleet page updates it
-        call_command("migrate", verbosity=0)
-        call_command("seed_demo", inventory=settings.TESSERA_INVENTORY)
-        if not no_history:
-            from portal.web.demo_history import seed_week
+        try:
+            call_command("migrate", verbosity=0)
+            call_command("seed_demo", inventory=settings.TESSERA_INVENTORY)
+            if not no_history:
+                from portal.web.demo_history import seed_week
 
-            made = seed_week()
-            self.stdout.write(f"Usage history: {made} past reservations added." if made
-                              else "Usage history: already seeded (nothing added).")
-        kept, issued = self._write_tokens(tokens)
+                made = seed_week()
+                self.stdout.write(f"Usage history: {made} past reservations added." if made
+                                  else "Usage history: already seeded (nothing added).")
+            kept, issued = self._write_tokens(tokens)
+        except (KeyboardInterrupt, Stop):  # stopped while preparing: no process was started yet
+            self.stderr.write("Stopped before starting anything.")
+            return
         self.stdout.write(f"Node tokens: {kept} kept from {tokens.relative_to(root)}, {issued} issued.")
 
         python = sys.executable
