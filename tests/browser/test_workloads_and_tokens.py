@@ -53,14 +53,21 @@ def shoot(page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+def watch_errors(page) -> list[str]:
+    """Script errors and Content-Security-Policy violations the page reports."""
+    seen: list[str] = []
+    page.on("console", lambda m: seen.append(m.text) if "Content Security Policy" in m.text else None)
+    page.on("pageerror", lambda e: seen.append(f"page error: {e}"))
+    return seen
+
+
 def rows(page) -> list[str]:
     return page.locator("table.workloads tbody tr td:nth-child(3)").all_inner_texts()
 
 
 def test_team_admin_filters_sorts_exports_and_cancels_workloads(page, live_server, world):
     base = live_server.url
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    errors = watch_errors(page)
     page.on("dialog", lambda d: d.accept())
     page.set_viewport_size({"width": 1280, "height": 900})
     sign_in(page, base, "carol", "s3cret-carol")
@@ -137,6 +144,7 @@ def test_manager_looks_but_cannot_act(page, live_server, world):
 
 def test_alice_makes_uses_and_revokes_a_token(page, live_server, world):
     base = live_server.url
+    errors = watch_errors(page)
     page.on("dialog", lambda d: d.accept())
     page.set_viewport_size({"width": 1280, "height": 900})
     sign_in(page, base, "alice", "s3cret-alice")
@@ -169,3 +177,4 @@ def test_alice_makes_uses_and_revokes_a_token(page, live_server, world):
     page.wait_for_selector("text=You have no live token.")
     answer = page.request.get(f"{base}/api/v1/teams/", headers={"Authorization": f"Token {key}"})
     assert answer.status == 401
+    assert errors == []
