@@ -209,11 +209,16 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
+# Prepended to the cache's, the channel layer's and Celery's Redis keys (the placement and live keys
+# always start "tessera:"), so two installations can share one Redis database. Empty: as before.
+REDIS_KEY_PREFIX = os.environ.get("TESSERA_REDIS_PREFIX", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                    "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX + "asgi"}}
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": REDIS_KEY_PREFIX}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -221,11 +226,15 @@ else:
 # Celery: the broker is Redis when configured; otherwise tasks run in-process (quickstart).
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not REDIS_URL)
+if REDIS_KEY_PREFIX:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": REDIS_KEY_PREFIX}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 
 # The cluster backend the placement cycle acts through: "local" (simulated) or "kubernetes".
 TESSERA_BACKEND = os.environ.get("TESSERA_BACKEND", "local")
+# Set by `manage.py demo` only: where its simulated fleet reads node tokens (portal.fleet.demo_tokens).
+TESSERA_DEMO_TOKENS_FILE = os.environ.get("TESSERA_DEMO_TOKENS_FILE", "")
 TESSERA_INVENTORY = os.environ.get("TESSERA_INVENTORY", str(BASE_DIR / "deploy" / "inventory" / "demo.yaml"))
 # Placement: the engine's policy; the namespace of portal reservations' pods; the simulated
 # cluster's state file (shared by web, workers and beat), pod start delay and batch run time.

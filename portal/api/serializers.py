@@ -286,17 +286,35 @@ class TokenSerializer(StrictTypesMixin, serializers.ModelSerializer):
         read_only_fields = ["id", "prefix", "created_at", "last_used_at", "revoked_at"]
 
 
+TOKEN_NAME_HELP = ("what the token is for (e.g. laptop, ci); one live token per name: the same name again "
+                   "is refused (409) unless `replace` is true, which revokes the old one")
+
+
+class NewTokenRequestSerializer(StrictTypesMixin, serializers.Serializer):
+    name = serializers.CharField(max_length=80, help_text=TOKEN_NAME_HELP, error_messages={
+        "required": "give the token a name (e.g. laptop or ci): your tokens are listed by name",
+        "blank": "give the token a name (e.g. laptop or ci): your tokens are listed by name",
+        "max_length": "a token name has at most 80 characters"})
+    replace = serializers.BooleanField(required=False, default=False,
+                                       help_text="revoke your live token of this name and make a new one")
+
+
 class NewTokenSerializer(TokenSerializer):
     key = serializers.CharField(read_only=True, help_text="Shown once; only its hash is stored.")
+    replaced = serializers.SerializerMethodField(
+        help_text="the prefix of the token of the same name this one replaced (now revoked), or null")
 
     class Meta(TokenSerializer.Meta):
-        fields = [*TokenSerializer.Meta.fields, "key"]
+        fields = [*TokenSerializer.Meta.fields, "key", "replaced"]
+
+    def get_replaced(self, token) -> str | None:
+        replaced = getattr(token, "replaced", None)
+        return replaced.prefix if replaced is not None else None
 
 
-class TokenRequestSerializer(StrictTypesMixin, serializers.Serializer):
+class TokenRequestSerializer(NewTokenRequestSerializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
-    name = serializers.CharField(max_length=80, required=False, default="cli")
 
 
 # A capacity answer lists the best GPUs, not all of them: at 500 nodes × 8 GPUs the whole list

@@ -152,8 +152,21 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         ).order_by("node__name", "index")
 
 
-@extend_schema_view(create=extend_schema(request=serializers.TokenSerializer,
-                                         responses={201: serializers.NewTokenSerializer}))
+TOKEN_CONFLICT = OpenApiResponse(description="You already have a live token of that name (and no `replace`)")
+
+
+def _new_token(user, body: dict) -> Response:
+    """Make the named token, or answer 409 naming the live one of that name (nothing reused)."""
+    try:
+        token, key, replaced = tenancy_services.replace_token(user, body["name"], replace=body["replace"])
+    except tenancy_services.TokenNameTaken as exc:
+        return Response({"name": [str(exc)]}, status=status.HTTP_409_CONFLICT)
+    token.key, token.replaced = key, replaced
+    return Response(serializers.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema_view(create=extend_schema(request=serializers.NewTokenRequestSerializer,
+                                         responses={201: serializers.NewTokenSerializer, 409: TOKEN_CONFLICT}))
 class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,
                    viewsets.GenericViewSet):
     """Your API tokens. The key is shown once, at creation; DELETE revokes."""
@@ -169,18 +182,17 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
         return tokens
 
     def create(self, request, *args, **kwargs):
-        body = self.get_serializer(data=request.data)
+        body = serializers.NewTokenRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        token, key = tenancy_services.create_token(request.user, body.validated_data["name"])
-        token.key = key
-        return Response(serializers.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+        return _new_token(request.user, body.validated_data)
 
     def perform_destroy(self, instance):
         tenancy_services.revoke_token(instance)
 
 
 class ObtainTokenView(APIView):
-    """Exchange a username and password for a new API token (for CLIs and scripts)."""
+    """Exchange a username, password and a token name for a new API token (for CLIs and scripts).
+    A name already in use is refused (409) unless `replace` asks to revoke that token."""
 
     permission_classes = [AllowAny]
     authentication_classes = []
@@ -192,7 +204,7 @@ class ObtainTokenView(APIView):
 
     @extend_schema(request=serializers.TokenRequestSerializer,
                    responses={201: serializers.NewTokenSerializer, 400: OpenApiResponse(description="Invalid"),
-                              401: OpenApiResponse(description="Wrong credentials")})
+                              401: OpenApiResponse(description="Wrong credentials"), 409: TOKEN_CONFLICT})
     def post(self, request):
         body = serializers.TokenRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -200,9 +212,7 @@ class ObtainTokenView(APIView):
                             password=body.validated_data["password"])
         if user is None:
             raise AuthenticationFailed("wrong username or password")
-        token, key = tenancy_services.create_token(user, body.validated_data["name"])
-        token.key = key
-        return Response(serializers.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+        return _new_token(user, body.validated_data)
 
 
 class CapacityView(APIView):

@@ -358,6 +358,8 @@ class ApiToken(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["user", "name"], condition=models.Q(revoked_at__isnull=True),
+                                               name="one_live_token_per_name")]
 
     def __str__(self) -> str:
         return f"{self.user}:{self.name} ({self.prefix}…)"

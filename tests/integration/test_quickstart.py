@@ -53,7 +53,8 @@ def test_demo_runs_a_reservation_and_stops_cleanly(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: urllib.request.urlopen(f"{base}/login/", timeout=5).status == 200, 120, "the portal")
-        key = call(f"{base}/api/v1/auth/token/", {"username": "alice", "password": "tessera-demo"})["key"]
+        key = call(f"{base}/api/v1/auth/token/", {"username": "alice", "password": "tessera-demo",
+                                                   "name": "quickstart"})["key"]
         made = call(f"{base}/api/v1/reservations/", {"team": "vision", "image": "jupyter/base-notebook:1",
                                                      "kind": "interactive", "gpu_request": 0.3,
                                                      "gpu_memory_mib": 4096}, token=key)
