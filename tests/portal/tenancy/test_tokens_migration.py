@@ -1,4 +1,4 @@
-"""tenancy 0009: the "cli" tokens each sign-in used to mint are kept, renamed apart (the newest
+"""tenancy 0010: the "cli" tokens each sign-in used to mint are kept, renamed apart (the newest
 keeps its name), so one live token per name can be enforced without cutting any script off."""
 
 from datetime import UTC, datetime, timedelta
@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-BEFORE = [("tenancy", "0008_drop_team_quota_columns")]
-AFTER = [("tenancy", "0009_tokens")]
+BEFORE = [("tenancy", "0009_connect")]
+AFTER = [("tenancy", "0010_tokens")]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ def rename_duplicates(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenancy', '0008_drop_team_quota_columns'),
+        ('tenancy', '0009_connect'),
     ]
 
     operations = [
