@@ -6,7 +6,6 @@ worker and beat on Redis, PostgreSQL)."""
 from __future__ import annotations
 
 import re
-import time
 from decimal import Decimal
 
 import pytest
@@ -17,20 +16,13 @@ from portal.reservations import rules, services
 from portal.tenancy.models import Membership, Role
 from tests.integration.conftest import INVENTORY
 from tests.teams import make_team
+from tests.waiting import until
 
 from .stack import shoot, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 
-def until(page, check, what: str, timeout_s: float = 60) -> None:
-    """Poll from here: the pages' CSP forbids eval, which wait_for_function's predicates need."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        page.wait_for_timeout(200)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def bell(page) -> int:

@@ -13,8 +13,9 @@ import httpx
 from websockets.sync.client import connect
 
 from scheduler.backends import PodRef
-from tests.integration.conftest import INVENTORY, wait_for
+from tests.integration.conftest import INVENTORY
 from tests.teams import make_team
+from tests.waiting import wait_for
 
 
 def notebook_world(settings, tmp: Path) -> dict:

@@ -12,6 +12,7 @@ from websockets.sync.client import connect
 
 from tests.integration.conftest import Portal, session_cookie
 from tests.integration.connect_world import notebook_world, run_in_kernel, wait_for_app
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -59,7 +60,6 @@ def test_others_get_404_and_the_admin_only_when_the_policy_allows(notebook):
 
     set_policy(notebook["teams"]["vision"], Actor(None), {"connect_admins": True})
     proxy.forget()  # this process's cache; the portal's keeps an answer ACCESS_TTL_S
-    from tests.integration.conftest import wait_for
     wait_for(lambda: get(notebook, "carol", path).status_code == 200, 3 * proxy.ACCESS_TTL_S,
              "the team admin to get in once the policy allows it")
     assert get(notebook, "bob", path).status_code == 404
@@ -107,7 +107,6 @@ def test_ended_reservation_is_404(notebook):
     wait_for_app(notebook["portal"].url, r.pk, notebook["cookies"]["alice"])
     services.cancel(r.pk, notebook["people"]["alice"])
     from portal.connect import proxy
-    from tests.integration.conftest import wait_for
     wait_for(lambda: get(notebook, "alice", f"/connect/{r.pk}/api/status").status_code == 404,
              3 * proxy.ACCESS_TTL_S, "the ended reservation's app to be gone")
 
