@@ -123,6 +123,9 @@ class PolicySerializer(StrictTypesMixin, serializers.Serializer):
     allow_remote = serializers.BooleanField(required=False, help_text="Requests may use a share of another node's GPU")
     reclaim_grace_s = _setting(
         "reclaim_grace_s", help_text="Seconds a borrowed reservation runs on once warned it will be reclaimed")
+    booking_no_show_min = _setting(
+        "booking_no_show_min", help_text="Minutes a started booking may go without a process on its GPU before "
+        "it is released")
 
 
 class PolicyLimitsAnswerSerializer(serializers.Serializer):
