@@ -65,9 +65,30 @@ def load_by_model(bookings, gpu_model: str = "") -> list[ModelLoad]:
     return out
 
 
-def _peak(bookings: list[Reservation]) -> tuple[Decimal, int, int]:
+@dataclass(frozen=True)
+class DayLoad:
+    """One day: per model of `models`, the most of it booked at once (GPU share) that day."""
+
+    day: datetime
+    cells: list[tuple[ModelLoad, Decimal]]
+
+
+def by_day(bookings, models: list[ModelLoad], start: datetime, days: int) -> list[DayLoad]:
+    """The peak booked each day from `start` (midnight UTC), per model."""
+    out = []
+    for i in range(days):
+        lo, hi = start + timedelta(days=i), start + timedelta(days=i + 1)
+        cells = []
+        for m in models:
+            active = [r for r in bookings if r.gpu_model == m.gpu_model and r.starts_at < hi and r.ends_at > lo]
+            cells.append((m, _peak(active, lo)[0]))
+        out.append(DayLoad(lo, cells))
+    return out
+
+
+def _peak(bookings: list[Reservation], since: datetime | None = None) -> tuple[Decimal, int, int]:
     best = (Decimal(0), 0, 0)
-    for at in {r.starts_at for r in bookings}:
+    for at in {max(r.starts_at, since) if since else r.starts_at for r in bookings}:
         active = [r for r in bookings if r.starts_at <= at < r.ends_at]
         total = (sum((r.gpu_request * r.gpu_count for r in active), Decimal(0)),
                  sum(r.gpu_memory_mib * r.gpu_count for r in active), sum(r.gpu_count for r in active))

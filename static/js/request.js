@@ -20,6 +20,14 @@
       var el = evt.detail.elt;
       if (el && el.id === "id_team" && el.value === el.getAttribute("data-loaded-team")) { evt.preventDefault(); }
     });
+    // A free window offered after a booking conflict fills the booking's start and end.
+    form.addEventListener("click", function (evt) {
+      var button = evt.target.closest(".free-window");
+      if (!button) { return; }
+      form.querySelector("#id_book_start").value = button.getAttribute("data-start");
+      form.querySelector("#id_book_end").value = button.getAttribute("data-end");
+      form.querySelector("#id_book_start").focus();
+    });
     var share = form.querySelector("#id_gpu_request");
     var limit = form.querySelector("#id_gpu_limit");
     if (share && limit) {
