@@ -33,8 +33,9 @@ class ModelLoad:
     peak_gpus: int
 
     @property
-    def peak_percent(self) -> int:
-        return round(100 * float(self.peak_gpu_share) / self.gpus) if self.gpus else 0
+    def high(self) -> float:
+        """Where a meter of this model's booked GPUs turns to a warning: 80 % of its cards."""
+        return 0.8 * self.gpus
 
 
 def bookings_of(user, start: datetime, end: datetime, gpu_model: str = "", mine: bool = False):
@@ -74,7 +75,7 @@ class DayLoad:
 
 
 def by_day(bookings, models: list[ModelLoad], start: datetime, days: int) -> list[DayLoad]:
-    """The peak booked each day from `start` (midnight UTC), per model."""
+    """The peak booked each day from `start` (midnight UTC), per model; days with none left out."""
     out = []
     for i in range(days):
         lo, hi = start + timedelta(days=i), start + timedelta(days=i + 1)
@@ -82,7 +83,8 @@ def by_day(bookings, models: list[ModelLoad], start: datetime, days: int) -> lis
         for m in models:
             active = [r for r in bookings if r.gpu_model == m.gpu_model and r.starts_at < hi and r.ends_at > lo]
             cells.append((m, _peak(active, lo)[0]))
-        out.append(DayLoad(lo, cells))
+        if any(share for _, share in cells):
+            out.append(DayLoad(lo, cells))
     return out
 
 
