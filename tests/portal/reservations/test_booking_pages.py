@@ -43,7 +43,7 @@ def test_book_ahead_from_the_request_page(alice, day):
     assert [(b.state, b.starts_at, b.ends_at) for b in made] == [
         ("booked", day + timedelta(days=7 * i), day + timedelta(days=7 * i, hours=2)) for i in range(2)]
     page = alice.get(r["Location"])
-    assert "booked for" in page.content.decode()
+    assert "booked for" in page.content.decode() and "Booked window" in page.content.decode()
 
 
 def test_a_conflict_shows_the_message_and_free_windows_that_fill_the_form(alice, day):
