@@ -157,6 +157,11 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
         return [represent(AllocationSerializer, a) for a in obj.live_allocations]
 
 
+class BookingWindowSerializer(StrictTypesMixin, serializers.Serializer):
+    starts_at = serializers.DateTimeField(help_text="The window's new start (in the future, at most 90 days ahead)")
+    ends_at = serializers.DateTimeField(help_text="The window's new end")
+
+
 class FreeWindowSerializer(serializers.Serializer):
     starts_at = serializers.DateTimeField()
     ends_at = serializers.DateTimeField()

@@ -52,7 +52,7 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
         # The reservation rows alone: the serializer loads what they show from other tables (team,
         # owner and node names, live allocations) in one query per answer (reservation_related).
         reservations = Reservation.objects.visible_to(self.request.user)
-        if self.action == "cancel":
+        if self.action in ("cancel", "window"):
             return reservations.only("id", "team_id", "owner_id")  # what require_cancel reads
         return reservations
 
@@ -79,6 +79,22 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
         permissions.require_cancel(request.user, reservation)
         cancelled, _changed = services.cancel(reservation.pk, request.user)  # the row as it was stored
         return Response(self.get_serializer(cancelled).data)
+
+    @extend_schema(request=serializers.BookingWindowSerializer, responses={
+        200: serializers.ReservationSerializer, 403: OpenApiResponse(description="Not yours"),
+        409: OpenApiResponse(serializers.BookingConflictSerializer,
+                             description="The new window does not fit (`booking_conflict`), or the reservation is "
+                                         "no longer booked (`illegal_transition`)")})
+    @action(detail=True, methods=["post"])
+    def window(self, request, pk=None):
+        """Move a booking's window; checked as a new booking would be, beside every other one."""
+        reservation = self.get_object()
+        permissions.require_cancel(request.user, reservation)  # the owner or a team admin, as for cancel
+        body = serializers.BookingWindowSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        moved = services.move_booking(reservation.pk, request.user, body.validated_data["starts_at"],
+                                      body.validated_data["ends_at"])
+        return Response(self.get_serializer(moved).data)
 
     @extend_schema(responses={200: serializers.StateTransitionSerializer(many=True)})
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)

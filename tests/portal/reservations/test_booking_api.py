@@ -120,3 +120,28 @@ def test_the_schema_states_the_booking_fields(alice):
     assert "/api/v1/bookings/" in doc["paths"]
     params = {p["name"] for p in doc["paths"]["/api/v1/bookings/"]["get"]["parameters"]}
     assert {"from", "to", "gpu_model", "mine"} <= params
+
+
+def test_a_booking_window_is_moved_by_its_owner_and_rechecked(client_for, fleet, people, teams, booked, day):
+    from decimal import Decimal
+
+    [mine] = booked(people["alice"], teams["vision"], day, 2, gpu_count=2)
+    [theirs] = booked(people["bob"], teams["nlp"], day + timedelta(hours=3), 1, gpu_request=Decimal("0.5"))
+    url = f"{URL}{mine.pk}/window/"
+    r = client_for("alice").post(url, {"starts_at": _iso(day + timedelta(hours=1)),
+                                       "ends_at": _iso(day + timedelta(hours=3))}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json()["starts_at"] == _iso(day + timedelta(hours=1))
+    r = client_for("alice").post(url, {"starts_at": _iso(day + timedelta(hours=2)),
+                                       "ends_at": _iso(day + timedelta(hours=4))}, format="json")
+    assert r.status_code == 409 and r.json()["code"] == "booking_conflict"
+    assert client_for("dave").post(url, {"starts_at": _iso(day), "ends_at": _iso(day + timedelta(hours=1))},
+                                   format="json").status_code == 403
+    assert client_for("alice").post(f"{URL}{theirs.pk}/window/", {"starts_at": _iso(day), "ends_at": _iso(day)},
+                                    format="json").status_code == 404
+    assert client_for("alice").post(url, {"starts_at": _iso(day), "end": _iso(day)},
+                                    format="json").status_code == 400
+    client_for("alice").post(f"{URL}{mine.pk}/cancel/")
+    r = client_for("alice").post(url, {"starts_at": _iso(day), "ends_at": _iso(day + timedelta(hours=1))},
+                                 format="json")
+    assert r.status_code == 409 and r.json()["code"] == "illegal_transition"
