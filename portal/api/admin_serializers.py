@@ -153,6 +153,7 @@ class PolicyAnswerSerializer(serializers.Serializer):
     limits = PolicyLimitsAnswerSerializer()
     allow_remote = serializers.BooleanField()
     reclaim_grace_s = _setting("reclaim_grace_s", required=True)
+    booking_no_show_min = _setting("booking_no_show_min", required=True)
 
 
 class LimitsSerializer(StrictTypesMixin, serializers.Serializer):

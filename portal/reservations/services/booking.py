@@ -254,6 +254,8 @@ def _check_fits(team: Team, model: str, terms, start: datetime, end: datetime, e
     taken = booking_fit.conflict(model, cards, quota, booked, new)
     if taken is None:
         return
+    if booking_fit.conflict(model, cards, quota, [], new) is not None:
+        raise BookingConflict(taken.message, [])  # beyond the quota or the cards alone: no window would do
     now = timezone.now()
     _, wide, _ = _read(team, model, now, now + HORIZON + timedelta(days=31))
     windows = booking_fit.free_windows(model, cards, quota, wide, new, earliest=_next_step(now),

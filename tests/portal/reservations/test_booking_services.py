@@ -189,3 +189,9 @@ def test_a_booked_reservation_cannot_be_placed_before_its_start(fleet, people, t
     [r] = booked(people["alice"], teams["vision"], day, 1, gpu_request=Decimal("0.5"))
     with pytest.raises(IllegalTransition):
         running(r, Gpu.objects.filter(model="T4").first())
+
+
+def test_a_booking_beyond_the_quota_alone_offers_no_windows(fleet, people, teams, booked, day):
+    with pytest.raises(services.BookingConflict) as refused:  # nlp's quota is 1.5 GPU share
+        booked(people["bob"], teams["nlp"], day, 1, gpu_count=2)
+    assert refused.value.free_windows == []

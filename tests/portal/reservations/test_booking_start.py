@@ -85,3 +85,14 @@ def test_a_reservation_that_was_not_booked_is_never_a_no_show(fleet, people, tea
     _samples(r, Gpu.objects.filter(model="T4").first(), r.placed_at, used=0.0, memory=0)
     with clock_at(r.placed_at + timedelta(minutes=20, seconds=5)):
         assert bookings.check_no_shows() == 0
+
+
+def test_team_admins_set_the_no_show_minutes_within_bounds(client_for, people, teams):
+    url = "/api/v1/teams/vision/policy/"
+    assert client_for("carol").get(url).json()["booking_no_show_min"] == 20
+    r = client_for("carol").patch(url, {"booking_no_show_min": 45}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json()["booking_no_show_min"] == 45
+    r = client_for("carol").patch(url, {"booking_no_show_min": 0}, format="json")
+    assert r.status_code == 400 and "between 1 and 1440" in " ".join(r.json()["booking_no_show_min"])
+    assert client_for("alice").patch(url, {"booking_no_show_min": 30}, format="json").status_code == 403
