@@ -332,6 +332,7 @@ def policy_page(request, slug: str):
         "max_priority_member": current.max_priority_member, "max_priority_admin": current.max_priority_admin,
         "allow_over_quota": current.allow_over_quota, "allow_remote": current.allow_remote,
         "reclaim_grace_min": f"{current.reclaim_grace_s / 60:g}",
+        "booking_no_show_min": current.booking_no_show_min,
     }
     errors: dict[str, list[str]] = {}
     status = 200
@@ -346,6 +347,8 @@ def policy_page(request, slug: str):
             "max_priority_member": form["max_priority_member"], "max_priority_admin": form["max_priority_admin"],
             "allow_over_quota": form["allow_over_quota"], "allow_remote": form["allow_remote"],
         }
+        if form["booking_no_show_min"]:  # left blank: it stays as it is
+            changes["booking_no_show_min"] = form["booking_no_show_min"]
         if changes["interactive_max_s"] is None and "interactive_max_s" not in errors:
             errors["interactive_max_s"] = ["give a default duration in hours"]
         try:

@@ -139,3 +139,16 @@ def test_the_ical_feed_has_a_secret_address_that_can_be_regenerated(alice, peopl
 def test_the_calendar_needs_sign_in(db):
     r = Client().get("/bookings/")
     assert r.status_code == 302 and "/login/" in r["Location"]
+
+
+def test_a_team_admin_sets_the_no_show_minutes_on_the_policy_page(people, fleet, teams):
+    from portal.tenancy.policy import policy_of
+
+    carol = _client(people, "carol")
+    assert 'name="booking_no_show_min"' in carol.get("/team/vision/policy/").content.decode()
+    form = {"max_duration_h": "8", "interactive_max_h": "4", "idle_threshold_pct": "10", "idle_after_min": "15",
+            "idle_action": "warn", "idle_warning_min": "20", "max_priority_member": "40", "max_priority_admin": "60"}
+    assert carol.post("/team/vision/policy/", form | {"booking_no_show_min": "35"}).status_code == 302
+    assert policy_of(teams["vision"]).booking_no_show_min == 35
+    r = carol.post("/team/vision/policy/", form | {"booking_no_show_min": "0"})
+    assert r.status_code == 400 and "between 1 and 1440" in r.content.decode()
