@@ -217,7 +217,10 @@ class BookingsQuerySerializer(serializers.Serializer):
         from portal.reservations.booking_calendar import LONGEST_SPAN
 
         start = attrs.get("from") or timezone.now()
-        end = attrs.get("to") or start + timedelta(days=28)
+        try:
+            end = attrs.get("to") or start + timedelta(days=28)
+        except OverflowError:
+            raise serializers.ValidationError({"from": ["too far ahead"]}) from None
         if end <= start:
             raise serializers.ValidationError({"to": ["must be after from"]})
         if end - start > LONGEST_SPAN:

@@ -145,3 +145,8 @@ def test_a_booking_window_is_moved_by_its_owner_and_rechecked(client_for, fleet,
     r = client_for("alice").post(url, {"starts_at": _iso(day), "ends_at": _iso(day + timedelta(hours=1))},
                                  format="json")
     assert r.status_code == 409 and r.json()["code"] == "illegal_transition"
+
+
+def test_a_span_at_the_end_of_time_is_refused_not_a_server_error(alice):
+    r = alice.get(BOOKINGS, {"from": "9999-12-31T00:00:00Z"})
+    assert r.status_code == 400 and r.json()["from"] == ["too far ahead"]
