@@ -207,7 +207,9 @@ class BookingsQuerySerializer(serializers.Serializer):
     gpu_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     vars()["from"] = serializers.DateTimeField(required=False, help_text="Default: now")
     to = serializers.DateTimeField(required=False, help_text="Default: four weeks after `from`; at most 92 days")
-    mine = serializers.BooleanField(required=False, default=False, help_text="Only your own bookings")
+    # "true" or "false" only: a boolean query parameter written any other way is a client's mistake.
+    mine = serializers.ChoiceField(choices=["true", "false"], required=False, default="false",
+                                   help_text="true: only your own bookings")
 
     def validate(self, attrs):
         from datetime import timedelta

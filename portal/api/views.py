@@ -133,7 +133,8 @@ class BookingsView(APIView):
         query = serializers.BookingsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         q = query.validated_data
-        rows = list(booking_calendar.bookings_of(request.user, q["from"], q["to"], q["gpu_model"], q["mine"]))
+        rows = list(booking_calendar.bookings_of(request.user, q["from"], q["to"], q["gpu_model"],
+                                                 q["mine"] == "true"))
         answer = {"from": q["from"], "to": q["to"], "bookings": rows,
                   "models": booking_calendar.load_by_model(rows, q["gpu_model"])}
         return Response(serializers.BookingsAnswerSerializer(answer).data)

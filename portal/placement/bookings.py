@@ -16,7 +16,7 @@ from portal.reservations.models import Reservation
 from portal.reservations.states import HOLDS_GPU
 from portal.tenancy.policy import policy_of
 
-# A booking is judged for a no-show once, in the half hour after its first N minutes; later
+# A booking is judged for a no-show in the half hour after its first N minutes (N ≤ a day); later
 # idleness is idle reclaim's business (idle.py).
 JUDGED_FOR = timedelta(minutes=30)
 Seen = Callable[[dict[int, tuple[datetime, datetime]]], dict[int, bool]]
@@ -42,7 +42,7 @@ def check_no_shows(seen: Seen = processes_seen, now: datetime | None = None) -> 
     """Release the started bookings nobody used in their first minutes. Returns how many."""
     now = now or timezone.now()
     started = (Reservation.objects.filter(state__in=HOLDS_GPU, starts_at__isnull=False, placed_at__isnull=False,
-                                          placed_at__gt=now - timedelta(days=1))
+                                          placed_at__gt=now - timedelta(days=2))
                .select_related("team", "team__policy").order_by("pk"))
     windows: dict[int, tuple[datetime, datetime]] = {}
     minutes: dict[int, int] = {}

@@ -256,11 +256,7 @@ def _check_fits(team: Team, model: str, terms, start: datetime, end: datetime, e
         return
     if booking_fit.conflict(model, cards, quota, [], new) is not None:
         raise BookingConflict(taken.message, [])  # beyond the quota or the cards alone: no window would do
-    now = timezone.now()
-    _, wide, _ = _read(team, model, now, now + HORIZON + timedelta(days=31))
-    windows = booking_fit.free_windows(model, cards, quota, wide, new, earliest=_next_step(now),
-                                       latest=now + HORIZON + (end - start), step=STEP, count=FREE_WINDOWS)
-    raise BookingConflict(taken.message, windows)
+    raise BookingConflict(taken.message, free_windows(team, terms, start, end, exclude))
 
 
 def _next_step(now: datetime) -> datetime:

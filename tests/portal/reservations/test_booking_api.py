@@ -150,3 +150,13 @@ def test_a_booking_window_is_moved_by_its_owner_and_rechecked(client_for, fleet,
 def test_a_span_at_the_end_of_time_is_refused_not_a_server_error(alice):
     r = alice.get(BOOKINGS, {"from": "9999-12-31T00:00:00Z"})
     assert r.status_code == 400 and r.json()["from"] == ["too far ahead"]
+
+
+def test_only_mine_lists_ones_own_bookings(client_for, fleet, people, teams, booked, day):
+    from decimal import Decimal
+
+    booked(people["alice"], teams["vision"], day, 1, gpu_request=Decimal("0.5"))
+    booked(people["alice2"], teams["vision"], day, 1, gpu_request=Decimal("0.5"))
+    assert len(client_for("alice").get(BOOKINGS).json()["bookings"]) == 2
+    assert [b["owner"] for b in client_for("alice").get(BOOKINGS, {"mine": "true"}).json()["bookings"]] == ["alice"]
+    assert client_for("alice").get(BOOKINGS, {"mine": "0"}).status_code == 400
