@@ -42,8 +42,11 @@ def test_book_ahead_from_the_request_page(alice, day):
     made = Reservation.objects.order_by("starts_at")
     assert [(b.state, b.starts_at, b.ends_at) for b in made] == [
         ("booked", day + timedelta(days=7 * i), day + timedelta(days=7 * i, hours=2)) for i in range(2)]
-    page = alice.get(r["Location"])
-    assert "booked for" in page.content.decode() and "Booked window" in page.content.decode()
+    page = alice.get(r["Location"]).content.decode()
+    assert "booked for" in page and "Booked window" in page
+    assert f'action="/reservations/{made[0].pk}/cancel/"' in page  # cancelled before its window too
+    assert alice.post(f"/reservations/{made[0].pk}/cancel/").status_code == 302
+    assert Reservation.objects.get(pk=made[0].pk).state == State.CANCELLED
 
 
 def test_a_conflict_shows_the_message_and_free_windows_that_fill_the_form(alice, day):
