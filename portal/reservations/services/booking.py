@@ -97,6 +97,9 @@ def window_of(starts_at: datetime | None, ends_at: datetime | None = None, durat
         raise rules.RuleViolation({"ends_at": ["must be at least a minute after starts_at"]})
     if length > 30 * 86400:
         raise rules.RuleViolation({"ends_at": ["a booked window lasts at most 30 days"]})
+    if starts_at + (weeks - 1) * WEEK > now + HORIZON:
+        raise rules.RuleViolation({"repeat_weeks": [
+            f"the last of {weeks} weekly windows would start more than {HORIZON.days} days ahead"]})
     return Window(starts_at, end, weeks)
 
 

@@ -37,6 +37,7 @@ def test_a_booking_is_booked_for_its_window_and_holds_nothing(fleet, people, tea
     (24, 26, 3600, 1, "ends_at", "either ends_at or duration_s"),
     (24, 23, None, 1, "ends_at", "at least a minute after starts_at"),
     (24, None, 3600, 13, "repeat_weeks", "1 to 12 times"),
+    (80 * 24, None, 3600, 3, "repeat_weeks", "the last of 3 weekly windows would start more than 90 days ahead"),
 ])
 def test_a_window_out_of_bounds_is_refused_by_field(db, start, end, duration, weeks, field, words):
     from django.utils import timezone
