@@ -97,6 +97,21 @@ def new_reservation(request):
     }, status=400 if form.is_bound and form.errors else 200)
 
 
+def _booking_preview(form: RequestForm, spec) -> dict | None:
+    """For a start in the booking part: whether that window fits the bookings made so far."""
+    try:
+        window = form.window()
+    except rules.RuleViolation as exc:
+        return {"problem": "; ".join(in_words(m) for problems in exc.errors.values() for m in problems)}
+    if window is None:
+        return None
+    if len(spec.models()) != 1:
+        return {"problem": "a booking names one GPU model: choose one"}
+    start, end = window.occurrences()[0]
+    conflict = services.window_conflict(spec.team, spec, start, end)
+    return {"when": window_words(start, end), "weeks": window.weeks, "conflict": conflict and in_words(conflict)}
+
+
 def window_words(start, end) -> str:
     """"Tue 1 Dec 09:00–11:00 UTC", for a button or a list."""
     start, end = start.astimezone(UTC), end.astimezone(UTC)
@@ -161,4 +176,5 @@ def request_preview(request):
         else:
             context["preview"] = previews.preview(spec)
             context["spec"] = spec
+            context["booking"] = _booking_preview(form, spec)
     return render(request, "web/_request_preview.html", context)

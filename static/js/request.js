@@ -24,9 +24,11 @@
     form.addEventListener("click", function (evt) {
       var button = evt.target.closest(".free-window");
       if (!button) { return; }
-      form.querySelector("#id_book_start").value = button.getAttribute("data-start");
+      var start = form.querySelector("#id_book_start");
+      start.value = button.getAttribute("data-start");
       form.querySelector("#id_book_end").value = button.getAttribute("data-end");
-      form.querySelector("#id_book_start").focus();
+      start.dispatchEvent(new Event("change", { bubbles: true }));  // the preview checks the new window
+      start.focus();
     });
     var share = form.querySelector("#id_gpu_request");
     var limit = form.querySelector("#id_gpu_limit");

@@ -72,6 +72,8 @@ def test_book_ahead_see_a_conflict_pick_a_free_window_and_manage_it(chromium, st
     bob = new_page(chromium, errors)
     sign_in(bob, base, "bob", "bob-pw")
     _book(bob, base, day + timedelta(hours=1), "1", "0.5")
+    bob.wait_for_selector("#preview [data-booking=no]")  # the preview already says the window is taken
+    assert "T4 is fully booked" in bob.inner_text("#preview")
     bob.click("button:has-text('Submit request')")
     bob.wait_for_selector(".free-window")
     assert "T4 is fully booked for" in bob.inner_text("#request-form .error")
@@ -81,6 +83,8 @@ def test_book_ahead_see_a_conflict_pick_a_free_window_and_manage_it(chromium, st
     windows.first.click()
     assert bob.input_value("#id_book_start") == _local(day + timedelta(hours=2))  # the hour after alice's
     assert bob.input_value("#id_book_end") == _local(day + timedelta(hours=3))
+    bob.wait_for_selector("#preview [data-booking=yes]")
+    shoot(bob, "bookings-request-free-window")
     bob.click("button:has-text('Submit request')")
     bob.wait_for_url(f"{base}/reservations/*/")
     theirs = Reservation.objects.get(owner=org["bob"])

@@ -3,7 +3,8 @@ the binding and lifecycle tasks and the kubectl path all call these; nothing els
 
 - submitting: `submit` (portal, API or a kubectl pod: its `source`)
 - booking:    `book` (a future window, weekly repeats), `move_booking`, `cancel_booking`,
-              `delete_series`, `free_windows`, `start_due` (booked → pending), `release_no_show`
+              `delete_series`, `free_windows`, `window_conflict` (the preview's read-only check),
+              `start_due` (booked → pending), `release_no_show`
 - placing:    `place`, `place_many` (the cycle's decisions, with attempt, pod name and end time)
 - moving:     `transition`, the compare-and-set `move`, `cancel`, `release`, `preempt`, `lose`
 - pods:       `record_pod(s)`, `forget_pod`, `note_cluster_waits`
@@ -23,6 +24,7 @@ from .booking import (
     move_booking,
     release_no_show,
     start_due,
+    window_conflict,
     window_of,
 )
 from .extending import ExtendRefused, extend
@@ -78,5 +80,6 @@ __all__ = [
     "transition",
     "warn_expiry",
     "warn_reclaim",
+    "window_conflict",
     "window_of",
 ]

@@ -196,6 +196,15 @@ def free_windows(team: Team, terms, starts_at: datetime, ends_at: datetime, excl
                                     latest=now + HORIZON + (ends_at - starts_at), step=STEP, count=count)
 
 
+def window_conflict(team: Team, terms, starts_at: datetime, ends_at: datetime) -> str | None:
+    """What a booking of these terms for this window would meet now (the request page's preview;
+    writes nothing, takes no lock: booking checks again), or None when it fits."""
+    cards, booked, quota = _read(team, terms.gpu_model, starts_at, ends_at)
+    taken = booking_fit.conflict(terms.gpu_model, cards, quota, booked,
+                                 _booked(0, team.slug, terms, starts_at, ends_at))
+    return None if taken is None else taken.message
+
+
 def start_due(now: datetime | None = None) -> tuple[int, int]:
     """Bookings whose start has come become pending (placed as guaranteed by the next cycle); one
     whose whole window passed unstarted, and a booking-born reservation still waiting at its

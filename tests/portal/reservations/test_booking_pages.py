@@ -155,3 +155,14 @@ def test_a_team_admin_sets_the_no_show_minutes_on_the_policy_page(people, fleet,
     assert policy_of(teams["vision"]).booking_no_show_min == 35
     r = carol.post("/team/vision/policy/", form | {"booking_no_show_min": "0"})
     assert r.status_code == 400 and "between 1 and 1440" in r.content.decode()
+
+
+def test_the_preview_says_whether_the_booked_window_is_free(alice, people, teams, booked, day):
+    booked(people["bob"], teams["nlp"], day, 2, gpu_request=Decimal("1"))
+    free = alice.get("/reservations/new/preview/", _form(day + timedelta(hours=3))).content.decode()
+    assert 'data-booking="yes"' in free and "Window free" in free
+    taken = alice.get("/reservations/new/preview/", _form(day, gpu_count="2", gpu_request="1")).content.decode()
+    assert 'data-booking="no"' in taken and "T4 is fully booked for" in taken
+    now = alice.get("/reservations/new/preview/", _form(day, book_start="")).content.decode()
+    assert "data-booking" not in now
+    assert not Reservation.objects.filter(owner=people["alice"]).exists()
