@@ -18,7 +18,6 @@ from agents.agent import DEFAULT_BUFFER_SECONDS, Agent, AgentSettings
 from agents.cgroup import CgroupResolver
 from agents.gpus.base import GpuSource
 from agents.gpus.none import NoGpuSource
-from agents.inventory import InventoryError, load_inventory, pick_node
 from agents.node_resources import ResourcesError, allocatable
 from agents.placements import PlacementTable
 from agents.remote.probe import LinkTable
@@ -27,6 +26,7 @@ from agents.share_usage import BrokerUsage
 from agents.signals import stop_on_signals
 from agents.stream import websocket_url
 from wire.agent_portal import NODE_NAME_PATTERN, TOKEN_PATTERN
+from wire.inventory import InventoryError, load_inventory, pick_node
 
 log = logging.getLogger("agents")
 
@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to read processes' cgroups to find their pods, and the node's meminfo "
                              "(default /proc)")
     parser.add_argument("--broker-socket", metavar="PATH", type=Path,
-                        help="the node's share broker socket, to report the GPU time each share used")
+                        help="the node's share broker's control socket: the agent gives it every share's "
+                             "terms and reads the GPU time each share used")
     parser.add_argument("--remote-server", metavar="NODE=HOST:PORT", action="append", default=[],
                         help="a GPU node's remote-share server to probe and report the link to (repeatable; "
                              "besides these, the agent probes the GPU nodes the portal names)")
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         placements = PlacementTable({d.uuid for d in source.devices()})
         resolver = CgroupResolver(args.proc_root)
         if args.broker_socket is not None:
-            share_usage = BrokerUsage(args.broker_socket, {d.uuid for d in source.devices()})
+            share_usage = BrokerUsage(args.broker_socket, {d.uuid for d in source.devices()},
+                                      placements=placements)
 
     servers: dict[str, str] = {}
     for item in args.remote_server:

@@ -121,6 +121,8 @@ class Agent:
             ],
             resources=resources,  # the node's allocatable CPU and memory (agents.node_resources)
             revocations=revoked is not None,  # the portal sends ended remote shares only if asked
+            # the broker's terms need each share's priority; the portal sends it only if asked
+            priorities=share_usage is not None and share_usage.placements is not None,
         )
         self.buffer = SampleBuffer(
             max_samples=max(1, math.ceil(settings.buffer_seconds / settings.interval_s)),

@@ -26,11 +26,11 @@ import yaml
 from agents import __version__
 from agents.agent import Agent, AgentSettings
 from agents.gpus.simulated import SimulatedSource
-from agents.inventory import InventoryError, load_inventory
 from agents.placements import PlacementTable
 from agents.signals import stop_on_signals
 from agents.stream import websocket_url
 from wire.agent_portal import TOKEN_PATTERN
+from wire.inventory import InventoryError, load_inventory
 
 log = logging.getLogger("agents.fleet")
 

@@ -1,8 +1,11 @@
-"""The GPU time each share really used, read from the node's share broker (`QUERY` -> `STATS`).
+"""The node's share broker as the agent drives it, on the broker's control socket: each read first
+tells it every share's terms (`TERMS`, from the portal's placements: the only terms the broker takes),
+then reads the GPU time each share really used (`QUERY` -> `STATS`).
 
 The broker (agents/broker, protocol in preload/PROTOCOL.md) keeps, per GPU and share, the GPU time
 the share's processes used since it first saw them (`used_total_s`). The fraction of the GPU a share
 used over the last interval is the growth of that counter divided by the wall time between two reads.
+Sending the whole table every read (once a second) also re-teaches a broker that restarted.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agents.broker.protocol import query_stats
+from agents.broker.protocol import ShareTerms, query_stats
 from agents.gpus.base import ProcessReading, ShareReading
+from agents.placements import PlacementTable
 from wire.agent_portal import RESERVATION_PATTERN
 
 log = logging.getLogger(__name__)
@@ -28,8 +32,10 @@ class BrokerUsage:
         gpu_uuids: set[str],
         timeout_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        placements: PlacementTable | None = None,
     ) -> None:
         self.socket_path = str(socket_path)
+        self.placements = placements
         self.gpu_uuids = frozenset(gpu_uuids)
         self.timeout_s = timeout_s
         self.clock = clock
@@ -42,7 +48,8 @@ class BrokerUsage:
         """Each share's use since the previous read; [] on the first read or when the broker is away."""
         now = self.clock()
         try:
-            stats = query_stats(self.socket_path, self.timeout_s)
+            stats = query_stats(self.socket_path, self.timeout_s,
+                                terms=broker_terms(self.placements) if self.placements is not None else None)
         except (OSError, ValueError) as exc:
             if not self._failing:
                 log.warning("share broker at %s does not answer (%s); no per-share GPU time until it does",
@@ -84,6 +91,14 @@ class BrokerUsage:
                 ))
         self._totals = totals
         return readings
+
+
+def broker_terms(placements: PlacementTable) -> list[ShareTerms]:
+    """Every placed share's terms for the broker: a share without a priority (from a portal that does
+    not send it) is low, never more; its processes are those of its pod, once the portal knows it."""
+    return [ShareTerms(share=p.reservation, gpu=p.gpu_uuid, request=p.request, limit=p.limit,
+                       priority=p.priority or "low", pod_uid=p.pod_uid)
+            for p in placements.all()]
 
 
 def with_process_memory(shares: list[ShareReading], processes: list[ProcessReading]) -> list[ShareReading]:

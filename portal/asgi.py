@@ -19,10 +19,12 @@ if settings.DEBUG:
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up first)
 
 from portal.telemetry.routing import websocket_urlpatterns  # noqa: E402
+from portal.terminal.routing import websocket_urlpatterns as terminal_urlpatterns  # noqa: E402
 
 # Each route brings its own authentication: agents a node token, browsers the session (with the
 # Origin check), so the two cannot be confused.
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": URLRouter(websocket_urlpatterns)})
+application = ProtocolTypeRouter({"http": django_asgi_app,
+                                  "websocket": URLRouter(websocket_urlpatterns + terminal_urlpatterns)})
 
 import gc  # noqa: E402
 

@@ -25,9 +25,11 @@ HOUSEKEEPING_QUEUE = "housekeeping"
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
-    # Tasks are short and idempotent; a worker that dies mid-task leaves them to another worker.
+    # A task is acknowledged when a worker takes it: a worker that dies mid-task loses that run.
+    # Nothing waits on it being redelivered: every task is idempotent and the beat schedule below
+    # runs the cycle, the sync, lifecycle and reconcile again within seconds, which redoes what a
+    # lost run left undone.
     task_acks_late=False,
-    task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     broker_transport_options={"visibility_timeout": 300},

@@ -46,8 +46,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agents.broker.protocol import ShareTerms as BrokerTerms  # noqa: E402
 from agents.broker.protocol import query_stats  # noqa: E402
-from agents.remote.tokens import ShareTerms, issue  # noqa: E402
+from wire.share_tokens import ShareTerms, issue  # noqa: E402
 
 BUILD = REPO / "preload" / "build"
 LIBRARY = BUILD / "libtessera_preload.so"
@@ -264,6 +265,10 @@ class Check:
         self.failures = 0
         self.results: dict[str, object] = {"command": " ".join(["python", *sys.argv]), "checks": {}}
         self.started = time.monotonic()
+        # the broker takes terms only from the node's agent: this check plays the agent, and tells the
+        # broker each share it starts (tied to this check's session, which its processes inherit)
+        self.control: Path | None = None
+        self.terms: dict[tuple[str, str], BrokerTerms] = {}
 
     # -- plumbing ----------------------------------------------------------------------------
     def verdict(self, name: str, ok: bool, detail: dict) -> None:
@@ -279,7 +284,22 @@ class Check:
         if preload:
             env["LD_PRELOAD"] = str(LIBRARY)
         env.update(extra)
+        if preload and ("TESSERA_GPU_REQUEST" in extra or "TESSERA_GPU_LIMIT" in extra):
+            # the terms the portal's placement would carry, as the library reads them (config.c)
+            request = float(extra.get("TESSERA_GPU_REQUEST", extra.get("TESSERA_GPU_LIMIT", "1")))
+            limit = float(extra.get("TESSERA_GPU_LIMIT", request))
+            gpu = (env.get("TESSERA_GPU_UUID") or env.get("NVIDIA_VISIBLE_DEVICES") or "0").split(",")[0]
+            self.agent_terms(env.get("TESSERA_SHARE_ID", "default"), gpu, min(request, limit), limit,
+                             env.get("TESSERA_PRIORITY", "low").lower())
         return env
+
+    def agent_terms(self, share: str, gpu: str, request: float, limit: float, priority: str,
+                    session: int | None = None) -> None:
+        """A share's terms to the broker, as the node's agent gives them on its control socket."""
+        self.terms[(gpu, share)] = BrokerTerms(share=share, gpu=gpu, request=request, limit=limit, priority=priority,
+                                               sessions=[session or os.getsid(0)])
+        if self.control is not None:
+            query_stats(self.control, timeout_s=10, terms=self.terms.values())
 
     def python(self, code: str, env: dict[str, str], *args: str, timeout: float = 300) -> dict:
         return self.run([sys.executable, "-c", code, *args], env, timeout, parse=json.loads)
@@ -322,20 +342,23 @@ class Check:
 
     @contextlib.contextmanager
     def broker(self):
-        path = self.tmp / "broker.sock"
+        path, control = self.tmp / "broker.sock", self.tmp / "broker-control.sock"
         path.unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, "-m", "agents.broker", "--socket", str(path), "--log-level",
-                                 "WARNING"], cwd=REPO)
+        proc = subprocess.Popen([sys.executable, "-m", "agents.broker", "--socket", str(path), "--control-socket",
+                                 str(control), "--identity", "session", "--log-level", "WARNING"], cwd=REPO)
         try:
             for _ in range(400):
                 with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(path))
+                    s.connect(str(control))
                     break
                 time.sleep(0.05)
             else:
                 raise RuntimeError("the share broker did not start")
+            self.control = control
+            query_stats(control, timeout_s=10, terms=self.terms.values())
             yield path
         finally:
+            self.control = None
             proc.terminate()
             proc.wait(10)
 
@@ -426,14 +449,14 @@ class Check:
                           "held_with_graph_gib": round(held / GiB, 3)})
     def graph_share(self) -> None:
         """Graph replays pass the launch gate: at a 0.5 share a replay loop gets half the card."""
-        with self.broker() as sock:
+        with self.broker():
             with CardSampler() as card_alone:
                 alone = self.python(GRAPH_SHARE_CHILD, self.env(), str(self.args.seconds), "2")
             with CardSampler() as card_half:
                 half = self.python(GRAPH_SHARE_CHILD, self.env(preload=True, TESSERA_GPU_REQUEST="0.5",
                                                                TESSERA_GPU_LIMIT="0.5", TESSERA_SHARE_ID="graph"),
                                    str(self.args.seconds), str(self.args.lead))
-            stats = query_stats(sock, timeout_s=10)["gpus"]
+            stats = query_stats(self.control, timeout_s=10)["gpus"]
         share = next(iter(stats.values()))["shares"].get("graph", {})
         fraction = (half["iterations"] / half["seconds"]) / (alone["iterations"] / alone["seconds"])
         self.verdict("graphs: replayed graphs held to a 0.5 share", abs(fraction - 0.5) <= 0.05,
@@ -463,6 +486,8 @@ class Check:
                         break
                     time.sleep(0.02)
                 token = issue(secret, ShareTerms("gpu-check", self.uuid, 8 * GiB, 1.0, 1.0), ttl_s=3600)
+                # the token's share, for the server's workers (in the server's session)
+                self.agent_terms("gpu-check", self.uuid, 1.0, 1.0, "low", session=server.pid)
                 address = f"127.0.0.1:{port_file.read_text().strip()}"
                 renv = self.env(LD_LIBRARY_PATH=str(CLIENT), TESSERA_REMOTE_SERVER=address, TESSERA_REMOTE_TOKEN=token)
                 remote = self.run([str(PROGS / "remote_prog"), str(nbytes)], renv)
@@ -555,7 +580,7 @@ class Check:
         """A bursty high-priority job (bursts of ~90 ms of matmuls, 100 ms apart) beside a busy
         low-priority one, against itself alone; then with ~4 ms bursts, where the hand-off shows."""
         rate_alone = self.matmul_alone()
-        with self.broker() as sock:
+        with self.broker():
             for label, burst, pause, gate in [("~90 ms bursts", 400, 100, 0.95), ("~4 ms bursts", 20, 50, None)]:
                 solo = self.together([("high", "0.5", "1.0", "high", burst, pause)], 2)[0]
                 high, low = self.together([("high", "0.5", "1.0", "high", burst, pause),
@@ -567,7 +592,7 @@ class Check:
                           "speed_kept": round(kept, 3),
                           "low_fraction": round(low["iterations"] / low["seconds"] / rate_alone, 3),
                           "target": f">= {gate}" if gate else "measured, no target (hand-off latency)",
-                          "broker_revocations": next(iter(query_stats(sock, timeout_s=10)["gpus"].values()))
+                          "broker_revocations": next(iter(query_stats(self.control, timeout_s=10)["gpus"].values()))
                           ["revocations"]}
                 if gate:
                     self.verdict(name, kept >= gate, detail)

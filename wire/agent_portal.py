@@ -67,7 +67,7 @@ CONTAINER_ID_PATTERN = r"^[0-9a-f]{64}$"
 STREAM_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 VERSION_PATTERN = r"^[0-9A-Za-z.+-]{1,32}$"
 # host:port of a remote-share server: an IPv4 address or DNS name, or an IPv6 address in brackets.
-# A remote share's id as share tokens carry it (agents/remote/tokens.py, preload/remote/token.c).
+# A remote share's id as share tokens carry it (wire/share_tokens.py, preload/remote/token.c).
 SHARE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 SERVER_ADDRESS_PATTERN = r"^(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?):[0-9]{1,5}$"
 
@@ -143,6 +143,9 @@ class Hello(_Message):
     # The agent writes the remote server's revoked-share file (`--revoked-file`): only then does the
     # portal send it `revoked_shares` (older agents would refuse the message).
     revocations: StrictBool = False
+    # The agent tells its share broker each share's priority: only then do placements carry it
+    # (older agents would refuse the field).
+    priorities: StrictBool = False
 
     @model_validator(mode="after")
     def _gpus_consistent(self) -> Hello:
@@ -276,6 +279,8 @@ class Placement(_Strict):
     limit: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False, strict=False)]
     memory_mib: Annotated[StrictInt, Field(ge=1, le=MAX_MEMORY_MIB)] | None
     pod_uid: PodUid | None
+    # The broker's class for the share; only to agents whose hello had `priorities`.
+    priority: Literal["high", "normal", "low"] | None = None
 
     @model_validator(mode="after")
     def _limit_covers_request(self) -> Placement:

@@ -1,4 +1,5 @@
-"""Command line: ``python -m agents.broker --socket /run/tessera/broker.sock``."""
+"""Command line: ``python -m agents.broker --socket /run/tessera/broker.sock
+--control-socket /run/tessera-broker/control.sock``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import asyncio
 import contextlib
 import logging
 import sys
+from pathlib import Path
 
+from agents.broker.identity import CgroupIdentity, PeerIdentity, SessionIdentity
 from agents.broker.policy import BrokerSettings
-from agents.broker.server import serve
+from agents.broker.server import Broker, serve
 from agents.signals import stop_on_signals
 
 
@@ -29,6 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--socket", required=True,
                         help="Unix socket path (TESSERA_BROKER_SOCKET of the workloads)")
+    parser.add_argument("--control-socket", required=True,
+                        help="the node agent's Unix socket (terms of every share, telemetry); in a "
+                             "directory no workload mounts")
+    parser.add_argument("--agent-uid", type=int, action="append", default=[],
+                        help="a user the node agent runs as, besides root and the broker's own (repeatable)")
+    parser.add_argument("--identity", choices=["cgroup", "session"], default="cgroup",
+                        help="how a process is tied to its share: its pod's cgroup (Kubernetes; the broker "
+                             "must see the host's PIDs) or its session (local pods, registered by the agent)")
+    parser.add_argument("--proc-root", type=Path, default=Path("/proc"),
+                        help="where to read processes' cgroups (default /proc)")
+    parser.add_argument("--trust-own-pod", action="store_true",
+                        help="with --identity cgroup: processes of the broker's own pod (the remote server's "
+                             "workers) may join any share the agent named")
     parser.add_argument("--window", type=_positive, default=defaults.window_s, help="sliding window, seconds")
     parser.add_argument("--min-quota-ms", type=_positive, default=defaults.min_quota_s * 1e3)
     parser.add_argument("--max-quota-ms", type=_positive, default=defaults.max_quota_s * 1e3)
@@ -54,21 +70,27 @@ def main(argv: list[str] | None = None) -> int:
             start_window_s=min(BrokerSettings.start_window_s, args.window),
             drain_max_s=args.max_drain_ms / 1e3,
         )
+        identity: PeerIdentity = (CgroupIdentity(args.proc_root, args.trust_own_pod) if args.identity == "cgroup"
+                                  else SessionIdentity())
     except ValueError as exc:
         print(f"python -m agents.broker: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_run_until_signalled(args.socket, settings))
+    if args.trust_own_pod and args.identity != "cgroup":
+        print("python -m agents.broker: --trust-own-pod needs --identity cgroup", file=sys.stderr)
+        return 2
+    asyncio.run(_run_until_signalled(args, settings, identity))
     return 0
 
 
-async def _run_until_signalled(socket_path: str, settings: BrokerSettings) -> None:
+async def _run_until_signalled(args: argparse.Namespace, settings: BrokerSettings, identity: PeerIdentity) -> None:
     # SIGTERM (kubelet, systemd) and SIGINT end the broker cleanly: the socket file goes too
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
     stop_on_signals(loop, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
-        await serve(socket_path, settings)
+        await serve(args.socket, broker=Broker(settings, identity),
+                    control_path=args.control_socket, agent_uids=args.agent_uid)
 
 
 if __name__ == "__main__":

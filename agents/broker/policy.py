@@ -67,7 +67,6 @@ class ShareAccount:
     used_total_s: float = 0.0
     burst_s: float = 0.0
     clients: int = 0
-    defined: bool = False  # terms set by the node (agent), not by what its processes announce
     _entries: deque[tuple[float, float]] = field(default_factory=deque)  # (end time, GPU seconds)
     _window_used_s: float = 0.0
 
@@ -150,35 +149,33 @@ class GpuScheduler:
     # ---- membership ----
 
     def define_share(self, share_id: str, request: float, limit: float, high: bool, now: float) -> None:
-        """Sets a share's terms from the node's side; its processes' own announcements no longer count."""
+        """Sets a share's terms, as the node agent gives them; its processes' announcements never count."""
         if not 0 < request <= limit <= 1:
             raise ValueError(f"share {share_id}: need 0 < request <= limit <= 1, got {request}, {limit}")
         share = self.shares.get(share_id)
         if share is None:
             share = ShareAccount(share_id, request, limit, high, now, self.settings.initial_quota_s)
             self.shares[share_id] = share
-        share.gpu_request, share.gpu_limit, share.high_priority, share.defined = request, limit, high, True
+        share.gpu_request, share.gpu_limit, share.high_priority = request, limit, high
 
-    def add_client(
-        self, client_id: int, share_id: str, request: float, limit: float, high: bool, pid: int, now: float
-    ) -> Client:
-        share = self.shares.get(share_id)
+    def forget_share(self, share_id: str, now: float) -> list[int]:
+        """The agent no longer names the share (its reservation left this GPU): drops it and its
+        processes; returns their client IDs (their connections are to be closed)."""
+        share = self.shares.pop(share_id, None)
         if share is None:
-            share = ShareAccount(share_id, request, limit, high, now, self.settings.initial_quota_s)
-            self.shares[share_id] = share
-        elif share.clients == 0 and not share.defined:
-            # a share that comes back may come back with new terms; its history stays
-            share.gpu_request, share.gpu_limit, share.high_priority = request, limit, high
+            return []
+        gone = [c.client_id for c in self.clients.values() if c.share is share]
+        for client_id in gone:
+            self.remove_client(client_id, now)
+        return gone
+
+    def add_client(self, client_id: int, share_id: str, pid: int, now: float) -> Client:
+        """A process joins a share the agent defined (KeyError otherwise)."""
+        share = self.shares[share_id]
         share.clients += 1
         client = Client(client_id, share, pid)
         self.clients[client_id] = client
         return client
-
-    def terms_conflict(self, share_id: str, request: float, limit: float, high: bool) -> bool:
-        share = self.shares.get(share_id)
-        if share is None or not (share.clients or share.defined):
-            return False
-        return (share.gpu_request, share.gpu_limit, share.high_priority) != (request, limit, high)
 
     def remove_client(self, client_id: int, now: float) -> None:
         client = self.clients.pop(client_id, None)

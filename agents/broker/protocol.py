@@ -2,6 +2,9 @@
 
 Every line is ASCII: a verb, then ``key=value`` fields separated by single spaces. Anything else is
 a :class:`ProtocolError` with a message that says what is wrong; the connection answers ``ERR``.
+
+The node agent's control socket takes two more messages: ``TERMS <json>`` (every share's terms and
+who may join it, replacing what it said before) and ``QUERY``.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ import json
 import math
 import re
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1024
@@ -26,6 +33,10 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True)
 class Hello:
+    """What a process says it is. Only ``share`` and ``gpu`` count: its pid comes from the socket's
+    peer credentials, and the terms from the node agent. The other fields are parsed for the
+    libraries that send them, and ignored."""
+
     share: str
     gpu: str
     pid: int
@@ -149,6 +160,89 @@ def parse_line(raw: bytes) -> Message:
     return Query()
 
 
+MAX_CONTROL_LINE_BYTES = 4 * 1024 * 1024
+MAX_TERMS = 4096
+MAX_SESSIONS = 64
+_POD_UID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
+
+class ShareTerms(BaseModel):
+    """One share on one GPU as the node agent knows it from the portal's placements: its terms, and
+    whose processes may join it (the pod, found from a process's cgroup; or, where pods are plain
+    local processes, the sessions the agent started them in)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    share: Annotated[str, Field(pattern=_ID_RE.pattern)]
+    gpu: Annotated[str, Field(pattern=_ID_RE.pattern)]
+    request: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+    limit: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+    priority: Literal["high", "normal", "low"]
+    pod_uid: Annotated[str, Field(pattern=_POD_UID_PATTERN)] | None = None
+    sessions: Annotated[list[Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]],
+                        Field(max_length=MAX_SESSIONS)] = []
+
+    @model_validator(mode="after")
+    def _limit_covers_request(self) -> ShareTerms:
+        if self.limit < self.request:
+            raise ValueError(f"limit {self.limit} is below request {self.request}")
+        return self
+
+    @property
+    def high_priority(self) -> bool:
+        return self.priority == "high"
+
+
+class _TermsMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    shares: Annotated[list[ShareTerms], Field(max_length=MAX_TERMS)]
+
+    @model_validator(mode="after")
+    def _once_each(self) -> _TermsMessage:
+        keys = [(t.gpu, t.share) for t in self.shares]
+        if len(set(keys)) != len(keys):
+            raise ValueError("the same share twice on one GPU")
+        return self
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The control socket's TERMS: the whole table of shares, replacing the previous one."""
+
+    shares: tuple[ShareTerms, ...]
+
+
+ControlMessage = Terms | Query
+
+
+def parse_control_line(raw: bytes) -> ControlMessage:
+    """One line of the node agent's control socket: ``TERMS <json>`` or ``QUERY``."""
+    if len(raw) > MAX_CONTROL_LINE_BYTES:
+        raise ProtocolError(f"line longer than {MAX_CONTROL_LINE_BYTES} bytes")
+    try:
+        text = raw.decode("ascii").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ProtocolError("line is not ASCII") from None
+    verb, _, body = text.partition(" ")
+    if verb == "QUERY" and not body:
+        return Query()
+    if verb != "TERMS":
+        raise ProtocolError(f"unknown control message {verb[:32]!r}")
+    try:
+        message = _TermsMessage.model_validate_json(body)
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'TERMS'}: {e['msg']}" for e in exc.errors()[:3])
+        raise ProtocolError(f"TERMS: {where}") from None
+    return Terms(tuple(message.shares))
+
+
+def terms_line(shares: Iterable[ShareTerms]) -> bytes:
+    body = json.dumps({"shares": [t.model_dump(exclude_defaults=True) for t in shares]},
+                      separators=(",", ":"), sort_keys=True)
+    return f"TERMS {body}\n".encode("ascii")
+
+
 def grant_line(quota_s: float) -> bytes:
     return f"GRANT quota_us={max(1, round(quota_s * 1e6))}\n".encode()
 
@@ -161,21 +255,28 @@ def error_line(reason: str) -> bytes:
 MAX_STATS_BYTES = 4 * 1024 * 1024
 
 
-def query_stats(socket_path: str | Path, timeout_s: float) -> dict:
-    """The broker's STATS answer to QUERY on its socket (bounded; ValueError when malformed)."""
+def query_stats(socket_path: str | Path, timeout_s: float,
+                terms: Iterable[ShareTerms] | None = None) -> dict:
+    """The broker's STATS answer to QUERY on its control socket (bounded; ValueError when malformed),
+    with ``terms``: after telling it every share's terms (TERMS) on the same connection."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         sock.connect(str(socket_path))
-        sock.sendall(b"QUERY\n")
+        sock.sendall((terms_line(terms) if terms is not None else b"") + b"QUERY\n")
         data = b""
-        while not data.endswith(b"\n"):
+        while data.count(b"\n") < (2 if terms is not None else 1):
             chunk = sock.recv(65536)
             if not chunk:
                 break
             data += chunk
             if len(data) > MAX_STATS_BYTES:
                 raise ValueError("STATS answer too long")
-    line = data.decode("ascii", "replace").strip()
+    text = data.decode("ascii", "replace")
+    if terms is not None:
+        first, _, text = text.partition("\n")
+        if not first.startswith("OK"):
+            raise ValueError(f"the broker refused the terms: {first[:200]!r}")
+    line = text.strip()
     if not line.startswith("STATS "):
         raise ValueError(f"unexpected answer {line[:80]!r}")
     stats = json.loads(line.removeprefix("STATS "))

@@ -1,6 +1,7 @@
-"""The broker process: a Unix-socket server with one token scheduler per GPU.
+"""The broker process: two Unix-socket servers and one token scheduler per GPU.
 
-Each connection is one process of one share (after its HELLO) or a telemetry reader (QUERY only).
+On the workloads' socket each connection is one process of one share (after its HELLO); on the
+control socket, the node agent gives every share's terms and reads telemetry.
 A bad line is answered with ``ERR`` and logged; it never takes the broker down. A client that
 disconnects, even while holding a token, is forgotten and its token goes to the next in line.
 """
@@ -14,10 +15,13 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from agents.broker.identity import CgroupIdentity, PeerIdentity, peer_credentials
 from agents.broker.policy import BrokerSettings, GpuScheduler
 from agents.broker.protocol import (
+    MAX_CONTROL_LINE_BYTES,
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
     Acquire,
@@ -26,8 +30,11 @@ from agents.broker.protocol import (
     ProtocolError,
     Query,
     Release,
+    ShareTerms,
+    Terms,
     error_line,
     grant_line,
+    parse_control_line,
     parse_line,
 )
 
@@ -83,13 +90,21 @@ class _Gpu:
 
 
 class Broker:
-    """All GPUs of a node. Create inside a running event loop."""
+    """All GPUs of a node. Create inside a running event loop.
 
-    def __init__(self, settings: BrokerSettings | None = None) -> None:
+    Terms come only from the node agent (``set_terms``, the control socket's TERMS); a process joins
+    a share only if the agent named it and ``identity`` ties the process to it."""
+
+    def __init__(self, settings: BrokerSettings | None = None, identity: PeerIdentity | None = None) -> None:
         self.settings = settings or BrokerSettings()
+        self.identity: PeerIdentity = identity or CgroupIdentity()
         self.gpus: dict[str, _Gpu] = {}
+        self.terms: dict[tuple[str, str], ShareTerms] = {}  # (gpu, share) -> what the agent said
         self._ids = itertools.count(1)
         self.rejected_lines = 0
+        self.refused_hellos = 0
+        # (pid, gpu, share) refusals already logged as warnings: a refused library asks again every second
+        self.refusals_logged: set[tuple[int, str, str]] = set()
 
     def snapshot(self) -> dict[str, object]:
         """Per-share GPU time (telemetry for the node agent)."""
@@ -101,13 +116,43 @@ class Broker:
                 for gpu, g in self.gpus.items()
             },
             "rejected_lines": self.rejected_lines,
+            "refused_hellos": self.refused_hellos,
         }
 
-    def define_share(self, gpu: str, share_id: str, request: float, limit: float,
-                     high_priority: bool) -> None:
-        """The node agent's word on a share's terms (from its reservation); processes cannot change them."""
-        self.gpu(gpu).scheduler.define_share(share_id, request, limit, high_priority, time.monotonic())
-        self.gpu(gpu).dispatch()
+    def set_terms(self, shares: Iterable[ShareTerms]) -> None:
+        """The node agent's whole table of shares: new ones defined, changed ones updated, those it no
+        longer names dropped with their processes. A process that no longer matches its share's
+        identity (the share's pod changed) is dropped too."""
+        new = {(t.gpu, t.share): t for t in shares}
+        now = time.monotonic()
+        touched: set[str] = set()
+        for (gpu_name, share), old in self.terms.items():
+            gpu = self.gpus.get(gpu_name)
+            if gpu is None:
+                continue
+            terms = new.get((gpu_name, share))
+            if terms is None:
+                gone = gpu.scheduler.forget_share(share, now)
+            elif (terms.pod_uid, terms.sessions) != (old.pod_uid, old.sessions):
+                gone = [c.client_id for c in list(gpu.scheduler.clients.values())
+                        if c.share.share_id == share and self.identity.refusal(c.pid, terms) is not None]
+                for client_id in gone:
+                    gpu.scheduler.remove_client(client_id, now)
+            else:
+                continue
+            for client_id in gone:
+                transport = gpu.writers.pop(client_id, None)
+                if transport is not None:
+                    transport.write(error_line(f"share {share} is no longer this process's on this node"))
+                    transport.close()
+            touched.add(gpu_name)
+        for terms in new.values():
+            self.gpu(terms.gpu).scheduler.define_share(terms.share, terms.request, terms.limit,
+                                                       terms.high_priority, now)
+            touched.add(terms.gpu)
+        self.terms = new
+        for gpu_name in touched:
+            self.gpu(gpu_name).dispatch()
 
     def new_client_id(self) -> int:
         return next(self._ids)
@@ -120,23 +165,25 @@ class Broker:
         return gpu
 
 
-class _Connection(asyncio.Protocol):
-    """One connection: a process of one share (after its HELLO) or a telemetry reader (QUERY only).
+class _LineConnection(asyncio.Protocol):
+    """Splits a byte stream into bounded lines; a bad line is answered ERR, never fatal to the broker."""
 
-    Lines are handled in the event loop's read callback itself, and a report that frees the token
-    grants it from there too: the GPU idles for as long as the hand-off takes."""
+    max_line = MAX_LINE_BYTES
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.transport: asyncio.Transport | None = None
         self.pending = bytearray()
-        self.client_id: int | None = None
-        self.gpu: _Gpu | None = None
         self.errors = 0
+        self.peer_pid = 0
+        self.peer_uid = -1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            self.peer_pid, self.peer_uid = peer_credentials(sock)
 
     def data_received(self, data: bytes) -> None:
         transport = self.transport
@@ -144,10 +191,10 @@ class _Connection(asyncio.Protocol):
         self.pending += data
         while not transport.is_closing():
             end = self.pending.find(b"\n")
-            if end > MAX_LINE_BYTES or (end < 0 and len(self.pending) > MAX_LINE_BYTES):
-                log.warning("rejected a line longer than %d bytes; closing", MAX_LINE_BYTES)
+            if end > self.max_line or (end < 0 and len(self.pending) > self.max_line):
+                log.warning("rejected a line longer than %d bytes; closing", self.max_line)
                 self.broker.rejected_lines += 1
-                transport.write(error_line(f"line longer than {MAX_LINE_BYTES} bytes"))
+                transport.write(error_line(f"line longer than {self.max_line} bytes"))
                 transport.close()
                 return
             if end < 0:
@@ -168,27 +215,37 @@ class _Connection(asyncio.Protocol):
                 transport.close()
 
     def _handle_line(self, raw: bytes, transport: asyncio.Transport) -> None:
-        broker = self.broker
+        raise NotImplementedError
+
+    def pause_writing(self) -> None:
+        # a reader that does not read (QUERY after QUERY) gets no more answers buffered for it
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+
+class _Connection(_LineConnection):
+    """One process of one share, after its HELLO.
+
+    Lines are handled in the event loop's read callback itself, and a report that frees the token
+    grants it from there too: the GPU idles for as long as the hand-off takes."""
+
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker)
+        self.client_id: int | None = None
+        self.gpu: _Gpu | None = None
+
+    def _handle_line(self, raw: bytes, transport: asyncio.Transport) -> None:
         message = parse_line(raw)
         if isinstance(message, Hello):
             if self.client_id is not None:
                 raise ProtocolError("HELLO was already sent on this connection")
-            gpu = broker.gpu(message.gpu)
-            if gpu.scheduler.terms_conflict(message.share, message.request, message.limit,
-                                            message.high_priority):
-                log.warning("share %s: pid %d announced other terms than the share has; "
-                            "the share's terms stay", message.share, message.pid)
-            self.client_id, self.gpu = broker.new_client_id(), gpu
-            gpu.scheduler.add_client(self.client_id, message.share, message.request, message.limit,
-                                     message.high_priority, message.pid, time.monotonic())
-            gpu.writers[self.client_id] = transport
-            log.info("gpu %s: pid %d joined share %s (request %.3f, limit %.3f, %s priority)",
-                     message.gpu, message.pid, message.share, message.request, message.limit,
-                     "high" if message.high_priority else "low")
-            window_ms = round(broker.settings.window_s * 1000)
-            transport.write(f"OK v={PROTOCOL_VERSION} window_ms={window_ms} drain=1\n".encode())
+            self._hello(message, transport)
         elif isinstance(message, Query):
-            transport.write(b"STATS " + json.dumps(broker.snapshot(), sort_keys=True).encode() + b"\n")
+            raise ProtocolError("QUERY is answered to the node agent only, on the broker's control socket")
         elif self.client_id is None or self.gpu is None:
             raise ProtocolError("send HELLO first")
         elif isinstance(message, Acquire):
@@ -201,14 +258,35 @@ class _Connection(asyncio.Protocol):
             self.gpu.scheduler.draining(self.client_id, time.monotonic())
             self.gpu.dispatch()  # the timer waits for the new deadline
 
-    def pause_writing(self) -> None:
-        # a reader that does not read (QUERY after QUERY) gets no more answers buffered for it
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+    def _hello(self, message: Hello, transport: asyncio.Transport) -> None:
+        broker = self.broker
+        terms = broker.terms.get((message.gpu, message.share))
+        if terms is None:
+            reason = f"share {message.share} has no terms on GPU {message.gpu} (the node agent did not place it here)"
+        else:
+            reason = broker.identity.refusal(self.peer_pid, terms)
+        if reason is not None:
+            broker.refused_hellos += 1
+            key = (self.peer_pid, message.gpu, message.share)
+            if len(broker.refusals_logged) >= 4096:
+                broker.refusals_logged.clear()
+            level = logging.DEBUG if key in broker.refusals_logged else logging.WARNING
+            broker.refusals_logged.add(key)
+            log.log(level, "refused pid %d (says %d) for share %s on gpu %s: %s",
+                    self.peer_pid, message.pid, message.share, message.gpu, reason)
+            transport.write(error_line(f"refused: {reason}"))
+            transport.close()
+            return
+        assert terms is not None
+        gpu = broker.gpu(message.gpu)
+        self.client_id, self.gpu = broker.new_client_id(), gpu
+        gpu.scheduler.add_client(self.client_id, message.share, self.peer_pid, time.monotonic())
+        gpu.writers[self.client_id] = transport
+        log.info("gpu %s: pid %d joined share %s (request %.3f, limit %.3f, %s priority, from the agent)",
+                 message.gpu, self.peer_pid, message.share, terms.request, terms.limit,
+                 "high" if terms.high_priority else "low")
+        window_ms = round(broker.settings.window_s * 1000)
+        transport.write(f"OK v={PROTOCOL_VERSION} window_ms={window_ms} drain=1\n".encode())
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
@@ -221,27 +299,69 @@ class _Connection(asyncio.Protocol):
         self.transport = None
 
 
-async def serve(socket_path: str | os.PathLike[str], settings: BrokerSettings | None = None,
-                ready: asyncio.Event | None = None, broker: Broker | None = None) -> None:
-    """Runs the broker on a Unix socket until cancelled. Pass a :class:`Broker` to keep a handle on it
-    (``snapshot()`` for telemetry, ``define_share()`` for terms)."""
-    path = Path(socket_path)
+class _ControlConnection(_LineConnection):
+    """The node agent: TERMS (every share's terms) and QUERY (telemetry). Only root, the broker's own
+    user and the agent's users (``--agent-uid``) get an answer, by the socket's peer credentials."""
+
+    max_line = MAX_CONTROL_LINE_BYTES
+
+    def __init__(self, broker: Broker, allowed_uids: frozenset[int]) -> None:
+        super().__init__(broker)
+        self.allowed_uids = allowed_uids
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.peer_uid not in self.allowed_uids:
+            log.warning("refused a control connection from uid %d (pid %d)", self.peer_uid, self.peer_pid)
+            assert self.transport is not None
+            self.transport.write(error_line("refused: the control socket is the node agent's"))
+            self.transport.close()
+
+    def _handle_line(self, raw: bytes, transport: asyncio.Transport) -> None:
+        message = parse_control_line(raw)
+        if isinstance(message, Terms):
+            self.broker.set_terms(message.shares)
+            transport.write(f"OK shares={len(message.shares)}\n".encode())
+        else:
+            transport.write(b"STATS " + json.dumps(self.broker.snapshot(), sort_keys=True).encode() + b"\n")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+
+async def _unix_server(path: Path, factory: Callable[[], asyncio.Protocol], mode: int) -> asyncio.Server:
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket from a previous run
+    server = await asyncio.get_running_loop().create_unix_server(factory, path=str(path))
+    os.chmod(path, mode)
+    return server
+
+
+async def serve(socket_path: str | os.PathLike[str], settings: BrokerSettings | None = None,
+                ready: asyncio.Event | None = None, broker: Broker | None = None, *,
+                control_path: str | os.PathLike[str], agent_uids: Iterable[int] = ()) -> None:
+    """Runs the broker on its two Unix sockets until cancelled: ``socket_path`` for the workloads'
+    processes, ``control_path`` for the node agent. Pass a :class:`Broker` to keep a handle on it."""
+    path, control = Path(socket_path), Path(control_path)
     broker = broker or Broker(settings)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_unix_server(lambda: _Connection(broker), path=str(path))
-    # workload containers run as any user; the socket is only mounted where shares are meant to reach it
-    os.chmod(path, 0o666)  # noqa: S103
-    log.info("share broker listening on %s (window %.1f s)", path, broker.settings.window_s)
+    allowed = frozenset({0, os.geteuid(), *agent_uids})
+    # Workload containers run as any user and must connect; they cannot replace the socket because
+    # its directory reaches them read-only. The control socket is the agent's alone: 0600 when the
+    # agent runs as the broker's user, else open to connect and checked by peer credentials.
+    server = await _unix_server(path, lambda: _Connection(broker), 0o666)
+    control_server = await _unix_server(control, lambda: _ControlConnection(broker, allowed),
+                                        0o600 if allowed <= {0, os.geteuid()} else 0o666)
+    log.info("share broker listening on %s, agent on %s (window %.1f s, identity by %s)",
+             path, control, broker.settings.window_s, broker.identity.name)
     if ready is not None:
         ready.set()
     try:
-        async with server:
-            await server.serve_forever()
+        async with server, control_server:
+            await asyncio.gather(server.serve_forever(), control_server.serve_forever())
     finally:
         for gpu in broker.gpus.values():
             gpu.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        for p in (path, control):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()

@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> GpuSource:
     if args.simulate is not None:
         from agents.gpus.simulated import SimulatedSource
-        from agents.inventory import InventoryError, load_inventory, pick_node
         from agents.placements import PlacementTable
+        from wire.inventory import InventoryError, load_inventory, pick_node
 
         try:
             node = pick_node(load_inventory(args.simulate), args.node, str(args.simulate))

@@ -70,8 +70,14 @@ class NodePaths:
 
     preload_dir: str = "/opt/tessera/lib"
     preload_library: str = "libtessera_preload.so"
+    # beside the library, one line naming it: mounted as the container's /etc/ld.so.preload
+    preload_list: str = "ld.so.preload"
     broker_dir: str = "/run/tessera"
     broker_socket: str = "broker.sock"
+
+
+# The dynamic loader reads this file in every process it starts, whatever the environment says.
+LD_SO_PRELOAD = "/etc/ld.so.preload"
 
 
 # The device nodes a CUDA process opens besides its GPUs' own (/dev/nvidia<minor>).
@@ -88,7 +94,8 @@ def device_specs(minors: list[int]) -> list[api_pb2.DeviceSpec]:
 def container_response(placement: Placement, paths: NodePaths,
                        minors: list[int] | None = None) -> api_pb2.ContainerAllocateResponse:
     """Env, mounts (and with `minors`, the GPUs' device nodes) for one container of the placed pod
-    (see preload/README.md for the variables)."""
+    (see preload/README.md for the variables): the library both in LD_PRELOAD and in the container's
+    /etc/ld.so.preload, the broker's socket directory read-only."""
     envs = {
         "NVIDIA_VISIBLE_DEVICES": ",".join(placement.gpus),
         "LD_PRELOAD": f"{paths.preload_dir}/{paths.preload_library}",
@@ -101,7 +108,13 @@ def container_response(placement: Placement, paths: NodePaths,
     }
     mounts = [
         api_pb2.Mount(container_path=paths.preload_dir, host_path=paths.preload_dir, read_only=True),
-        api_pb2.Mount(container_path=paths.broker_dir, host_path=paths.broker_dir, read_only=False),
+        # LD_PRELOAD is the container's to unset; /etc/ld.so.preload, a read-only bind mount, is not
+        # (preload/README.md says what still gets around it)
+        api_pb2.Mount(container_path=LD_SO_PRELOAD, host_path=f"{paths.preload_dir}/{paths.preload_list}",
+                      read_only=True),
+        # read-only: a workload connects to the socket (connect needs no write access to the mount)
+        # but can neither replace it nor plant another in the directory
+        api_pb2.Mount(container_path=paths.broker_dir, host_path=paths.broker_dir, read_only=True),
     ]
     return api_pb2.ContainerAllocateResponse(envs=envs, mounts=mounts,
                                              devices=device_specs(minors) if minors is not None else [])

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agents.gpus.base import GpuDevice, GpuReading, ProcessReading, Reading, ShareReading
-from agents.inventory import InventoryNode
 from agents.placements import PlacementTable
 from wire.agent_portal import Placement
+from wire.inventory import InventoryNode
 
 DRIVER_VERSION = "simulated"
 DRIVER_OVERHEAD_MIB = 420  # the CUDA context a real process holds before it allocates anything

@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 from agents.agent import Agent, AgentSettings  # noqa: E402
 from agents.gpus.simulated import SimulatedSource  # noqa: E402
-from agents.inventory import InventoryNode, load_inventory  # noqa: E402
 from agents.placements import PlacementTable  # noqa: E402
 from agents.sampling import Sampler  # noqa: E402
 from wire.agent_portal import PROTOCOL_VERSION, Placements  # noqa: E402
+from wire.inventory import InventoryNode, load_inventory  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "agents"
 BASELINE = "fleet_cpu-before"

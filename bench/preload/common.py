@@ -16,6 +16,10 @@ TEST_BIN = BUILD / "test"
 LIBRARY = BUILD / "libtessera_preload.so"
 RESULTS = REPO / "bench" / "results" / "preload"
 
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from agents.broker.protocol import ShareTerms, query_stats  # noqa: E402
+
 
 def build() -> None:
     subprocess.run(["make", "-s", "-C", str(PRELOAD), "test-bins"], check=True)
@@ -30,20 +34,32 @@ def fake_env(root: Path, **extra: str) -> dict[str, str]:
 
 
 class Broker:
-    def __init__(self, path: Path, *args: str) -> None:
+    """The broker, with this benchmark as the node's agent: ``define`` gives a share's terms (its
+    processes are this benchmark's session, which its children inherit)."""
+
+    def __init__(self, path: Path, *args: str, identity: str = "session") -> None:
         self.path = path
+        self.control = path.with_name(path.stem + "-control.sock")
+        self.terms: dict[tuple[str, str], ShareTerms] = {}
         if path.exists():
             path.unlink()
         self.proc = subprocess.Popen([sys.executable, "-m", "agents.broker", "--socket", str(path),
+                                      "--control-socket", str(self.control), "--identity", identity,
                                       "--log-level", "WARNING", *args], cwd=REPO)
         for _ in range(400):
             try:
                 with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(path))
+                    s.connect(str(self.control))
                 return
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("broker did not start")
+
+    def define(self, share: str, gpu: str, request: float, limit: float, priority: str = "low",
+               pod_uid: str | None = None) -> None:
+        self.terms[(gpu, share)] = ShareTerms(share=share, gpu=gpu, request=request, limit=limit, priority=priority,
+                                              sessions=[os.getsid(0)], pod_uid=pod_uid)
+        query_stats(self.control, timeout_s=10, terms=self.terms.values())
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -38,6 +38,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         broker = Broker(root / "broker.sock")
+        broker.define("default", "0", 1.0, 1.0)  # the library's share and GPU when unnamed
         lib = str(LIBRARY)
         configs = {
             "no library": fake_env(root),

@@ -61,6 +61,7 @@ def main() -> None:
         procs = []
 
         def launch(gpu: str, name: str, request: float, limit: float, priority: str = "low", burst: str = ""):
+            broker.define(f"{gpu}-{name}", gpu, request, limit, priority)  # as the node's agent does
             env = fake_env(root, LD_PRELOAD=str(LIBRARY), FAKE_GPU_UUID=gpu, NVIDIA_VISIBLE_DEVICES=gpu,
                            TESSERA_SHARE_ID=f"{gpu}-{name}", TESSERA_GPU_REQUEST=str(request),
                            TESSERA_GPU_LIMIT=str(limit), TESSERA_PRIORITY=priority,

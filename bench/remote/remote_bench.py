@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from agents.remote.tokens import ShareTerms, issue  # noqa: E402
+from wire.share_tokens import ShareTerms, issue  # noqa: E402
 
 PRELOAD = REPO / "preload"
 BUILD = PRELOAD / "build"

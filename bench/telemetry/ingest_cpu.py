@@ -47,7 +47,6 @@ def _setup(nodes: int, shares: int) -> list:
     from django.core.management import call_command
 
     from agents.gpus.simulated import SimulatedSource
-    from agents.inventory import load_inventory
     from agents.placements import PlacementTable
     from agents.sampling import Sampler
     from bench.telemetry.running_shares import hold_shares
@@ -57,6 +56,7 @@ def _setup(nodes: int, shares: int) -> list:
     from portal.telemetry.services import placements_for_node
     from portal.tenancy.models import Team
     from wire.agent_portal import Hello, Placements
+    from wire.inventory import load_inventory
 
     call_command("migrate", verbosity=0)
     path = Path(tempfile.mkdtemp(prefix="tessera-bench-")) / "inventory.yaml"

@@ -32,13 +32,12 @@ class AuditedAdmin(admin.ModelAdmin):
         return super().log_deletions(request, queryset)
 
 
-@admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
-    list_display = ("at", "actor_label", "via", "team", "object_type", "object_repr", "action")
-    list_filter = ("via", "object_type", "team")
-    search_fields = ("object_repr", "actor_label", "message")
+class ServiceWrittenAdmin(admin.ModelAdmin):
+    """Rows that a service writes (reservations, allocations, their audit rows, nodes, GPUs) are
+    shown here and never edited: an edit in the admin would skip the service's locks, audit rows
+    and pushes. Changes go through admin actions, which call the service."""
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request, obj=None):
         return False
 
     def has_change_permission(self, request, obj=None):
@@ -46,3 +45,10 @@ class AuditEntryAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ServiceWrittenAdmin):
+    list_display = ("at", "actor_label", "via", "team", "object_type", "object_repr", "action")
+    list_filter = ("via", "object_type", "team")
+    search_fields = ("object_repr", "actor_label", "message")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.inventory import InventoryError, load_inventory
+from wire.inventory import InventoryError, load_inventory
 
 from . import services
 

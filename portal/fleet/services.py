@@ -1,8 +1,10 @@
 """Fleet operations: drain and return nodes, cordon GPUs, node agent credentials, loading an
-inventory. Site admins' operations are audited (portal.audit) in the transaction that makes them."""
+inventory, what an agent's hello says of its GPUs, node seen and lost. Site admins' operations are
+audited (portal.audit) in the transaction that makes them."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 
 from django.db import transaction
@@ -11,9 +13,12 @@ from django.utils import timezone
 from portal.audit import services as audit
 from portal.reservations.events import request_cycle
 from portal.tenancy.models import hash_secret
+from wire.agent_portal import MAX_GPUS_PER_NODE
 
 from .events import announce_nodes, announce_token_retired
-from .models import Gpu, LostCause, Node, NodeStatus
+from .models import AWAITING_APPROVAL, Gpu, LostCause, Node, NodeStatus
+
+log = logging.getLogger(__name__)
 
 
 def _as_actor(actor) -> audit.Actor:
@@ -223,6 +228,43 @@ def mark_lost_nodes(silent_for) -> list[str]:
             if mark_lost(pk, LostCause.AGENT_SILENT, reason):
                 names.append(name)
     return names
+
+
+def reconcile_gpus(node: Node, reported_gpus) -> dict[str, int]:
+    """Trust the agent over the inventory for which of the node's GPUs are there: a GPU it no
+    longer reports is flagged unhealthy (no new placements), one it reports again is healthy
+    again. A GPU the inventory does not have is added cordoned, awaiting a site admin: an
+    agent's word (its token may be stolen) must not create capacity that reservations are
+    placed on. Model names stay as reported/seeded: reservations ask for them by those names.
+    `reported_gpus`: the hello's GPUs (wire.agent_portal.GpuInfo). Returns UUID → Gpu pk of the
+    reported GPUs the node has."""
+    reported = {g.uuid: g for g in reported_gpus}
+    known = {g.uuid: g for g in Gpu.objects.filter(node=node).only("pk", "uuid", "index", "healthy")}
+    changed = False
+    for uuid_, gpu in known.items():
+        healthy = uuid_ in reported
+        if gpu.healthy != healthy:
+            Gpu.objects.filter(pk=gpu.pk).update(healthy=healthy)
+            changed = True
+    ids = {uuid_: gpu.pk for uuid_, gpu in known.items() if uuid_ in reported}
+    taken = {g.index for g in known.values()}
+    for uuid_, info in reported.items():
+        if uuid_ in known:
+            continue
+        if info.index in taken or len(taken) >= MAX_GPUS_PER_NODE or Gpu.objects.filter(uuid=uuid_).exists():
+            log.warning("node %s: the agent reports GPU %s (index %s), refused: its index or UUID is "
+                        "taken, or the node has %s GPUs already", node.name, uuid_, info.index, len(taken))
+            continue
+        ids[uuid_] = Gpu.objects.create(
+            node=node, uuid=uuid_, index=info.index, model=info.model[:64], memory_mib=info.memory_mib,
+            nvlink_peers=list(info.nvlink_peers), numa_node=info.numa_node,
+            cordoned=True, cordon_reason=AWAITING_APPROVAL).pk
+        taken.add(info.index)
+        log.warning("node %s: new GPU %s (%s) reported by its agent, cordoned until a site admin approves it",
+                    node.name, uuid_, info.model[:64])
+    if changed:
+        gpus_changed(node)
+    return ids
 
 
 def gpus_changed(node: Node) -> None:

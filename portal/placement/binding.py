@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 
 from portal.precompiled import Precompiled, param_in
-from portal.reservations import services
+from portal.reservations import actors, services
 from portal.reservations.events import announce_allocations
 from portal.reservations.models import Allocation, Kind, Reservation, Source
 from portal.reservations.states import State
@@ -36,7 +36,6 @@ from scheduler.backends.base import external_binding
 from . import share_tokens
 
 log = logging.getLogger(__name__)
-ACTOR = "system:placement"
 
 
 # Every bind runs these with its own ids: compiled once (portal.precompiled).
@@ -156,7 +155,7 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
     created: list[tuple[BindRow, PodStatus]] = []
     for r, outcome in outcomes:
         if isinstance(outcome, PermanentBackendError):
-            services.release(r.pk, State.FAILED, f"the cluster refused the pod: {outcome}", ACTOR)
+            services.release(r.pk, State.FAILED, f"the cluster refused the pod: {outcome}", actors.PLACEMENT)
         elif isinstance(outcome, BackendError):
             report.transient[r.pk] = outcome
         else:
@@ -165,7 +164,7 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
                 report.pods[r.pk] = outcome
                 created.append((r, outcome))
     if created:
-        report.nodes |= services.record_pods(created, ACTOR)
+        report.nodes |= services.record_pods(created, actors.PLACEMENT)
     if report.transient or created:
         services.note_cluster_waits({pk: str(exc) for pk, exc in report.transient.items()},
                                     [r.pk for r, _ in created])

@@ -13,7 +13,7 @@ from django.db.models import Q
 
 from portal.fleet import services as fleet
 from portal.fleet.models import LostCause, Node, NodeStatus
-from portal.reservations import services
+from portal.reservations import actors, services
 from portal.reservations.models import Reservation, Source
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler.backends import Backend, ClusterEvent, NodeCondition, NodeEvent, Phase, PodEvent, PodStatus
@@ -22,7 +22,6 @@ from . import memo
 from .pods import delete_pod, delete_quietly
 
 log = logging.getLogger(__name__)
-ACTOR = "system:lifecycle"
 
 
 def is_current_pod(r: Reservation, pod: PodStatus) -> bool:
@@ -61,12 +60,12 @@ def apply_pod(backend: Backend, event: PodEvent) -> None:
         if r.state in HOLDS_GPU or (r.state == State.PENDING and r.source == Source.KUBECTL):
             # We delete pods only after the reservation stopped holding its GPUs, so this came from outside.
             if r.reclaim_at is not None:  # we sent SIGTERM when we warned of the reclaim
-                services.preempt(r.pk, "reclaimed: its pod ended after the reclaim warning", ACTOR)
+                services.preempt(r.pk, "reclaimed: its pod ended after the reclaim warning", actors.LIFECYCLE)
             elif r.source == Source.KUBECTL:
                 services.move(r.pk, (State.PENDING, *HOLDS_GPU), State.CANCELLED, "the pod was deleted (kubectl)",
-                              ACTOR)
+                              actors.LIFECYCLE)
             else:
-                services.release(r.pk, State.FAILED, f"pod {pod.name} was deleted outside Tessera", ACTOR)
+                services.release(r.pk, State.FAILED, f"pod {pod.name} was deleted outside Tessera", actors.LIFECYCLE)
         return
     if r.state not in HOLDS_GPU:
         # The reservation ended (cancelled, preempted, expired) and its pod still runs: remove it.
@@ -75,25 +74,25 @@ def apply_pod(backend: Backend, event: PodEvent) -> None:
             delete_pod(backend, pod.namespace, pod.name, f"reservation {r.pk} is {r.state}")
         return
     if not pod.external:
-        services.record_pod(r.pk, pod, ACTOR)
+        services.record_pod(r.pk, pod, actors.LIFECYCLE)
     elif pod.phase == Phase.RUNNING:
-        services.move(r.pk, State.PLACED, State.RUNNING, f"pod {pod.name} running on {pod.node}", ACTOR)
+        services.move(r.pk, State.PLACED, State.RUNNING, f"pod {pod.name} running on {pod.node}", actors.LIFECYCLE)
     if pod.phase == Phase.SUCCEEDED:
-        services.release(r.pk, State.SUCCEEDED, f"pod {pod.name} completed", ACTOR)
+        services.release(r.pk, State.SUCCEEDED, f"pod {pod.name} completed", actors.LIFECYCLE)
     elif pod.phase == Phase.FAILED:
         if pod.reason == "NodeLost" and r.node_id is not None:
             lose_reservation(backend, r, f"node {pod.node} was lost")
         elif r.reclaim_at is not None:  # it stopped on the reclaim warning's SIGTERM
-            services.preempt(r.pk, "reclaimed: its pod stopped after the reclaim warning", ACTOR)
+            services.preempt(r.pk, "reclaimed: its pod stopped after the reclaim warning", actors.LIFECYCLE)
         else:
             detail = ": ".join(x for x in (pod.reason, pod.message) if x) or "no reason given"
-            services.release(r.pk, State.FAILED, f"pod {pod.name} failed ({detail})", ACTOR)
+            services.release(r.pk, State.FAILED, f"pod {pod.name} failed ({detail})", actors.LIFECYCLE)
 
 
 def lose_reservation(backend: Backend, r: Reservation, why: str) -> None:
     """The node under a reservation is gone: requeue or fail it (`services.lose`), and delete the
     pod of a portal one (a kubectl pod is the user's)."""
-    services.lose(r.pk, why, ACTOR)
+    services.lose(r.pk, why, actors.LIFECYCLE)
     if r.pod_name and r.source == Source.PORTAL:
         delete_quietly(backend, r.pod_namespace, r.pod_name, why)  # the node is gone; reconcile retries
 

@@ -21,7 +21,7 @@ from decimal import Decimal
 
 from django.db import transaction
 
-from portal.reservations import services
+from portal.reservations import actors, services
 from portal.reservations.models import Admission, Reservation
 from portal.reservations.states import IllegalTransition
 from scheduler import core
@@ -31,7 +31,6 @@ from . import fleet_cache, snapshot
 from .locking import Lease, fence
 
 log = logging.getLogger(__name__)
-ACTOR = "system:scheduler"
 MILLI = Decimal("0.001")
 # Decisions per commit: the first batch, and the most. Bind tasks are sent at each commit, so a
 # small batch lets a second worker start on the pods sooner; a large one costs fewer round trips
@@ -98,7 +97,7 @@ def _evict(victim_id: int, by: snapshot.Pending, placed_as: str, report: CycleRe
         why = "reclaimed: " + _reclaimed_for("fair_share" if placed_as == Admission.BORROWED else "quota", by)
     else:
         why = f"preempted by reservation {by.pk} (priority {by.priority} over {priority})"
-    if not services.preempt(victim_id, why, ACTOR):
+    if not services.preempt(victim_id, why, actors.SCHEDULER):
         return
     if name:
         evicted.append((namespace, name, why))
@@ -160,7 +159,7 @@ class Batches:
                     at = datetime.fromtimestamp(due, tz=UTC)
                     why = (f"to be reclaimed at {at:%H:%M} UTC: {_reclaimed_for(d.kind, by)}; save your work, the pod "
                            f"gets SIGTERM now")
-                    if services.warn_reclaim(r.pk, at, why, ACTOR) is not None:
+                    if services.warn_reclaim(r.pk, at, why, actors.SCHEDULER) is not None:
                         self.report.reclaiming.append(r.pk)
                         if r.pod_name:
                             evicted.append((r.pod_namespace, r.pod_name, why, max(0, round(due - now))))
@@ -232,7 +231,7 @@ class Batches:
                         for victim in victims:
                             _evict(int(victim), self.rows[placements[0].request_id], placements[0].admission,
                                    report, mine)
-                        _, refused = services.place_many([placings], ACTOR)
+                        _, refused = services.place_many([placings], actors.SCHEDULER)
                         if refused:
                             raise next(iter(refused.values()))
                 except (services.CapacityConflict, IllegalTransition, Reservation.DoesNotExist) as exc:
@@ -242,7 +241,7 @@ class Batches:
                 evicted.extend(mine)
                 placed.extend(p.reservation_id for p in placings)
             if plain:
-                ok, refused = services.place_many(plain, ACTOR)
+                ok, refused = services.place_many(plain, actors.SCHEDULER)
                 placed.extend(r.pk for r in ok)
                 report.conflicts += len({id(unit) for unit in plain if any(p.reservation_id in refused for p in unit)})
                 for rid, exc in refused.items():

@@ -6,14 +6,13 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from portal.reservations import services
+from portal.reservations import actors, services
 from portal.reservations.models import Reservation
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler.backends import Backend
 
 from .pods import delete_quietly
 
-ACTOR = "system:lifecycle"
 # Reservations are warned this long before their end (or a tenth of their length, if shorter).
 WARN_BEFORE = timedelta(minutes=10)
 
@@ -24,7 +23,8 @@ def expire_due(backend: Backend) -> tuple[int, int]:
     expired = 0
     for pk, expires_at, namespace, name in Reservation.objects.filter(state__in=HOLDS_GPU, expires_at__lte=now) \
             .values_list("pk", "expires_at", "pod_namespace", "pod_name"):
-        if services.release(pk, State.EXPIRED, f"reached its end time {expires_at:%Y-%m-%d %H:%M} UTC", ACTOR):
+        why = f"reached its end time {expires_at:%Y-%m-%d %H:%M} UTC"
+        if services.release(pk, State.EXPIRED, why, actors.LIFECYCLE):
             expired += 1
             delete_quietly(backend, namespace, name, "reservation expired")
     warned = 0

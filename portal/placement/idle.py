@@ -9,14 +9,13 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from portal.reservations import services
+from portal.reservations import actors, services
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
 from scheduler.backends import Backend
 
 from .pods import delete_quietly
 
-ACTOR = "system:lifecycle"
 Measure = Callable[[list[int], datetime], dict[int, float]]
 
 
@@ -58,7 +57,7 @@ def check_idle(backend: Backend, measure: Measure = measured_utilization) -> tup
                 why = (f"reclaimed: used {per_gpu:.1%} of its GPU over the last {seconds // 60} min, under "
                        f"team {r.team.slug}'s idle threshold of {float(r.team.idle_threshold):.1%}, and still idle "
                        f"{r.team.idle_warning_s // 60} min after the warning")
-                if services.move(r.pk, State.RUNNING, State.EXPIRED, why, ACTOR):
+                if services.move(r.pk, State.RUNNING, State.EXPIRED, why, actors.LIFECYCLE):
                     reclaimed += 1
                     delete_quietly(backend, r.pod_namespace, r.pod_name, "reclaimed while idle")
     return flagged, reclaimed

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from portal.fleet import services as fleet
 from portal.fleet.models import Node, NodeStatus
-from portal.reservations import services
+from portal.reservations import actors, services
 from portal.reservations.models import Reservation, Source
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler.backends import Backend, NodeEvent, Phase, PodEvent, PodStatus
@@ -27,7 +27,6 @@ from .cluster_events import apply_events, apply_pod, is_current_pod
 from .pods import GRACE_S
 
 log = logging.getLogger(__name__)
-ACTOR = "system:reconcile"
 
 
 @dataclass
@@ -77,7 +76,7 @@ def reconcile(backend: Backend) -> ReconcileReport:
             apply_pod(backend, PodEvent(_gone(r), deleted=True))
             report.failed.append(rid)
         else:
-            services.release(rid, State.FAILED, f"its pod {r.pod_name} disappeared from the cluster", ACTOR)
+            services.release(rid, State.FAILED, f"its pod {r.pod_name} disappeared from the cluster", actors.RECONCILE)
             report.failed.append(rid)
     db_nodes = {n.name: n for n in Node.objects.all()}
     fleet.record_addresses({c.name: c.address for c in conditions

@@ -1,7 +1,7 @@
 """Share tokens for remote GPU shares, issued with the placement when its pod is made.
 
 The GPU node's remote server (preload/remote, run by deploy/agent/node-plugins.yaml) accepts a
-client only with a token signed with that node's own secret (agents/remote/tokens.py), and runs
+client only with a token signed with that node's own secret (wire/share_tokens.py), and runs
 its calls under the token's terms. The portal reads each node's secret from
 TESSERA_REMOTE_SECRETS_DIR, one file per node name: the same Secret the node DaemonSet mounts,
 whose keys are the node names (as for the agent tokens). A node without a secret cannot serve
@@ -25,12 +25,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-from agents.remote.tokens import ShareTerms, TokenError, issue
 from portal.fleet.links import server_address
 from portal.reservations.models import Reservation
 from portal.tenancy.policy import policy_of
 from scheduler.backends import GpuShare, PermanentBackendError
 from scheduler.backends.base import broker_priority, remote_share_env
+from wire.share_tokens import ShareTerms, TokenError, issue
 
 
 def secret_for(node: str) -> bytes:

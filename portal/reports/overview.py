@@ -98,28 +98,30 @@ def now(team_ids: list[int]) -> dict:
     models = []
     for model in sorted(by_model):
         m = by_model[model]
+        u, held = used.get(model, (0.0, 0.0))
         models.append({"model": model, "gpus": m["gpus"], "allocated_gpus": round(m["allocated"], 3),
                        "allocation_pct": _pct(m["allocated"], m["gpus"]),
-                       "used_gpus": round(used.get(model, 0.0), 3),
-                       "utilization_pct": _pct(used.get(model, 0.0), m["allocated"])})
+                       "used_gpus": round(u, 3), "utilization_pct": _pct(u, held)})
     total_gpus = sum(m["gpus"] for m in by_model.values())
     allocated = sum(m["allocated"] for m in by_model.values())
-    used_total = sum(used.values())
+    used_total, held_total = sum(u for u, _ in used.values()), sum(h for _, h in used.values())
     return {"gpus": total_gpus, "allocated_gpus": round(allocated, 3), "allocation_pct": _pct(allocated, total_gpus),
-            "used_gpus": round(used_total, 3), "utilization_pct": _pct(used_total, allocated),
+            "used_gpus": round(used_total, 3), "utilization_pct": _pct(used_total, held_total),
             "by_model": models, "gpu_states": states}
 
 
-def _used_now(team_ids: list[int]) -> dict[str, float]:
-    """GPU model → GPUs' worth used by these teams' shares, the mean of the last rolled-up minutes."""
+def _used_now(team_ids: list[int]) -> dict[str, tuple[float, float]]:
+    """GPU model → (GPUs' worth used, GPUs' worth allocated) by these teams' shares, both the mean of
+    the last rolled-up minutes over the same share-minutes: utilization is used ÷ allocated over
+    one window (allocated now would leave out shares that ended in it and overstate it)."""
     end = RollupState.objects.values_list("rolled_up_to", flat=True).first()
     if end is None:
         return {}
     start = end - timedelta(minutes=NOW_MINUTES)
     sums = hours.share_minute_sums()
     rows = (hours.share_minutes(start, end).filter(team_id__in=team_ids).values("gpu__model")
-            .annotate(t_used=sums["used"]))
-    return {r["gpu__model"]: (r["t_used"] or 0.0) / NOW_MINUTES for r in rows}
+            .annotate(t_used=sums["used"], t_held=hours.share_minute_allocated()))
+    return {r["gpu__model"]: ((r["t_used"] or 0.0) / NOW_MINUTES, (r["t_held"] or 0.0) / NOW_MINUTES) for r in rows}
 
 
 def waiting(team_ids: list[int]) -> dict:

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from django.utils import timezone
-
 RANGES = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 # Bucket width by window span: a chart of 24 to 60 points, whatever the window.
 BUCKETS = ((timedelta(days=2), 1), (timedelta(days=14), 6), (None, 24))  # (span up to, hours)
@@ -67,7 +65,3 @@ def spread(edges: list[datetime], start: datetime, end: datetime, rate: float) -
         out[i] = rate * (hi - lo).total_seconds() / 3600.0
     return out
 
-
-def default_window(tz: ZoneInfo, range_name: str = "7d") -> Window:
-    until = timezone.now()
-    return Window(since=until - RANGES[range_name], until=until, tz=tz)

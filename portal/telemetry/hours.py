@@ -43,6 +43,12 @@ def share_minute_sums() -> dict:
     }
 
 
+def share_minute_allocated() -> Sum:
+    """GPU-minutes the same ShareMinute rows held allocated (each share's request, weighted as `used`
+    is): the denominator that makes used ÷ allocated a ratio over one window and one set of shares."""
+    return Sum(Least(_float("samples"), Value(60.0)) / Value(60.0) * _float("reservation__gpu_request"))
+
+
 def gpu_minute_sums() -> dict:
     """Aggregates over GpuMinute rows, in GPU-minutes, named as GpuHour's columns."""
     coverage = Least(_float("samples"), Value(60.0)) / Value(60.0)

@@ -27,8 +27,7 @@ from django.utils import timezone
 
 from portal.fleet import links
 from portal.fleet import services as fleet_services
-from portal.fleet.models import AWAITING_APPROVAL, Gpu, Node, NodeStatus
-from wire import agent_portal as protocol
+from portal.fleet.models import Node, NodeStatus
 from wire.agent_portal import Hello, Sample, Samples
 
 from . import conf
@@ -37,9 +36,6 @@ from .models import AgentStream, LateMinute
 from .sample_rows import SampleRows, live_allocations, lock_streams, update_streams
 
 log = logging.getLogger(__name__)
-
-# A node holds no more GPUs than one hello may list: hellos with ever new UUIDs add no more.
-MAX_GPUS_PER_NODE = protocol.MAX_GPUS_PER_NODE
 
 # A minute is rolled up this long after it ends (portal.telemetry.rollups uses the same value).
 ROLLUP_SETTLE = timedelta(seconds=15)
@@ -97,9 +93,9 @@ def register_hello(node: Node, hello: Hello) -> StreamInfo:
                 defaults={"agent_version": hello.agent_version, "source": hello.source,
                           "interval_ms": hello.interval_ms},
             )
-        gpu_ids = reconcile_gpus(node, hello)
+        gpu_ids = fleet_services.reconcile_gpus(node, hello.gpus)
         status = Node.objects.filter(pk=node.pk).values_list("status", flat=True).first()
-        Node.objects.filter(pk=node.pk).update(last_seen=now)
+        fleet_services.record_seen([node.pk], now)
     if status == NodeStatus.LOST:
         fleet_services.mark_back(node.pk)
     if hello.resources is not None:  # bounded by the protocol; a node says only its own
@@ -110,41 +106,6 @@ def register_hello(node: Node, hello: Hello) -> StreamInfo:
     servers = links.remote_servers_for(node) if hello.resources is not None else None
     return StreamInfo(stream_pk=stream.pk, node_id=node.pk, node_name=node.name,
                       acked_seq=stream.last_seq, gpu_ids=gpu_ids, remote_servers=servers)
-
-
-def reconcile_gpus(node: Node, hello: Hello) -> dict[str, int]:
-    """Trust the agent over the inventory for which of the node's GPUs are there: a GPU it no
-    longer reports is flagged unhealthy (no new placements), one it reports again is healthy
-    again. A GPU the inventory does not have is added cordoned, awaiting a site admin: an
-    agent's word (its token may be stolen) must not create capacity that reservations are
-    placed on. Model names stay as reported/seeded: reservations ask for them by those names."""
-    reported = {g.uuid: g for g in hello.gpus}
-    known = {g.uuid: g for g in Gpu.objects.filter(node=node).only("pk", "uuid", "index", "healthy")}
-    changed = False
-    for uuid_, gpu in known.items():
-        healthy = uuid_ in reported
-        if gpu.healthy != healthy:
-            Gpu.objects.filter(pk=gpu.pk).update(healthy=healthy)
-            changed = True
-    ids = {uuid_: gpu.pk for uuid_, gpu in known.items() if uuid_ in reported}
-    taken = {g.index for g in known.values()}
-    for uuid_, info in reported.items():
-        if uuid_ in known:
-            continue
-        if info.index in taken or len(taken) >= MAX_GPUS_PER_NODE or Gpu.objects.filter(uuid=uuid_).exists():
-            log.warning("node %s: the agent reports GPU %s (index %s), refused: its index or UUID is "
-                        "taken, or the node has %s GPUs already", node.name, uuid_, info.index, len(taken))
-            continue
-        ids[uuid_] = Gpu.objects.create(
-            node=node, uuid=uuid_, index=info.index, model=info.model[:64], memory_mib=info.memory_mib,
-            nvlink_peers=list(info.nvlink_peers), numa_node=info.numa_node,
-            cordoned=True, cordon_reason=AWAITING_APPROVAL).pk
-        taken.add(info.index)
-        log.warning("node %s: new GPU %s (%s) reported by its agent, cordoned until a site admin approves it",
-                    node.name, uuid_, info.model[:64])
-    if changed:
-        fleet_services.gpus_changed(node)
-    return ids
 
 
 def ts_of(ts_ms: int) -> datetime:

@@ -16,6 +16,7 @@ from django.utils import timezone
 from portal.placement.share_tokens import EXPIRY_SLACK_S
 from portal.reservations.models import Allocation, Sharing
 from portal.reservations.states import ACTIVE, TERMINAL
+from scheduler.backends.base import broker_priority
 from wire.agent_portal import MAX_REVOKED_SHARES, POD_UID_PATTERN
 
 from .models import GpuSample, RollupState, ShareMinute, ShareSample
@@ -62,18 +63,20 @@ def recent_utilization(reservation_ids: Iterable[int], since: datetime) -> dict[
     return {k: round(v, 4) for k, v in result.items()}
 
 
-def placements_for_node(node_id: int) -> dict:
-    """The `placements` message body for a node's agent: every live share on its GPUs."""
+def placements_for_node(node_id: int, priorities: bool = False) -> dict:
+    """The `placements` message body for a node's agent: every live share on its GPUs (with
+    `priorities`, each share's broker class, for agents that asked for it in their hello)."""
     rows = (Allocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True)
             .select_related("gpu").order_by("reservation_id", "gpu__index")
             .values_list("reservation_id", "gpu__uuid", "gpu_request", "gpu_limit", "gpu_memory_mib",
-                         "reservation__pod_uid"))
+                         "reservation__pod_uid", "reservation__priority"))
     placements = [
         {"reservation": str(reservation), "gpu_uuid": gpu_uuid, "request": float(share),
          "limit": float(max(limit, share)), "memory_mib": memory or None,
          # The pod lets the agent attribute processes; only a Kubernetes UID is worth sending.
-         "pod_uid": pod_uid if pod_uid and _POD_UID.fullmatch(pod_uid) else None}
-        for reservation, gpu_uuid, share, limit, memory, pod_uid in rows
+         "pod_uid": pod_uid if pod_uid and _POD_UID.fullmatch(pod_uid) else None,
+         **({"priority": broker_priority(priority)} if priorities else {})}
+        for reservation, gpu_uuid, share, limit, memory, pod_uid, priority in rows
     ]
     # Milliseconds keep the revision increasing across portal restarts and processes.
     return {"v": 1, "type": "placements", "revision": time.time_ns() // 1_000_000, "placements": placements}

@@ -5,6 +5,7 @@ team's policy, so choosing one always gives a request the portal accepts."""
 
 from __future__ import annotations
 
+import shlex
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
@@ -52,8 +53,13 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
         if merged.get(required) in (None, ""):
             errors.setdefault(required, []).append("required")
     command = merged.get("command") or []
-    if isinstance(command, str):
-        command = command.split()
+    if isinstance(command, str):  # typed on the page: split as a shell would, quotes kept together
+        try:
+            command = shlex.split(command)
+        except ValueError as exc:
+            errors.setdefault("command", []).append(
+                f"the command could not be split like a shell would: {exc} (close every quote)")
+            command = []
     if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
         errors.setdefault("command", []).append("a list of arguments (strings)")
         command = []

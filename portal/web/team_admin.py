@@ -7,6 +7,7 @@ who may not administer it (403), exactly as the API does; the services do the re
 from __future__ import annotations
 
 import re
+import shlex
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -242,7 +243,7 @@ def _preset_form(preset: Preset | None) -> dict:
                 "gpu_memory_mib": "8192", "max_duration_h": "", "image": "jupyter/base-notebook:latest",
                 "command": ""}
     data = presets.as_dict(preset)
-    data["command"] = " ".join(preset.command)
+    data["command"] = shlex.join(preset.command)
     data["max_duration_h"] = _hours(preset.max_duration_s)
     return data
 

@@ -5,7 +5,7 @@
  *   claims: "v=1 share=<id> gpu=<uuid> mem=<bytes> request=<f> limit=<f> priority=<high|normal|low> exp=<unix s>"
  *
  * The claims are the share's terms: the server runs the client's calls under exactly these (memory
- * cap, compute request and limit), so a client cannot pick its own. Issued by agents/remote/tokens.py. */
+ * cap, compute request and limit), so a client cannot pick its own. Issued by wire/share_tokens.py. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

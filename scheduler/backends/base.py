@@ -60,6 +60,15 @@ Pods created with kubectl (KubeShare 2.0 labels, `schedulerName: tessera`)
 - `reject_external(pod, reason)`: record a Warning Event (reason `FailedScheduling`, message
   `reason`) on the pod, which stays pending. The same message again counts up on that event.
 
+Terminals
+---------
+- `open_terminal(ref, rows, cols) -> Terminal`: an interactive shell on a TTY of `rows` × `cols`
+  inside the running pod, with the pod's environment (Kubernetes: the exec subresource; local: a
+  shell on a real PTY in the simulated pod's working directory). Raises `PermanentBackendError`
+  when the pod is gone or not running, `TransientBackendError` when the cluster cannot be reached.
+  A `Terminal` is used from one reading thread and one writing thread; `close` from either ends
+  the shell.
+
 Everything a backend raises derives from `BackendError`.
 """
 
@@ -223,6 +232,21 @@ class ExternalPod:
         return PodRef(self.namespace, self.name)
 
 
+class Terminal(Protocol):
+    """A shell in a pod behind a TTY (`Backend.open_terminal`)."""
+
+    # At most `max_bytes` of the shell's output, waiting at most `timeout_s` for some: None when
+    # nothing came in that time, b"" when the shell has ended (then every later call says so too).
+    def read(self, max_bytes: int, timeout_s: float) -> bytes | None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def resize(self, rows: int, cols: int) -> None: ...
+
+    # End the shell and free what it holds; idempotent.
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
@@ -250,6 +274,8 @@ class Backend(Protocol):
 
     # The pod's log, its last `tail_lines` lines (timestamped); None when there is no such pod.
     def pod_log(self, ref: PodRef, tail_lines: int = 200) -> str | None: ...
+
+    def open_terminal(self, ref: PodRef, rows: int, cols: int) -> Terminal: ...
 
 
 def pod_name(reservation_id: str | int, attempt: int) -> str:

@@ -10,13 +10,16 @@ Extra calls, for the simulation and the tests (not part of the `Backend` protoco
 `add_nodes`, `set_node_ready` (a node goes NotReady: its pods fail with reason NodeLost),
 `create_external` / `delete_external` (what `kubectl apply` / `kubectl delete` would do),
 `fail_pod`, `kubernetes_events` (the Events `reject_external` recorded), `pod_env` and
-`pod_annotations` (what a pod was made with), `history` (every change, whoever polled it).
+`pod_annotations` (what a pod was made with), `pod_workdir` (a running pod's directory, where its
+terminal starts), `history` (every change, whoever polled it).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 import uuid
@@ -38,7 +41,9 @@ from .base import (
     PodRef,
     PodSpec,
     PodStatus,
+    Terminal,
 )
+from .local_terminal import PtyTerminal, shell_env
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, ready INTEGER NOT NULL, reason TEXT NOT NULL);
@@ -78,6 +83,8 @@ class LocalBackend:
             # A simulation: losing the last write on power loss is fine, an fsync per pod is not.
             self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._state_dir = Path(state_path).parent if state_path is not None else None
+        self._own_dir: Path | None = None  # a temporary directory for an in-memory cluster's pods
         self.add_nodes(nodes)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -378,6 +385,30 @@ class LocalBackend:
             lines.append(f"{at(now)} [simulated] failed: {reason} {message}".rstrip())
         return "\n".join(lines[-tail_lines:]) + "\n"
 
+    def open_terminal(self, ref: PodRef, rows: int, cols: int) -> Terminal:
+        """A shell on a real PTY in the pod's working directory, with the pod's environment."""
+        with self._tx() as db:
+            self._advance(db)
+            row = db.execute("SELECT phase, env FROM pods WHERE namespace = ? AND name = ?",
+                             (ref.namespace, ref.name)).fetchone()
+        if row is None:
+            raise PermanentBackendError(f"pod {ref.namespace}/{ref.name} does not exist")
+        if row[0] != str(Phase.RUNNING):
+            raise PermanentBackendError(f"pod {ref.namespace}/{ref.name} is {row[0].lower()}, not running")
+        workdir = self.pod_workdir(ref)
+        return PtyTerminal(shell_env(json.loads(row[1]), workdir), workdir, rows, cols)
+
+    def pod_workdir(self, ref: PodRef) -> Path:
+        """The simulated pod's own directory (made on first use): beside the state file, or in a
+        temporary directory for an in-memory cluster."""
+        if not all(part and "/" not in part and part not in (".", "..") for part in (ref.namespace, ref.name)):
+            raise PermanentBackendError(f"not a pod name: {ref.namespace}/{ref.name}")
+        if self._state_dir is None:
+            self._state_dir = self._own_dir = Path(tempfile.mkdtemp(prefix="tessera-local-"))
+        path = self._state_dir / "pods" / ref.namespace / ref.name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def kubernetes_events(self, ref: PodRef) -> list[str]:
         with self._lock:
             rows = self._db.execute("SELECT message FROM k8s_events WHERE namespace = ? AND name = ? "
@@ -387,6 +418,8 @@ class LocalBackend:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
 
 
 def _event(body: dict) -> ClusterEvent:

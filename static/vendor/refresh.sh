@@ -7,6 +7,8 @@ set -euo pipefail
 
 HTMX_VERSION=2.0.8
 UPLOT_VERSION=1.6.32
+XTERM_VERSION=6.0.0
+XTERM_FIT_VERSION=0.11.0
 
 here="$(cd "$(dirname "$0")" && pwd)"
 work="$(mktemp -d)"
@@ -20,19 +22,27 @@ fetch() {  # fetch <package> <version>: unpack the registry tarball under $work/
 
 fetch htmx.org "$HTMX_VERSION"
 fetch uplot "$UPLOT_VERSION"
+fetch @xterm/xterm "$XTERM_VERSION"
+fetch @xterm/addon-fit "$XTERM_FIT_VERSION"
 
-mkdir -p "$here/htmx" "$here/uplot"
+mkdir -p "$here/htmx" "$here/uplot" "$here/xterm" "$here/xterm-addon-fit"
 cp "$work/htmx.org/package/dist/htmx.min.js" "$here/htmx/htmx.min.js"
 cp "$work/htmx.org/package/LICENSE" "$here/htmx/LICENSE"
 cp "$work/uplot/package/dist/uPlot.iife.min.js" "$here/uplot/uPlot.iife.min.js"
 cp "$work/uplot/package/dist/uPlot.min.css" "$here/uplot/uPlot.min.css"
 cp "$work/uplot/package/LICENSE" "$here/uplot/LICENSE"
+cp "$work/@xterm/xterm/package/lib/xterm.js" "$here/xterm/xterm.js"
+cp "$work/@xterm/xterm/package/css/xterm.css" "$here/xterm/xterm.css"
+cp "$work/@xterm/xterm/package/LICENSE" "$here/xterm/LICENSE"
+cp "$work/@xterm/addon-fit/package/lib/addon-fit.js" "$here/xterm-addon-fit/addon-fit.js"
+cp "$work/@xterm/addon-fit/package/LICENSE" "$here/xterm-addon-fit/LICENSE"
 
 python3 - "$here" "$work" <<'PY'
 import hashlib, json, pathlib, sys
 here, work = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 entries = []
-for pkg, folder in (("htmx.org", "htmx"), ("uplot", "uplot")):
+for pkg, folder in (("htmx.org", "htmx"), ("uplot", "uplot"), ("@xterm/xterm", "xterm"),
+                    ("@xterm/addon-fit", "xterm-addon-fit")):
     meta = json.loads((work / pkg / "package" / "package.json").read_text())
     files = sorted(p for p in (here / folder).iterdir() if p.is_file())
     entries.append({
@@ -43,4 +53,5 @@ for pkg, folder in (("htmx.org", "htmx"), ("uplot", "uplot")):
 (here / "MANIFEST.json").write_text(json.dumps({"source": "registry.npmjs.org via npm pack",
                                                  "packages": entries}, indent=2) + "\n")
 PY
-echo "vendored: htmx.org $HTMX_VERSION, uplot $UPLOT_VERSION (see static/vendor/MANIFEST.json)"
+echo "vendored: htmx.org $HTMX_VERSION, uplot $UPLOT_VERSION, @xterm/xterm $XTERM_VERSION," \
+     "@xterm/addon-fit $XTERM_FIT_VERSION (see static/vendor/MANIFEST.json)"

@@ -22,9 +22,9 @@ from websockets.exceptions import ConnectionClosed
 
 from agents.agent import Agent, AgentSettings
 from agents.gpus.simulated import SimulatedSource
-from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
 from wire.agent_portal import AGENT_MESSAGES, PROTOCOL_VERSION, Hello, Links, Samples, parse
+from wire.inventory import load_inventory, pick_node
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_INVENTORY = REPO / "deploy" / "inventory" / "demo.yaml"

@@ -9,10 +9,10 @@ import pytest
 from agents.agent import DEFAULT_BUFFER_BYTES, DEFAULT_BUFFER_SECONDS
 from agents.buffer import SampleBuffer
 from agents.gpus.simulated import SimulatedSource
-from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
 from agents.sampling import Sampler
 from wire.agent_portal import Placements
+from wire.inventory import load_inventory, pick_node
 
 
 def fill(buffer, first, last):

@@ -60,3 +60,35 @@ def test_nodes_without_a_gpu_get_an_agent_that_needs_no_nvidia_runtime_and_reads
     [volume] = [v for v in pod["volumes"] if v["name"] == "tokens"]
     assert volume["secret"]["defaultMode"] & 0o040 and pod["securityContext"]["fsGroup"] == 10001
     assert str(parsed.token_file.parent) in {m["mountPath"] for m in container["volumeMounts"]}
+
+
+def test_the_broker_takes_terms_only_from_the_agent_on_a_socket_no_workload_mounts():
+    from agents.broker.__main__ import build_parser as broker_parser
+    from agents.deviceplugin.__main__ import build_parser as plugin_parser
+
+    nodes = [d for d in yaml.safe_load_all(MANIFEST.with_name("node-plugins.yaml").read_text())
+             if d and d["kind"] == "DaemonSet"]
+    (node_pod,) = [d["spec"]["template"]["spec"] for d in nodes]
+    assert node_pod["hostPID"] is True  # the broker sees a workload's pid, and its cgroup
+    containers = {c["name"]: c for c in node_pod["containers"]}
+    broker = broker_parser().parse_args(containers["broker"]["command"][3:] + containers["broker"]["args"])
+    assert broker.identity == "cgroup" and broker.trust_own_pod and broker.agent_uid == [10001]
+    control_dir = str(Path(broker.control_socket).parent)
+    agent = daemonset("tessera-agent")["spec"]["template"]["spec"]
+    (agent_container,) = agent["containers"]
+    parsed = build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in agent_container["args"]])
+    assert str(parsed.broker_socket) == broker.control_socket
+    assert control_dir in {m["mountPath"] for m in agent_container["volumeMounts"]}
+    # the workloads' directory is another one, and reaches them (and the remote server) read-only
+    plugin = plugin_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in containers["device-plugin"]["args"]])
+    assert str(Path(broker.socket).parent) == plugin.broker_dir != control_dir
+    server_mount = next(m for m in containers["remote-server"]["volumeMounts"] if m["name"] == "broker")
+    assert server_mount["readOnly"] is True
+    control_volumes = {v["name"] for v in node_pod["volumes"] if v.get("hostPath", {}).get("path") == control_dir}
+    for name, container in containers.items():
+        if name != "broker":
+            assert not control_volumes & {m["name"] for m in container["volumeMounts"]}, name
+    # the file the device plugin mounts as /etc/ld.so.preload is written beside the library
+    install = next(c for c in node_pod["initContainers"] if c["name"] == "install-preload")
+    assert f"/host/lib/{'ld.so.preload'}" in install["command"][-1]
+    assert f"echo {plugin.preload_dir}/libtessera_preload.so" in install["command"][-1]

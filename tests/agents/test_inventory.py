@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.inventory import InventoryError, load_inventory, parse_inventory, pick_node, simulated_gpu_uuid
+from wire.inventory import InventoryError, load_inventory, parse_inventory, pick_node, simulated_gpu_uuid
 
 
 def test_the_demo_inventory_is_a_mixed_fleet(demo_inventory):

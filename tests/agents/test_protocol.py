@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.gpus.simulated import SimulatedSource
-from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
 from agents.sampling import Sampler
 from agents.stream import PortalStream, websocket_url
@@ -26,6 +25,7 @@ from wire.agent_portal import (
     error_message,
     parse,
 )
+from wire.inventory import load_inventory, pick_node
 
 STREAM = "3c66582e-e581-4e1d-aa74-80ea6746c195"
 GPU = "GPU-e4ad3e86-d2fd-5887-b483-8cd513bef9e0"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.inventory import simulated_gpu_uuid
 from wire import agent_portal as protocol
+from wire.inventory import simulated_gpu_uuid
 
 DOC = (Path(__file__).resolve().parents[2] / "wire" / "PROTOCOL.md").read_text(encoding="utf-8")
 

@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.gpus.simulated import SimulatedSource, share_usage
-from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementRefused, PlacementTable
 from agents.sampling import Sampler
 from wire.agent_portal import Placements
+from wire.inventory import load_inventory, pick_node
 
 
 def setup(demo_inventory, node="a100-node-2", seed=11):

@@ -16,13 +16,13 @@ from decimal import Decimal
 
 import pytest
 
-from agents.inventory import load_inventory
-from agents.remote import tokens
 from scheduler.backends.base import REMOTE_CLIENT_DIR, REMOTE_SERVER_PORT
 from scheduler.backends.kubernetes.manifests import SHARE_RESOURCE
 from tests.scheduler.backends.conftest import load_fake_apiserver
 from tests.scheduler.backends.portal_on_fake_cluster import point_portal_at
 from tests.teams import make_team
+from wire import share_tokens as tokens
+from wire.inventory import load_inventory
 
 from .conftest import INVENTORY, ROOT, Portal, wait_for
 

@@ -106,3 +106,24 @@ def test_overview_series_is_stacked_by_the_visible_teams(client_for, fleet_now):
 
 def test_overview_refuses_group_by(client_for, fleet_now):
     assert client_for("dave").get(URL, {"group_by": "team"}).status_code == 400
+
+
+def test_utilization_now_compares_used_and_allocated_over_the_same_minutes(client_for, fleet_now, teams, people):
+    # The reported case: T4 shares hard-capped at 0.5. One ended two minutes ago after using all of
+    # its half; the other still holds its half and uses it fully. Allocated *now* is 0.5, but the
+    # minutes read for "used" hold both: 1.0 + 0.6 GPU-minutes a minute ÷ 0.5 read 154.6 % (> 100 %
+    # for shares that can never pass their limit). Over the same minutes it is 100 %.
+    t4_1 = Gpu.objects.get(node__name="t4-node-1", index=1)
+    end = RollupState.objects.get().rolled_up_to
+    ShareMinute.objects.filter(reservation=fleet_now["held"]).update(used_sum=30.0, used_max=0.5)
+    ended = submit(people, teams, "carol", "vision", "0.5")
+    ShareMinute.objects.bulk_create([
+        ShareMinute(reservation=ended, gpu=t4_1, team_id=ended.team_id, minute=end - timedelta(minutes=m + 1),
+                    samples=60, used_sum=30.0, used_max=0.5) for m in range(2, 5)])
+    services.cancel(ended.pk, people["carol"])  # it holds nothing now: only its minutes are left
+    now = client_for("dave").get(URL).json()["now"]
+    assert now["allocated_gpus"] == 0.5
+    assert now["used_gpus"] == pytest.approx(0.5 + 0.5 * 3 / 5)
+    assert now["utilization_pct"] == 100.0
+    t4 = next(m for m in now["by_model"] if m["model"] == "T4")
+    assert t4["utilization_pct"] == 100.0

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 def test_broker_dies_and_returns(capped: Env) -> None:
     broker = BrokerProcess(capped.root / "broker.sock", capped.root / "broker.log").start()
+    broker.define("job", "0", request=0.3, limit=1.0)  # as the node's agent does, again after the restart
     env = capped.with_(TESSERA_GPU_REQUEST="0.3", TESSERA_GPU_LIMIT="1.0", TESSERA_SHARE_ID="job",
                        TESSERA_BROKER_SOCKET=str(broker.socket_path), TESSERA_LOG_LEVEL="info")
     proc = env.popen("kernel_loop", "--seconds", 9, "--kernel-us", 1000)

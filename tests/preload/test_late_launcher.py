@@ -21,6 +21,7 @@ def test_a_launcher_that_wakes_late_keeps_launching(capped: Env, via: str, at_le
     broker = BrokerProcess(capped.root / "broker.sock", capped.root / "broker.log").start() if via == "broker" else None
     env = capped.with_(TESSERA_GPU_REQUEST="0.3", TESSERA_GPU_LIMIT="1.0", TESSERA_SHARE_ID="late")
     if broker is not None:
+        broker.define("late", "0", request=0.3, limit=1.0)
         env = env.with_(TESSERA_BROKER_SOCKET=str(broker.socket_path))
     try:
         # every 80 ms the launching thread is held up for 20 ms: often just as its token arrives

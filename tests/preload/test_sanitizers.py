@@ -39,6 +39,7 @@ def test_many_launching_threads_are_clean(sanitized, bare: Env, sanitizer: str, 
     broker = None
     if with_broker:
         broker = BrokerProcess(bare.root / "broker.sock", bare.root / "broker.log").start()
+        broker.define("default", "0", request=0.5, limit=1.0)  # the library's share and GPU when unnamed
         env = env.with_(TESSERA_BROKER_SOCKET=str(broker.socket_path))
     try:
         result = env.run(f"stress_{sanitizer}", 16, 3000, GiB, 200, timeout=240)

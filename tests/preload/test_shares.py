@@ -75,6 +75,9 @@ def _cpu_times() -> tuple[int, int]:
 
 def _measure(root) -> dict[tuple[str, str], dict]:
     broker = BrokerProcess(root / "broker.sock", root / "broker.log").start()
+    for job in JOBS:  # the terms as the node's agent gives them; the processes announce the same
+        if job.broker:
+            broker.define(f"{job.gpu}-{job.name}", job.gpu, job.request, job.limit, job.priority)
     start_at = time.time() + 2.0
     procs = []
     try:

@@ -11,7 +11,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.remote.tokens import ShareTerms, issue
-from tests.agents.broker.process import query_broker
+from agents.broker.protocol import ShareTerms as BrokerTerms
+from agents.broker.protocol import query_stats
+from tests.agents.broker.process import broker_command, control_path, query_broker
+from wire.share_tokens import ShareTerms, issue
 
 REPO = Path(__file__).resolve().parents[2]
 PRELOAD = REPO / "preload"
@@ -70,8 +71,17 @@ class Broker:
     socket_path: Path
     proc: subprocess.Popen
 
+    @property
+    def control_path(self) -> Path:
+        return control_path(self.socket_path)
+
     def query(self) -> dict:
-        return query_broker(self.socket_path)
+        return query_broker(self.control_path)
+
+    def define(self, share: str, gpu: str, request: float, limit: float, session: int) -> None:
+        """The share's terms, as the node's agent gives them; its processes are those of ``session``."""
+        query_stats(self.control_path, timeout_s=10, terms=[
+            BrokerTerms(share=share, gpu=gpu, request=request, limit=limit, priority="low", sessions=[session])])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -86,14 +96,14 @@ class Broker:
 def start_broker(root: Path, netns: str | None = None) -> Broker:
     path = root / "broker.sock"
     log = open(root / "broker.log", "ab")  # noqa: SIM115 - kept open by the child
-    cmd = [sys.executable, "-m", "agents.broker", "--socket", str(path), "--log-level", "INFO"]
+    cmd = [*broker_command(path), "--log-level", "INFO"]
     proc = subprocess.Popen([*ns_prefix(netns), *cmd], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if path.exists():
             with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
-                s.connect(str(path))
+                s.connect(str(control_path(path)))
                 return Broker(path, proc)
         if proc.poll() is not None:
             break

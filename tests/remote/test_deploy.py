@@ -40,7 +40,7 @@ def test_the_remote_server_runs_in_the_node_daemonset_with_its_own_nodes_secret(
     assert volume["secret"]["secretName"] == "tessera-remote-secrets"
     # The workers talk to this node's broker like local shares do.
     assert env["TESSERA_BROKER_SOCKET"]["value"] == "/run/tessera/broker.sock"
-    assert {"name": "broker", "mountPath": "/run/tessera"} in server["volumeMounts"]
+    assert {"name": "broker", "mountPath": "/run/tessera", "readOnly": True} in server["volumeMounts"]
     assert server["securityContext"]["allowPrivilegeEscalation"] is False
 
 

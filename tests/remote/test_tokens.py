@@ -1,4 +1,4 @@
-"""Share tokens as the portal issues them (agents/remote/tokens.py); the server's own checks of the same
+"""Share tokens as the portal issues them (wire/share_tokens.py); the server's own checks of the same
 format are exercised end to end in test_loopback.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agents.remote.tokens import ShareTerms, TokenError, issue, verify
+from wire.share_tokens import ShareTerms, TokenError, issue, verify
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 TERMS = ShareTerms("res-42", "GPU-8d1c", 12 << 30, 0.3, 0.7, "low")

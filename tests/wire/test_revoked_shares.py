@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agents.remote import tokens
+from wire import share_tokens as tokens
 from wire.agent_portal import (
     AGENT_MESSAGES,
     MAX_REVOKED_SHARES,

@@ -10,6 +10,7 @@ the binding and lifecycle tasks and the kubectl path all call these; nothing els
 - pods:       `record_pod(s)`, `forget_pod`, `note_cluster_waits`
 - extending:  `extend` (within the team policy's maximum duration)
 - reclaiming: `warn_reclaim` (a borrowed reservation's warning before it is reclaimed)
+- terminals:  `note_terminal_opened` (the audit row of a terminal opened in the pod)
 - upkeep:     `note_pending_reason`, `set_queue_positions`, `note_estimate_reasons`, `flag_idle`,
               `idle_reclaim_at`, `warn_expiry`
 """
@@ -33,6 +34,7 @@ from .placing import CapacityConflict, NewAllocation, Placing, ends_at, place, p
 from .pods import forget_pod, note_cluster_waits, record_pod, record_pods
 from .reclaiming import warn_reclaim
 from .submitting import submit
+from .terminals import note_terminal_opened
 from .upkeep import (
     base_reason,
     flag_idle,
@@ -67,6 +69,7 @@ __all__ = [
     "note_cluster_waits",
     "note_estimate_reasons",
     "note_pending_reason",
+    "note_terminal_opened",
     "place",
     "place_many",
     "preempt",

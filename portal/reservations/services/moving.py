@@ -9,6 +9,7 @@ from collections.abc import Collection
 from django.db import transaction
 from django.utils import timezone
 
+from portal.reservations import actors
 from portal.reservations.events import (
     announce_allocations,
     announce_reservations,
@@ -20,8 +21,6 @@ from portal.reservations.states import HOLDS_GPU, TERMINAL, IllegalTransition, S
 
 from .audit import record
 
-SYSTEM = "system:lifecycle"
-
 
 def transition(reservation_id: int, target: str, actor=None, reason: str = "") -> Reservation:
     """Move a reservation to `target` if the state machine allows it; audit it; release its GPUs
@@ -32,7 +31,7 @@ def transition(reservation_id: int, target: str, actor=None, reason: str = "") -
     return reservation
 
 
-def move(reservation_id: int, expected: str | Collection[str], target: str, why: str, actor=SYSTEM) -> bool:
+def move(reservation_id: int, expected: str | Collection[str], target: str, why: str, actor=actors.LIFECYCLE) -> bool:
     """Compare-and-set: move to `target` only if the reservation is in `expected` (a state, or
     any of several) now, under its row lock. Returns whether it moved; a reservation in another
     state, or gone, is left alone (an event that came late or twice changes nothing)."""
@@ -59,7 +58,7 @@ def cancel(reservation_id: int, actor, reason: str = "cancelled by user") -> tup
     return reservation, True
 
 
-def release(reservation_id: int, outcome: str, why: str, actor=SYSTEM) -> bool:
+def release(reservation_id: int, outcome: str, why: str, actor=actors.LIFECYCLE) -> bool:
     """A reservation that holds GPUs (placed or running) ends with `outcome` (succeeded, failed,
     expired, …) and gives its shares back. False when it held none any more."""
     if outcome in HOLDS_GPU:
@@ -67,7 +66,7 @@ def release(reservation_id: int, outcome: str, why: str, actor=SYSTEM) -> bool:
     return move(reservation_id, HOLDS_GPU, outcome, why, actor)
 
 
-def preempt(reservation_id: int, why: str, actor=SYSTEM) -> bool:
+def preempt(reservation_id: int, why: str, actor=actors.LIFECYCLE) -> bool:
     """Take a reservation's GPUs for a higher priority one; requeue it when its owner asked for
     that (only portal ones: a preempted kubectl pod is deleted with its request)."""
     with transaction.atomic():
@@ -80,7 +79,7 @@ def preempt(reservation_id: int, why: str, actor=SYSTEM) -> bool:
     return True
 
 
-def lose(reservation_id: int, why: str, actor=SYSTEM) -> bool:
+def lose(reservation_id: int, why: str, actor=actors.LIFECYCLE) -> bool:
     """The node under a reservation is gone: requeue it (team policy, portal reservations only:
     a kubectl pod is bound to the lost node) or fail it. Returns whether it moved."""
     with transaction.atomic():

@@ -16,14 +16,13 @@ from django.utils import timezone
 from portal.bulk import insert_rows, update_rows
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.precompiled import Precompiled, param_in
+from portal.reservations import actors
 from portal.reservations.events import announce_allocations, announce_reservations
 from portal.reservations.models import Allocation, Kind, Reservation, Source, StateTransition
 from portal.reservations.states import IllegalTransition, State, check_transition
 from scheduler.backends import pod_name
 
 from .audit import actor_label, actor_user_id
-
-SCHEDULER = "system:scheduler"
 
 
 class CapacityConflict(Exception):
@@ -86,7 +85,7 @@ def ends_at(reservation: Reservation, placed_at: datetime) -> datetime | None:
     return placed_at + timedelta(seconds=seconds) if seconds else None
 
 
-def place(reservation_id: int, node_id: int, allocations: Iterable[NewAllocation], actor=SCHEDULER,
+def place(reservation_id: int, node_id: int, allocations: Iterable[NewAllocation], actor=actors.SCHEDULER,
           reason: str = "placed", admission: str = "guaranteed") -> Reservation:
     """Commit one placement. Raises CapacityConflict (or IllegalTransition) when it no longer
     fits, leaving nothing written."""
@@ -97,7 +96,7 @@ def place(reservation_id: int, node_id: int, allocations: Iterable[NewAllocation
     return placed[0]
 
 
-def place_many(units: Sequence[Sequence[Placing]], actor=SCHEDULER
+def place_many(units: Sequence[Sequence[Placing]], actor=actors.SCHEDULER
                ) -> tuple[list[Reservation], dict[int, Exception]]:
     """Commit many placements in one transaction with a constant number of queries: lock the
     reservations and then the GPU rows (both in id order, so concurrent callers cannot deadlock),

@@ -9,13 +9,12 @@ from typing import Protocol
 from django.utils import timezone
 
 from portal.bulk import update_values
+from portal.reservations import actors
 from portal.reservations.models import Reservation
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler.backends import Phase, PodStatus
 
 from .moving import move
-
-BINDING = "system:placement"
 
 
 class PodHolder(Protocol):
@@ -27,7 +26,7 @@ class PodHolder(Protocol):
     node_id: int
 
 
-def record_pods(pods: Sequence[tuple[PodHolder, PodStatus]], actor=BINDING) -> set[int]:
+def record_pods(pods: Sequence[tuple[PodHolder, PodStatus]], actor=actors.PLACEMENT) -> set[int]:
     """For each (reservation as binding read it, its pod): store the pod's uid where the
     reservation still names that pod (it may have been requeued meanwhile: a compare-and-set on
     pod_name), then move the ones whose pod already runs to running. Returns the nodes whose
@@ -41,7 +40,7 @@ def record_pods(pods: Sequence[tuple[PodHolder, PodStatus]], actor=BINDING) -> s
     return {r.node_id for r, _ in changed}
 
 
-def record_pod(reservation_id: int, status: PodStatus, actor=BINDING) -> int | None:
+def record_pod(reservation_id: int, status: PodStatus, actor=actors.PLACEMENT) -> int | None:
     """`record_pods` of one pod seen by the cluster's events. Returns the node whose agent must
     hear of a new uid, else None."""
     changed = Reservation.objects.filter(pk=reservation_id, pod_name=status.name).exclude(

@@ -10,16 +10,15 @@ from datetime import datetime
 
 from django.db import transaction
 
+from portal.reservations import actors
 from portal.reservations.events import announce_reservations
 from portal.reservations.models import Admission, Reservation
 from portal.reservations.states import HOLDS_GPU
 
 from .audit import record
 
-SCHEDULER = "system:scheduler"
 
-
-def warn_reclaim(reservation_id: int, at: datetime, why: str, actor=SCHEDULER) -> Reservation | None:
+def warn_reclaim(reservation_id: int, at: datetime, why: str, actor=actors.SCHEDULER) -> Reservation | None:
     """Mark a borrowed reservation that holds GPUs to be reclaimed at `at` (compare-and-set: one
     already warned keeps its first time). Returns it when this call warned it, else None."""
     with transaction.atomic():

@@ -247,7 +247,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def _send_placements(self) -> None:
         try:
-            body = await dbthread.run(placements_for_node, self.node.pk)
+            body = await dbthread.run(placements_for_node, self.node.pk, self.hello.priorities)
         except Exception:
             # The agent keeps its previous placements; it gets the full list at its next hello.
             log.exception("reading the placements of %s failed", self.node.name)

@@ -27,6 +27,7 @@ from ..base import (
     PodRef,
     PodSpec,
     PodStatus,
+    Terminal,
     TransientBackendError,
 )
 from .api import BIND_CONCURRENCY, Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
@@ -43,6 +44,7 @@ from .manifests import (
     pod_status,
     scheduler_names,
 )
+from .terminal import open_exec_terminal
 from .watch import ClusterWatch
 
 log = logging.getLogger(__name__)
@@ -206,6 +208,13 @@ class KubernetesBackend:
                                  ref.name, ref.namespace, tail_lines=tail_lines, timestamps=True)
         except NotFound:
             return None
+
+    def open_terminal(self, ref: PodRef, rows: int, cols: int) -> Terminal:
+        """A shell in the pod through the exec subresource. On a client of its own: the stream
+        helper swaps the client's request method while it connects, which would send other
+        threads' calls (binds, the watch) over WebSockets."""
+        own = client.CoreV1Api(client.ApiClient(configuration=self.api.api_client.configuration))
+        return open_exec_terminal(own, ref, rows, cols)
 
     def _deleted_lately(self, key: tuple[str, str]) -> bool:
         with self._memory_lock:

@@ -58,6 +58,12 @@ def explain(status: int, reason: str, message: str) -> Refusal:
         if m := _TERMINATING.search(message):
             return Refusal(False, f"namespace {m[1]} is being deleted")
         if m := _RBAC.search(message):
+            if m[4] and (m[2], m[3]) != ("create", "pods"):
+                # binding, patching, deleting, logs and events in a namespace: granted there only
+                return Refusal(False, f"{m[1]} may not {m[2]} {m[3]} in namespace {m[4]}: Tessera places "
+                                      f"pods only in namespaces that grant it; apply "
+                                      f"deploy/optional/team-namespace.yaml with namespace {m[4]}",
+                               confirm_when_ready=True)
             where = f" in namespace {m[4]}" if m[4] else " cluster-wide"
             return Refusal(False, f"{m[1]} may not {m[2]} {m[3]}{where}: apply deploy/portal/rbac.yaml "
                                   "(and a Role for each namespace Tessera creates pods in)",

@@ -9,6 +9,14 @@ from agents.broker.policy import BrokerSettings, GpuScheduler
 SETTINGS = BrokerSettings()
 
 
+def join(sched: GpuScheduler, cid: int, share: str, request: float, limit: float, high: bool, pid: int,
+         now: float) -> None:
+    """A process joins a share, which the node's agent defines first if it is new (terms come only from it)."""
+    if share not in sched.shares:
+        sched.define_share(share, request, limit, high, now)
+    sched.add_client(cid, share, pid, now)
+
+
 class Sim:
     """Clients that always want the GPU (unless given a duty cycle) and use all of every quantum."""
 
@@ -23,7 +31,7 @@ class Sim:
         self.max_quota: dict[str, float] = {}
 
     def add(self, cid: int, share: str, request: float, limit: float, high: bool = False, wants=None) -> None:
-        self.sched.add_client(cid, share, request, limit, high, 1000 + cid, self.now)
+        join(self.sched, cid, share, request, limit, high, 1000 + cid, self.now)
         self.busy.setdefault(share, 0.0)
         self.wants[cid] = wants or (lambda t: True)
         self.sched.acquire(cid, 0.0, False, self.now)
@@ -121,7 +129,7 @@ def test_shares_at_their_limits_wait_for_whole_quanta_while_another_can_run() ->
 def test_a_share_near_its_limit_still_gets_an_otherwise_idle_gpu() -> None:
     # waiting for a whole quantum is only for when someone else can use the GPU meanwhile
     sched = GpuScheduler("gpu0", SETTINGS)
-    sched.add_client(1, "a", 0.5, 0.5, False, 1, 0.0)
+    join(sched, 1, "a", 0.5, 0.5, False, 1, 0.0)
     now, used = 0.0, 0.0
     while True:
         sched.acquire(1, used, False, now)
@@ -159,7 +167,7 @@ def test_high_priority_goes_first_and_low_quanta_stay_short() -> None:
 
 def test_quota_adapts_to_bursts_within_bounds() -> None:
     sched = GpuScheduler("gpu0", SETTINGS)
-    sched.add_client(1, "a", 0.5, 1.0, False, 1, 0.0)
+    join(sched, 1, "a", 0.5, 1.0, False, 1, 0.0)
     now = 0.0
     for _ in range(20):  # short bursts: the process goes idle after 3 ms
         sched.acquire(1, 0.0, False, now)
@@ -178,8 +186,8 @@ def test_quota_adapts_to_bursts_within_bounds() -> None:
 
 def test_a_silent_holder_loses_the_token_at_quantum_end() -> None:
     sched = GpuScheduler("gpu0", SETTINGS)
-    sched.add_client(1, "a", 0.5, 1.0, False, 1, 0.0)
-    sched.add_client(2, "b", 0.5, 1.0, False, 2, 0.0)
+    join(sched, 1, "a", 0.5, 1.0, False, 1, 0.0)
+    join(sched, 2, "b", 0.5, 1.0, False, 2, 0.0)
     sched.acquire(1, 0.0, False, 0.0)
     grant, deadline = sched.schedule(0.0)
     assert grant.client_id == 1
@@ -196,8 +204,8 @@ def test_a_draining_holder_keeps_the_token_until_its_queued_work_is_done() -> No
     # its quantum is over but the GPU still runs what it queued: granting b now would only interleave
     # the two on the GPU; a holder hung in its drain still loses the token, at the drain allowance
     sched = GpuScheduler("gpu0", SETTINGS)
-    sched.add_client(1, "a", 0.5, 1.0, False, 1, 0.0)
-    sched.add_client(2, "b", 0.5, 1.0, False, 2, 0.0)
+    join(sched, 1, "a", 0.5, 1.0, False, 1, 0.0)
+    join(sched, 2, "b", 0.5, 1.0, False, 2, 0.0)
     sched.acquire(1, 0.0, False, 0.0)
     grant, deadline = sched.schedule(0.0)
     sched.acquire(2, 0.0, False, 0.001)
@@ -215,7 +223,7 @@ def test_a_draining_holder_keeps_the_token_until_its_queued_work_is_done() -> No
 
 def test_a_drain_notice_from_a_process_not_holding_changes_nothing() -> None:
     sched = GpuScheduler("gpu0", SETTINGS)
-    sched.add_client(1, "a", 0.5, 1.0, False, 1, 0.0)
+    join(sched, 1, "a", 0.5, 1.0, False, 1, 0.0)
     sched.draining(1, 0.0)
     sched.acquire(1, 0.0, False, 0.0)
     grant, deadline = sched.schedule(0.0)
@@ -224,8 +232,8 @@ def test_a_drain_notice_from_a_process_not_holding_changes_nothing() -> None:
 
 def test_a_holder_that_disconnects_frees_the_token_at_once() -> None:
     sched = GpuScheduler("gpu0", SETTINGS)
-    sched.add_client(1, "a", 0.5, 1.0, False, 1, 0.0)
-    sched.add_client(2, "b", 0.5, 1.0, False, 2, 0.0)
+    join(sched, 1, "a", 0.5, 1.0, False, 1, 0.0)
+    join(sched, 2, "b", 0.5, 1.0, False, 2, 0.0)
     sched.acquire(1, 0.0, False, 0.0)
     sched.acquire(2, 0.0, False, 0.0)
     assert sched.schedule(0.0)[0].client_id == 1
@@ -241,13 +249,30 @@ def test_settings_are_validated() -> None:
         BrokerSettings(window_s=0.1)
 
 
-def test_terms_defined_by_the_node_beat_what_processes_announce() -> None:
+def test_a_share_has_only_the_terms_the_node_defined() -> None:
     sim = Sim()
     sim.sched.define_share("a", 0.2, 0.2, False, 0.0)
-    sim.add(1, "a", 1.0, 1.0)  # the process claims the whole GPU
-    assert sim.sched.terms_conflict("a", 1.0, 1.0, False)
+    sim.add(1, "a", 1.0, 1.0)  # whatever a process would claim, the share's terms are the node's
     sim.run(30)
     assert sim.fraction("a", 30) == pytest.approx(0.2, abs=0.01)
+
+
+def test_a_process_cannot_join_a_share_the_node_did_not_define() -> None:
+    with pytest.raises(KeyError):
+        GpuScheduler("g", SETTINGS).add_client(1, "a", 1, 0.0)
+
+
+def test_a_forgotten_share_loses_its_processes_and_the_token() -> None:
+    sim = Sim()
+    sim.add(1, "a", 0.5, 1.0)
+    sim.add(2, "b", 0.5, 1.0)
+    grant, _ = sim.sched.schedule(0.0)
+    assert grant is not None
+    holder_share = sim.sched.clients[grant.client_id].share.share_id
+    assert sim.sched.forget_share(holder_share, 0.001) == [grant.client_id]
+    assert holder_share not in sim.sched.shares and sim.sched.holder is None
+    other, _ = sim.sched.schedule(0.001)
+    assert other is not None and other.client_id != grant.client_id  # the token went on at once
 
 
 def test_defined_terms_are_validated() -> None:

@@ -146,7 +146,8 @@ def test_the_command_line_rejects_bad_settings(tmp_path) -> None:
     from tests.agents.broker.process import REPO
 
     result = subprocess.run(
-        [sys.executable, "-m", "agents.broker", "--socket", str(tmp_path / "s"), "--min-quota-ms", "80"],
+        [sys.executable, "-m", "agents.broker", "--socket", str(tmp_path / "s"), "--control-socket",
+         str(tmp_path / "c"), "--min-quota-ms", "80"],
         cwd=REPO, capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 2
@@ -156,4 +157,4 @@ def test_the_command_line_rejects_bad_settings(tmp_path) -> None:
 def test_sigterm_ends_the_broker_and_removes_its_socket(broker: BrokerProcess) -> None:
     broker.stop(signal.SIGTERM)
     assert broker.proc.returncode == 0
-    assert not broker.socket_path.exists()
+    assert not broker.socket_path.exists() and not broker.control_path.exists()

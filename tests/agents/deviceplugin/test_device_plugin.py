@@ -72,6 +72,14 @@ def test_a_gpu_that_turns_unhealthy_is_advertised_so_and_back(plugin, kubelet):
     kubelet.wait_for(lambda: set(kubelet.devices.values()) == {"Healthy"})
 
 
+# The library where LD_PRELOAD names it, and in the container's /etc/ld.so.preload (which the container
+# cannot unset like a variable); the broker's socket directory read-only (connect works through it,
+# replacing the socket does not).
+MOUNTS = {("/opt/tessera/lib", "/opt/tessera/lib", True),
+          ("/opt/tessera/lib/ld.so.preload", "/etc/ld.so.preload", True),
+          ("/run/tessera", "/run/tessera", True)}
+
+
 def test_allocate_gives_the_container_its_gpu_share_preload_and_broker(plugin, kubelet, apiserver):
     kubectl_pod(apiserver, "notebook")
     place(apiserver, "notebook", "77", gpu=1, request=0.25, limit=0.5, memory_mib=8192, priority=60)
@@ -87,7 +95,7 @@ def test_allocate_gives_the_container_its_gpu_share_preload_and_broker(plugin, k
         "TESSERA_BROKER_SOCKET": "/run/tessera/broker.sock",
     }
     mounts = {(m.host_path, m.container_path, m.read_only) for m in answer.mounts}
-    assert mounts == {("/opt/tessera/lib", "/opt/tessera/lib", True), ("/run/tessera", "/run/tessera", False)}
+    assert mounts == MOUNTS
     assert list(answer.devices) == []  # the NVIDIA runtime adds the GPU from NVIDIA_VISIBLE_DEVICES
     assert apiserver.pod("team-vision", "notebook")["metadata"]["annotations"][ALLOCATED_ANNOTATION] == "1"
 
@@ -106,7 +114,7 @@ def test_a_pod_the_portal_creates_gets_the_same_share_from_allocate_as_its_reser
     answer = allocate(kubelet, plugin, f"{GPUS[0].uuid}::0")
     assert dict(answer.envs) == share_env("31", gpus, 70)
     mounts = {(m.host_path, m.container_path, m.read_only) for m in answer.mounts}
-    assert mounts == {("/opt/tessera/lib", "/opt/tessera/lib", True), ("/run/tessera", "/run/tessera", False)}
+    assert mounts == MOUNTS
 
 
 def test_with_pass_device_specs_the_container_also_gets_its_gpus_device_nodes(plugin, kubelet, apiserver):

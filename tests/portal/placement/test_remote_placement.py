@@ -10,7 +10,6 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agents.remote import tokens
 from portal.fleet.models import Node, NodeLink
 from portal.placement import memo
 from portal.placement.invariants import live_shares_ok
@@ -18,6 +17,7 @@ from portal.reservations.models import Reservation
 from portal.reservations.states import State
 from portal.tenancy.models import TeamPolicy
 from scheduler.backends import PodRef
+from wire import share_tokens as tokens
 
 
 def _fleet_with_cpu_nodes(settings, cluster):

@@ -8,13 +8,13 @@ from decimal import Decimal
 
 import pytest
 
-from agents.remote import tokens
 from portal.audit import services as audit
 from portal.fleet.models import Gpu
 from portal.placement import share_tokens
 from portal.tenancy import policy
 from scheduler.backends import GpuShare
 from tests.reservations import placed, submitted
+from wire import share_tokens as tokens
 
 pytestmark = pytest.mark.django_db
 

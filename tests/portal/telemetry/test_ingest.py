@@ -126,6 +126,16 @@ def test_placements_for_the_agent_are_the_live_shares_of_its_node(node, placed):
     assert placements_for_node(other.pk)["placements"] == []
 
 
+def test_placements_carry_the_brokers_priority_only_to_agents_that_ask(node, placed):
+    placed["vision"].__class__.objects.filter(pk=placed["vision"].pk).update(priority=90)
+    placed["nlp"].__class__.objects.filter(pk=placed["nlp"].pk).update(priority=10)
+    message = parse(json.dumps(placements_for_node(node.pk, priorities=True)), PORTAL_MESSAGES)
+    assert {p.reservation: p.priority for p in message.placements} == {
+        str(placed["vision"].pk): "high", str(placed["nlp"].pk): "low"}
+    # an older agent refuses unknown fields: it is sent none
+    assert all("priority" not in p for p in placements_for_node(node.pk)["placements"])
+
+
 @pytest.mark.django_db(transaction=True)  # foreign keys are checked at commit
 def test_a_reservation_deleted_after_it_was_seen_does_not_block_storage(node, placed):
     from portal.telemetry.writer import store

@@ -12,6 +12,7 @@ from portal.reservations import services
 from portal.reservations.states import State
 from portal.telemetry import ingest
 from portal.telemetry.models import GpuSample, ShareSample
+from wire.agent_portal import MAX_GPUS_PER_NODE
 
 from .conftest import hello_for, samples_for
 
@@ -85,6 +86,6 @@ def test_hellos_cannot_flood_the_fleet_with_gpus(node):
     hello = hello_for(node)
     for round_ in range(4):  # each hello as large as the protocol allows, all new GPUs
         extra = [hello.gpus[0].model_copy(update={"uuid": f"GPU-{uuid.uuid4()}", "index": 100 + round_ * 64 + i})
-                 for i in range(ingest.MAX_GPUS_PER_NODE - len(hello.gpus))]
+                 for i in range(MAX_GPUS_PER_NODE - len(hello.gpus))]
         ingest.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, *extra]}))
-    assert Gpu.objects.filter(node=node).count() == ingest.MAX_GPUS_PER_NODE
+    assert Gpu.objects.filter(node=node).count() == MAX_GPUS_PER_NODE

@@ -262,3 +262,67 @@ def test_teams_are_not_added_in_django_admin(browser_for, people):
     admin = browser_for("admin")
     assert admin.get("/admin/tenancy/team/add/").status_code == 403
     assert b"/admin/tenancy/team/add/" not in admin.get("/admin/tenancy/team/").content
+
+
+def test_rows_with_a_service_writer_are_read_only_in_django_admin_and_its_actions_call_the_services(
+        fleet, browser_for, teams, people):
+    people["admin"].is_superuser = True
+    people["admin"].save()
+    admin = browser_for("admin")
+    node = Node.objects.get(name="t4-node-1")
+    gpu = Gpu.objects.get(node=node, index=0)
+    r = services.submit(people["alice"], rules.ReservationSpec(team=teams["vision"], image="img",
+                                                                 gpu_request=Decimal("0.25"), gpu_memory_mib=1024))
+    # an edit posted by hand is refused: the status, the state and the allocations stay the services'
+    assert admin.post(f"/admin/fleet/node/{node.pk}/change/", {"status": "lost"}).status_code == 403
+    assert admin.post(f"/admin/reservations/reservation/{r.pk}/change/", {"state": "running"}).status_code == 403
+    assert admin.get("/admin/reservations/allocation/add/").status_code == 403
+    assert admin.post(f"/admin/reservations/reservation/{r.pk}/delete/", {"post": "yes"}).status_code == 403
+    # the pages still show the rows
+    assert admin.get(f"/admin/fleet/node/{node.pk}/change/").status_code == 200
+    assert admin.get(f"/admin/reservations/reservation/{r.pk}/change/").status_code == 200
+
+    admin.post("/admin/fleet/node/", {"action": "drain_selected", "_selected_action": [node.pk]})
+    admin.post("/admin/fleet/gpu/", {"action": "cordon_selected", "_selected_action": [gpu.pk]})
+    admin.post("/admin/reservations/reservation/", {"action": "cancel_selected", "_selected_action": [r.pk]})
+    node.refresh_from_db()
+    gpu.refresh_from_db()
+    r.refresh_from_db()
+    assert (node.status, gpu.cordoned, r.state) == ("draining", True, "cancelled")
+    assert {e.action for e in AuditEntry.objects.filter(via="web")} >= {"drained", "cordoned"}
+    assert r.transitions.get(to_state="cancelled").actor_label == "admin"
+
+    # staff who may only look get no actions
+    people["carol"].is_staff = True
+    people["carol"].save()
+    from django.contrib.auth.models import Permission
+    people["carol"].user_permissions.add(Permission.objects.get(codename="view_reservation"))
+    page = browser_for("carol").get("/admin/reservations/reservation/")
+    assert page.status_code == 200 and b"cancel_selected" not in page.content
+
+
+def test_a_preset_command_is_split_as_a_shell_would_and_shown_back_quoted(fleet, browser_for):
+    form = {"name": "Check", "kind": "batch", "gpu_model": "T4", "gpu_request": "0.5", "gpu_limit": "",
+            "gpu_memory_mib": "4096", "max_duration_h": "1", "image": "pytorch/pytorch:latest",
+            "command": "python -c 'import torch; print(torch.cuda.is_available())'"}
+    assert browser_for("carol").post("/team/vision/presets/", form).status_code == 302
+    preset = Preset.objects.get(name="Check")
+    assert preset.command == ["python", "-c", "import torch; print(torch.cuda.is_available())"]
+    page = browser_for("carol").get(f"/team/vision/presets/?edit={preset.pk}").content.decode()
+    assert "python -c &#x27;import torch; print(torch.cuda.is_available())&#x27;" in page
+    bad = browser_for("carol").post("/team/vision/presets/", form | {"name": "Broken", "command": "python -c 'x"})
+    assert bad.status_code == 400 and "could not be split like a shell would" in bad.content.decode()
+    assert not Preset.objects.filter(name="Broken").exists()
+
+
+def test_403_and_404_are_pages_of_the_portal_that_say_what_happened(fleet, browser_for):
+    forbidden = browser_for("alice").get("/fleet/")
+    page = forbidden.content.decode()
+    assert forbidden.status_code == 403
+    assert "Not allowed" in page and "only site admins may see the fleet" in page
+    assert 'aria-label="Main"' in page  # the navigation is there: the way back
+    missing = browser_for("alice").get("/reservations/987654/")
+    assert missing.status_code == 404 and "Not found" in missing.content.decode()
+    assert 'aria-label="Main"' in missing.content.decode()
+    api = browser_for("alice").get("/api/v1/reservations/987654/")
+    assert api.status_code == 404 and api.json()["detail"]

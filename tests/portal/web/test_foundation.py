@@ -61,7 +61,7 @@ def test_vendored_assets_match_their_manifest():
     vendor = ROOT / "static" / "vendor"
     manifest = json.loads((vendor / "MANIFEST.json").read_text())
     names = {p["package"]: p for p in manifest["packages"]}
-    assert set(names) == {"htmx.org", "uplot"}
+    assert set(names) == {"htmx.org", "uplot", "@xterm/xterm", "@xterm/addon-fit"}
     for package in manifest["packages"]:
         assert package["license"] and re.fullmatch(r"\d+\.\d+\.\d+", package["version"])
         for name, digest in package["files"].items():

@@ -14,7 +14,7 @@ import yaml
 from agents.deviceplugin.__main__ import build_parser as plugin_parser
 from agents.deviceplugin.pods import KubernetesPods, NoPodForAllocation, PodFinder
 from scheduler.backends import GpuShare, PodRef
-from scheduler.backends.base import BROKER_HOST_DIR, PRELOAD_HOST_DIR, external_binding
+from scheduler.backends.base import BROKER_HOST_DIR, PRELOAD_HOST_DIR, BackendError, external_binding
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if "inventory" not in p.parts and p.name != "kustomization.yaml")
@@ -22,6 +22,12 @@ MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if "inventory" not in p.par
 
 def docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def find_kind_namespace(name: str) -> str:
+    """The namespace of the workload (DaemonSet, Deployment, StatefulSet, Job) called `name`."""
+    return next(d["metadata"]["namespace"] for path in MANIFESTS for d in docs(path)
+                if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job") and d["metadata"]["name"] == name)
 
 
 def find(kind: str, name: str) -> dict:
@@ -46,8 +52,15 @@ def test_the_kustomization_applies_every_manifest_but_the_optional_ones():
 def test_workload_pods_go_to_a_namespace_that_enforces_pod_security_baseline():
     labels = find("Namespace", "tessera-workloads")["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
-    # Tessera's own namespace holds the node plugins (hostPath, root): privileged, said explicitly.
-    assert find("Namespace", "tessera")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    # The node plugins (hostPath, root, host PID) have a privileged namespace of their own; the
+    # portal's, with the databases, enforces baseline.
+    assert find("Namespace", "tessera-node")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert find("Namespace", "tessera")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    privileged = {d["metadata"]["name"] for path in MANIFESTS for d in docs(path)
+                  if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job")
+                  and (d["spec"]["template"]["spec"].get("hostPID")
+                       or any(v.get("hostPath") for v in d["spec"]["template"]["spec"].get("volumes", ())))}
+    assert privileged and all(find_kind_namespace(name) == "tessera-node" for name in privileged)
     assert find("RuntimeClass", "nvidia")["handler"] == "nvidia"
 
 
@@ -90,6 +103,8 @@ def used_permissions(requests) -> set[tuple[str, str, str | None]]:
     authorizer names them; namespace None for cluster-scoped and all-namespace requests."""
     out = set()
     for r in requests:
+        if r.path in ("/readyz", "/livez", "/healthz"):
+            continue  # what a busy machine's retries ask; every user may (system:public-info-viewer)
         sub = re.fullmatch(r"/api/v1/(?:namespaces/([^/]+)/)?(\w+)(?:/([^/]+))?(?:/(\w+))?", r.path)
         assert sub, r.path
         namespace, resource, name, subresource = sub.groups()
@@ -108,10 +123,16 @@ def rules(kind: str, name: str) -> set[tuple[str, str]]:
             for res in rule["resources"] for verb in rule["verbs"]}
 
 
-def check_least_privilege(used, cluster_role: str, roles: tuple[str, ...] = ()) -> None:
-    """Every call is allowed (a ClusterRole anywhere, a Role in its namespace), and every grant is used."""
+def check_least_privilege(used, cluster_role: str, roles: tuple[str, ...] = (),
+                          bound: dict[str, str] | None = None) -> None:
+    """Every call is allowed (a ClusterRole anywhere, a Role in its namespace, a ClusterRole that a
+    RoleBinding grants in its namespace: `bound`, namespace → ClusterRole), and every grant is used."""
     cluster = rules("ClusterRole", cluster_role)
-    namespaced = {find("Role", name)["metadata"]["namespace"]: rules("Role", name) for name in roles}
+    namespaced: dict[str, set] = {}
+    for name in roles:
+        namespaced.setdefault(find("Role", name)["metadata"]["namespace"], set()).update(rules("Role", name))
+    for namespace, role in (bound or {}).items():
+        namespaced.setdefault(namespace, set()).update(rules("ClusterRole", role))
     for resource, verb, namespace in used:
         assert (resource, verb) in cluster or (resource, verb) in namespaced.get(namespace, ()), (
             f"{verb} {resource} in {namespace or 'the cluster'} is not granted")
@@ -139,16 +160,29 @@ def test_the_portal_may_do_exactly_what_the_backend_does_and_creates_pods_only_i
     backend.bind_external(PodRef("team-vision", "nb"), "gpu-node-1", *external_binding("9", "vision", (share,), 10))
     apiserver.pod_logs[("tessera-workloads", status.name)] = "epoch 1\nepoch 2\n"
     assert backend.pod_log(status.ref, tail_lines=1).endswith("epoch 2\n")
+    with pytest.raises(BackendError):  # the fake speaks no exec, but the terminal's request reaches it
+        backend.open_terminal(status.ref, 24, 80)
     backend.unbind(status.ref, grace_s=5, reason="done")
     used = used_permissions(apiserver.requests)
-    check_least_privilege(used, "tessera-scheduler", roles=("tessera-workloads",))
-    assert ("pods", "create") not in rules("ClusterRole", "tessera-scheduler")
+    # An exec WebSocket upgrade is authorized as its GET and, since Kubernetes 1.30
+    # (AuthorizePodWebsocketUpgradeCreatePermission), as create too: the fake records the GET only.
+    used |= {("pods/exec", "create", namespace) for resource, _, namespace in used if resource == "pods/exec"}
+    team_binding = yaml.safe_load((DEPLOY / "optional" / "team-namespace.yaml").read_text())
+    assert team_binding["roleRef"]["name"] == "tessera-team-namespace"
+    check_least_privilege(used, "tessera-scheduler", roles=("tessera-workloads",),
+                          bound={"tessera-workloads": "tessera-team-namespace",
+                                 team_binding["metadata"]["namespace"]: "tessera-team-namespace"})
+    # cluster-wide it only reads: changing pods is granted per namespace, so kube-system gets none of it
+    assert {verb for _, verb in rules("ClusterRole", "tessera-scheduler")} == {"get", "list", "watch"}
+    granted_in = {d["metadata"]["namespace"] for d in docs(DEPLOY / "portal" / "rbac.yaml")
+                  if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "tessera-team-namespace"}
+    assert granted_in == {"tessera-workloads"}
     assert find("ClusterRoleBinding", "tessera-scheduler")["subjects"][0]["name"] == "tessera-portal"
     assert find("RoleBinding", "tessera-workloads")["subjects"][0]["name"] == "tessera-portal"
     assert find("ConfigMap", "tessera-config")["data"]["TESSERA_NAMESPACE"] == "tessera-workloads"
 
 
-PLUGIN_USER = "system:serviceaccount:tessera:tessera-device-plugin"
+PLUGIN_USER = "system:serviceaccount:tessera-node:tessera-device-plugin"
 
 
 def plugin_on(apiserver, node: str) -> KubernetesPods:

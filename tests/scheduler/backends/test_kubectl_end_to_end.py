@@ -17,12 +17,12 @@ from agents.deviceplugin import api_pb2
 from agents.deviceplugin.pods import KubernetesPods, PodFinder
 from agents.deviceplugin.server import DevicePluginService, PluginConfig
 from agents.gpus.simulated import SimulatedSource
-from agents.inventory import load_inventory, pick_node
 from agents.placements import PlacementTable
 from scheduler.backends.base import PLACEMENT_ANNOTATION, RESERVATION_LABEL
 from scheduler.backends.kubernetes.webhook import share_patch
 from tests.scheduler.backends.portal_on_fake_cluster import point_portal_at
 from tests.teams import make_team
+from wire.inventory import load_inventory, pick_node
 
 pytestmark = pytest.mark.django_db
 

@@ -88,6 +88,10 @@ def test_host_paths_are_refused_under_baseline(nodes):
     (403, 'pods is forbidden: User "system:serviceaccount:tessera:tessera-portal" cannot create resource "pods" '
           'in API group "" in the namespace "kube-system"', False,
      "system:serviceaccount:tessera:tessera-portal may not create pods in namespace kube-system"),
+    (403, 'pods "nb" is forbidden: User "system:serviceaccount:tessera:tessera-portal" cannot create resource '
+          '"pods/binding" in API group "" in the namespace "kube-system"', False,
+     "Tessera places pods only in namespaces that grant it; apply deploy/optional/team-namespace.yaml with "
+     "namespace kube-system"),
     (403, 'pods "p" is forbidden: unable to create new content in namespace gone because it is being terminated',
      False, "namespace gone is being deleted"),
     (422, 'Pod "p" is invalid: spec.containers[0].image: Required value', False, "found the manifest invalid"),
