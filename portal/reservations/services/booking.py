@@ -23,7 +23,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.fleet.models import Gpu, NodeStatus
-from portal.reservations import booking_fit, engine_quotas, rules
+from portal.reservations import actors, booking_fit, engine_quotas, rules
 from portal.reservations.events import announce_reservations
 from portal.reservations.models import Admission, Reservation
 from portal.reservations.requests import request_of
@@ -32,7 +32,7 @@ from portal.tenancy import policy
 from portal.tenancy.models import Quota, Team
 
 from .audit import record
-from .moving import SYSTEM, cancel, move, release
+from .moving import cancel, move, release
 
 HORIZON = timedelta(days=90)  # the furthest ahead a window may start
 STEP = timedelta(minutes=15)  # free windows are offered this far apart
@@ -215,14 +215,15 @@ def start_due(now: datetime | None = None) -> tuple[int, int]:
     for pk, end in due.values_list("pk", "ends_at"):
         if end <= now:
             missed += move(pk, State.BOOKED, State.CANCELLED, "its booked window passed before it could start",
-                           SYSTEM)
+                           actors.LIFECYCLE)
         else:
             started += move(pk, State.BOOKED, State.PENDING,
                             f"its booked window started; guaranteed until {booking_fit.at_text(end)}",
-                            SYSTEM)
+                            actors.LIFECYCLE)
     late = Reservation.objects.filter(state=State.PENDING, starts_at__isnull=False, ends_at__lte=now)
     for pk in late.values_list("pk", flat=True):
-        missed += move(pk, State.PENDING, State.EXPIRED, "its booked window ended before it was placed", SYSTEM)
+        missed += move(pk, State.PENDING, State.EXPIRED, "its booked window ended before it was placed",
+                       actors.LIFECYCLE)
     return started, missed
 
 
