@@ -48,9 +48,10 @@ app.conf.update(
         "placement-bookings": {"task": "placement.bookings", "schedule": 10.0},
         "placement-reconcile": {"task": "placement.reconcile", "schedule": 30.0},
         "telemetry-maintain": {"task": "telemetry.maintain", "schedule": 30.0},
+        "notifications-check": {"task": "notifications.check", "schedule": 60.0},
     },
 )
-app.autodiscover_tasks(["portal.placement", "portal.telemetry"])
+app.autodiscover_tasks(["portal.placement", "portal.telemetry", "portal.notifications"])
 
 
 def send_tasks_to(broker_url: str, *, eager: bool = False) -> dict:

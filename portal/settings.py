@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "portal.telemetry",
     "portal.api",
     "portal.web",
+    "portal.notifications",
 ]
 
 MIDDLEWARE = [
@@ -281,6 +282,27 @@ TESSERA_WS_MAX_MESSAGE_BYTES = int(os.environ.get("TESSERA_WS_MAX_MESSAGE_BYTES"
 # process runs Python on one core at a time; threads overlap a request's database waits.
 TESSERA_WEB_PROCESSES = int(os.environ.get("TESSERA_WEB_PROCESSES", "2"))
 TESSERA_WEB_THREADS = int(os.environ.get("TESSERA_WEB_THREADS", "4"))
+
+# Notifications (portal.notifications): e-mail through Django's mail backends, SMTP from the
+# environment; the demo writes each mail to a file in var/mail/ (its mail page reads them back).
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend" if DEMO_MODE
+                               else "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", str(BASE_DIR / "var" / "mail"))
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = int(os.environ.get("EMAIL_TIMEOUT_S", "10"))
+DEFAULT_FROM_EMAIL = os.environ.get("TESSERA_MAIL_FROM", "Tessera <tessera@localhost>")
+# Where mails link to (the portal as its users reach it).
+TESSERA_PUBLIC_URL = os.environ.get("TESSERA_PUBLIC_URL", "http://127.0.0.1:8000")
+# Per-user webhooks: https only unless plain http is allowed (the demo), never to private addresses
+# unless allowed (a portal inside a private network posting to a private chat server), and a timeout per try.
+TESSERA_WEBHOOK_ALLOW_HTTP = env_bool("TESSERA_WEBHOOK_ALLOW_HTTP", DEMO_MODE)
+TESSERA_WEBHOOK_ALLOW_PRIVATE = env_bool("TESSERA_WEBHOOK_ALLOW_PRIVATE", False)
+TESSERA_WEBHOOK_TIMEOUT_S = float(os.environ.get("TESSERA_WEBHOOK_TIMEOUT_S", "5"))
 
 LOGGING = {
     "version": 1,

@@ -126,6 +126,8 @@ class PolicySerializer(StrictTypesMixin, serializers.Serializer):
     booking_no_show_min = _setting(
         "booking_no_show_min", help_text="Minutes a started booking may go without a process on its GPU before "
         "it is released")
+    connect_admins = serializers.BooleanField(
+        required=False, help_text="Team admins may open the apps (Open) of the team's reservations")
 
 
 class PolicyLimitsAnswerSerializer(serializers.Serializer):
@@ -154,6 +156,7 @@ class PolicyAnswerSerializer(serializers.Serializer):
     allow_remote = serializers.BooleanField()
     reclaim_grace_s = _setting("reclaim_grace_s", required=True)
     booking_no_show_min = _setting("booking_no_show_min", required=True)
+    connect_admins = serializers.BooleanField()
 
 
 class LimitsSerializer(StrictTypesMixin, serializers.Serializer):

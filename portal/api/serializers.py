@@ -10,6 +10,7 @@ from django.db.models.manager import BaseManager
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.connect.kinds import AppKind
 from portal.fleet.model_names import display_model
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Kind, Reservation, Sharing, StateTransition
@@ -95,6 +96,11 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
     remote_allowed = serializers.BooleanField(
         required=False, default=False,
         help_text="May run on a share of a GPU on another node, if the team's policy allows remote shares")
+    app = serializers.ChoiceField(
+        choices=AppKind.choices, required=False, allow_blank=True, default="",
+        help_text="An app the portal opens at /connect/<id>/ (its Open button): jupyter, vscode, tensorboard or port")
+    app_port = serializers.IntegerField(min_value=1024, max_value=65535, required=False, allow_null=True,
+                                        help_text="Where the app listens in the pod; blank: the app's default")
     # Blank until the reservation is placed: the schema's enum says so (a read-only model field
     # would otherwise lose allow_blank, and pending reservations answer a value outside the enum).
     sharing = serializers.ChoiceField(choices=Sharing.choices, read_only=True, allow_blank=True,
@@ -126,7 +132,7 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
             "admission", "opportunistic", "reclaim_at", "requeue_on_preempt", "affinity", "anti_affinity",
             "exclusion", "group_name", "group_headcount", "group_threshold", "max_duration_s", "expires_at",
             "state", "state_reason", "node", "allocations", "starts_at", "ends_at", "duration_s", "repeat_weeks",
-            "booking_series", "remote_allowed", "sharing", "sharing_reason", "client_node",
+            "booking_series", "remote_allowed", "sharing", "sharing_reason", "client_node", "app", "app_port",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
             "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
         ]

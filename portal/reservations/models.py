@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from portal.connect.kinds import AppKind
 from portal.fleet.models import Gpu
 from portal.tenancy import roles
 from portal.tenancy.models import Team
@@ -56,6 +57,9 @@ class Reservation(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.BATCH)
     image = models.CharField(max_length=255)
     command = models.JSONField(default=list, blank=True)
+    # The app the portal opens for its owner (portal.connect); app_port: where it listens in the pod.
+    app = models.CharField(max_length=16, choices=AppKind.choices, default=AppKind.NONE, blank=True)
+    app_port = models.PositiveIntegerField(null=True, blank=True)
 
     gpu_request = models.DecimalField(max_digits=4, decimal_places=3)
     gpu_limit = models.DecimalField(max_digits=4, decimal_places=3)

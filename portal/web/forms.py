@@ -12,6 +12,7 @@ from decimal import Decimal
 
 from django import forms
 
+from portal.connect.kinds import AppKind
 from portal.fleet.model_names import display_model
 from portal.reservations import rules
 from portal.reservations.models import Kind, Reservation
@@ -30,7 +31,7 @@ LOCAL_MINUTE = "%Y-%m-%dT%H:%M"  # a datetime-local input's value (times on the 
 WORDS = {
     "gpu_request": "the GPU share", "gpu_limit": "the limit", "gpu_memory_mib": "memory",
     "gpu_count": "the number of GPUs", "group_headcount": "the headcount", "group_threshold": "the threshold",
-    "group_name": "the pod group", "max_duration_s": "the duration",
+    "group_name": "the pod group", "max_duration_s": "the duration", "app_port": "the app port",
 }
 _MIB = re.compile(r"\b(\d+) MiB\b")
 
@@ -109,6 +110,13 @@ class RequestForm(forms.Form):
         required=False, label="May use a GPU on another node (remote share)",
         help_text="When no node has room for the pod and the share, the pod may run on another node and use "
                   "the share over the network. Only for shares below one GPU; the team's policy must allow it.")
+
+    app = forms.ChoiceField(choices=AppKind.choices, required=False, label="Open in the browser",
+                            help_text="The portal opens this app in your pod with one click (Open).")
+    app_port = forms.IntegerField(min_value=1024, max_value=65535, required=False, label="App port (optional)",
+                                  help_text="Blank: the app's usual port.",
+                                  error_messages={"min_value": "Use a port from 1024 to 65535.",
+                                                  "max_value": "Use a port from 1024 to 65535."})
 
     # Book ahead: a window in the future (the hours above, or an end), repeated weekly.
     book_start = forms.DateTimeField(
@@ -246,6 +254,7 @@ class RequestForm(forms.Form):
             group_threshold=d.get("group_threshold") if d.get("group_name") else None,
             max_duration_s=int(hours * 3600) if hours is not None else None,
             remote_allowed=bool(d.get("remote_allowed")),
+            app=d.get("app") or "", app_port=d.get("app_port"),
         )
 
     def add_rule_errors(self, errors: dict[str, list[str]]) -> None:
@@ -268,6 +277,7 @@ def initial_from(reservation: Reservation) -> dict:
         "anti_affinity": reservation.anti_affinity, "group_name": reservation.group_name,
         "group_headcount": reservation.group_headcount, "group_threshold": reservation.group_threshold,
         "remote_allowed": reservation.remote_allowed,
+        "app": reservation.app, "app_port": reservation.app_port,
     }
 
 
@@ -279,6 +289,7 @@ def initial_from_preset(preset) -> dict:
         "memory_gib": Decimal(preset.gpu_memory_mib) / MIB_PER_GIB,
         "hours": (Decimal(preset.max_duration_s) / 3600).quantize(Decimal("0.01")).normalize()
         if preset.max_duration_s else None,
+        "app": preset.app, "app_port": preset.app_port,
     }
 
 

@@ -146,6 +146,7 @@ def request_preset(request, pk: int):
         team=preset.team, image=preset.image, gpu_request=preset.gpu_request, gpu_limit=preset.gpu_limit,
         gpu_memory_mib=preset.gpu_memory_mib, gpu_model=preset.gpu_model, kind=preset.kind,
         command=list(preset.command or []), max_duration_s=preset.max_duration_s, name="",
+        app=preset.app, app_port=preset.app_port,
         priority=min(50, max_priority_for(request.user, preset.team)),  # the form's default, within the role's
     )
     try:

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import PermissionDenied
 
 from portal.api.permissions import require_cancel
+from portal.connect.access import link_for as connect_link
 from portal.placement.backend import get_backend
 from portal.reservations import services
 from portal.reservations.models import Admission
@@ -83,6 +84,7 @@ def _summary_context(request, reservation, extend_form=None) -> dict:
         "max_hours": team_policy.max_duration_s / 3600,
         "extend_form": extend_form or ExtendForm(),
         "holds_gpu": reservation.state in HOLDS_GPU,
+        "connect": connect_link(request.user, reservation),
     }
 
 
@@ -93,6 +95,8 @@ def reservation_page(request, pk: int):
     context = _summary_context(request, reservation)
     if request.htmx and request.GET.get("part") == "summary":
         return render(request, "web/_reservation_summary.html", context)
+    if request.htmx and request.GET.get("part") == "connect":
+        return render(request, "web/_connect.html", context)
     context["series"] = queries.usage_series(reservation)
     return render(request, "web/reservation.html", context)
 

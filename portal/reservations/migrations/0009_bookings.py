@@ -9,8 +9,8 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('fleet', '0007_fleet_version'),
-        ('reservations', '0007_admission'),
-        ('tenancy', '0009_bookings'),
+        ('reservations', '0008_connect'),
+        ('tenancy', '0010_bookings'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

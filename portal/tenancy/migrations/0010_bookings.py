@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenancy', '0008_drop_team_quota_columns'),
+        ('tenancy', '0009_connect'),
     ]
 
     operations = [
