@@ -23,6 +23,7 @@ urlpatterns = [
     path("auth/token/", views.ObtainTokenView.as_view(), name="obtain-token"),
     path("workloads/", WorkloadListView.as_view(), name="api-workloads"),
     path("capacity/", views.CapacityView.as_view(), name="capacity"),
+    path("bookings/", views.BookingsView.as_view(), name="bookings"),
     path("reports/usage/", UsageReportView.as_view(), name="usage-report"),
     path("reports/overview/", OverviewReportView.as_view(), name="overview-report"),
     path("teams/<slug:slug>/policy/", admin_views.TeamPolicyView.as_view(), name="api-team-policy"),

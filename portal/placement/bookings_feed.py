@@ -3,32 +3,21 @@
 The cycle's snapshot carries the bookings of the next `FEED_S` (their room is held ahead of the
 window and placement works around them), those whose window began while their reservation waits
 (it takes the room held for it first) and those whose window runs (nobody's victim to its end).
-A booking is a reservation with a `starts_at`; its window ends at `WINDOW_END_FIELD`, or
-`max_duration_s` after its start where that is empty. Until the booking fields exist (their
-migration comes with the booking pages) there are none, and the cycle decides as before.
+A booking is a reservation with a `starts_at`; its window ends at `ends_at` (`WINDOW_END_FIELD`),
+or `max_duration_s` after its start where that is empty.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.core.exceptions import FieldDoesNotExist
-
 from portal.reservations.models import Reservation
 from portal.reservations.states import ACTIVE, State
 from scheduler.core.bookings import DEFAULT_LEAD_S, Booking
 
 BOOKED = "booked"  # the state of a reservation whose window has not started
-WINDOW_END_FIELD = "expires_at"  # the reservation's field where a booked window ends
+WINDOW_END_FIELD = "ends_at"  # the reservation's field where a booked window ends
 FEED_S = 12 * 3600.0  # bookings starting this far ahead reach the engine
-
-
-def _has_fields() -> bool:
-    try:
-        Reservation._meta.get_field("starts_at")
-    except FieldDoesNotExist:
-        return False
-    return True
 
 
 def _window_end(starts_at: datetime, end: datetime | None, max_duration_s: int | None) -> datetime | None:
@@ -46,8 +35,6 @@ def lead_of(grace_s: int | None) -> float:
 def bookings(now: datetime) -> tuple[Booking, ...]:
     """The bookings the cycle at `now` works around: booked windows starting within `FEED_S`, and
     started ones (waiting, placed or running) whose window has not ended."""
-    if not _has_fields():
-        return ()
     rows = (Reservation.objects.filter(starts_at__isnull=False, starts_at__lte=now + timedelta(seconds=FEED_S),
                                        state__in=[BOOKED, *ACTIVE])
             .order_by("starts_at", "id")

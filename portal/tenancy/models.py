@@ -303,6 +303,11 @@ class TeamPolicy(models.Model):
         default=300, validators=[MinValueValidator(0), MaxValueValidator(86400)],
         help_text="Warned this long before a borrowed reservation is reclaimed.",
     )
+    # A booking with no process on its GPU this long after it was placed is released (a no-show).
+    booking_no_show_min = models.PositiveIntegerField(
+        default=20, validators=[MinValueValidator(1), MaxValueValidator(1440)],
+        help_text="Minutes a started booking may go without a process on its GPU before it is released.",
+    )
     # Set by site admins: what the team's admins may choose.
     limit_duration_s = models.PositiveIntegerField(
         default=LONGEST_DURATION_S, validators=[MinValueValidator(60), MaxValueValidator(LONGEST_DURATION_S)],

@@ -24,7 +24,9 @@ from portal.tenancy.policy import policy_of
 MIB_PER_GIB = 1024
 
 # ReservationSpec field → the form field a person filled in.
-FIELD_OF = {"gpu_memory_mib": "memory_gib", "max_duration_s": "hours"}
+FIELD_OF = {"gpu_memory_mib": "memory_gib", "max_duration_s": "hours", "starts_at": "book_start",
+            "ends_at": "book_end", "duration_s": "hours", "repeat_weeks": "book_weeks"}
+LOCAL_MINUTE = "%Y-%m-%dT%H:%M"  # a datetime-local input's value (times on the page are UTC)
 # Internal names inside rule messages → words.
 WORDS = {
     "gpu_request": "the GPU share", "gpu_limit": "the limit", "gpu_memory_mib": "memory",
@@ -116,6 +118,20 @@ class RequestForm(forms.Form):
                                   error_messages={"min_value": "Use a port from 1024 to 65535.",
                                                   "max_value": "Use a port from 1024 to 65535."})
 
+    # Book ahead: a window in the future (the hours above, or an end), repeated weekly.
+    book_start = forms.DateTimeField(
+        required=False, label="Starts (UTC)", input_formats=[LOCAL_MINUTE, "%Y-%m-%d %H:%M"],
+        help_text="Blank: as soon as possible. A start up to 90 days ahead books the share for that window.",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=LOCAL_MINUTE))
+    book_end = forms.DateTimeField(
+        required=False, label="Ends (UTC)", input_formats=[LOCAL_MINUTE, "%Y-%m-%d %H:%M"],
+        help_text="Blank: the start plus the hours above.",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=LOCAL_MINUTE))
+    book_weeks = forms.IntegerField(min_value=1, max_value=12, required=False, initial=1,
+                                    label="Weeks (repeat weekly)", help_text="1: once; up to 12 weeks in a row.",
+                                    error_messages={"max_value": "Repeat a booking at most 12 weeks."})
+
+    BOOKING = ("book_start", "book_end", "book_weeks")
     ADVANCED = ("priority", "exclusion", "affinity", "anti_affinity", "group_name", "group_headcount",
                 "group_threshold", "remote_allowed")
 
@@ -168,7 +184,23 @@ class RequestForm(forms.Form):
         return [self[name] for name in self.ADVANCED]
 
     def basic_fields(self):
-        return [self[name] for name in self.fields if name not in self.ADVANCED]
+        return [self[name] for name in self.fields if name not in self.ADVANCED and name not in self.BOOKING]
+
+    def window(self):
+        """The booking's window (services.window_of), or None for a request that starts now.
+        Raises RuleViolation in the API's field names."""
+        from portal.reservations import services
+
+        d = self.cleaned_data
+        if d.get("book_start") is None:
+            if d.get("book_end") is not None:
+                raise rules.RuleViolation({"book_end": ["Give the start too, or leave the end blank."]})
+            return None
+        end, hours = d.get("book_end"), d.get("hours")
+        if end is None and hours is None:
+            raise rules.RuleViolation({"ends_at": ["give the end, or the hours it lasts"]})
+        return services.window_of(d["book_start"], end, int(hours * 3600) if end is None else None,
+                                  d.get("book_weeks") or 1)
 
     def clean_command(self) -> list[str]:
         text = self.cleaned_data.get("command") or ""

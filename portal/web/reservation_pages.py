@@ -76,7 +76,9 @@ def _summary_context(request, reservation, extend_form=None) -> dict:
         "being_reclaimed": reservation.reclaim_at is not None and reservation.state in HOLDS_GPU,
         "reclaim_due": reservation.reclaim_at is not None and reservation.reclaim_at <= timezone.now(),
         "timeline": queries.timeline(reservation),
-        "may_cancel": reservation.state in ACTIVE and _may_cancel(request.user, reservation),
+        # A booking may be cancelled before its window too.
+        "may_cancel": (reservation.state in ACTIVE or reservation.state == State.BOOKED)
+        and _may_cancel(request.user, reservation),
         "may_extend": _may_extend(request.user, reservation),
         "may_submit": roles.can_submit(request.user, reservation.team),
         "max_hours": team_policy.max_duration_s / 3600,

@@ -337,6 +337,7 @@ def policy_page(request, slug: str):
         "allow_over_quota": current.allow_over_quota, "allow_remote": current.allow_remote,
         "connect_admins": current.connect_admins,
         "reclaim_grace_min": f"{current.reclaim_grace_s / 60:g}",
+        "booking_no_show_min": current.booking_no_show_min,
     }
     errors: dict[str, list[str]] = {}
     status = 200
@@ -353,6 +354,8 @@ def policy_page(request, slug: str):
             "allow_over_quota": form["allow_over_quota"], "allow_remote": form["allow_remote"],
             "connect_admins": form["connect_admins"],
         }
+        if form["booking_no_show_min"]:  # left blank: it stays as it is
+            changes["booking_no_show_min"] = form["booking_no_show_min"]
         if changes["interactive_max_s"] is None and "interactive_max_s" not in errors:
             errors["interactive_max_s"] = ["give a default duration in hours"]
         try:

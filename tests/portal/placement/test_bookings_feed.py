@@ -1,12 +1,11 @@
-"""The cycle with booked windows: before the booking fields exist the feed has none and the cycle
-decides as before; a booking whose lead time has begun gets the borrowed work in its way warned,
+"""The cycle with booked windows: with no booking the feed has none and the cycle decides as
+before; a booking whose lead time has begun gets the borrowed work in its way warned,
 saying whose booking and from when, even with nobody waiting."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from django.utils import timezone
 
 from portal.placement import bookings_feed, snapshot
@@ -17,10 +16,8 @@ from scheduler.core import Booking
 from tests.portal.placement.test_fair_share import ADMIN, T4, _get, _post, _quota, _row
 
 
-def test_before_the_booking_fields_exist_there_are_no_bookings(db, fleet):
+def test_without_bookings_the_snapshot_has_none(db, fleet):
     now = timezone.now()
-    if bookings_feed._has_fields():
-        pytest.skip("the booking fields exist: the feed reads them (the next tests)")
     assert bookings_feed.bookings(now) == ()
     built = snapshot.build()
     assert built.bookings == () and built.durations == {}
