@@ -18,11 +18,8 @@ import contextlib
 import functools
 import logging
 import random
-import re
 import sys
 from pathlib import Path
-
-import yaml
 
 from agents import __version__
 from agents.agent import Agent, AgentSettings
@@ -30,28 +27,11 @@ from agents.gpus.simulated import SimulatedSource
 from agents.placements import PlacementTable
 from agents.signals import stop_on_signals
 from agents.stream import websocket_url
-from wire.agent_portal import TOKEN_PATTERN
+from wire.fleet_tokens import read_tokens
 from wire.inventory import InventoryError, load_inventory
 
 log = logging.getLogger("agents.fleet")
 
-
-def read_tokens(path: Path) -> dict[str, str]:
-    """node name -> token; raises ValueError naming the file and the entry at fault."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict) or not data:
-        raise ValueError(f"{path}: must map node names to tokens")
-    tokens = {}
-    for node, token in data.items():
-        if not isinstance(token, str) or not re.fullmatch(TOKEN_PATTERN, token):
-            raise ValueError(f"{path}: {node}: a node token is 1 to 512 printable characters without spaces")
-        tokens[str(node)] = token
-    return tokens
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,8 @@ import yaml
 from django.conf import settings
 from django.db import transaction
 
+from wire.fleet_tokens import format_tokens
+
 
 def remember_after_commit(node_name: str, key: str) -> None:
     path = getattr(settings, "TESSERA_DEMO_TOKENS_FILE", "")
@@ -33,6 +35,6 @@ def remember(path: Path, node_name: str, key: str) -> None:
         tokens = tokens if isinstance(tokens, dict) else {}
         tokens[node_name] = key
         temp = path.with_name(path.name + ".tmp")
-        temp.write_text("".join(f"{name}: {value}\n" for name, value in sorted(tokens.items())), encoding="utf-8")
+        temp.write_text(format_tokens(tokens), encoding="utf-8")
         temp.chmod(0o600)
         os.replace(temp, path)

@@ -23,8 +23,9 @@ from portal.fleet.models import Node
 from portal.fleet.services import issue_node_token
 from portal.reservations.models import Reservation
 from portal.tenancy.models import Membership, Role
-from tests.integration.conftest import INVENTORY, wait_for
+from tests.integration.conftest import INVENTORY
 from tests.teams import make_team
+from tests.waiting import wait_for
 
 from .stack import shoot, sign_in
 

@@ -17,8 +17,9 @@ from portal.fleet import inventory
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
 from portal.tenancy.models import Membership, Preset, Role
-from tests.integration.conftest import INVENTORY, wait_for
+from tests.integration.conftest import INVENTORY
 from tests.teams import make_team
+from tests.waiting import wait_for
 
 from .stack import shoot, sign_in
 

@@ -16,10 +16,10 @@ from portal.fleet import inventory
 from portal.reservations import services
 from portal.reservations.models import Reservation, StateTransition
 from portal.tenancy.models import Membership, Role
-from tests.integration.conftest import INVENTORY, wait_for
+from tests.integration.conftest import INVENTORY
 from tests.reservations import submitted
 from tests.teams import make_team
-from tests.waiting import until
+from tests.waiting import until, wait_for
 
 from .stack import sign_in
 

@@ -15,8 +15,9 @@ import pytest
 from portal.fleet.models import Node
 from portal.fleet.services import issue_node_token
 from portal.telemetry.models import GpuSample
+from tests.waiting import wait_for
 
-from .conftest import sample_holes, start_agent, start_portal, wait_for
+from .conftest import sample_holes, start_agent, start_portal
 
 CUT_S = float(os.environ.get("TESSERA_FAULT_CUT_S", "300"))
 CATCH_UP_S = 90  # reconnect (agent backoff at most 2 s, its ping timeout 20 s) and the replay

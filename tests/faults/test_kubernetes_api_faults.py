@@ -23,8 +23,7 @@ from portal.placement.invariants import live_shares_ok
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import HOLDS_GPU, State
-
-from .conftest import wait_for
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_S = float(os.environ.get("TESSERA_FAULT_API_S", "60"))

@@ -13,8 +13,9 @@ import pytest
 from portal.fleet.models import Node
 from portal.fleet.services import issue_node_token
 from portal.telemetry.models import GpuSample
+from tests.waiting import wait_for
 
-from .conftest import sample_holes, start_agent, start_portal, wait_for
+from .conftest import sample_holes, start_agent, start_portal
 
 pytestmark = [pytest.mark.timeout(300)]
 DOWN_S = 10

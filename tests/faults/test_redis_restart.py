@@ -16,8 +16,9 @@ from portal.fleet.services import issue_node_token
 from portal.reservations.models import Reservation
 from portal.telemetry.models import GpuSample
 from portal.tenancy.services import create_token
+from tests.waiting import wait_for
 
-from .conftest import assert_consistent, sample_holes, settle, start_agent, start_portal, wait_for
+from .conftest import assert_consistent, sample_holes, settle, start_agent, start_portal
 
 pytestmark = [pytest.mark.timeout(300)]
 DOWN_S = 6

@@ -14,8 +14,9 @@ from portal.placement.locking import LEASE_KEY
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
+from tests.waiting import wait_for
 
-from .conftest import assert_consistent, settle, wait_for
+from .conftest import assert_consistent, settle
 
 pytestmark = [pytest.mark.timeout(300)]
 CONVERGE_S = 60  # the lease of a killed holder expires after 10 s; the rest is cycles and binds

@@ -7,9 +7,9 @@ import stat
 import pytest
 from django.core.management import CommandError, call_command
 
-from agents.fleet import read_tokens
 from portal.fleet.models import Node
 from portal.fleet.services import node_for_token
+from wire.fleet_tokens import read_tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 def test_tokens_file_works_for_the_fleet_and_is_private(fleet, tmp_path):
     out = tmp_path / "var" / "agent-tokens.yaml"
     call_command("agent_tokens", "--out", str(out), "--nodes", "a100-node-1,t4-node-1")
-    tokens = read_tokens(out)  # the agent fleet's own reader accepts it
+    tokens = read_tokens(out)  # the reader the agent fleet uses accepts it
     assert set(tokens) == {"a100-node-1", "t4-node-1"}
     assert node_for_token(tokens["t4-node-1"]) == Node.objects.get(name="t4-node-1")
     assert stat.S_IMODE(out.stat().st_mode) == 0o600

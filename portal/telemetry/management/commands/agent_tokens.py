@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
 from django.core.management.base import BaseCommand, CommandError
 
 from portal.fleet import services
 from portal.fleet.models import Node
+from wire.fleet_tokens import format_tokens
 
 
 class Command(BaseCommand):
@@ -36,5 +36,5 @@ class Command(BaseCommand):
         # Created private: the file holds credentials.
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            yaml.safe_dump(tokens, fh, sort_keys=True)
+            fh.write(format_tokens(tokens))
         self.stdout.write(f"{len(tokens)} node tokens written to {out}")

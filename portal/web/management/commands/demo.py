@@ -174,15 +174,15 @@ class Command(BaseCommand):
     def _write_tokens(self, path: Path) -> tuple[int, int]:
         """Each node's token: the one in `path` while it still works (a fleet started before keeps
         running on it), else a new one. Returns (kept, issued)."""
-        from agents.fleet import read_tokens
         from portal.fleet import services
         from portal.fleet.models import Node
+        from wire.fleet_tokens import format_tokens, read_tokens
 
         try:
             known = read_tokens(path) if path.exists() else {}
         except ValueError:
             known = {}
-        lines, kept, issued = [], 0, 0
+        tokens, kept, issued = {}, 0, 0
         for node in Node.objects.order_by("name"):
             key = known.get(node.name)
             found = services.node_for_token(key) if key else None
@@ -191,8 +191,8 @@ class Command(BaseCommand):
             else:
                 key = services.issue_node_token(node)
                 issued += 1
-            lines.append(f"{node.name}: {key}")
+            tokens[node.name] = key
         if issued or not path.exists():
-            path.write_text("\n".join(lines) + "\n")
+            path.write_text(format_tokens(tokens))
         path.chmod(0o600)
         return kept, issued
