@@ -54,6 +54,9 @@ class Row:
     quota_gpu_hours: float | None = None
     lent_gpu_hours: float | None = None
     department: str = ""  # a team's departments from the top ("Research › Language")
+    # Grouped by reservation: who and what it is, one field each (id, name, owner, team, the GPU
+    # models it held, when it started and ended), for the CSV's columns and the JSON alike.
+    reservation: dict | None = None
 
     def add(self, other: Row) -> None:
         for name in ("allocated_gpu_hours", "used_gpu_hours", "idle_allocated_gpu_hours", "burst_gpu_hours",
@@ -87,7 +90,7 @@ class Row:
                 "lent_gpu_hours": None if self.lent_gpu_hours is None else _r(self.lent_gpu_hours),
                 "department": self.department,
                 "device_busy_hours": None if self.device_busy_hours is None else _r(self.device_busy_hours),
-                "note": self.note}
+                "note": self.note} | ({"reservation": self.reservation} if self.reservation is not None else {})
 
 
 def _r(x: float) -> float:
@@ -130,6 +133,8 @@ class _Res:
     name: str
     admission: str
     state: str
+    started_at: datetime | None = None  # running (else placed) since
+    finished_at: datetime | None = None
 
 
 def _reservation_key(group_by: str, res: _Res, rid: int, gpu: tuple[str, str, str] | None) -> tuple[str, str]:
@@ -272,6 +277,8 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
         for r in rows.values():
             r.device_busy_hours = r.device_busy_hours or 0.0
 
+    if group_by == "reservation":
+        _describe_reservations(rows, info, {(a[1], a[0]) for a in allocations} | {(g, rid) for rid, g in shares})
     total = Row(key="total", label="Total", device_busy_hours=0.0 if device_shown else None)
     for r in rows.values():
         total.add(r)
@@ -283,9 +290,27 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
 
 
 def _reservations(ids: set[int], slugs: dict[int, str]) -> dict[int, _Res]:
-    return {pk: _Res(team=slugs[team_id], owner=owner, name=name, admission=admission, state=state)
-            for pk, team_id, owner, name, admission, state in Reservation.objects.filter(pk__in=ids)
-            .values_list("pk", "team_id", "owner__username", "name", "admission", "state")}
+    return {pk: _Res(team=slugs[team_id], owner=owner, name=name, admission=admission, state=state,
+                     started_at=started or placed, finished_at=finished)
+            for pk, team_id, owner, name, admission, state, started, placed, finished
+            in Reservation.objects.filter(pk__in=ids).values_list(
+                "pk", "team_id", "owner__username", "name", "admission", "state", "started_at", "placed_at",
+                "finished_at")}
+
+
+def _describe_reservations(rows: dict[str, Row], info: dict[int, _Res], gpu_of: set[tuple[int, int]]) -> None:
+    """Grouped by reservation: each row's reservation, one field each. `gpu_of`: (GPU id, reservation
+    id) of the shares counted (the models it held, not only the one it asked for)."""
+    model_of = dict(Gpu.objects.filter(pk__in={g for g, _ in gpu_of}).values_list("pk", "model"))
+    models: dict[int, set[str]] = defaultdict(set)
+    for gpu_id, rid in gpu_of:
+        models[rid].add(model_of.get(gpu_id, "?"))
+    for key, r in rows.items():
+        rid = int(key)
+        res = info[rid]
+        r.reservation = {"id": rid, "name": res.name, "owner": res.owner, "team": res.team,
+                         "gpu_model": ", ".join(sorted(models[rid])), "state": res.state,
+                         "started_at": res.started_at, "finished_at": res.finished_at}
 
 
 def _top_idle(per_reservation: dict[int, Row], info: dict[int, _Res]) -> list[dict]:
