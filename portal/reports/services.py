@@ -170,9 +170,10 @@ def _quota_columns(report: Report, group_by: str) -> None:
     total_lent = sum(lent.get(t.slug, 0.0) for t in report.teams)
     by_team = {r.key: r for r in report.rows} if report.group_by == "team" else {}
     if report.group_by == "team":
-        # A team that held nothing in the window still had its quota, and may have lent it.
-        for t in report.teams:
-            if t.slug not in by_team and (quota.get(t.slug) or lent.get(t.slug)):
+        # Every team in scope has its row: one that held nothing in the window is listed with zeros
+        # (its quota, and what it lent, where it had any), not left out as if it did not exist.
+        for t in sorted(report.teams, key=lambda t: t.slug):
+            if t.slug not in by_team:
                 by_team[t.slug] = Row(key=t.slug, label=t.slug)
                 report.rows.append(by_team[t.slug])
     for slug, r in by_team.items():

@@ -27,3 +27,23 @@ def test_reservation_csv_has_one_column_per_fact(client_for, two_hours):  # noqa
     row = next(x for x in client_for("admin").get(URL, params).json()["rows"] if x["key"] == str(vision.pk))
     assert row["reservation"]["id"] == vision.pk and row["reservation"]["owner"] == "alice"
     assert row["reservation"]["gpu_model"] == "T4" and row["reservation"]["finished_at"] is not None
+
+
+def test_a_team_without_use_is_listed_with_zeros(client_for, two_hours, teams, people):  # noqa: F811
+    from portal.tenancy.models import Quota, Team
+
+    quiet = Team.objects.create(slug="quiet", name="Quiet")  # no quota, held nothing, lent nothing
+    Quota.objects.filter(team=quiet).delete()
+    params = {"since": (T0 - timedelta(hours=1)).isoformat(), "until": (T0 + timedelta(hours=4)).isoformat()}
+    rows = {r["key"]: r for r in client_for("admin").get(URL, params).json()["rows"]}
+    assert set(rows) == {"vision", "nlp", "quiet"}
+    assert rows["quiet"]["allocated_gpu_hours"] == 0 and rows["quiet"]["used_gpu_hours"] == 0
+    assert rows["quiet"]["used_pct"] is None
+    table = list(csv.reader(io.StringIO(client_for("admin").get(URL, {**params, "format": "csv"}).content.decode())))
+    assert table[[r[0] for r in table].index("quiet")][:4] == ["quiet", "0.0", "0.0", ""]
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(people["admin"])
+    page = browser.get("/reports/", params).content.decode()
+    assert '<tr data-key="quiet">' in page
