@@ -66,7 +66,8 @@ def clause(reason: Reason, req: Request, subject: bool = False) -> str:
     if code == ReasonCode.AFFINITY:
         return f"{some('does', 'do')} not hold affinity group {', '.join(sorted(req.affinity))}"
     if code == ReasonCode.NODE_CPU:
-        return f"{some('is', 'are')} on nodes with less than {req.cpu_milli / 1000:g} CPUs left"
+        cores = req.cpu_milli / 1000
+        return f"{some('is', 'are')} on nodes with less than {cores:g} CPU{'' if cores == 1 else 's'} left"
     if code == ReasonCode.NODE_MEMORY:
         return f"{some('is', 'are')} on nodes with less than {gib_text(req.memory_mib)} of memory left"
     if code == ReasonCode.MODEL:
