@@ -26,7 +26,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.db.models import Q
 from django.utils import timezone
 
-from portal.fleet.models import Gpu
+from portal.fleet.models import Gpu, gpus_name
 from portal.reservations import engine_quotas
 from portal.reservations.models import Admission, Allocation, Reservation
 from portal.tenancy.models import Team
@@ -137,17 +137,18 @@ class _Res:
     finished_at: datetime | None = None
 
 
-def _reservation_key(group_by: str, res: _Res, rid: int, gpu: tuple[str, str, str] | None) -> tuple[str, str]:
-    """(key, label) of the row a reservation's share on a GPU (node, model, uuid) adds to."""
+def _reservation_key(group_by: str, res: _Res, rid: int, gpu: tuple[str, str, str, int] | None) -> tuple[str, str]:
+    """(key, label) of the row a reservation's share on a GPU (node, model, uuid, index) adds to. A
+    GPU's row is keyed by its UUID and labelled as a person reads it ("GPU 0 on t4-node-1 (T4)")."""
     if group_by == "team":
         return res.team, res.team
     if group_by == "user":
         return res.owner, res.owner
     if group_by == "reservation":
         return str(rid), f"{res.name or '#' + str(rid)} ({res.owner}, {res.team})"
-    node, model, uuid = gpu or ("?", "?", "?")
+    node, model, uuid, index = gpu or ("?", "?", "?", "?")
     key = {"node": node, "gpu_model": model, "gpu": uuid}[group_by]
-    return key, (f"{node} / {uuid}" if group_by == "gpu" else key)
+    return key, (gpus_name([index], node, model) if group_by == "gpu" else key)
 
 
 def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
@@ -239,7 +240,7 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     gpus = {}
     if group_by in DEVICE_GROUPS:  # only these rows are keyed by the GPU
         gpus = {g[0]: g[1:] for g in Gpu.objects.filter(pk__in=gpu_ids)
-                .values_list("pk", "node__name", "model", "uuid")}
+                .values_list("pk", "node__name", "model", "uuid", "index")}
     series = {slugs[t]: {"allocated": [0.0] * (len(edges) - 1), "used": [0.0] * (len(edges) - 1)} for t in team_ids}
 
     for rid, gpu_id, share, created, released in allocations:
@@ -273,8 +274,13 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     device_shown = user.is_staff and group_by in DEVICE_GROUPS
     if device_shown:
         key = {"node": "gpu__node__name", "gpu_model": "gpu__model", "gpu": "gpu__uuid"}[group_by]
-        for k, busy in sources.gpu_busy(window.since, window.until, key).items():
-            (rows.get(k) or row(k, k)).device_busy_hours = busy / 60.0
+        busy_of = sources.gpu_busy(window.since, window.until, key)
+        names = {}  # a busy GPU that held none of these teams' shares: its row still names it for people
+        if group_by == "gpu":
+            names = {uuid: gpus_name([index], node, model) for uuid, index, node, model in Gpu.objects.filter(
+                uuid__in=set(busy_of) - set(rows)).values_list("uuid", "index", "node__name", "model")}
+        for k, busy in busy_of.items():
+            (rows.get(k) or row(k, names.get(k, k))).device_busy_hours = busy / 60.0
         for r in rows.values():
             r.device_busy_hours = r.device_busy_hours or 0.0
 
