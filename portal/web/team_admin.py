@@ -171,9 +171,13 @@ def groups_page(request, slug: str):
             messages.success(request, f"Created {groups.NOUN[form['kind']]} '{obj.label}': it applies to the next "
                              "placements.")
             return redirect("team-groups", slug=team.slug)
+    sections = [("exclusion", "Exclusion groups", list(ExclusionGroup.objects.filter(team=team).order_by("label"))),
+                ("affinity", "Affinity labels", list(AffinityLabel.objects.filter(team=team).order_by("label")))]
+    for _kind, _title, items in sections:
+        for g in items:
+            g.effect_now = groups.effect_now(g)
     return _page(request, team, "groups", "team/groups.html", {
-        "sections": [("exclusion", "Exclusion groups", ExclusionGroup.objects.filter(team=team).order_by("label")),
-                     ("affinity", "Affinity labels", AffinityLabel.objects.filter(team=team).order_by("label"))],
+        "sections": sections,
         "form": form, "errors": errors,
     }, status)
 
