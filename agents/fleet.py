@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import re
@@ -100,8 +101,20 @@ def build_agents(args: argparse.Namespace, parser: argparse.ArgumentParser) -> l
         node = nodes[name]
         table = PlacementTable({g.uuid for g in node.gpus})
         settings = AgentSettings(url=url, token=tokens[name], node=name, interval_s=args.interval)
-        agents.append(Agent(settings, SimulatedSource(node, table, seed=args.seed + i), table))
+        agent = Agent(settings, SimulatedSource(node, table, seed=args.seed + i), table)
+        # Each reconnect reads the node's token from the file again: a token rotated in the portal
+        # (which the demo writes there) is picked up without restarting the fleet.
+        agent.stream.token_source = functools.partial(token_in, args.tokens, name)
+        agents.append(agent)
     return agents
+
+
+def token_in(path: Path, node: str) -> str | None:
+    """The node's token in the tokens file now; None when the file cannot be read (keep the old one)."""
+    try:
+        return read_tokens(path).get(node)
+    except ValueError:
+        return None
 
 
 async def run_fleet(agents: list[Agent], seed: int = 0) -> None:

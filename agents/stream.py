@@ -113,9 +113,13 @@ class PortalStream:
         stable_after_s: float = 10.0,
         welcome_timeout_s: float = WELCOME_TIMEOUT_S,
         rate: TokenBucket | None = None,
+        token_source: Callable[[], str | None] | None = None,
     ) -> None:
         self.url = url
         self._token = token
+        # Asked before each connection for the node's current token (None: keep the one held), so
+        # a token rotated in the portal and written where the source reads reaches a running agent.
+        self.token_source = token_source
         self.hello = hello
         self.node = node
         self.stream_id = stream_id
@@ -179,10 +183,20 @@ class PortalStream:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 
+    def _current_token(self) -> str:
+        if self.token_source is not None:
+            fresh = self.token_source()
+            if fresh and fresh != self._token:
+                log.info("using the node's new token")
+                self._token = fresh
+                self._ws_log.addFilter(_RedactToken(fresh))  # the old one stays redacted too
+        return self._token
+
     async def _session(self, stop: asyncio.Event) -> None:
+        token = self._current_token()
         async with connect(
             self.url,
-            additional_headers={TOKEN_HEADER: f"{TOKEN_SCHEME} {self._token}"},
+            additional_headers={TOKEN_HEADER: f"{TOKEN_SCHEME} {token}"},
             user_agent_header=f"tessera-agent/{__version__}",
             max_size=MAX_MESSAGE_BYTES,
             open_timeout=10,

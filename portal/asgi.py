@@ -18,6 +18,7 @@ if settings.DEBUG:
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up first)
 
+from portal.connect.proxy import ConnectProxy  # noqa: E402
 from portal.telemetry.routing import websocket_urlpatterns  # noqa: E402
 from portal.terminal.routing import websocket_urlpatterns as terminal_urlpatterns  # noqa: E402
 
@@ -25,6 +26,9 @@ from portal.terminal.routing import websocket_urlpatterns as terminal_urlpattern
 # Origin check), so the two cannot be confused.
 application = ProtocolTypeRouter({"http": django_asgi_app,
                                   "websocket": URLRouter(websocket_urlpatterns + terminal_urlpatterns)})
+# /connect/<reservation id>/: the reservations' apps, HTTP and WebSockets, proxied (the session as
+# the pages use it, checked per request).
+application = ConnectProxy(application)
 
 import gc  # noqa: E402
 

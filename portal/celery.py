@@ -44,11 +44,14 @@ app.conf.update(
         "placement-sync": {"task": "placement.sync", "schedule": 2.0},
         "placement-housekeeping": {"task": "placement.housekeeping", "schedule": 5.0},
         "placement-lifecycle": {"task": "placement.lifecycle", "schedule": 20.0},
+        # Bookings start within 10 s of their window (then the cycle they request places them).
+        "placement-bookings": {"task": "placement.bookings", "schedule": 10.0},
         "placement-reconcile": {"task": "placement.reconcile", "schedule": 30.0},
         "telemetry-maintain": {"task": "telemetry.maintain", "schedule": 30.0},
+        "notifications-check": {"task": "notifications.check", "schedule": 60.0},
     },
 )
-app.autodiscover_tasks(["portal.placement", "portal.telemetry"])
+app.autodiscover_tasks(["portal.placement", "portal.telemetry", "portal.notifications"])
 
 
 def send_tasks_to(broker_url: str, *, eager: bool = False) -> dict:

@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "portal.telemetry",
     "portal.api",
     "portal.web",
+    "portal.notifications",
 ]
 
 MIDDLEWARE = [
@@ -208,11 +209,16 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
+# Prepended to the cache's, the channel layer's and Celery's Redis keys (the placement and live keys
+# always start "tessera:"), so two installations can share one Redis database. Empty: as before.
+REDIS_KEY_PREFIX = os.environ.get("TESSERA_REDIS_PREFIX", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                    "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX + "asgi"}}
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": REDIS_KEY_PREFIX}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -220,11 +226,15 @@ else:
 # Celery: the broker is Redis when configured; otherwise tasks run in-process (quickstart).
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not REDIS_URL)
+if REDIS_KEY_PREFIX:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": REDIS_KEY_PREFIX}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 
 # The cluster backend the placement cycle acts through: "local" (simulated) or "kubernetes".
 TESSERA_BACKEND = os.environ.get("TESSERA_BACKEND", "local")
+# Set by `manage.py demo` only: where its simulated fleet reads node tokens (portal.fleet.demo_tokens).
+TESSERA_DEMO_TOKENS_FILE = os.environ.get("TESSERA_DEMO_TOKENS_FILE", "")
 TESSERA_INVENTORY = os.environ.get("TESSERA_INVENTORY", str(BASE_DIR / "deploy" / "inventory" / "demo.yaml"))
 # Placement: the engine's policy; the namespace of portal reservations' pods; the simulated
 # cluster's state file (shared by web, workers and beat), pod start delay and batch run time.
@@ -281,6 +291,27 @@ TESSERA_WS_MAX_MESSAGE_BYTES = int(os.environ.get("TESSERA_WS_MAX_MESSAGE_BYTES"
 # process runs Python on one core at a time; threads overlap a request's database waits.
 TESSERA_WEB_PROCESSES = int(os.environ.get("TESSERA_WEB_PROCESSES", "2"))
 TESSERA_WEB_THREADS = int(os.environ.get("TESSERA_WEB_THREADS", "4"))
+
+# Notifications (portal.notifications): e-mail through Django's mail backends, SMTP from the
+# environment; the demo writes each mail to a file in var/mail/ (its mail page reads them back).
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend" if DEMO_MODE
+                               else "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", str(BASE_DIR / "var" / "mail"))
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = int(os.environ.get("EMAIL_TIMEOUT_S", "10"))
+DEFAULT_FROM_EMAIL = os.environ.get("TESSERA_MAIL_FROM", "Tessera <tessera@localhost>")
+# Where mails link to (the portal as its users reach it).
+TESSERA_PUBLIC_URL = os.environ.get("TESSERA_PUBLIC_URL", "http://127.0.0.1:8000")
+# Per-user webhooks: https only unless plain http is allowed (the demo), never to private addresses
+# unless allowed (a portal inside a private network posting to a private chat server), and a timeout per try.
+TESSERA_WEBHOOK_ALLOW_HTTP = env_bool("TESSERA_WEBHOOK_ALLOW_HTTP", DEMO_MODE)
+TESSERA_WEBHOOK_ALLOW_PRIVATE = env_bool("TESSERA_WEBHOOK_ALLOW_PRIVATE", False)
+TESSERA_WEBHOOK_TIMEOUT_S = float(os.environ.get("TESSERA_WEBHOOK_TIMEOUT_S", "5"))
 
 LOGGING = {
     "version": 1,

@@ -12,6 +12,7 @@ urlpatterns = [
     path("", include("portal.telemetry.urls")),
     path("", include("portal.reports.urls")),
     path("", include("portal.web.admin_urls")),
+    path("", include("portal.notifications.urls")),
     path("", include("portal.web.urls")),
 ]
 

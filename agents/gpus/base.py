@@ -69,6 +69,10 @@ class GpuSource(Protocol):
 
     def driver_version(self) -> str | None: ...
 
+    def cuda_version(self) -> str | None:
+        """The CUDA version the driver supports ("12.4"), None when unknown."""
+        ...
+
     def read(self) -> Reading:
         """One reading of every GPU and GPU process; called about once a second."""
         ...

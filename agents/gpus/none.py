@@ -18,6 +18,9 @@ class NoGpuSource:
     def driver_version(self) -> str | None:
         return None
 
+    def cuda_version(self) -> str | None:
+        return None
+
     def read(self) -> Reading:
         return Reading(gpus=[])
 

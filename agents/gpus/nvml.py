@@ -153,6 +153,13 @@ class NvmlSource:
         except self._nvml.NVMLError:
             return None
 
+    def cuda_version(self) -> str | None:
+        try:
+            version = int(self._nvml.nvmlSystemGetCudaDriverVersion_v2())  # e.g. 12040 for 12.4
+        except (self._nvml.NVMLError, AttributeError):
+            return None
+        return f"{version // 1000}.{version % 1000 // 10}"
+
     def read(self) -> Reading:
         reading = Reading(gpus=[])
         for device, handle in zip(self._devices, self._handles, strict=True):

@@ -144,6 +144,9 @@ class SimulatedSource:
     def driver_version(self) -> str | None:
         return DRIVER_VERSION
 
+    def cuda_version(self) -> str | None:
+        return None  # no driver, no CUDA
+
     def _use(self, placed: tuple[Placement, ...]) -> None:
         live = {p.reservation for p in placed}
         for gone in set(self._demand) - live:

@@ -123,6 +123,11 @@ class PolicySerializer(StrictTypesMixin, serializers.Serializer):
     allow_remote = serializers.BooleanField(required=False, help_text="Requests may use a share of another node's GPU")
     reclaim_grace_s = _setting(
         "reclaim_grace_s", help_text="Seconds a borrowed reservation runs on once warned it will be reclaimed")
+    booking_no_show_min = _setting(
+        "booking_no_show_min", help_text="Minutes a started booking may go without a process on its GPU before "
+        "it is released")
+    connect_admins = serializers.BooleanField(
+        required=False, help_text="Team admins may open the apps (Open) of the team's reservations")
 
 
 class PolicyLimitsAnswerSerializer(serializers.Serializer):
@@ -150,6 +155,8 @@ class PolicyAnswerSerializer(serializers.Serializer):
     limits = PolicyLimitsAnswerSerializer()
     allow_remote = serializers.BooleanField()
     reclaim_grace_s = _setting("reclaim_grace_s", required=True)
+    booking_no_show_min = _setting("booking_no_show_min", required=True)
+    connect_admins = serializers.BooleanField()
 
 
 class LimitsSerializer(StrictTypesMixin, serializers.Serializer):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from django.core.exceptions import ObjectDoesNotExist
 from rest_framework import status
+from rest_framework.fields import DateTimeField
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.reservations.engine_quotas import NeverFits
 from portal.reservations.rules import RuleViolation
+from portal.reservations.services.booking import BookingConflict
 from portal.reservations.states import IllegalTransition
 from portal.security import unavailable
 from portal.tenancy.errors import Refused
@@ -19,6 +21,11 @@ def exception_handler(exc, context):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, NeverFits):  # the only refusal for quota: beyond a hard limit, it could never run
         return Response({"detail": str(exc), "code": "never_fits", "team": exc.team.slug},
+                        status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, BookingConflict):
+        at = DateTimeField().to_representation
+        windows = [{"starts_at": at(start), "ends_at": at(end)} for start, end in exc.free_windows]
+        return Response({"detail": str(exc), "code": "booking_conflict", "free_windows": windows},
                         status=status.HTTP_409_CONFLICT)
     if isinstance(exc, IllegalTransition):
         return Response(

@@ -10,6 +10,7 @@ from django.db.models.manager import BaseManager
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.connect.kinds import AppKind
 from portal.fleet.model_names import display_model
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Kind, Reservation, Sharing, StateTransition
@@ -95,6 +96,11 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
     remote_allowed = serializers.BooleanField(
         required=False, default=False,
         help_text="May run on a share of a GPU on another node, if the team's policy allows remote shares")
+    app = serializers.ChoiceField(
+        choices=AppKind.choices, required=False, allow_blank=True, default="",
+        help_text="An app the portal opens at /connect/<id>/ (its Open button): jupyter, vscode, tensorboard or port")
+    app_port = serializers.IntegerField(min_value=1024, max_value=65535, required=False, allow_null=True,
+                                        help_text="Where the app listens in the pod; blank: the app's default")
     # Blank until the reservation is placed: the schema's enum says so (a read-only model field
     # would otherwise lose allow_blank, and pending reservations answer a value outside the enum).
     sharing = serializers.ChoiceField(choices=Sharing.choices, read_only=True, allow_blank=True,
@@ -104,6 +110,18 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
     allocations = serializers.SerializerMethodField()
     opportunistic = serializers.BooleanField(
         read_only=True, help_text="Admitted as opportunistic (admission = opportunistic): kept for older clients")
+    starts_at = serializers.DateTimeField(
+        required=False, allow_null=True,
+        help_text="Book ahead: the window's start (ISO 8601, in the future, at most 90 days ahead), with "
+                  "`ends_at` or `duration_s`; the answer is `booked` until then")
+    ends_at = serializers.DateTimeField(required=False, allow_null=True,
+                                        help_text="A booking's window end; the placed reservation ends then")
+    duration_s = serializers.IntegerField(
+        write_only=True, required=False, min_value=60, max_value=30 * 86400,
+        help_text="A booking's length in seconds, instead of `ends_at`")
+    repeat_weeks = serializers.IntegerField(
+        write_only=True, required=False, min_value=1, max_value=12,
+        help_text="Book the same window weekly, this many times in all (1 to 12); the answer is the first")
 
     class Meta:
         model = Reservation
@@ -113,13 +131,14 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
             "gpu_request", "gpu_limit", "gpu_memory_mib", "gpu_count", "gpu_model", "priority",
             "admission", "opportunistic", "reclaim_at", "requeue_on_preempt", "affinity", "anti_affinity",
             "exclusion", "group_name", "group_headcount", "group_threshold", "max_duration_s", "expires_at",
-            "state", "state_reason", "node", "allocations",
-            "remote_allowed", "sharing", "sharing_reason", "client_node",
+            "state", "state_reason", "node", "allocations", "starts_at", "ends_at", "duration_s", "repeat_weeks",
+            "booking_series", "remote_allowed", "sharing", "sharing_reason", "client_node", "app", "app_port",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
             "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
         ]
         read_only_fields = [
             "id", "owner", "admission", "opportunistic", "reclaim_at", "expires_at", "state", "state_reason", "node",
+            "booking_series",
             "sharing", "sharing_reason", "client_node",
             "created_at", "placed_at", "started_at", "finished_at", "updated_at",
             "source", "pod_name", "queue_position", "estimated_start", "expiry_warned_at", "idle_since",
@@ -142,6 +161,82 @@ class ReservationSerializer(SharedFieldsRepresentation, StrictTypesMixin, serial
     def get_allocations(self, obj) -> list[dict]:
         reservation_related.attach([obj])
         return [represent(AllocationSerializer, a) for a in obj.live_allocations]
+
+
+class BookingWindowSerializer(StrictTypesMixin, serializers.Serializer):
+    starts_at = serializers.DateTimeField(help_text="The window's new start (in the future, at most 90 days ahead)")
+    ends_at = serializers.DateTimeField(help_text="The window's new end")
+
+
+class FreeWindowSerializer(serializers.Serializer):
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+
+
+class BookingConflictSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="The window and what is taken then")
+    code = serializers.CharField()
+    free_windows = FreeWindowSerializer(many=True, help_text="The nearest free windows of the same length")
+
+
+class BookingSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug")
+    owner = serializers.CharField(source="owner.username")
+    gpu_request = serializers.DecimalField(**SHARE)
+
+    class Meta:
+        model = Reservation
+        fields = ["id", "team", "owner", "name", "state", "starts_at", "ends_at", "booking_series", "gpu_model",
+                  "gpu_request", "gpu_count", "gpu_memory_mib"]
+
+
+class BookedModelSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField()
+    gpus = serializers.IntegerField(help_text="The model's GPUs in the fleet")
+    memory_gib = serializers.IntegerField()
+    peak_gpu_share = serializers.DecimalField(max_digits=8, decimal_places=3, coerce_to_string=False,
+                                              help_text="The most compute booked at once (whole GPUs count 1.0)")
+    peak_memory_gib = serializers.IntegerField()
+    peak_gpus = serializers.IntegerField()
+
+
+class BookingsAnswerSerializer(serializers.Serializer):
+    # `from` is a Python keyword: declared through the class namespace.
+    vars()["from"] = serializers.DateTimeField()
+    to = serializers.DateTimeField()
+    models = BookedModelSerializer(many=True, help_text="Per GPU model: its cards and the peak of the bookings "
+                                                        "listed (those you may see)")
+    bookings = BookingSerializer(many=True)
+
+
+class BookingsQuerySerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    vars()["from"] = serializers.DateTimeField(required=False, help_text="Default: now")
+    to = serializers.DateTimeField(required=False, help_text="Default: four weeks after `from`; at most 92 days")
+    # "true" or "false" only: a boolean query parameter written any other way is a client's mistake.
+    mine = serializers.ChoiceField(choices=["true", "false"], required=False, default="false",
+                                   help_text="true: only your own bookings")
+
+    def validate(self, attrs):
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from portal.reservations.booking_calendar import LONGEST_SPAN
+
+        start = attrs.get("from") or timezone.now()
+        try:
+            end = attrs.get("to") or start + timedelta(days=28)
+        except OverflowError:
+            raise serializers.ValidationError({"from": ["too far ahead"]}) from None
+        if end <= start:
+            raise serializers.ValidationError({"to": ["must be after from"]})
+        if end - start > LONGEST_SPAN:
+            raise serializers.ValidationError({"to": [f"at most {LONGEST_SPAN.days} days after from"]})
+        return attrs | {"from": start, "to": end}
+
+    def validate_gpu_model(self, value: str) -> str:
+        return display_model(value)
 
 
 class StateTransitionSerializer(serializers.ModelSerializer):
@@ -280,17 +375,35 @@ class TokenSerializer(StrictTypesMixin, serializers.ModelSerializer):
         read_only_fields = ["id", "prefix", "created_at", "last_used_at", "revoked_at"]
 
 
+TOKEN_NAME_HELP = ("what the token is for (e.g. laptop, ci); one live token per name: the same name again "
+                   "is refused (409) unless `replace` is true, which revokes the old one")
+
+
+class NewTokenRequestSerializer(StrictTypesMixin, serializers.Serializer):
+    name = serializers.CharField(max_length=80, help_text=TOKEN_NAME_HELP, error_messages={
+        "required": "give the token a name (e.g. laptop or ci): your tokens are listed by name",
+        "blank": "give the token a name (e.g. laptop or ci): your tokens are listed by name",
+        "max_length": "a token name has at most 80 characters"})
+    replace = serializers.BooleanField(required=False, default=False,
+                                       help_text="revoke your live token of this name and make a new one")
+
+
 class NewTokenSerializer(TokenSerializer):
     key = serializers.CharField(read_only=True, help_text="Shown once; only its hash is stored.")
+    replaced = serializers.SerializerMethodField(
+        help_text="the prefix of the token of the same name this one replaced (now revoked), or null")
 
     class Meta(TokenSerializer.Meta):
-        fields = [*TokenSerializer.Meta.fields, "key"]
+        fields = [*TokenSerializer.Meta.fields, "key", "replaced"]
+
+    def get_replaced(self, token) -> str | None:
+        replaced = getattr(token, "replaced", None)
+        return replaced.prefix if replaced is not None else None
 
 
-class TokenRequestSerializer(StrictTypesMixin, serializers.Serializer):
+class TokenRequestSerializer(NewTokenRequestSerializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
-    name = serializers.CharField(max_length=80, required=False, default="cli")
 
 
 # A capacity answer lists the best GPUs, not all of them: at 500 nodes × 8 GPUs the whole list

@@ -4,6 +4,7 @@ from rest_framework.routers import DefaultRouter
 from portal.reports.api import OverviewReportView, UsageReportView
 
 from . import admin_views, views
+from .workloads import WorkloadListView
 
 router = DefaultRouter()
 router.register("reservations", views.ReservationViewSet, basename="reservation")
@@ -20,7 +21,9 @@ router.register("tokens", views.TokenViewSet, basename="token")
 
 urlpatterns = [
     path("auth/token/", views.ObtainTokenView.as_view(), name="obtain-token"),
+    path("workloads/", WorkloadListView.as_view(), name="api-workloads"),
     path("capacity/", views.CapacityView.as_view(), name="capacity"),
+    path("bookings/", views.BookingsView.as_view(), name="bookings"),
     path("reports/usage/", UsageReportView.as_view(), name="usage-report"),
     path("reports/overview/", OverviewReportView.as_view(), name="overview-report"),
     path("teams/<slug:slug>/policy/", admin_views.TeamPolicyView.as_view(), name="api-team-policy"),

@@ -9,7 +9,7 @@ from django.db.models.functions import Coalesce
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -35,7 +35,9 @@ ERRORS = {400: OpenApiResponse(description="Invalid input, per field"),
 
 @extend_schema_view(
     create=extend_schema(responses={201: serializers.ReservationSerializer, 409: OpenApiResponse(
-        description="Over the team's quota"), **ERRORS}),
+        serializers.BookingConflictSerializer,
+        description="Beyond a hard limit of the team's quota (`never_fits`), or a booking whose window does not "
+                    "fit (`booking_conflict`, with the nearest free windows)"), **ERRORS}),
 )
 class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                          viewsets.GenericViewSet):
@@ -50,7 +52,7 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
         # The reservation rows alone: the serializer loads what they show from other tables (team,
         # owner and node names, live allocations) in one query per answer (reservation_related).
         reservations = Reservation.objects.visible_to(self.request.user)
-        if self.action == "cancel":
+        if self.action in ("cancel", "window"):
             return reservations.only("id", "team_id", "owner_id")  # what require_cancel reads
         return reservations
 
@@ -58,6 +60,12 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
         data = dict(serializer.validated_data)
         team = data.pop("team")
         permissions.require_submit(self.request.user, team)
+        window = booking_window(data)
+        if window is not None:
+            reservation = services.book(self.request.user, ReservationSpec(team=team, **data), window)[0]
+            reservation.live_allocations = []
+            serializer.instance = reservation
+            return
         reservation = services.submit(self.request.user, ReservationSpec(team=team, **data))
         # Just submitted, it holds no GPUs: its answer's allocations need no query.
         reservation.live_allocations = []
@@ -72,11 +80,64 @@ class ReservationViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.
         cancelled, _changed = services.cancel(reservation.pk, request.user)  # the row as it was stored
         return Response(self.get_serializer(cancelled).data)
 
+    @extend_schema(request=serializers.BookingWindowSerializer, responses={
+        200: serializers.ReservationSerializer, 403: OpenApiResponse(description="Not yours"),
+        409: OpenApiResponse(serializers.BookingConflictSerializer,
+                             description="The new window does not fit (`booking_conflict`), or the reservation is "
+                                         "no longer booked (`illegal_transition`)")})
+    @action(detail=True, methods=["post"])
+    def window(self, request, pk=None):
+        """Move a booking's window; checked as a new booking would be, beside every other one."""
+        reservation = self.get_object()
+        permissions.require_cancel(request.user, reservation)  # the owner or a team admin, as for cancel
+        body = serializers.BookingWindowSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        moved = services.move_booking(reservation.pk, request.user, body.validated_data["starts_at"],
+                                      body.validated_data["ends_at"])
+        return Response(self.get_serializer(moved).data)
+
     @extend_schema(responses={200: serializers.StateTransitionSerializer(many=True)})
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def history(self, request, pk=None):
         reservation = self.get_object()
         return Response(serializers.StateTransitionSerializer(reservation.transitions.all(), many=True).data)
+
+
+def booking_window(data: dict) -> services.Window | None:
+    """Take a booking's window out of a create body (None: no `starts_at`, a request for now)."""
+    starts_at, ends_at = data.pop("starts_at", None), data.pop("ends_at", None)
+    duration_s, weeks = data.pop("duration_s", None), data.pop("repeat_weeks", None)
+    if starts_at is None:
+        given = [name for name, value in (("ends_at", ends_at), ("duration_s", duration_s),
+                                          ("repeat_weeks", weeks)) if value is not None]
+        if given:
+            raise ValidationError({name: ["only with starts_at (a booking)"] for name in given})
+        return None
+    if data.get("max_duration_s") is not None:
+        raise ValidationError({"max_duration_s": ["a booking lasts its window: give ends_at or duration_s instead"]})
+    return services.window_of(starts_at, ends_at, duration_s, weeks or 1)
+
+
+class BookingsView(APIView):
+    """Booked capacity over a span (default: the next four weeks): the bookings you may see (members:
+    their team's; managers: the teams they manage; site admins: all) and, per GPU model, the fleet's
+    cards and the most of them those bookings take at once."""
+
+    @extend_schema(parameters=[serializers.BookingsQuerySerializer],
+                   responses={200: serializers.BookingsAnswerSerializer, **ERRORS})
+    def get(self, request):
+        from portal.reservations import booking_calendar
+
+        refuse_unknown(request.query_params, set(serializers.BookingsQuerySerializer().fields))
+        refuse_empty(request.query_params, {"from", "to", "mine"})
+        query = serializers.BookingsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        q = query.validated_data
+        rows = list(booking_calendar.bookings_of(request.user, q["from"], q["to"], q["gpu_model"],
+                                                 q["mine"] == "true"))
+        answer = {"from": q["from"], "to": q["to"], "bookings": rows,
+                  "models": booking_calendar.load_by_model(rows, q["gpu_model"])}
+        return Response(serializers.BookingsAnswerSerializer(answer).data)
 
 
 class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -152,8 +213,21 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         ).order_by("node__name", "index")
 
 
-@extend_schema_view(create=extend_schema(request=serializers.TokenSerializer,
-                                         responses={201: serializers.NewTokenSerializer}))
+TOKEN_CONFLICT = OpenApiResponse(description="You already have a live token of that name (and no `replace`)")
+
+
+def _new_token(user, body: dict) -> Response:
+    """Make the named token, or answer 409 naming the live one of that name (nothing reused)."""
+    try:
+        token, key, replaced = tenancy_services.replace_token(user, body["name"], replace=body["replace"])
+    except tenancy_services.TokenNameTaken as exc:
+        return Response({"name": [str(exc)]}, status=status.HTTP_409_CONFLICT)
+    token.key, token.replaced = key, replaced
+    return Response(serializers.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema_view(create=extend_schema(request=serializers.NewTokenRequestSerializer,
+                                         responses={201: serializers.NewTokenSerializer, 409: TOKEN_CONFLICT}))
 class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,
                    viewsets.GenericViewSet):
     """Your API tokens. The key is shown once, at creation; DELETE revokes."""
@@ -169,18 +243,17 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
         return tokens
 
     def create(self, request, *args, **kwargs):
-        body = self.get_serializer(data=request.data)
+        body = serializers.NewTokenRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        token, key = tenancy_services.create_token(request.user, body.validated_data["name"])
-        token.key = key
-        return Response(serializers.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+        return _new_token(request.user, body.validated_data)
 
     def perform_destroy(self, instance):
         tenancy_services.revoke_token(instance)
 
 
 class ObtainTokenView(APIView):
-    """Exchange a username and password for a new API token (for CLIs and scripts)."""
+    """Exchange a username, password and a token name for a new API token (for CLIs and scripts).
+    A name already in use is refused (409) unless `replace` asks to revoke that token."""
 
     permission_classes = [AllowAny]
     authentication_classes = []
@@ -192,7 +265,7 @@ class ObtainTokenView(APIView):
 
     @extend_schema(request=serializers.TokenRequestSerializer,
                    responses={201: serializers.NewTokenSerializer, 400: OpenApiResponse(description="Invalid"),
-                              401: OpenApiResponse(description="Wrong credentials")})
+                              401: OpenApiResponse(description="Wrong credentials"), 409: TOKEN_CONFLICT})
     def post(self, request):
         body = serializers.TokenRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -200,9 +273,7 @@ class ObtainTokenView(APIView):
                             password=body.validated_data["password"])
         if user is None:
             raise AuthenticationFailed("wrong username or password")
-        token, key = tenancy_services.create_token(user, body.validated_data["name"])
-        token.key = key
-        return Response(serializers.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+        return _new_token(user, body.validated_data)
 
 
 class CapacityView(APIView):

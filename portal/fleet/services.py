@@ -15,6 +15,7 @@ from portal.reservations.events import request_cycle
 from portal.tenancy.models import hash_secret
 from wire.agent_portal import MAX_GPUS_PER_NODE
 
+from . import demo_tokens
 from .events import announce_nodes, announce_token_retired
 from .models import AWAITING_APPROVAL, Gpu, LostCause, Node, NodeStatus
 
@@ -105,6 +106,7 @@ def issue_node_token(node: Node, actor=None) -> str:
                      action="rotated" if rotated else "created", after={"created_at": node.agent_token_created_at
                                                                         .isoformat()},
                      message="the previous token is refused from now on" if rotated else "")
+        demo_tokens.remember_after_commit(node.name, key)
     return key
 
 

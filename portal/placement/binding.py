@@ -16,6 +16,7 @@ from typing import NamedTuple
 from django.conf import settings
 from django.db import transaction
 
+from portal.connect.access import app_env
 from portal.precompiled import Precompiled, param_in
 from portal.reservations import actors, services
 from portal.reservations.events import announce_allocations
@@ -72,6 +73,8 @@ class BindRow(NamedTuple):
     node_name: str
     client_node_name: str | None  # a remote share's pod runs there (its GPU is on node_name)
     node_address: str | None  # the GPU node's address as the cluster reports it (None: unknown)
+    app: str  # the app the portal opens for the owner (portal.connect), "" for none
+    app_port: int | None
 
     @property
     def pod_node(self) -> str:
@@ -79,7 +82,8 @@ class BindRow(NamedTuple):
 
 
 BIND_COLUMNS = ("pk", "attempt", "pod_namespace", "pod_name", "pod_uid", "image", "command", "priority", "kind",
-                "source", "team__slug", "node_id", "node__name", "client_node__name", "node__address")
+                "source", "team__slug", "node_id", "node__name", "client_node__name", "node__address",
+                "app", "app_port")
 
 _BIND_ROWS = Precompiled(lambda: Reservation.objects.filter(param_in("pk", "ids"), state=State.PLACED,
                                                             node__isnull=False).order_by().values_list(*BIND_COLUMNS))
@@ -93,7 +97,7 @@ def pod_spec(r: BindRow, gpus: tuple[GpuShare, ...]) -> PodSpec:
         reservation_id=str(r.pk), attempt=r.attempt, namespace=r.pod_namespace, node=r.pod_node,
         team=r.team_slug, image=r.image, command=tuple(r.command), gpus=gpus, priority=r.priority, kind=r.kind,
         simulated_duration_s=float(settings.TESSERA_LOCAL_BATCH_S) if r.kind == Kind.BATCH else None,
-        remote_env=remote,
+        remote_env=remote, extra_env=app_env(r.pk, r.app, r.app_port),
     )
 
 

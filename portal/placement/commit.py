@@ -140,7 +140,8 @@ class Batches:
     def reclaim(self, decision: core.Reclaim) -> None:
         """A request waits while borrowed shares are reclaimed for it: warned in the next commit."""
         self.reclaims.append(decision)
-        self.waiting[decision.request_id] = "waiting for reclaimed capacity"  # made precise at commit
+        if decision.request_id in self.rows:  # a booking's is no waiting reservation
+            self.waiting[decision.request_id] = "waiting for reclaimed capacity"  # made precise at commit
 
     def _warn(self, evicted: list[Eviction]) -> None:
         """Warn the victims of this batch's reclaims (once each: a warned one keeps its time), saying
@@ -153,10 +154,11 @@ class Batches:
         rows = {r.pk: r for r in Reservation.objects.filter(
             pk__in={int(v) for d in reclaims for v in d.victims}).select_related("team", "team__policy")}
         for d in reclaims:
-            by = self.rows[d.request_id]
+            by = self.rows.get(d.request_id)  # None: a booked window ahead (kind "booking")
             hold = next((r.message for r in d.reasons if r.message.startswith("holding node")), "")
             if not d.due:  # a node held while work it may not take there ends: nothing to warn
-                self.waiting[d.request_id] = hold[:500]
+                if by is not None:
+                    self.waiting[d.request_id] = hold[:500]
                 continue
             last = max(d.due.values())
             parts = []
@@ -166,13 +168,16 @@ class Batches:
                     continue
                 if due > now and r.reclaim_at is None:
                     at = datetime.fromtimestamp(due, tz=UTC)
-                    why = (f"to be reclaimed at {at:%H:%M} UTC: {_reclaimed_for(d.kind, by)}; save your work, the pod "
+                    because = d.reasons[0].message if by is None else _reclaimed_for(d.kind, by)
+                    why = (f"to be reclaimed at {at:%H:%M} UTC: {because}; save your work, the pod "
                            f"gets SIGTERM now")
                     if services.warn_reclaim(r.pk, at, why, actors.SCHEDULER) is not None:
                         self.report.reclaiming.append(r.pk)
                         if r.pod_name:
                             evicted.append((r.pod_namespace, r.pod_name, why, max(0, round(due - now))))
                 parts.append(f"reservation {r.pk} (team {r.team.slug})")
+            if by is None:
+                continue
             start = datetime.fromtimestamp(last, tz=UTC)
             because = "within its quota: capacity lent to others" if d.kind == "quota" else \
                 "below its fair share: capacity others borrowed"

@@ -18,7 +18,7 @@ from portal.reservations.events import announcements_held
 from scheduler import core
 from scheduler.core.forecast import after_cycle
 
-from . import memo, remote, snapshot
+from . import bookings_feed, memo, remote, snapshot
 from .commit import Batches, CycleReport, OnBind
 from .locking import Lease
 from .queue import read_queue, update_queue
@@ -55,7 +55,9 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
     report = CycleReport()
     # The whole queue, briefly; full rows only for what this cycle looks at.
     queue = read_queue()
-    if not queue:
+    booked = bookings_feed.bookings(timezone.now())
+    holding = bookings_feed.held_soon(booked, timezone.now())  # a booked window's room to hold, its warnings
+    if not queue and not holding:
         report.seconds = time.perf_counter() - started
         return report
     epoch, skip, looked_at = memo.load()
@@ -76,7 +78,7 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
     # No requests: everything waiting was looked at already and nothing has freed capacity since.
     # Decisions are committed while the engine goes on deciding, so the first pods can be bound
     # (by another worker) before the last decision is made.
-    fleet = snapshot.build() if requests else None
+    fleet = snapshot.build(booked) if requests or holding else None
     decisions = (core.decide(fleet, requests, settings.TESSERA_POLICY,
                              evictions=snapshot.past_evictions(timezone.now()))
                  if fleet is not None else iter(()))

@@ -23,7 +23,7 @@ from scheduler import core
 from scheduler.core.fairqueue import EVICTION_WINDOW_S
 from scheduler.core.remote import Link
 
-from . import fleet_cache
+from . import bookings_feed, fleet_cache
 
 
 class Pending(NamedTuple):
@@ -104,9 +104,10 @@ def _free(allocatable: int, pods: int, per_pod: int) -> int | None:
     return max(0, allocatable - pods * per_pod) if allocatable else None  # 0: the node did not say, never a reason
 
 
-def build() -> core.Snapshot:
+def build(booked: tuple[core.Booking, ...] | None = None) -> core.Snapshot:
     """Nodes → GPUs → the live shares on them (how each was admitted, since when, and when a
-    reclaimed one goes), and the quota tree (departments, teams, quotas per model: fair share).
+    reclaimed one goes), the quota tree (departments, teams, quotas per model: fair share) and the
+    booked windows with the known run times of what waits (`bookings_feed`; `booked`: read already).
     The nodes and GPUs come from fleet_cache (read again only when their rows changed); the
     shares, pods and quotas are read every time, as plain values: a cycle needs them fresh."""
     shares: dict[int, list[core.Share]] = defaultdict(list)
@@ -136,5 +137,8 @@ def build() -> core.Snapshot:
         )
     # Django's clock: the same as the rows' timestamps (created_at, placed_at, reclaim_at).
     now = timezone.now()
+    if booked is None:
+        booked = bookings_feed.bookings(now)
     return core.Snapshot(nodes=tuple(nodes), now=now.timestamp(), layout=fleet.layout, quotas=engine_quotas.load(),
-                         past_use=engine_quotas.past_use(settings.TESSERA_FAIR_SHARE_HALF_LIFE_S, now))
+                         past_use=engine_quotas.past_use(settings.TESSERA_FAIR_SHARE_HALF_LIFE_S, now),
+                         bookings=booked, durations=bookings_feed.durations(booked))

@@ -11,6 +11,7 @@ its own time limit and (where two at once would only race) single-flight:
 - `placement.housekeeping`: delete the pods of ended reservations; admit new kubectl pods.
 - `placement.sync`: apply the cluster's events (pod phases, deletions, node readiness).
 - `placement.lifecycle`: expiry, warnings and idle reclaim.
+- `placement.bookings`: start the bookings whose window has come; release no-shows.
 - `placement.reconcile`: compare database and cluster.
 """
 
@@ -24,6 +25,7 @@ from django.conf import settings
 from scheduler.backends import TransientBackendError
 
 from . import admission, binding, cluster_events, expiry, idle, pods
+from . import bookings as booking_checks
 from . import reconcile as reconciling
 from .backend import get_backend
 from .commit import Eviction
@@ -157,6 +159,12 @@ def lifecycle_checks() -> dict:
     except ImportError:  # telemetry not installed: nothing measured, nothing idle
         flagged = reclaimed = 0
     return {"expired": expired, "warned": warned, "idle": flagged, "reclaimed": reclaimed}
+
+
+@shared_task(name="placement.bookings", acks_late=True)
+def bookings() -> dict:
+    """Database only (no cluster I/O): a started booking's pod is made by the cycle and bind."""
+    return booking_checks.tick()
 
 
 @shared_task(name="placement.reconcile", **CLUSTER_TASK, **RETRY)

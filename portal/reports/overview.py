@@ -20,6 +20,7 @@ from portal.telemetry import hours
 from portal.telemetry.models import RollupState
 from portal.tenancy.models import Team
 
+from . import bookings as booking_hours
 from . import services
 from .window import Window
 
@@ -170,7 +171,8 @@ def overview(user, window: Window, teams: list[Team]) -> dict:
     report = services.usage(user, "team", window, teams)
     return {"since": window.since, "until": window.until, "time_zone": str(window.tz),
             "teams": [t.slug for t in teams], "now": now(team_ids), "waiting": waiting(team_ids),
-            "series": report.series, "total": report.total.as_dict(), "queueing": queueing(window, teams)}
+            "series": report.series, "total": report.total.as_dict(), "queueing": queueing(window, teams),
+            "bookings": booking_hours.totals(report.bookings)}
 
 
 def _pct(part: float, whole: float) -> float | None:

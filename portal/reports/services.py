@@ -31,6 +31,7 @@ from portal.reservations import engine_quotas
 from portal.reservations.models import Admission, Allocation, Reservation
 from portal.tenancy.models import Team
 
+from . import bookings as booking_hours
 from . import fairshare, sources
 from .window import Window, spread
 
@@ -114,6 +115,7 @@ class Report:
     series: dict  # {"edges": [...], "teams": {slug: {"allocated": [...], "used": [...]}}}
     top_idle: list[dict] = field(default_factory=list)
     device_load_shown: bool = False
+    bookings: list[dict] = field(default_factory=list)  # per team (reports/bookings.py)
 
     def as_dict(self) -> dict:
         return {
@@ -123,6 +125,7 @@ class Report:
             "quota_rule": fairshare.QUOTA_RULE, "lent_rule": fairshare.LENT_RULE,
             "rows": [r.as_dict() for r in self.rows], "total": self.total.as_dict(),
             "series": self.series, "top_idle": self.top_idle,
+            "bookings": self.bookings, "bookings_rule": booking_hours.RULE,
         }
 
 
@@ -156,6 +159,7 @@ def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
         raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
     report = _usage(user, "team" if group_by == "department" else group_by, window, teams)
     _quota_columns(report, group_by)
+    report.bookings = booking_hours.per_team(window, teams)
     return report
 
 

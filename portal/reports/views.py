@@ -21,6 +21,7 @@ from django.utils.http import urlencode
 from portal.web import navigation
 from portal.web.templatetags.tessera import human_duration, team_class, team_colour
 
+from . import bookings as booking_hours
 from . import csv_export, fairshare, scope
 from . import overview as overview_service
 from .forms import ReportQuery
@@ -145,7 +146,7 @@ def usage_page(request):
                                        "GPU-hours held while idle"),
             "total": report.total.as_dict(), "rows": [r.as_dict() for r in report.rows],
             "quota_columns": q["group_by"] in csv_export.QUOTA_GROUPS, "quota_rule": fairshare.QUOTA_RULE,
-            "lent_rule": fairshare.LENT_RULE,
+            "lent_rule": fairshare.LENT_RULE, "bookings_rule": booking_hours.RULE,
             "series": chart, "series_rows": _rows_for_table(chart),
             "breakdown": {"labels": [r.label or r.key for r in report.rows[:20]],
                           "allocated": [round(r.allocated_gpu_hours, 4) for r in report.rows[:20]],

@@ -16,6 +16,8 @@ allocations_changed = Signal()  # kwargs: node_ids (sorted list of int)
 # Reservations whose state, reason or place in the queue changed; telemetry tells the browsers
 # that watch them (ws/live). Sent after commit, once per commit: {reservation id: team id}.
 reservations_changed = Signal()  # kwargs: changes (dict[int, int])
+# The node under a reservation was lost (it was requeued or failed): its owner is told why.
+node_lost = Signal()  # kwargs: reservation_id (int), why (str)
 
 
 # The notifications below run after the change has committed, and are best effort: the periodic
@@ -30,6 +32,11 @@ def request_cycle(reason: str, freed: bool = False) -> None:
 
 def request_pod_cleanup(reservation_id: int) -> None:
     transaction.on_commit(lambda: pod_ended.send(sender=None, reservation_id=reservation_id), robust=True)
+
+
+def announce_node_lost(reservation_id: int, why: str) -> None:
+    """Sent after commit, before the reservation's own change is announced (noted first)."""
+    transaction.on_commit(lambda: node_lost.send(sender=None, reservation_id=reservation_id, why=why), robust=True)
 
 
 _pending = threading.local()

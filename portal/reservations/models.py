@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from portal.connect.kinds import AppKind
 from portal.fleet.models import Gpu
 from portal.tenancy import roles
 from portal.tenancy.models import Team
@@ -56,6 +57,9 @@ class Reservation(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.BATCH)
     image = models.CharField(max_length=255)
     command = models.JSONField(default=list, blank=True)
+    # The app the portal opens for its owner (portal.connect); app_port: where it listens in the pod.
+    app = models.CharField(max_length=16, choices=AppKind.choices, default=AppKind.NONE, blank=True)
+    app_port = models.PositiveIntegerField(null=True, blank=True)
 
     gpu_request = models.DecimalField(max_digits=4, decimal_places=3)
     gpu_limit = models.DecimalField(max_digits=4, decimal_places=3)
@@ -83,6 +87,12 @@ class Reservation(models.Model):
 
     max_duration_s = models.PositiveIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # A booking's window (state `booked` until starts_at, then pending → placed → running as any
+    # other): both set, or neither. `ends_at` is the window's end, when the placed reservation
+    # expires (services.ends_at). Weekly repeats share one `booking_series`.
+    starts_at = models.DateTimeField(null=True, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)
+    booking_series = models.UUIDField(null=True, blank=True)
 
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)
@@ -125,7 +135,10 @@ class Reservation(models.Model):
         # live ones and a few kept for their logs): housekeeping looks for ended pods among them
         # every 5 s, which was a scan of every reservation ever made.
         indexes = [models.Index(fields=["team", "state"]), models.Index(fields=["state"], name="reservation_state"),
-                   models.Index(fields=["state"], name="reservation_with_pod", condition=models.Q(pod_name__gt=""))]
+                   models.Index(fields=["state"], name="reservation_with_pod", condition=models.Q(pod_name__gt="")),
+                   # The bookings over a window (capacity checks, the calendar, the start task).
+                   models.Index(fields=["starts_at"], name="reservation_booking",
+                                condition=models.Q(starts_at__isnull=False))]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(gpu_request__gt=0) & models.Q(gpu_request__lte=models.F("gpu_limit"))
@@ -133,6 +146,11 @@ class Reservation(models.Model):
                 name="share_within_bounds",
             ),
             models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="at_least_one_gpu"),
+            models.CheckConstraint(
+                condition=models.Q(starts_at__isnull=True, ends_at__isnull=True)
+                | models.Q(starts_at__isnull=False, ends_at__gt=models.F("starts_at")),
+                name="booking_window_ordered",
+            ),
             # One reservation per kubectl pod, however often the pod is seen.
             models.UniqueConstraint(fields=["pod_uid"], condition=models.Q(source="kubectl"),
                                     name="one_reservation_per_kubectl_pod"),
@@ -189,6 +207,18 @@ class StateTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.reservation_id}: {self.from_state or '∅'} → {self.to_state}"
+
+
+class CalendarFeed(models.Model):
+    """A user's secret iCal feed of their bookings: the URL carries a token whose hash is kept here
+    (shown once, at creation; regenerating it makes the old URL answer 404)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="calendar_feed")
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"calendar feed of {self.user_id}"
 
 
 class PodLog(models.Model):

@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.db.models import Count, Max
 
+from portal.connect.kinds import app_port_of, app_problems
 from portal.fleet.models import Gpu
 from portal.tenancy.models import LABEL_RE, ExclusionGroup, Team
 
@@ -58,6 +59,8 @@ class ReservationSpec:
     max_duration_s: int | None = None
     requeue_on_preempt: bool = False
     remote_allowed: bool = False
+    app: str = ""  # portal.connect.kinds.AppKind: what the reservation page's Open button opens
+    app_port: int | None = None  # where it listens; None: the app's default port
 
     def models(self) -> list[str]:
         return [m for m in self.gpu_model.split("|") if m] if self.gpu_model else []
@@ -116,7 +119,7 @@ def normalize(spec: ReservationSpec) -> None:
             setattr(spec, name, _decimal(value).quantize(Decimal("0.001")))
         except (InvalidOperation, ValueError):
             errors[name] = [f"must be a decimal number, got {value!r}"]
-    for name in ("gpu_memory_mib", "gpu_count", "priority", "group_headcount", "max_duration_s"):
+    for name in ("gpu_memory_mib", "gpu_count", "priority", "group_headcount", "max_duration_s", "app_port"):
         value = getattr(spec, name)
         if value is None or isinstance(value, int):
             continue
@@ -130,6 +133,7 @@ def normalize(spec: ReservationSpec) -> None:
         spec.gpu_limit = ONE
     if spec.gpu_limit is None:
         spec.gpu_limit = spec.gpu_request
+    spec.app = spec.app or ""
 
 
 def check(spec: ReservationSpec) -> None:
@@ -187,6 +191,12 @@ def check(spec: ReservationSpec) -> None:
     if (spec.exclusion and LABEL.match(spec.exclusion)
             and not ExclusionGroup.objects.filter(team=spec.team, label=spec.exclusion).exists()):
         bad("exclusion", f"team {spec.team.slug} has no exclusion group '{spec.exclusion}'")
+
+    for name, messages in app_problems(spec.app, spec.app_port).items():
+        for message in messages:
+            bad(name, message)
+    if not errors.get("app") and not errors.get("app_port"):
+        spec.app_port = app_port_of(spec.app, spec.app_port)
 
     if spec.group_name:
         if spec.group_headcount is None or spec.group_headcount < 1:

@@ -6,6 +6,9 @@ from django.db import models
 
 
 class State(models.TextChoices):
+    # A booking: capacity promised for a future window (starts_at .. ends_at). It holds nothing and
+    # waits for nothing until its start, when it becomes pending like any other request.
+    BOOKED = "booked", "Booked"
     PENDING = "pending", "Pending"
     PLACED = "placed", "Placed"
     RUNNING = "running", "Running"
@@ -21,6 +24,9 @@ HOLDS_GPU = frozenset({State.PLACED, State.RUNNING})
 TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.PREEMPTED, State.EXPIRED})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
+    # booked → pending at its start (services.booking.start_due); cancelled by its owner or a team
+    # admin (or moved off: deleting a booking cancels it first, for the audit).
+    State.BOOKED: frozenset({State.PENDING, State.CANCELLED}),
     State.PENDING: frozenset({State.PLACED, State.CANCELLED, State.FAILED, State.EXPIRED}),
     # placed → pending: a gang rolled back or a lost node with requeue policy.
     State.PLACED: frozenset(

@@ -22,6 +22,10 @@ def _group_state(group: live.Group, seq: int) -> dict:
         # No state to send: "every node may have changed up to `seq`" (the page re-reads the rows
         # it shows unless it was drawn at that seq or later).
         return {"type": "nodes", "data": {"all": True, "seq": seq}}
+    if group.kind == "user":
+        from portal.notifications.live import state
+
+        return state(group.id)
     if group.kind == "gpu":
         reading = latest_gpu_readings([group.id]).get(group.id)
         return {"type": "gpu", "data": reading}

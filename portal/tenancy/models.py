@@ -12,6 +12,8 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from portal.connect.kinds import AppKind
+
 LABEL_RE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 label_validator = RegexValidator(
     LABEL_RE, "must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending alphanumeric"
@@ -246,6 +248,9 @@ class Preset(models.Model):
     max_duration_s = models.PositiveIntegerField(null=True, blank=True)
     image = models.CharField(max_length=255)
     command = models.JSONField(default=list, blank=True)
+    # The app its reservations open through the portal (portal.connect); port blank: the app's default.
+    app = models.CharField(max_length=16, choices=AppKind.choices, default=AppKind.NONE, blank=True)
+    app_port = models.PositiveIntegerField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -290,9 +295,18 @@ class TeamPolicy(models.Model):
     )
     # How long a borrowed reservation runs on once told it will be reclaimed (its pod gets SIGTERM
     # with this grace).
+    # Off by default: an app is its owner's workspace (files, kernels, secrets in memory).
+    connect_admins = models.BooleanField(
+        default=False, help_text="Team admins may open the apps (notebooks) of the team's reservations."
+    )
     reclaim_grace_s = models.PositiveIntegerField(
         default=300, validators=[MinValueValidator(0), MaxValueValidator(86400)],
         help_text="Warned this long before a borrowed reservation is reclaimed.",
+    )
+    # A booking with no process on its GPU this long after it was placed is released (a no-show).
+    booking_no_show_min = models.PositiveIntegerField(
+        default=20, validators=[MinValueValidator(1), MaxValueValidator(1440)],
+        help_text="Minutes a started booking may go without a process on its GPU before it is released.",
     )
     # Set by site admins: what the team's admins may choose.
     limit_duration_s = models.PositiveIntegerField(
@@ -349,6 +363,8 @@ class ApiToken(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["user", "name"], condition=models.Q(revoked_at__isnull=True),
+                                               name="one_live_token_per_name")]
 
     def __str__(self) -> str:
         return f"{self.user}:{self.name} ({self.prefix}…)"

@@ -49,6 +49,8 @@ class Policy:
     limits: Limits
     allow_remote: bool = False  # requests may ask for a share of a GPU on another node
     reclaim_grace_s: int = 300  # a borrowed reservation being reclaimed runs this long after its warning
+    booking_no_show_min: int = 20  # a started booking with no process on its GPU this long is released
+    connect_admins: bool = False  # team admins may open the apps of members' reservations (portal.connect)
 
     def max_priority(self, role: str | None) -> int:
         """The highest priority someone with `role` may give a request (managers submit nothing)."""
@@ -94,6 +96,8 @@ def policy_of(team: Team) -> Policy:
         limits=limits,
         allow_remote=row.allow_remote,
         reclaim_grace_s=row.reclaim_grace_s,
+        booking_no_show_min=row.booking_no_show_min,
+        connect_admins=row.connect_admins,
     )
 
 
@@ -127,7 +131,8 @@ def request_problems(user, team: Team, *, priority: int | None, max_duration_s: 
 # Team-admin fields: (name, where it is stored).
 TEAM_FIELDS = ("interactive_max_s", "idle_threshold", "idle_after_s", "idle_reclaim", "idle_warning_s",
                "allow_over_quota")
-POLICY_FIELDS = ("max_duration_s", "max_priority_member", "max_priority_admin", "allow_remote", "reclaim_grace_s")
+POLICY_FIELDS = ("max_duration_s", "max_priority_member", "max_priority_admin", "allow_remote", "reclaim_grace_s",
+                 "booking_no_show_min", "connect_admins")
 LIMIT_FIELDS = ("limit_duration_s", "limit_priority", "limit_idle_after_s", "limit_idle_threshold",
                 "limit_require_reclaim", "limit_allow_over_quota", "limit_idle_warning_s")
 # A warning must leave the owner time to act, and a reclaim must come within a day of it.
@@ -141,7 +146,7 @@ WHOLE_NUMBERS = {
     "limit_idle_after_s": (60, LONGEST_DURATION_S),
     "idle_warning_s": (IDLE_WARNING_MIN_S, IDLE_WARNING_MAX_S), "limit_idle_warning_s": (IDLE_WARNING_MIN_S,
                                                                                          IDLE_WARNING_MAX_S),
-    "reclaim_grace_s": (0, RECLAIM_GRACE_MAX_S),
+    "reclaim_grace_s": (0, RECLAIM_GRACE_MAX_S), "booking_no_show_min": (1, 1440),
     "max_priority_member": (0, 100), "max_priority_admin": (0, 100), "limit_priority": (0, 100),
 }
 NO_LIMIT_WHEN_BLANK = {"max_duration_s", "limit_idle_after_s", "limit_idle_warning_s"}  # blank: none of its own

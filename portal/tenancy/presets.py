@@ -17,7 +17,7 @@ from .models import Preset, Team
 from .policy import policy_of
 
 FIELDS = ("name", "kind", "gpu_model", "gpu_request", "gpu_limit", "gpu_memory_mib", "max_duration_s", "image",
-          "command")
+          "command", "app", "app_port")
 
 
 def presets_of(team: Team) -> list[Preset]:
@@ -29,7 +29,7 @@ def as_dict(preset: Preset) -> dict:
         "id": preset.pk, "team": preset.team.slug, "name": preset.name, "kind": preset.kind,
         "gpu_model": preset.gpu_model, "gpu_request": str(preset.gpu_request), "gpu_limit": str(preset.gpu_limit),
         "gpu_memory_mib": preset.gpu_memory_mib, "max_duration_s": preset.max_duration_s, "image": preset.image,
-        "command": list(preset.command),
+        "command": list(preset.command), "app": preset.app, "app_port": preset.app_port,
     }
 
 
@@ -42,7 +42,8 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
     for name in sorted(unknown):
         errors[name] = ["not a preset field"]
     base = as_dict(instance) if instance else {"kind": "interactive", "gpu_model": "", "gpu_limit": None,
-                                                  "max_duration_s": None, "command": []}
+                                                  "max_duration_s": None, "command": [], "app": "",
+                                                  "app_port": None}
     merged = {k: v for k, v in base.items() if k in FIELDS} | {k: v for k, v in data.items() if k in FIELDS}
     name = str(merged.get("name") or "").strip()
     if not name or len(name) > 80:
@@ -65,8 +66,9 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
         command = []
     if merged.get("gpu_limit") in ("",):
         merged["gpu_limit"] = None
-    if merged.get("max_duration_s") in ("",):
-        merged["max_duration_s"] = None
+    for optional in ("max_duration_s", "app_port"):
+        if merged.get(optional) in ("",):
+            merged[optional] = None
     if errors:
         raise Refused(errors)
     spec = rules.ReservationSpec(
@@ -76,6 +78,7 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
         gpu_model=display_model(str(merged.get("gpu_model") or "")), kind=str(merged.get("kind") or ""),
         command=command,
         max_duration_s=merged.get("max_duration_s"), priority=0,
+        app=str(merged.get("app") or ""), app_port=merged.get("app_port"),
     )
     try:
         rules.check(spec)
@@ -86,7 +89,9 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
         raise Refused({"max_duration_s": [f"team {team.slug}'s policy allows at most {longest} s"]})
     return {"name": name, "kind": spec.kind, "gpu_model": spec.gpu_model, "gpu_request": spec.gpu_request,
             "gpu_limit": spec.gpu_limit, "gpu_memory_mib": spec.gpu_memory_mib, "max_duration_s": spec.max_duration_s,
-            "image": spec.image, "command": command}
+            "image": spec.image, "command": command, "app": spec.app,
+            # the port as given (blank: the app's default, also if that default changes)
+            "app_port": int(merged["app_port"]) if spec.app and merged.get("app_port") is not None else None}
 
 
 def _jsonable(values: dict) -> dict:

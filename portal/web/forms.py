@@ -12,6 +12,7 @@ from decimal import Decimal
 
 from django import forms
 
+from portal.connect.kinds import AppKind
 from portal.fleet.model_names import display_model
 from portal.reservations import rules
 from portal.reservations.models import Kind, Reservation
@@ -25,12 +26,14 @@ from .units import HOURS, say_in, speak_units
 MIB_PER_GIB = 1024
 
 # ReservationSpec field → the form field a person filled in.
-FIELD_OF = {"gpu_memory_mib": "memory_gib", "max_duration_s": "hours"}
+FIELD_OF = {"gpu_memory_mib": "memory_gib", "max_duration_s": "hours", "starts_at": "book_start",
+            "ends_at": "book_end", "duration_s": "hours", "repeat_weeks": "book_weeks"}
+LOCAL_MINUTE = "%Y-%m-%dT%H:%M"  # a datetime-local input's value (times on the page are UTC)
 # Internal names inside rule messages → words.
 WORDS = {
     "gpu_request": "the GPU share", "gpu_limit": "the limit", "gpu_memory_mib": "memory",
     "gpu_count": "the number of GPUs", "group_headcount": "the headcount", "group_threshold": "the threshold",
-    "group_name": "the pod group", "max_duration_s": "the duration",
+    "group_name": "the pod group", "max_duration_s": "the duration", "app_port": "the app port",
 }
 _MIB = re.compile(r"\b(\d+) MiB\b")
 
@@ -110,6 +113,27 @@ class RequestForm(forms.Form):
         help_text="When no node has room for the pod and the share, the pod may run on another node and use "
                   "the share over the network. Only for shares below one GPU; the team's policy must allow it.")
 
+    app = forms.ChoiceField(choices=AppKind.choices, required=False, label="Open in the browser",
+                            help_text="The portal opens this app in your pod with one click (Open).")
+    app_port = forms.IntegerField(min_value=1024, max_value=65535, required=False, label="App port (optional)",
+                                  help_text="Blank: the app's usual port.",
+                                  error_messages={"min_value": "Use a port from 1024 to 65535.",
+                                                  "max_value": "Use a port from 1024 to 65535."})
+
+    # Book ahead: a window in the future (the hours above, or an end), repeated weekly.
+    book_start = forms.DateTimeField(
+        required=False, label="Starts (UTC)", input_formats=[LOCAL_MINUTE, "%Y-%m-%d %H:%M"],
+        help_text="Blank: as soon as possible. A start up to 90 days ahead books the share for that window.",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=LOCAL_MINUTE))
+    book_end = forms.DateTimeField(
+        required=False, label="Ends (UTC)", input_formats=[LOCAL_MINUTE, "%Y-%m-%d %H:%M"],
+        help_text="Blank: the start plus the hours above.",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=LOCAL_MINUTE))
+    book_weeks = forms.IntegerField(min_value=1, max_value=12, required=False, initial=1,
+                                    label="Weeks (repeat weekly)", help_text="1: once; up to 12 weeks in a row.",
+                                    error_messages={"max_value": "Repeat a booking at most 12 weeks."})
+
+    BOOKING = ("book_start", "book_end", "book_weeks")
     ADVANCED = ("priority", "exclusion", "affinity", "anti_affinity", "group_name", "group_headcount",
                 "group_threshold", "remote_allowed")
 
@@ -166,7 +190,23 @@ class RequestForm(forms.Form):
         return [self[name] for name in self.ADVANCED]
 
     def basic_fields(self):
-        return [self[name] for name in self.fields if name not in self.ADVANCED]
+        return [self[name] for name in self.fields if name not in self.ADVANCED and name not in self.BOOKING]
+
+    def window(self):
+        """The booking's window (services.window_of), or None for a request that starts now.
+        Raises RuleViolation in the API's field names."""
+        from portal.reservations import services
+
+        d = self.cleaned_data
+        if d.get("book_start") is None:
+            if d.get("book_end") is not None:
+                raise rules.RuleViolation({"book_end": ["Give the start too, or leave the end blank."]})
+            return None
+        end, hours = d.get("book_end"), d.get("hours")
+        if end is None and hours is None:
+            raise rules.RuleViolation({"ends_at": ["give the end, or the hours it lasts"]})
+        return services.window_of(d["book_start"], end, int(hours * 3600) if end is None else None,
+                                  d.get("book_weeks") or 1)
 
     def clean_command(self) -> list[str]:
         text = self.cleaned_data.get("command") or ""
@@ -220,6 +260,7 @@ class RequestForm(forms.Form):
             group_threshold=d.get("group_threshold") if d.get("group_name") else None,
             max_duration_s=int(hours * 3600) if hours is not None else None,
             remote_allowed=bool(d.get("remote_allowed")),
+            app=d.get("app") or "", app_port=d.get("app_port"),
         )
 
     def add_rule_errors(self, errors: dict[str, list[str]]) -> None:
@@ -244,6 +285,7 @@ def initial_from(reservation: Reservation) -> dict:
         "anti_affinity": reservation.anti_affinity, "group_name": reservation.group_name,
         "group_headcount": reservation.group_headcount, "group_threshold": reservation.group_threshold,
         "remote_allowed": reservation.remote_allowed,
+        "app": reservation.app, "app_port": reservation.app_port,
     }
 
 
@@ -255,6 +297,7 @@ def initial_from_preset(preset) -> dict:
         "memory_gib": Decimal(preset.gpu_memory_mib) / MIB_PER_GIB,
         "hours": (Decimal(preset.max_duration_s) / 3600).quantize(Decimal("0.01")).normalize()
         if preset.max_duration_s else None,
+        "app": preset.app, "app_port": preset.app_port,
     }
 
 

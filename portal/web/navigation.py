@@ -107,5 +107,7 @@ def entries_for(request) -> list[Link]:
 register("Home", "home", order=10, section="/")
 register("Request GPU", "new-reservation", allowed=submitter, order=20)
 # Reports (overview, usage report) register themselves in portal/reports/views.py.
+# The bell in the header leads there too (portal/notifications).
+register("Notifications", "notifications", order=85)
 register("API", "/api/docs/", order=90)
 register("Django admin", "/admin/", allowed=staff, order=95)

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import PermissionDenied
 
 from portal.api.permissions import require_cancel
+from portal.connect.access import link_for as connect_link
 from portal.placement.backend import get_backend
 from portal.placement.pods import LOG_LINES
 from portal.reservations import services
@@ -74,12 +75,15 @@ def _summary_context(request, reservation, extend_form=None) -> dict:
         "being_reclaimed": reservation.reclaim_at is not None and reservation.state in HOLDS_GPU,
         "reclaim_due": reservation.reclaim_at is not None and reservation.reclaim_at <= timezone.now(),
         "timeline": queries.timeline(reservation),
-        "may_cancel": reservation.state in ACTIVE and _may_cancel(request.user, reservation),
+        # A booking may be cancelled before its window too.
+        "may_cancel": (reservation.state in ACTIVE or reservation.state == State.BOOKED)
+        and _may_cancel(request.user, reservation),
         "may_extend": _may_extend(request.user, reservation),
         "may_submit": roles.can_submit(request.user, reservation.team),
         "max_hours": team_policy.max_duration_s / 3600,
         "extend_form": extend_form or ExtendForm(),
         "holds_gpu": reservation.state in HOLDS_GPU,
+        "connect": connect_link(request.user, reservation),
     }
 
 
@@ -90,6 +94,8 @@ def reservation_page(request, pk: int):
     context = _summary_context(request, reservation)
     if request.htmx and request.GET.get("part") == "summary":
         return render(request, "web/_reservation_summary.html", context)
+    if request.htmx and request.GET.get("part") == "connect":
+        return render(request, "web/_connect.html", context)
     context["series"] = queries.usage_series(reservation)
     return render(request, "web/reservation.html", context)
 

@@ -17,6 +17,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from portal.audit import services as audit
+from portal.connect.kinds import AppKind
 from portal.reservations import rules
 from portal.tenancy import groups, members, policy, presets, roles, usage
 from portal.tenancy.errors import Refused
@@ -239,17 +240,18 @@ def group_delete(request, slug: str, kind: str, pk: int):
 # Presets -------------------------------------------------------------------------------------
 
 PRESET_FIELDS = ("name", "kind", "gpu_model", "gpu_request", "gpu_limit", "gpu_memory_mib", "max_duration_h",
-                 "image", "command")
+                 "image", "command", "app", "app_port")
 
 
 def _preset_form(preset: Preset | None) -> dict:
     if preset is None:
         return {"name": "", "kind": "interactive", "gpu_model": "", "gpu_request": "0.25", "gpu_limit": "",
                 "gpu_memory_mib": "8192", "max_duration_h": "", "image": "jupyter/base-notebook:latest",
-                "command": ""}
+                "command": "", "app": "", "app_port": ""}
     data = presets.as_dict(preset)
     data["command"] = shlex.join(preset.command)
     data["max_duration_h"] = _hours(preset.max_duration_s)
+    data["app_port"] = preset.app_port or ""
     return data
 
 
@@ -287,6 +289,7 @@ def presets_page(request, slug: str):
     return _page(request, team, "presets", "team/presets.html", {
         "presets": presets.presets_of(team), "form": form, "errors": errors, "editing": editing,
         "models": sorted(rules.fleet_models()), "longest": policy.policy_of(team).max_duration_s,
+        "app_choices": AppKind.choices,
     }, status)
 
 
@@ -337,7 +340,9 @@ def policy_page(request, slug: str):
         "idle_warning_min": f"{current.idle_warning_s / 60:g}",
         "max_priority_member": current.max_priority_member, "max_priority_admin": current.max_priority_admin,
         "allow_over_quota": current.allow_over_quota, "allow_remote": current.allow_remote,
+        "connect_admins": current.connect_admins,
         "reclaim_grace_min": f"{current.reclaim_grace_s / 60:g}",
+        "booking_no_show_min": current.booking_no_show_min,
     }
     errors: dict[str, list[str]] = {}
     status = 200
@@ -345,13 +350,17 @@ def policy_page(request, slug: str):
         form = {k: request.POST.get(k, "").strip() for k in form}
         form["allow_over_quota"] = request.POST.get("allow_over_quota") == "on"
         form["allow_remote"] = request.POST.get("allow_remote") == "on"
+        form["connect_admins"] = request.POST.get("connect_admins") == "on"
         changes: dict = {
             "max_duration_s": _seconds_from_hours(form["max_duration_h"], "max_duration_s", errors),
             "interactive_max_s": _seconds_from_hours(form["interactive_max_h"], "interactive_max_s", errors),
             "idle_reclaim": form["idle_action"] == "reclaim",
             "max_priority_member": form["max_priority_member"], "max_priority_admin": form["max_priority_admin"],
             "allow_over_quota": form["allow_over_quota"], "allow_remote": form["allow_remote"],
+            "connect_admins": form["connect_admins"],
         }
+        if form["booking_no_show_min"]:  # left blank: it stays as it is
+            changes["booking_no_show_min"] = form["booking_no_show_min"]
         if changes["interactive_max_s"] is None and "interactive_max_s" not in errors:
             errors["interactive_max_s"] = ["give a default duration in hours"]
         try:

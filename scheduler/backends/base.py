@@ -281,6 +281,11 @@ class Backend(Protocol):
 
     def open_terminal(self, ref: PodRef, rows: int, cols: int) -> Terminal: ...
 
+    def app_address(self, ref: PodRef, port: int) -> str | None:
+        """`host:port` where the portal reaches the pod's app (portal.connect), or None while the
+        pod has no address yet or is gone."""
+        ...
+
 
 def pod_name(reservation_id: str | int, attempt: int) -> str:
     return f"tessera-r{reservation_id}-{attempt}"

@@ -11,7 +11,8 @@ Extra calls, for the simulation and the tests (not part of the `Backend` protoco
 `create_external` / `delete_external` (what `kubectl apply` / `kubectl delete` would do),
 `fail_pod`, `kubernetes_events` (the Events `reject_external` recorded), `pod_env` and
 `pod_annotations` (what a pod was made with), `pod_workdir` (a running pod's directory, where its
-terminal starts), `history` (every change, whoever polled it).
+terminal starts), `history` (every change, whoever polled it), `stop_apps` (the real apps pods
+run: local_apps.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import local_apps
 from .base import (
     RESERVATION_LABEL,
     BackendError,
@@ -56,6 +58,8 @@ CREATE INDEX IF NOT EXISTS pods_by_phase ON pods (phase);
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cursors (consumer TEXT PRIMARY KEY, seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS k8s_events (namespace TEXT, name TEXT, reason TEXT, message TEXT, at REAL);
+CREATE TABLE IF NOT EXISTS apps (namespace TEXT NOT NULL, name TEXT NOT NULL, pid INTEGER NOT NULL,
+  port INTEGER NOT NULL, PRIMARY KEY (namespace, name));
 """
 
 POD_COLUMNS = "namespace, name, uid, node, phase, external, labels, annotations, reason, message"
@@ -86,6 +90,7 @@ class LocalBackend:
         self._db.executescript(SCHEMA)
         self._state_dir = Path(state_path).parent if state_path is not None else None
         self._own_dir: Path | None = None  # a temporary directory for an in-memory cluster's pods
+        self._apps_dir = Path(state_path).parent / "apps" if state_path is not None else None
         self.add_nodes(nodes)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -186,7 +191,43 @@ class LocalBackend:
                 "INSERT INTO pods (namespace, name, uid, node, phase, external, labels, annotations, reason, "
                 "message, env, image, created_at, start_at, end_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", pods)
             db.executemany("INSERT INTO events (body) VALUES (?)", events)
+        self._start_apps([spec for spec in specs if (spec.namespace, spec.name) in {(p[0], p[1]) for p in pods}])
         return out
+
+    def _start_apps(self, specs: Sequence[PodSpec]) -> None:
+        """Each new pod's real app (Jupyter), as its process would start in the container."""
+        for spec in specs:
+            base = self._apps_dir or Path(tempfile.gettempdir()) / "tessera-apps"
+            started = local_apps.start(spec.env_dict(), base / f"{spec.namespace}-{spec.name}")
+            if started is not None:
+                with self._tx() as db:
+                    db.execute("INSERT OR REPLACE INTO apps (namespace, name, pid, port) VALUES (?, ?, ?, ?)",
+                               (spec.namespace, spec.name, *started))
+
+    def app_address(self, ref: PodRef, port: int) -> str | None:
+        """127.0.0.1 and the free port its app was started on (not `port`: many pods share this
+        machine), once the pod runs and the app listens."""
+        with self._tx() as db:
+            self._advance(db)
+            row = db.execute("SELECT apps.port FROM apps JOIN pods USING (namespace, name) "
+                             "WHERE namespace = ? AND name = ? AND pods.phase = 'Running'",
+                             (ref.namespace, ref.name)).fetchone()
+        if row is None or not local_apps.listening(row[0]):
+            return None
+        return f"127.0.0.1:{row[0]}"
+
+    def _stop_app(self, db: sqlite3.Connection, ref: PodRef) -> None:
+        row = db.execute("SELECT pid FROM apps WHERE namespace = ? AND name = ?", (ref.namespace, ref.name)).fetchone()
+        if row is not None:
+            db.execute("DELETE FROM apps WHERE namespace = ? AND name = ?", (ref.namespace, ref.name))
+            local_apps.stop(row[0])
+
+    def stop_apps(self) -> None:
+        """Stop every app the cluster's pods run (the quickstart and the tests, when they end)."""
+        with self._tx() as db:
+            for (pid,) in db.execute("SELECT pid FROM apps").fetchall():
+                local_apps.stop(pid)
+            db.execute("DELETE FROM apps")
 
     @staticmethod
     def _rows(db: sqlite3.Connection, refs: Sequence[PodRef], chunk: int = 400) -> dict[tuple[str, str], tuple]:
@@ -208,6 +249,7 @@ class LocalBackend:
                 return False
             db.execute("DELETE FROM pods WHERE namespace = ? AND name = ?", (ref.namespace, ref.name))
             self._pod_event(db, (*row[:8], "Deleted", reason[:200]), deleted=True)
+            self._stop_app(db, ref)
             return True
 
     def list_pods(self) -> list[PodStatus]:
@@ -310,6 +352,7 @@ class LocalBackend:
         db.execute("UPDATE pods SET phase = 'Failed', reason = ?, message = ? "
                    "WHERE namespace = ? AND name = ?", (reason, message, row[0], row[1]))
         self._pod_event(db, (*row[:4], "Failed", *row[5:8], reason, message))
+        self._stop_app(db, PodRef(row[0], row[1]))
 
     def create_external(self, namespace: str, name: str, labels: Mapping[str, str],
                         annotations: Mapping[str, str] | None = None, image: str = "busybox") -> ExternalPod:

@@ -17,6 +17,11 @@ Data in (frozen dataclasses, `scheduler.core.model`):
   reclaim_grace_s)`; with it the cycle admits each request as guaranteed, borrowed or opportunistic
   per GPU model, orders the queue by fair share and reclaims borrowed shares (fairshare.py,
   fairqueue.py; the formula is in ARCHITECTURE.md). `Snapshot.past_use`: team → decayed past use.
+- `Snapshot.bookings`: `Booking(id, team, gpu_model, gpu_request, gpu_memory_mib, gpu_count,
+  starts_at, ends_at, lead_s)`, booked windows (bookings.py: room held from `lead_s` before the
+  start, work in the way warned with `Reclaim(kind="booking")`, a started booking's waiting request
+  placed first, a running window nobody's victim); `Snapshot.durations`: waiting request → known
+  run time (placement keeps long work off booked GPUs and backfills short work before a window).
   Shares carry `admission`, `since` and `reclaim_at`; placements carry `admission`.
 - `Request(id, team, gpu_request, gpu_limit, gpu_memory_mib, gpu_count, gpu_model, priority,
   affinity, anti_affinity, exclusion, group=PodGroup(name, headcount, threshold), created_at,
@@ -61,6 +66,7 @@ Reason codes (`ReasonCode`, stable strings): invalid, quota, node_not_ready, nod
 model, exclusion, affinity, anti_affinity, memory, compute, whole_gpu, no_fit, gang_incomplete.
 """
 
+from .bookings import Booking
 from .cycle import Decision, Judgement, best_gpus, decide, feasible_gpus, judge, schedule
 from .engine import POLICIES, Choice, choose, make_scorer
 from .fairshare import Admission, BucketQuota, Limits, QuotaTree, Unit
@@ -90,6 +96,7 @@ __all__ = [
     "MILLI",
     "POLICIES",
     "Admission",
+    "Booking",
     "BucketQuota",
     "Choice",
     "ClusterState",

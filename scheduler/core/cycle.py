@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bookings import BookingScorer, plan
+from .bookings import start as start_bookings
 from .engine import Choice, choose, make_scorer
 from .fairqueue import MIN_RUN_S, Fair
 from .fairshare import Admission
@@ -165,6 +167,15 @@ def decide(
     else:
         fair = None
         ordered = queue_order(waiting, snapshot.teams, snapshot.now, aging_s)
+    if snapshot.bookings:
+        booked = plan(state, snapshot.bookings, snapshot.now, snapshot.durations,
+                      fair.claimed if fair is not None else None, started={r.id for r in waiting})
+        yield from booked.reclaims
+        for decision in start_bookings(state, booked, waiting, fair):
+            decided.add(decision.request_id if isinstance(decision, Preemption) else decision[0].request_id)
+            yield decision
+        if booked.room is not None:
+            scorer = BookingScorer(scorer, booked.room)
     for req in ordered:
         if req.id in decided:
             continue

@@ -70,6 +70,9 @@ def choose(
     """
     if ok is None:
         ok = feasible(state, req)
+    narrow = getattr(scorer, "narrow", None)  # a scorer that prefers some slots (bookings.BookingScorer)
+    if narrow is not None:
+        ok = narrow(state, req, ok)
     room = nodes_with_room(ok, req)
     if not room.any():
         return None

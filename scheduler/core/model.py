@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .bookings import Booking
     from .fairshare import QuotaTree
     from .state import FleetLayout
 
@@ -154,6 +155,12 @@ class Snapshot:
     quotas: QuotaTree | None = field(default=None, compare=False, repr=False)
     # team → decayed past use (milli-GPU), added when ordering by fair share (empty: off).
     past_use: Mapping[str, float] = field(default_factory=dict, compare=False, repr=False)
+    # Booked windows not started yet (bookings.Booking): their room is held ahead of them and
+    # placement works around them. Empty: the cycle decides as without bookings.
+    bookings: tuple[Booking, ...] = field(default=(), compare=False, repr=False)
+    # Waiting request id -> how long it runs once started, where known (its maximum duration, or
+    # the learnt run time): backfill before a booked window. Read only when there are bookings.
+    durations: Mapping[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))

@@ -143,16 +143,17 @@ def find_preemption(
         wanted &= chosen
     # The shares the rule lets go, per node (asked once each: its answer holds for the search).
     evictable: dict[int, dict[str, Holding]] = {}
+    protected = state.protected
     if among is None:
         for node in np.flatnonzero(wanted).tolist():
             for rid, h in state.on_node.get(node, {}).items():
-                if rid not in exclude and may_evict(h.share, req):
+                if rid not in exclude and rid not in protected and may_evict(h.share, req):
                     evictable.setdefault(node, {})[rid] = h
     else:
         wanted_at = wanted.tolist()
         for h in among:
             rid = h.share.reservation_id
-            if wanted_at[h.node] and rid not in exclude and may_evict(h.share, req):
+            if wanted_at[h.node] and rid not in exclude and rid not in protected and may_evict(h.share, req):
                 evictable.setdefault(h.node, {})[rid] = h
     ranks: dict[str, tuple] = {}
 

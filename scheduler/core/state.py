@@ -126,6 +126,7 @@ class ClusterState:
         self.on_node: dict[int, dict[str, Holding]] = {}  # per node, its entries of `placed`
         self._index_holders()
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
+        self.protected: set[str] = set()  # never a victim: booked windows that run (bookings.plan)
         self._index_fresh()
         self.group_nodes: dict[str, Counter[int]] = {}
         self.group_held: Counter[str] = Counter()  # pod group -> its shares held (one per request)
@@ -205,6 +206,7 @@ class ClusterState:
         state._index_holders()
         state._index_labels()
         state.reserved_now, state.group_nodes, state.group_held = set(), {}, Counter()
+        state.protected = set()
         state._index_fresh()
         return state
 

@@ -20,6 +20,16 @@
       var el = evt.detail.elt;
       if (el && el.id === "id_team" && el.value === el.getAttribute("data-loaded-team")) { evt.preventDefault(); }
     });
+    // A free window offered after a booking conflict fills the booking's start and end.
+    form.addEventListener("click", function (evt) {
+      var button = evt.target.closest(".free-window");
+      if (!button) { return; }
+      var start = form.querySelector("#id_book_start");
+      start.value = button.getAttribute("data-start");
+      form.querySelector("#id_book_end").value = button.getAttribute("data-end");
+      start.dispatchEvent(new Event("change", { bubbles: true }));  // the preview checks the new window
+      start.focus();
+    });
     var share = form.querySelector("#id_gpu_request");
     var limit = form.querySelector("#id_gpu_limit");
     if (share && limit) {

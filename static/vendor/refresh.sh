@@ -32,9 +32,12 @@ cp "$work/uplot/package/dist/uPlot.iife.min.js" "$here/uplot/uPlot.iife.min.js"
 cp "$work/uplot/package/dist/uPlot.min.css" "$here/uplot/uPlot.min.css"
 cp "$work/uplot/package/LICENSE" "$here/uplot/LICENSE"
 cp "$work/@xterm/xterm/package/lib/xterm.js" "$here/xterm/xterm.js"
+# The source maps the files name at their end: collectstatic's manifest follows that reference.
+cp "$work/@xterm/xterm/package/lib/xterm.js.map" "$here/xterm/xterm.js.map"
 cp "$work/@xterm/xterm/package/css/xterm.css" "$here/xterm/xterm.css"
 cp "$work/@xterm/xterm/package/LICENSE" "$here/xterm/LICENSE"
 cp "$work/@xterm/addon-fit/package/lib/addon-fit.js" "$here/xterm-addon-fit/addon-fit.js"
+cp "$work/@xterm/addon-fit/package/lib/addon-fit.js.map" "$here/xterm-addon-fit/addon-fit.js.map"
 cp "$work/@xterm/addon-fit/package/LICENSE" "$here/xterm-addon-fit/LICENSE"
 
 python3 - "$here" "$work" <<'PY'

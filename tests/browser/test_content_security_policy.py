@@ -36,7 +36,7 @@ def test_pages_run_under_the_policy_without_violations(page, live_server, people
     violations = _watch_violations(page)
     base = live_server.url
     sign_in(page, base, "carol", "s3cret-carol")
-    for path in ("/", "/reservations/new/", "/api/docs/", "/admin/"):
+    for path in ("/", "/reservations/new/", "/notifications/", "/notifications/settings/", "/api/docs/", "/admin/"):
         response = page.goto(f"{base}{path}")
         policy = response.headers["content-security-policy"]
         assert "script-src 'self'" in policy and "unsafe-inline" not in policy.split("style-src-attr")[0]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from decimal import Decimal
 
 import pytest
@@ -21,6 +20,7 @@ from portal.reservations.models import Reservation
 from portal.tenancy.models import Membership, Preset, Role, TeamPolicy
 from tests.integration.conftest import INVENTORY
 from tests.teams import make_team
+from tests.waiting import until
 
 from .stack import shoot, sign_in
 
@@ -58,14 +58,6 @@ def live_open(page, timeout_ms: int = 30_000) -> None:
     page.wait_for_selector("html[data-live=open]", state="attached", timeout=timeout_ms)
 
 
-def until(page, check, what: str, timeout_s: float = 60) -> None:
-    """Poll from here: the pages' CSP forbids eval, which wait_for_function's predicates need."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        page.wait_for_timeout(200)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def test_alice_requests_watches_extends_reads_and_cancels(chromium, stack, people):

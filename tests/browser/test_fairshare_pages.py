@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -30,6 +29,7 @@ from portal.tenancy.models import Membership, Quota, Role, TeamPolicy
 from tests.integration.conftest import INVENTORY
 from tests.reservations import submitted
 from tests.teams import make_team
+from tests.waiting import until
 
 from .stack import sign_in
 
@@ -52,13 +52,6 @@ def shoot(page, name: str) -> None:
     page.set_viewport_size(size)
 
 
-def until(page, check, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        page.wait_for_timeout(200)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture

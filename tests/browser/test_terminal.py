@@ -19,6 +19,7 @@ from portal.tenancy.models import Membership, Role
 from tests.integration.conftest import INVENTORY, wait_for
 from tests.reservations import submitted
 from tests.teams import make_team
+from tests.waiting import until
 
 from .stack import sign_in
 
@@ -39,16 +40,6 @@ def people(stack):
     return {"alice": alice, "bob": bob, "vision": vision}
 
 
-def until(page, check, what: str, timeout_s: float = 60) -> None:
-    """Poll from here: the page's CSP forbids eval, which wait_for_function's predicates need."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        page.wait_for_timeout(200)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def shots(page, name: str) -> None:

@@ -26,6 +26,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from tests.teams import make_team
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "deploy" / "inventory" / "demo.yaml"
@@ -37,14 +38,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"not within {timeout:g} s: {what}")
 
 
 def database_url() -> str:

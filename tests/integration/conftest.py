@@ -61,7 +61,9 @@ class Portal:
         self.log = tmp / "daphne.log"
         self.env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": REDIS_URL,
                     "DJANGO_SETTINGS_MODULE": "portal.settings", "TESSERA_TELEMETRY_TICKER": "0",
-                    "CELERY_TASK_ALWAYS_EAGER": "1", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+                    "CELERY_TASK_ALWAYS_EAGER": "1", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
+                    # Notification mails stay in the process (no SMTP server here, nothing into var/mail/).
+                    "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -146,14 +148,6 @@ def session_cookie(user) -> str:
     return f"{django_settings.SESSION_COOKIE_NAME}={client.cookies[django_settings.SESSION_COOKIE_NAME].value}"
 
 
-def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from websockets.sync.client import connect
 
 from portal.fleet.services import issue_node_token, revoke_node_token
 from portal.telemetry.models import AgentStream, GpuSample, ShareSample
-
-from .conftest import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,8 @@ import pytest
 from portal.reservations import services
 from portal.reservations.states import State
 from portal.telemetry.background_sends import sender
+from tests.waiting import wait_for
 
-from .conftest import wait_for
 from .test_live_socket import collect, live_socket, subscribe
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,8 +16,9 @@ from websockets.sync.client import connect
 from portal.fleet.services import issue_node_token
 from portal.reservations import rules, services
 from portal.telemetry.models import ShareSample
+from tests.waiting import wait_for
 
-from .conftest import session_cookie, wait_for
+from .conftest import session_cookie
 
 pytestmark = pytest.mark.timeout(120)
 

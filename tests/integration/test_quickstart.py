@@ -7,9 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
+
+from tests import waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,18 +31,10 @@ def call(url, body=None, token=None):
         return json.load(response)
 
 
-def wait_for(predicate, seconds, what):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except OSError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}")
 
+def wait_for(predicate, seconds, what):
+    """The quickstart's servers refuse connections while they start: that is "not yet"."""
+    return waiting.wait_for(predicate, seconds, what, every=1.0, ignore=(OSError,))
 
 def test_demo_runs_a_reservation_and_stops_cleanly(tmp_path):
     port = free_port()
@@ -53,7 +46,8 @@ def test_demo_runs_a_reservation_and_stops_cleanly(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: urllib.request.urlopen(f"{base}/login/", timeout=5).status == 200, 120, "the portal")
-        key = call(f"{base}/api/v1/auth/token/", {"username": "alice", "password": "tessera-demo"})["key"]
+        key = call(f"{base}/api/v1/auth/token/", {"username": "alice", "password": "tessera-demo",
+                                                   "name": "quickstart"})["key"]
         made = call(f"{base}/api/v1/reservations/", {"team": "vision", "image": "jupyter/base-notebook:1",
                                                      "kind": "interactive", "gpu_request": 0.3,
                                                      "gpu_memory_mib": 4096}, token=key)

@@ -21,10 +21,11 @@ from scheduler.backends.kubernetes.manifests import SHARE_RESOURCE
 from tests.scheduler.backends.conftest import load_fake_apiserver
 from tests.scheduler.backends.portal_on_fake_cluster import point_portal_at
 from tests.teams import make_team
+from tests.waiting import wait_for
 from wire import share_tokens as tokens
 from wire.inventory import load_inventory
 
-from .conftest import INVENTORY, ROOT, Portal, wait_for
+from .conftest import INVENTORY, ROOT, Portal
 
 pytestmark = pytest.mark.timeout(180)
 NAMESPACE = "tessera-workloads"

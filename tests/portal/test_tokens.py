@@ -31,7 +31,7 @@ def test_password_gets_a_token_that_works_until_revoked(people):
 
 def test_wrong_password_and_bad_tokens_are_refused(people):
     anon = APIClient()
-    r = anon.post("/api/v1/auth/token/", {"username": "alice", "password": "nope"}, format="json")
+    r = anon.post("/api/v1/auth/token/", {"username": "alice", "password": "nope", "name": "laptop"}, format="json")
     assert r.status_code == 401
     assert not ApiToken.objects.exists()
     assert anon.post("/api/v1/auth/token/", {"username": "alice"}, format="json").status_code == 400
@@ -151,3 +151,42 @@ def test_team_roles_reads_memberships_alone(people, django_assert_num_queries):
         roles.team_roles(people["carol"])
     assert len(captured.captured_queries) == 1
     assert "JOIN" not in captured.captured_queries[0]["sql"].upper()
+
+
+def _sign_in(**extra):
+    return APIClient().post("/api/v1/auth/token/", {"username": "alice", "password": "pw-alice", **extra},
+                            format="json")
+
+
+def test_token_sign_in_needs_a_name(people):
+    r = _sign_in()
+    assert r.status_code == 400
+    assert r.json()["name"] == ["give the token a name (e.g. laptop or ci): your tokens are listed by name"]
+    assert _sign_in(name="  ").status_code == 400
+    assert not ApiToken.objects.exists()
+
+
+def test_signing_in_twice_with_one_name_mints_nothing_silently(people):
+    first = _sign_in(name="laptop").json()
+    again = _sign_in(name="laptop")
+    assert again.status_code == 409
+    assert f"you already have a token named 'laptop' (starting {first['prefix']}" in again.json()["name"][0]
+    assert ApiToken.objects.filter(user=people["alice"]).count() == 1
+
+    replaced = _sign_in(name="laptop", replace=True)
+    assert replaced.status_code == 201 and replaced.json()["replaced"] == first["prefix"]
+    old = APIClient()
+    old.credentials(HTTP_AUTHORIZATION=f"Token {first['key']}")
+    assert old.get("/api/v1/teams/").status_code == 401  # the replaced key no longer works
+    new = APIClient()
+    new.credentials(HTTP_AUTHORIZATION=f"Token {replaced.json()['key']}")
+    assert new.get("/api/v1/teams/").status_code == 200
+    assert _sign_in(name="ci").json()["replaced"] is None
+
+
+def test_the_tokens_endpoint_refuses_a_second_live_name_too(client_for):
+    alice = client_for("alice")
+    made = alice.post("/api/v1/tokens/", {"name": "notebook"}, format="json").json()
+    assert alice.post("/api/v1/tokens/", {"name": "notebook"}, format="json").status_code == 409
+    assert alice.delete(f"/api/v1/tokens/{made['id']}/").status_code == 204
+    assert alice.post("/api/v1/tokens/", {"name": "notebook"}, format="json").status_code == 201  # revoked: free

@@ -2,6 +2,9 @@
 the binding and lifecycle tasks and the kubectl path all call these; nothing else writes them.
 
 - submitting: `submit` (portal, API or a kubectl pod: its `source`)
+- booking:    `book` (a future window, weekly repeats), `move_booking`, `cancel_booking`,
+              `delete_series`, `free_windows`, `window_conflict` (the preview's read-only check),
+              `start_due` (booked → pending), `release_no_show`
 - placing:    `place`, `place_many` (the cycle's decisions, with attempt, pod name and end time)
 - moving:     `transition`, the compare-and-set `move`, `cancel`, `release`, `preempt`, `lose`
 - pods:       `record_pod(s)`, `forget_pod`, `note_cluster_waits`, `keep_pod_log` (a deleted pod's last
@@ -13,6 +16,19 @@ the binding and lifecycle tasks and the kubectl path all call these; nothing els
               `idle_reclaim_at`, `warn_expiry`
 """
 
+from .booking import (
+    BookingConflict,
+    Window,
+    book,
+    cancel_booking,
+    delete_series,
+    free_windows,
+    move_booking,
+    release_no_show,
+    start_due,
+    window_conflict,
+    window_of,
+)
 from .extending import ExtendRefused, extend
 from .moving import cancel, lose, move, preempt, release, transition
 from .placing import CapacityConflict, NewAllocation, Placing, ends_at, place, place_many
@@ -31,20 +47,27 @@ from .upkeep import (
 )
 
 __all__ = [
+    "BookingConflict",
     "CapacityConflict",
     "ExtendRefused",
     "NewAllocation",
     "Placing",
+    "Window",
     "base_reason",
+    "book",
     "cancel",
+    "cancel_booking",
+    "delete_series",
     "ends_at",
     "extend",
     "flag_idle",
     "forget_pod",
+    "free_windows",
     "idle_reclaim_at",
     "keep_pod_log",
     "lose",
     "move",
+    "move_booking",
     "note_cluster_waits",
     "note_estimate_reasons",
     "note_pending_reason",
@@ -55,9 +78,13 @@ __all__ = [
     "record_pod",
     "record_pods",
     "release",
+    "release_no_show",
     "set_queue_positions",
+    "start_due",
     "submit",
     "transition",
     "warn_expiry",
     "warn_reclaim",
+    "window_conflict",
+    "window_of",
 ]

@@ -12,6 +12,7 @@ from django.utils import timezone
 from portal.reservations import actors
 from portal.reservations.events import (
     announce_allocations,
+    announce_node_lost,
     announce_reservations,
     request_cycle,
     request_pod_cleanup,
@@ -87,6 +88,7 @@ def lose(reservation_id: int, why: str, actor=actors.LIFECYCLE) -> bool:
                        .filter(pk=reservation_id).first())
         if reservation is None or reservation.state not in HOLDS_GPU:
             return False
+        announce_node_lost(reservation.pk, why)
         if not (reservation.team.requeue_on_node_lost and reservation.source == Source.PORTAL):
             _apply(reservation, State.FAILED, actor, why)
         elif reservation.state == State.PLACED:

@@ -57,7 +57,7 @@ class Placing:
 
 
 # Only the fields placing reads and writes: a batch locks hundreds of rows; others load on access.
-PLACING_FIELDS = ("state", "gpu_limit", "gpu_count", "max_duration_s", "kind", "source", "attempt",
+PLACING_FIELDS = ("state", "gpu_limit", "gpu_count", "max_duration_s", "ends_at", "kind", "source", "attempt",
                   "team__interactive_max_s")
 
 
@@ -75,8 +75,10 @@ _TAKEN = Precompiled(lambda: Allocation.objects.filter(param_in("gpu_id", "ids")
 
 def ends_at(reservation: Reservation, placed_at: datetime) -> datetime | None:
     """When a reservation placed at `placed_at` ends: its own duration, else the team's limit for
-    interactive ones; a batch job without a duration runs until it finishes. The one place the
-    end time is computed."""
+    interactive ones; a batch job without a duration runs until it finishes; a booking ends with
+    its window, however late it was placed. The one place the end time is computed."""
+    if reservation.ends_at is not None:
+        return reservation.ends_at
     seconds = reservation.max_duration_s
     if seconds is None and reservation.kind == Kind.INTERACTIVE:
         seconds = reservation.team.interactive_max_s or None

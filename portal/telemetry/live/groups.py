@@ -4,8 +4,9 @@
 same rule as the utilization reports), `fleet` (which nodes changed in the fleet view: a node's
 state, a GPU cordoned, shares placed or released; staff only, like the page), `team:<id>` (the
 shares of a team's reservations: its members, in any role, and staff) and `reservation:<id>` (as
-its team). GPU messages carry no share; team and reservation messages carry only that team's
-shares; fleet messages carry node ids only (the page fetches the rows).
+its team), `user:<id>` (that person's unread notifications: only they may join). GPU messages
+carry no share; team and reservation messages carry only that team's shares; fleet messages carry
+node ids only (the page fetches the rows).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from portal.fleet.models import Gpu
 from portal.reservations.models import Reservation
 from portal.tenancy import roles
 
-GROUP_PATTERN = re.compile(r"^(?:(gpu|team|reservation):([1-9][0-9]{0,17})|(fleet))$")
+GROUP_PATTERN = re.compile(r"^(?:(gpu|team|reservation|user):([1-9][0-9]{0,17})|(fleet))$")
 FLEET = "fleet"
 
 
@@ -49,6 +50,8 @@ def may_see(user, group: Group) -> bool:
     """Whether `user` may receive `group`'s messages (re-checked while subscribed)."""
     if not user.is_authenticated or not user.is_active:
         return False
+    if group.kind == "user":
+        return group.id == user.pk  # one's own unread count, nobody else's
     if group.kind == FLEET:
         return user.is_staff  # the whole fleet, every team's shares: site admins only
     if group.kind == "gpu":

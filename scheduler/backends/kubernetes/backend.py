@@ -11,16 +11,19 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
 
 from ..base import (
+    PLACEMENT_ANNOTATION,
     REASON_ANNOTATION,
     RESERVATION_LABEL,
     BackendError,
     ClusterEvent,
     ExternalPod,
+    GpuShare,
     NodeCondition,
     PermanentBackendError,
     PodConflict,
@@ -30,6 +33,7 @@ from ..base import (
     Terminal,
     TransientBackendError,
 )
+from . import dra
 from .api import BIND_CONCURRENCY, Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
 from .manifests import (
     DEFAULT_CLIENT_IMAGE,
@@ -109,6 +113,11 @@ class KubernetesBackend:
         self._memory_lock = threading.Lock()
         self._deleted: OrderedDict[tuple[str, str], float] = OrderedDict()  # pod -> when we deleted it
         self._events: OrderedDict[tuple[str, str], list] = OrderedDict()  # event -> [count, sent at, uid]
+        self.claims = dra.ClaimAllocator(self.api)
+        self._slices: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> index, from its ResourceSlice
+        # Claims as the last listing read them: binding starts from them (a stale one costs a 409 and a read).
+        self._claims: OrderedDict[tuple[str, str], dict] = OrderedDict()
+        self._claim_pods: OrderedDict[tuple[str, str], dict] = OrderedDict()  # DRA pods as last listed
         self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
                                   backoff_max_s=policy.max_s)
 
@@ -217,6 +226,18 @@ class KubernetesBackend:
         own = client.CoreV1Api(client.ApiClient(configuration=self.api.api_client.configuration))
         return open_exec_terminal(own, ref, rows, cols)
 
+    def app_address(self, ref: PodRef, port: int) -> str | None:
+        """The pod's IP (deploy/'s NetworkPolicy admits only the portal to its app port)."""
+        try:
+            pod = self._raw(f"read pod {ref.namespace}/{ref.name}", self.api.core.read_namespaced_pod,
+                            ref.name, ref.namespace)
+        except NotFound:
+            return None
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            return None
+        return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
     def _deleted_lately(self, key: tuple[str, str]) -> bool:
         with self._memory_lock:
             at = self._deleted.get(key)
@@ -246,13 +267,40 @@ class KubernetesBackend:
         objs = [o for name in self.scheduler_names
                 for o in self._list_all("list pending pods", self.api.core.list_pod_for_all_namespaces,
                                         field_selector=f"spec.schedulerName={name},spec.nodeName=")]
-        pods = [external_pod(o) for o in objs if is_pending_external(o, self.scheduler_names)]
+        objs = [o for o in objs if is_pending_external(o, self.scheduler_names)]
+        claimed = [o for o in objs if dra.uses_claims(o)]
+        claims = self.claims.list_claims() if claimed else {}
+        pods = [external_pod(o) for o in objs if not dra.uses_claims(o)]
+        for obj in claimed:
+            pod = external_pod(obj)
+            try:
+                keys = [(pod.namespace, n) for n in dra.pod_claim_names(obj)]
+            except dra.ClaimError:
+                continue  # a claim not made from its template yet: the pod waits for it
+            if any(k not in claims for k in keys):
+                continue  # a claim it names does not exist (yet): the kubelet would not start it either
+            try:
+                terms = dra.claim_terms([claims[k] for k in keys])
+            except dra.ClaimError as exc:
+                self.reject_external(pod.ref, f"tessera: {exc}")
+                continue
+            if terms is None:  # no claim of ours: a KubeShare-labelled pod that also uses other devices
+                pods.append(pod)
+                continue
+            pods.append(replace(pod, labels={**pod.labels, **dra.terms_as_labels(terms)}))  # admitted as if labelled
+            for key in keys:
+                self._remember(self._claims, key, claims[key])
+            self._remember(self._claim_pods, (pod.namespace, pod.name), obj)
         return sorted(pods, key=lambda p: (p.created_at, p.namespace, p.name))
 
     def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
                       annotations: Mapping[str, str]) -> None:
         check_labels(labels)
-        current = self._read_external(pod)
+        with self._memory_lock:
+            listed = self._claim_pods.pop((pod.namespace, pod.name), None)
+        # A DRA pod as the listing read it spares a read: its claim's write and the Binding check the
+        # rest (a pod bound meanwhile answers the Binding 409, then it is read; one gone, 404).
+        current = listed or self._read_external(pod)
         bound_to = (current.get("spec") or {}).get("nodeName")
         if bound_to:
             self._check_bound(pod, node, bound_to)
@@ -261,9 +309,15 @@ class KubernetesBackend:
         try:
             if not marked:
                 # No webhook marked it at creation, so the watch (which selects RESERVATION_LABEL)
-                # would not see it: the labels go on first, in their own write.
+                # would not see it: the labels go on first, in their own write (beside the claims'
+                # allocation, which is another object: both before the Binding).
                 patch = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
-                self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name, pod.namespace, patch)
+                self._beside(lambda: self._allocate_claims(pod, current, node, annotations)
+                             if dra.uses_claims(current) else None,
+                             lambda: self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name,
+                                               pod.namespace, patch))
+            elif dra.uses_claims(current):
+                self._allocate_claims(pod, current, node, annotations)
             # The placement rides on the Binding: the API server puts it on the pod with its node, in
             # one write, so the device plugin finds it as soon as the kubelet sees the pod.
             # Read as raw JSON: the client's model for Binding cannot parse the Status the server answers.
@@ -275,6 +329,42 @@ class KubernetesBackend:
             # Bound meanwhile: by our own earlier try (answer lost) or by someone else.
             after = self._read_external(pod)
             self._check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
+
+    def _beside(self, first: Callable[[], Any], second: Callable[[], Any]) -> None:
+        """Both calls at once (`second` in another thread); the first failure is raised once both ended."""
+        with ThreadPoolExecutor(1, thread_name_prefix="beside") as pool:
+            later = pool.submit(second)
+            try:
+                first()
+            finally:
+                later.result()
+
+    def _allocate_claims(self, pod: PodRef, obj: dict, node: str, annotations: Mapping[str, str]) -> None:
+        """Before the Binding: allocate the pod's claims of our classes to the placed GPUs (one status
+        write each), so the kubelet finds them allocated and reserved when the pod reaches it."""
+        placement = json.loads(annotations[PLACEMENT_ANNOTATION])
+        index = self._slices.get(node) or {}
+        if any(u not in index for u in placement["gpus"]):  # first time, or the node's GPUs changed
+            try:
+                index = dra.devices_by_uuid(self.claims.read_slice(node))
+            except NotFound as exc:
+                raise PermanentBackendError(f"node {node} publishes no ResourceSlice of {dra.DRIVER}") from exc
+            with self._memory_lock:
+                self._slices[node] = index
+        missing = [u for u in placement["gpus"] if u not in index]
+        if missing:
+            raise PodConflict(f"node {node}'s ResourceSlice has no GPU {', '.join(missing)}")
+        gpus = [GpuShare(uuid=u, index=index[u], gpu_request=placement["request"], gpu_limit=placement["limit"],
+                         gpu_memory_mib=placement["memory_mib"]) for u in placement["gpus"]]
+        for name in dra.pod_claim_names(obj):
+            with self._memory_lock:
+                claim = self._claims.pop((pod.namespace, name), None)
+            try:
+                claim = claim or self.claims.read_claim(pod.namespace, name)
+            except NotFound as exc:
+                raise PodConflict(f"claim {pod.namespace}/{name} of pod {pod.name} is gone") from exc
+            if dra.claim_terms([claim]) is not None:
+                self.claims.allocate(claim, pod, obj["metadata"]["uid"], node, gpus)
 
     def reject_external(self, pod: PodRef, reason: str) -> None:
         """A Warning Event on the pod, posted once; the same refusal again only counts up (the count

@@ -38,6 +38,12 @@ GRACE_S = 30
 # The device plugin's extended resource (agents/deviceplugin): asking for one slot makes the kubelet
 # call its Allocate, which answers the share variables, the preload library and the broker socket.
 SHARE_RESOURCE = "tessera.io/gpu-share"
+# The app port the portal's proxy reaches (portal.connect.access.app_env sets it); its name is what
+# deploy/'s NetworkPolicy admits the portal to.
+APP_PORT_ENV = "TESSERA_APP_PORT"
+APP_PORT_NAME = "tessera-app"
+APP_LABEL = "sharedgpu/app"
+
 # What Allocate gives the container: left out of the pod spec (one source, and a user's env cannot
 # override it there).
 SHARE_ENV_NAMES = frozenset(share_env("0", (GpuShare("GPU-0", 0, 1.0, 1.0, 1),), 0))
@@ -109,6 +115,10 @@ def pod_manifest(spec: PodSpec, *, runtime_class: str | None = "nvidia", tolerat
     }
     if spec.command:
         container["command"] = list(spec.command)
+    app_port = dict(spec.env).get(APP_PORT_ENV)
+    if app_port and app_port.isdigit():  # the app the portal proxies to (deploy/: portal-connect NetworkPolicy)
+        container["ports"] = [{"name": APP_PORT_NAME, "containerPort": int(app_port), "protocol": "TCP"}]
+        labels[APP_LABEL] = dict(spec.env).get("TESSERA_APP", "port") or "port"
     pod_spec: dict[str, Any] = {
         "nodeName": spec.node,
         # Never picked up by another scheduler, and recognisable as ours.

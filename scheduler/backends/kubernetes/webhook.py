@@ -54,16 +54,32 @@ def wants_share(pod: Mapping[str, Any], names: Sequence[str] | None = None) -> b
             and KUBESHARE_LABEL in labels and labels.get(MANAGED_BY_LABEL) != MANAGED_BY)
 
 
+def uses_claims(pod: Mapping[str, Any], names: Sequence[str] | None = None) -> bool:
+    """A pod for Tessera that asks for devices with ResourceClaims (DRA, deploy/dra/): it gets no share
+    slot (its claims bring the GPU), only the mark."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    spec = pod.get("spec") or {}
+    return (spec.get("schedulerName") in (names or configured_names()) and bool(spec.get("resourceClaims"))
+            and labels.get(MANAGED_BY_LABEL) != MANAGED_BY)
+
+
+def _mark(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    labels = (pod.get("metadata") or {}).get("labels")
+    if labels is None:
+        return [{"op": "add", "path": "/metadata/labels", "value": {RESERVATION_LABEL: ""}}]
+    if RESERVATION_LABEL not in labels:
+        return [{"op": "add", "path": f"/metadata/labels/{_escape(RESERVATION_LABEL)}", "value": ""}]
+    return []
+
+
 def share_patch(pod: Mapping[str, Any], names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """JSON Patch operations that give each container of a KubeShare pod one share slot, and mark
     the pod with an empty `RESERVATION_LABEL`: the backend's pod watch (which selects that label)
     follows it from the start, and its binding then needs one write (the Binding carries the
-    placement; the reservation is read from it)."""
+    placement; the reservation is read from it). A pod whose claims bring its GPUs is only marked."""
     if not wants_share(pod, names):
-        return []
-    ops: list[dict[str, Any]] = []
-    if RESERVATION_LABEL not in ((pod.get("metadata") or {}).get("labels") or {}):
-        ops.append({"op": "add", "path": f"/metadata/labels/{_escape(RESERVATION_LABEL)}", "value": ""})
+        return _mark(pod) if uses_claims(pod, names) else []
+    ops: list[dict[str, Any]] = _mark(pod)
     for i, container in enumerate((pod.get("spec") or {}).get("containers") or ()):
         resources = container.get("resources")
         base = f"/spec/containers/{i}/resources"

@@ -24,6 +24,10 @@ None, with the reason in the user's words and a stable `code`:
   after `max_events` ends before it could start.
 - `invalid`: the request already holds a share in the snapshot.
 
+Booked windows (`Snapshot.bookings`) take their room from their lead time (now, where it has begun)
+to their end, before any waiting request, on the GPUs the cycle would hold for them, so a request
+waits for a booked window as it waits for running work (`_with_bookings`, `Walk.hold_bookings`).
+
 Pod groups are forecast together: a group's members wait in one line at the place of its first
 member and are placed with the cycle's own gang rule (at least the group's threshold at once,
 running members counted), so a member's estimate is when its group can start.
@@ -148,6 +152,7 @@ def estimate_starts(
         durations = {**(durations or {}), **{e.request.id: e.run_s for e in arrivals}}
     walk = Walk(state, scorer, gate=gate, order=order, durations=durations or {}, preemption=preemption,
                 max_events=max_events)
+    ends = _with_bookings(walk, state, snapshot, ends, now)
     out = walk.out
     lines = _lines(state, [*queue, *(e.request for e in arrivals)], limit,
                    per_team=lambda req: gate is not None or order is not None or (preemption and req.priority > 0),
@@ -179,6 +184,22 @@ def _withhold(out: dict[str, Estimate], walk: Walk, state: ClusterState, span_s:
         else:
             continue
         out[rid] = Estimate(None, why, ARRIVALS, withheld=e.start)
+
+
+def _with_bookings(walk: Walk, state: ClusterState, snapshot: Snapshot, ends: Mapping[str, float],
+                   now: float) -> Mapping[str, float]:
+    """The snapshot's bookings in the walk: the room of those whose lead time has begun is held now
+    (where it fits: the cycle holds it), ending with their window (returned with `ends`); the others
+    take theirs when their lead time begins (`Walk.hold_bookings`). No request starts on it then."""
+    live = sorted((b for b in snapshot.bookings if b.ends_at > now and b.gpu_model in state.model_id
+                   and b.id not in state.placed), key=lambda b: (b.starts_at, b.id))
+    if not live:
+        return ends
+    walk.booking_due = [b for b in live if b.held_from() <= now]
+    walk.bookings = {b.id: b for b in live if b.held_from() > now}
+    walk.hold_bookings()
+    held = {b.id: b.ends_at for b in live if b.id in state.placed}
+    return {**ends, **held} if held else ends
 
 
 def _with_reclaims(state: ClusterState, ends: Mapping[str, float]) -> Mapping[str, float]:

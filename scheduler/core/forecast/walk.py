@@ -14,7 +14,7 @@ import numpy as np
 from ..cycle import _place_gang
 from ..engine import choose
 from ..model import MILLI, Request
-from ..scorers import Scorer
+from ..scorers import BestFitScorer, Scorer
 from ..state import ClusterState
 from .answers import (
     AFTER_ENDS,
@@ -73,6 +73,11 @@ class Walk:
         # Per priority, the compute shares of it hold per GPU slot, never less than they hold now
         # (a placement adds, an end does not take away): where an arrival could find victims.
         self.held_by: dict[int, np.ndarray] = {}
+        # Bookings whose room is not held yet (bookings.Booking, by id): each takes its room when
+        # its lead time begins (an event then), or at the first time after that it fits, before
+        # any waiting request is tried, and gives it back at its end.
+        self.bookings: dict[str, Any] = {}
+        self.booking_due: list[Any] = []
 
     # ---- changes ------------------------------------------------------------------------------
     def release(self, rid: str) -> int:
@@ -126,6 +131,21 @@ class Walk:
             held = self.held_by[rec.share.priority] = np.zeros_like(self.state.free)
         for j in rec.gpus:
             held[rec.node, j] += rec.milli
+
+    def hold_bookings(self) -> None:
+        """Take the room of the bookings whose lead time has begun, where it fits now (the cycle
+        holds it then, and moves what may be moved out of its way by the window's start)."""
+        left = []
+        for b in self.booking_due:
+            req = b.request()
+            choice = choose(self.state, req, BestFitScorer())
+            if choice is None:
+                left.append(b)
+                continue
+            self.state.reserve(req, choice.node, choice.slots)
+            self.on_node.setdefault(choice.node, {})[req.id] = None
+            heapq.heappush(self.events, (b.ends_at, next(self.seq), req.id))
+        self.booking_due = left
 
     def victims_near(self, req: Request) -> list[int]:
         """The ready nodes where `req` (just arrived) might find victims, at most MAX_PREEMPT_NODES,
@@ -408,6 +428,8 @@ class Walk:
         for rec in state.placed.values():
             if rec.share.reservation_id not in self.forecast_ids:
                 self._hold(rec)
+        for b in self.bookings.values():
+            heapq.heappush(self.events, (max(b.held_from(), now), next(self.seq), b.id))
 
         preempting = self.preemption and any(r.priority > 0 for line in live for _, r in line.waiting)
         walked = 0
@@ -429,8 +451,12 @@ class Walk:
                     line = self.line_of.pop(rid)
                     if line.waiting and line.head[1].id == rid:
                         joined.append(line)
+                elif rid in self.bookings:
+                    self.booking_due.append(self.bookings.pop(rid))
                 elif rid in state.placed:
                     released.setdefault(self.release(rid), []).append(rid)
+            if self.booking_due:
+                self.hold_bookings()
             why_of = self._why_of(released)
             chosen, local, anywhere = self.select([i for i in released if state.ready[i]], bool(released))
             if joined:  # what just arrived may fit anywhere

@@ -45,7 +45,8 @@ def test_exhausted_pool_answers_503_with_retry_after(people, tiny_pool):
         r = api.get("/api/v1/teams/")  # the token lookup needs a connection
         assert r.status_code == 503 and r.json()["code"] == "unavailable"
         assert int(r["Retry-After"]) > 0
-        r = api.post("/api/v1/auth/token/", {"username": "alice", "password": "pw-alice"}, format="json")
+        r = api.post("/api/v1/auth/token/", {"username": "alice", "password": "pw-alice", "name": "laptop"},
+                     format="json")
         assert r.status_code == 503
         r = web.get("/")  # the session's user is loaded by a middleware, before any view
         assert r.status_code == 503 and int(r["Retry-After"]) > 0

@@ -20,7 +20,7 @@ def seeded(db, settings):
 
 
 def _token_answer(username, password):
-    return APIClient().post("/api/v1/auth/token/", {"username": username, "password": password},
+    return APIClient().post("/api/v1/auth/token/", {"username": username, "password": password, "name": "laptop"},
                             format="json").status_code
 
 

@@ -24,7 +24,8 @@ def dead_redis_cache(settings):
 def test_writes_go_on_and_sign_ins_answer_503(client_for, fleet, reservation_body, dead_redis_cache):
     r = client_for("alice").post("/api/v1/reservations/", reservation_body(), format="json")
     assert r.status_code == 201
-    r = APIClient().post("/api/v1/auth/token/", {"username": "alice", "password": "pw-alice"}, format="json")
+    r = APIClient().post("/api/v1/auth/token/", {"username": "alice", "password": "pw-alice", "name": "laptop"},
+                     format="json")
     assert r.status_code == 503 and int(r["Retry-After"]) > 0
     r = APIClient().post("/login/", {"username": "alice", "password": "pw-alice"})
     assert r.status_code == 503

@@ -33,7 +33,8 @@ def limits(settings):
 
 def _token(username, password, address="10.0.0.1", **headers):
     return APIClient(REMOTE_ADDR=address, **headers).post(
-        "/api/v1/auth/token/", {"username": username, "password": password}, format="json")
+        "/api/v1/auth/token/", {"username": username, "password": password, "name": "laptop", "replace": True},
+        format="json")
 
 
 def test_wrong_password_flood_stops_hashing_and_answers_429(people, limits, counting_hasher,

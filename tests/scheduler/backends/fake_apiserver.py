@@ -8,6 +8,11 @@ before the retained history. Every object posted to it is validated with `kubern
 against Kubernetes 1.34 (strict: unknown fields are errors); an invalid one is answered 422 and kept
 in `invalid` so that a test can fail on it.
 
+`resource.k8s.io/v1` (Dynamic Resource Allocation: ResourceSlice, DeviceClass, ResourceClaim with its
+status, ResourceClaimTemplate) is served from the same store, with the validation fake_resource_api.py
+lists; `remove_node` deletes what the node owns (its slices), `make_template_claims` plays the
+resourceclaim controller, `check_allocations` refuses claim allocations that over-commit a device.
+
 Faults: `inject(method, path_regex, status=..., delay_s=..., times=..., after=...)` answers the next
 matching requests with an HTTP error, a delay longer than the client's timeout, or (with
 `after=True`) performs the request and then answers the error, like an answer lost on the way back.
@@ -59,6 +64,22 @@ from urllib.parse import parse_qs, urlsplit
 
 import celpy
 import kubernetes_validate
+
+
+def _sibling(name: str, filename: str):
+    """A module beside this file, by path (the tests are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(filename))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+resource_api = _sibling("tessera_tests_fake_resource_api", "fake_resource_api.py")
 
 K8S_VERSION = "1.34.0"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -209,6 +230,8 @@ class FakeApiServer:
         # Mutating admission: each is called with a pod being created and answers JSON Patch operations.
         self.pod_mutators: list[Any] = []
         self.authorizer_syncs_at = 0.0  # monotonic time until which RBAC refuses everyone (a restart)
+        # resource.k8s.io/v1: refuse claim status writes that over-commit a device (fake_resource_api.py)
+        self.check_allocations = True
         self._server = _Server(("127.0.0.1", 0), self._handler_class())
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
@@ -256,7 +279,7 @@ class FakeApiServer:
     def add_node(self, name: str, ready: bool = True, address: str | None = None) -> dict:
         """A node; with `address`, its status lists it as InternalIP (and its name as Hostname), as
         the kubelet reports them."""
-        obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
+        obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}, "uid": str(uuid.uuid4())},
                "status": {"conditions": [self._ready_condition(ready)]}}
         if address:
             obj["status"]["addresses"] = [{"type": "Hostname", "address": name},
@@ -280,6 +303,61 @@ class FakeApiServer:
     def add_service_account(self, namespace: str, name: str = "default") -> None:
         with self.lock:
             self.service_accounts.add((namespace, name))
+
+    def remove_node(self, name: str) -> None:
+        """Delete a node; the objects whose ownerReferences name it go too, as the garbage collector
+        deletes them (a DRA driver's ResourceSlices)."""
+        with self.lock:
+            node = self.store.objects.pop(("Node", "", name))
+            self._record("Node", "DELETED", node)
+            uid = node["metadata"]["uid"]
+            for key, obj in list(self.store.objects.items()):
+                if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ()):
+                    del self.store.objects[key]
+                    self._record(key[0], "DELETED", obj)
+
+    def objects(self, kind: str) -> list[dict]:
+        """Every stored object of a kind (e.g. "ResourceSlice", "ResourceClaim")."""
+        with self.lock:
+            return [copy.deepcopy(o) for (k, _, _), o in self.store.objects.items() if k == kind]
+
+    def put_object(self, obj: dict) -> dict:
+        """Create or replace an object from outside (a user's kubectl apply), validated as a request is."""
+        kind, meta = obj["kind"], obj["metadata"]
+        self._validate(obj)
+        with self.lock:
+            key = (kind, meta.get("namespace", ""), meta["name"])
+            old = self.store.objects.get(key)
+            new = copy.deepcopy(obj)
+            if old is None:
+                new = resource_api.new_object(kind, key[1], new) if obj["apiVersion"] == resource_api.API_VERSION \
+                    else new
+            else:
+                new["metadata"]["uid"] = old["metadata"]["uid"]
+            return self._put(kind, key[1], key[2], new, "MODIFIED" if old else "ADDED")
+
+    def make_template_claims(self, namespace: str, pod_name: str) -> list[dict]:
+        """What the resourceclaim controller does for a new pod: a claim from each ResourceClaimTemplate
+        it names (owned by the pod), recorded in the pod's status.resourceClaimStatuses."""
+        with self.lock:
+            pod = copy.deepcopy(self.store.objects[("Pod", namespace, pod_name)])
+            made, statuses = [], []
+            for ref in pod["spec"].get("resourceClaims") or ():
+                if not ref.get("resourceClaimTemplateName"):
+                    continue
+                template = self.store.objects[("ResourceClaimTemplate", namespace, ref["resourceClaimTemplateName"])]
+                name = f"{pod_name}-{ref['name']}-{uuid.uuid4().hex[:5]}"
+                claim = resource_api.new_object("ResourceClaim", namespace, {
+                    "apiVersion": resource_api.API_VERSION, "kind": "ResourceClaim",
+                    "metadata": {**copy.deepcopy(template["spec"].get("metadata") or {}), "name": name,
+                                 "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
+                                                      "uid": pod["metadata"]["uid"], "controller": True}]},
+                    "spec": copy.deepcopy(template["spec"]["spec"])})
+                made.append(self._put("ResourceClaim", namespace, name, claim, "ADDED"))
+                statuses.append({"name": ref["name"], "resourceClaimName": name})
+            pod.setdefault("status", {})["resourceClaimStatuses"] = statuses
+            self._put("Pod", namespace, pod_name, pod, "MODIFIED")
+            return made
 
     def set_node_ready(self, name: str, ready: bool) -> None:
         with self.lock:
@@ -483,6 +561,9 @@ class FakeApiServer:
             def do_DELETE(self) -> None:
                 self._serve("DELETE")
 
+            def do_PUT(self) -> None:
+                self._serve("PUT")
+
             def _serve(self, method: str) -> None:
                 parts = urlsplit(self.path)
                 query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
@@ -621,9 +702,13 @@ class FakeApiServer:
         values = obj["metadata"].get("labels") or {}
         if labels and not _selector_matches(labels, values, fields=False):
             return False
+        if fields and kind == "ResourceSlice":
+            spec = obj.get("spec") or {}
+            return _selector_matches(fields, {"spec.nodeName": spec.get("nodeName", ""),
+                                              "spec.driver": spec.get("driver", "")}, fields=True)
         return not (fields and kind == "Pod" and not _selector_matches(fields, _pod_fields(obj), fields=True))
 
-    def _list(self, kind: str, ns: str, query: dict[str, str]) -> dict:
+    def _list(self, kind: str, ns: str, query: dict[str, str], api_version: str = "v1") -> dict:
         with self.lock:
             items = sorted(((n, name), o) for (k, n, name), o in self.store.objects.items()
                            if k == kind and (not ns or n == ns))
@@ -636,7 +721,7 @@ class FakeApiServer:
         meta: dict[str, Any] = {"resourceVersion": rv}
         if start + limit < len(items):
             meta["continue"] = str(start + limit)
-        return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": page}
+        return {"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page}
 
     def _route(self, req: Request) -> tuple[int, dict | str]:
         path, m = req.path, None
@@ -644,6 +729,8 @@ class FakeApiServer:
             return 200, "ok"
         if path == "/api/v1/nodes" and req.method == "GET":
             return 200, self._list("Node", "", req.query)
+        if (where := resource_api.route(path)) is not None:
+            return self._resource(req, *where)
         if (m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path)) and req.method == "GET":
             return 200, self._get("Node", "", m[1])
         if path == "/api/v1/pods" and req.method == "GET":
@@ -683,6 +770,109 @@ class FakeApiServer:
             if req.method == "PATCH":
                 return 200, self._patch_event(m[1], m[2], req)
         raise ApiError(404, "NotFound", f"the fake API server has no {req.method} {path}")
+
+    def _resource(self, req: Request, plural: str, ns: str, name: str, sub: str) -> tuple[int, dict]:
+        """resource.k8s.io/v1: list, get, create, replace (PUT), merge-patch, delete; `status` of claims."""
+        kind, _ = resource_api.RESOURCES[plural]
+        if sub and (sub != "status" or kind != "ResourceClaim"):
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({plural}/{sub})")
+        if ns and ns not in self.namespaces:
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+        if req.method == "GET":
+            return 200, (self._get(kind, ns, name) if name else
+                         self._list(kind, ns, req.query, resource_api.API_VERSION))
+        if req.method == "POST" and not name:
+            body = req.body or {}
+            if body.get("kind") != kind:
+                raise ApiError(400, "BadRequest", f"the body is a {body.get('kind')}, not a {kind}")
+            self._validate(body)
+            with self.lock:
+                obj = resource_api.new_object(kind, ns, body)
+                key = (kind, ns, obj["metadata"].get("name", ""))
+                if key in self.store.objects:
+                    raise ApiError(409, "AlreadyExists", f'{plural}.resource.k8s.io "{key[2]}" already exists')
+                if kind == "ResourceClaim":
+                    obj["status"] = {}  # the status subresource: a create does not set it
+                self._check_resource(kind, obj, None, status=False)
+                self._admit(req, "CREATE", plural, obj, None)
+                return 201, self._put(kind, ns, key[2], obj, "ADDED")
+        if req.method in ("PUT", "PATCH") and name:
+            with self.lock:
+                old = self.store.objects.get((kind, ns, name))
+                if old is None:
+                    raise ApiError(404, "NotFound", f'{plural}.resource.k8s.io "{name}" not found')
+                body = req.body or {}
+                if req.method == "PATCH":
+                    if "merge-patch" not in req.content_type:
+                        raise ApiError(415, "UnsupportedMediaType",
+                                       f"the fake supports merge patches, not {req.content_type}")
+                    body = merge_patch(old, body)
+                want_rv = (body.get("metadata") or {}).get("resourceVersion")
+                if want_rv and want_rv != old["metadata"]["resourceVersion"]:
+                    raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {plural}.resource.k8s.io '
+                                   f'"{name}": the object has been modified; please apply your changes to the '
+                                   "latest version and try again")
+                new = copy.deepcopy(old)
+                if sub == "status":
+                    new["status"] = copy.deepcopy(body.get("status") or {})
+                else:
+                    new.update({k: copy.deepcopy(v) for k, v in body.items() if k not in ("metadata", "status")})
+                    for key in ("labels", "annotations", "ownerReferences", "finalizers"):
+                        if key in (body.get("metadata") or {}):
+                            new["metadata"][key] = copy.deepcopy(body["metadata"][key])
+                    if new.get("spec") != old.get("spec"):
+                        new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+                self._validate(new)
+                self._check_resource(kind, new, old, status=sub == "status")
+                self._admit(req, "UPDATE", plural, new, old)
+                return 200, self._put(kind, ns, name, new, "MODIFIED")
+        if req.method == "DELETE" and name:
+            with self.lock:
+                obj = self.store.objects.get((kind, ns, name))
+                if obj is None:
+                    raise ApiError(404, "NotFound", f'{plural}.resource.k8s.io "{name}" not found')
+                self._admit(req, "DELETE", plural, None, obj)
+                del self.store.objects[(kind, ns, name)]
+                self._record(kind, "DELETED", obj)
+                return 200, copy.deepcopy(obj)
+        raise ApiError(405, "MethodNotAllowed", f"the fake has no {req.method} for {plural}")
+
+    def _admit(self, req: Request, operation: str, plural: str, obj: dict | None, old: dict | None) -> None:
+        """The ValidatingAdmissionPolicies added with `add_policy`, as for pods."""
+        for policy in self.policies:
+            denied = policy_denial(policy, operation, plural, obj, old, req.user)
+            if denied:
+                code, reason, message = denied
+                name = (obj or old or {}).get("metadata", {}).get("name", "")
+                raise ApiError(code, reason, f'{plural}.resource.k8s.io "{name}" is forbidden: {message}')
+
+    def _check_resource(self, kind: str, obj: dict, old: dict | None, *, status: bool) -> None:
+        """resource.k8s.io/v1 semantics beyond the schema (fake_resource_api.py says which)."""
+        try:
+            if kind == "ResourceSlice":
+                resource_api.validate_slice(obj, old)
+            elif kind == "ResourceClaim" and old is not None:
+                if not status and obj.get("spec") != old.get("spec"):
+                    raise resource_api.Invalid("spec: Invalid value: field is immutable")
+                if status:
+                    resource_api.validate_claim_status(obj, old)
+                    if self.check_allocations:
+                        self._check_allocations(obj)
+        except resource_api.Invalid as exc:
+            name = obj["metadata"].get("name", "")
+            message = f'{kind}.resource.k8s.io "{name}" is invalid: {exc}'
+            self.invalid.append((obj, message))
+            raise ApiError(422, "Invalid", message) from exc
+
+    def _check_allocations(self, claim: dict) -> None:
+        key = ("ResourceClaim", claim["metadata"].get("namespace", ""), claim["metadata"]["name"])
+        claims = {k: o for k, o in self.store.objects.items() if k[0] == "ResourceClaim"}
+        slices = [o for k, o in self.store.objects.items() if k[0] == "ResourceSlice"]
+        before = set(resource_api.allocation_problems(list(claims.values()), slices))
+        claims[key] = claim
+        after = [p for p in resource_api.allocation_problems(list(claims.values()), slices) if p not in before]
+        if after:
+            raise resource_api.Invalid("status.allocation: Invalid value: " + "; ".join(after))
 
     def _get(self, kind: str, ns: str, name: str) -> dict:
         with self.lock:
@@ -903,4 +1093,7 @@ def _watched(path: str) -> tuple[str, str]:
         return "Pod", ""
     if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", path):
         return "Pod", m[1]
+    where = resource_api.route(path)
+    if where and not where[2]:
+        return resource_api.RESOURCES[where[0]][0], where[1]
     raise ApiError(404, "NotFound", f"cannot watch {path}")

@@ -232,6 +232,13 @@ class RealApiServer:
         for policy in self.admission.list_validating_admission_policy().items:
             self.admission.delete_validating_admission_policy(policy.metadata.name)
         self._add_runtime_class("nvidia")
+        for plural in ("resourceclaims", "resourceclaimtemplates"):
+            for name in TEST_NAMESPACES:
+                self._ignore_404(self.api.call_api, f"/apis/resource.k8s.io/v1/namespaces/{name}/{plural}", "DELETE",
+                                 auth_settings=["BearerToken"], _preload_content=False)
+        for plural in ("resourceslices", "deviceclasses"):
+            self._ignore_404(self.api.call_api, f"/apis/resource.k8s.io/v1/{plural}", "DELETE",
+                             auth_settings=["BearerToken"], _preload_content=False)
 
     def _delete_pods(self, namespace: str) -> None:
         for pod in self.core.list_namespaced_pod(namespace).items:
@@ -264,6 +271,33 @@ class RealApiServer:
             self.core.patch_node_status(name, {"status": {"addresses": [
                 {"type": "Hostname", "address": name}, {"type": "InternalIP", "address": address}]}})
         return self.set_node_ready(name, ready)
+
+    def remove_node(self, name: str) -> None:
+        """Delete the node and what its ownerReferences hold, as the garbage collector would (this
+        server runs no kube-controller-manager)."""
+        uid = self.core.read_node(name).metadata.uid
+        self.core.delete_node(name)
+        for obj in self.objects("ResourceSlice"):
+            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ()):
+                path = f"/apis/resource.k8s.io/v1/resourceslices/{obj['metadata']['name']}"
+                self._ignore_404(self.api.call_api, path, "DELETE", auth_settings=["BearerToken"],
+                                 _preload_content=False)
+
+    def objects(self, kind: str) -> list[dict]:
+        plural = {"Node": "/api/v1/nodes", "ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
+                  "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
+                  "ResourceClaim": "/apis/resource.k8s.io/v1/resourceclaims",
+                  "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/resourceclaimtemplates"}[kind]
+        return (self._raw(plural) or {}).get("items") or []
+
+    def put_object(self, obj: dict) -> dict:
+        """Create an object as a user's kubectl would (resource.k8s.io/v1 kinds)."""
+        meta = obj["metadata"]
+        plural = obj["kind"].lower() + ("es" if obj["kind"].endswith("s") else "s")
+        where = f"/namespaces/{meta['namespace']}" if meta.get("namespace") else ""
+        answer = self.api.call_api(f"/apis/resource.k8s.io/v1{where}/{plural}", "POST", body=obj,
+                                   auth_settings=["BearerToken"], _preload_content=False)[0]
+        return json.loads(answer.data)
 
     def set_node_ready(self, name: str, ready: bool) -> dict:
         condition = {"type": "Ready", "status": "True" if ready else "False",

@@ -46,7 +46,8 @@ def test_every_manifest_is_valid_for_kubernetes_1_34(path):
 
 def test_the_kustomization_applies_every_manifest_but_the_optional_ones():
     listed = {DEPLOY / p for p in yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]}
-    assert listed == {p for p in MANIFESTS if "optional" not in p.relative_to(DEPLOY).parts}
+    # deploy/dra/ has its own kustomization (clusters with DRA only): test_dra_manifests.py
+    assert listed == {p for p in MANIFESTS if not {"optional", "dra"} & set(p.relative_to(DEPLOY).parts)}
 
 
 def test_workload_pods_go_to_a_namespace_that_enforces_pod_security_baseline():
@@ -257,7 +258,7 @@ def test_the_ingress_sends_websockets_to_daphne_and_the_rest_to_gunicorn():
 
     paths = {p["path"]: p["backend"]["service"]["name"]
              for rule in find("Ingress", "tessera")["spec"]["rules"] for p in rule["http"]["paths"]}
-    assert paths == {"/ws/": "tessera-live", "/": "tessera-portal"}
+    assert paths == {"/ws/": "tessera-live", "/connect/": "tessera-live", "/": "tessera-portal"}
     commands = {}
     for service in paths.values():
         selector = find("Service", service)["spec"]["selector"]
@@ -269,6 +270,24 @@ def test_the_ingress_sends_websockets_to_daphne_and_the_rest_to_gunicorn():
     assert commands["tessera-live"][:3] == ["python", "-m", "portal.serve"]  # the WebSocket frame limit
     assert commands["tessera-portal"][:3] == ["gunicorn", "-c", "python:portal.web_server"]
     assert web_server.wsgi_app == "portal.wsgi:application" and web_server.limit_request_line > 0
+
+
+def test_app_ports_admit_only_the_portals_proxy():
+    """The pods with an app (the Kubernetes backend labels them and names their port) admit the live
+    pods (Daphne, where /connect/ is proxied) on that port, and nothing else at all."""
+    from scheduler.backends.kubernetes.manifests import APP_LABEL, APP_PORT_NAME
+
+    policy = find("NetworkPolicy", "tessera-connect-apps")
+    assert policy["metadata"]["namespace"] == find("ConfigMap", "tessera-config")["data"]["TESSERA_NAMESPACE"]
+    assert policy["spec"]["podSelector"] == {"matchExpressions": [{"key": APP_LABEL, "operator": "Exists"}]}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": APP_PORT_NAME, "protocol": "TCP"}]
+    (source,) = rule["from"]
+    live = find("Deployment", "tessera-live")
+    assert live["spec"]["template"]["metadata"]["labels"].items() >= source["podSelector"]["matchLabels"].items()
+    assert source["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": live["metadata"]["namespace"]}
 
 
 def test_the_portal_trusts_exactly_the_ingress_as_proxy_and_its_probe_names_an_allowed_host():

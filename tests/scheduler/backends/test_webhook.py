@@ -76,6 +76,17 @@ def test_a_kubeshare_pod_is_marked_for_the_watch_with_an_empty_reservation_label
     assert mutated["metadata"]["labels"] == {"sharedgpu/gpu_request": "0.5", "tessera.io/reservation": ""}
 
 
+def test_a_pod_whose_claims_bring_its_gpus_is_only_marked():
+    pod = kubeshare_pod()
+    del pod["metadata"]["labels"]
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu-share-04-12gi"}]
+    mutated = apply(pod, share_patch(pod))
+    assert mutated["metadata"]["labels"] == {"tessera.io/reservation": ""}
+    assert mutated["spec"]["containers"] == pod["spec"]["containers"]  # no share slot: the claim brings the GPU
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    assert share_patch(pod) == []
+
+
 @pytest.mark.parametrize("change", ["other scheduler", "no kubeshare label", "ours"])
 def test_other_pods_are_not_touched(change):
     pod = kubeshare_pod()
@@ -164,10 +175,12 @@ def test_a_malformed_request_gets_a_400_and_the_server_goes_on(https_webhook):
 def test_the_webhook_configuration_reaches_the_server_as_deployed():
     docs = list(yaml.safe_load_all((DEPLOY / "portal" / "webhook.yaml").read_text()))
     deployment, service, config = docs
-    (hook,) = config["webhooks"]
-    assert hook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
-    assert hook["clientConfig"]["service"]["path"] == "/mutate"
+    hook, dra_hook = config["webhooks"]
+    for h in (hook, dra_hook):
+        assert h["clientConfig"]["service"]["name"] == service["metadata"]["name"]
+        assert h["clientConfig"]["service"]["path"] == "/mutate"
     assert hook["objectSelector"]["matchExpressions"][0]["key"] == "sharedgpu/gpu_request"
+    assert "has(object.spec.resourceClaims)" in dra_hook["matchConditions"][0]["expression"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(container["args"])
     assert args.port == container["ports"][0]["containerPort"] and args.cert_file and args.key_file

@@ -17,6 +17,8 @@ from portal.placement import tasks
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_EVERY_S = 5.0  # as beat sends placement.housekeeping
+BOOKINGS_EVERY_S = 10.0  # as beat sends placement.bookings
+NOTIFICATIONS_EVERY_S = 60.0  # as beat sends notifications.check (waiting long, ending soon)
 
 
 class Command(BaseCommand):
@@ -37,11 +39,15 @@ class Command(BaseCommand):
                 raise SystemExit(2)
         stop = []
         signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-        due = {"reconcile": 0.0, "housekeeping": 0.0, "cycle": 0.0, "lifecycle": 0.0}
-        every = {"reconcile": reconcile_every, "housekeeping": HOUSEKEEPING_EVERY_S, "cycle": cycle_every,
-                 "lifecycle": lifecycle_every}
-        jobs = {"reconcile": tasks.reconcile, "housekeeping": tasks.housekeeping,
-                "cycle": lambda: tasks.run_cycles("periodic"), "lifecycle": tasks.lifecycle_checks}
+        from portal.notifications.checks import run_checks
+
+        due = {"reconcile": 0.0, "housekeeping": 0.0, "bookings": 0.0, "cycle": 0.0, "lifecycle": 0.0,
+               "notifications": 0.0}
+        every = {"reconcile": reconcile_every, "housekeeping": HOUSEKEEPING_EVERY_S, "bookings": BOOKINGS_EVERY_S,
+                 "cycle": cycle_every, "lifecycle": lifecycle_every, "notifications": NOTIFICATIONS_EVERY_S}
+        jobs = {"reconcile": tasks.reconcile, "housekeeping": tasks.housekeeping, "bookings": tasks.bookings,
+                "cycle": lambda: tasks.run_cycles("periodic"), "lifecycle": tasks.lifecycle_checks,
+                "notifications": run_checks}
         self.stdout.write("placement loop running (Ctrl-C to stop)")
         try:
             while not stop:

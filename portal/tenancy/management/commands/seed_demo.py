@@ -93,7 +93,9 @@ class Command(BaseCommand):
             for slug, name, kind, model, request, limit, memory, duration, image, command in PRESETS:
                 Preset.objects.get_or_create(team=teams[slug], name=name, defaults={
                     "kind": kind, "gpu_model": model, "gpu_request": Decimal(request), "gpu_limit": Decimal(limit),
-                    "gpu_memory_mib": memory, "max_duration_s": duration, "image": image, "command": command})
+                    "gpu_memory_mib": memory, "max_duration_s": duration, "image": image, "command": command,
+                    # the notebooks open in the browser (portal.connect); the local backend runs Jupyter
+                    "app": "jupyter" if name.startswith("Notebook") else ""})
             User = get_user_model()
             for username, staff, memberships in PEOPLE:
                 user, _ = User.objects.get_or_create(username=username, defaults={"email": f"{username}@example.com"})

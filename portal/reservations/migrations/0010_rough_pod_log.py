@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('reservations', '0007_admission'),
+        ('reservations', '0009_bookings'),
     ]
 
     operations = [

@@ -1,0 +1,452 @@
+"""The streaming ASGI proxy behind /connect/<reservation id>/: HTTP through aiohttp's client (its
+C parser: less CPU per request than httpx's pure-Python one, and more throughput on a large
+download), WebSockets through the `websockets` client, both to the address the cluster backend
+reports for the pod's app.
+
+Per request: the portal session (its cookie) must belong to someone who may open the app
+(access.target_for: the owner, or a team admin where the team allows it); anyone else, and every
+id that is not a running reservation with an app, gets the same 404. Then the portal's own cookies
+and credentials are taken off, the app's token is put on (`Authorization: token …`, which
+Jupyter reads; the browser never sees it) and the request goes to the pod. Bodies stream both ways
+in chunks, never held whole; request headers are bounded (431 over the limit), WebSocket messages
+from the app too (1009).
+
+Who may open what, and where the app is, are looked up once and kept for a few seconds per
+session and reservation (ACCESS_TTL_S): the per-request cost stays a dictionary lookup, and a
+reservation that ends or a role that is taken away stops working within that time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from http.cookies import CookieError, SimpleCookie
+from importlib import import_module
+from types import SimpleNamespace
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+from channels.db import database_sync_to_async
+from django.conf import settings
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from scheduler.backends import PodRef
+
+from . import access
+
+log = logging.getLogger(__name__)
+
+PATH = re.compile(r"^/connect/(?P<id>[0-9]{1,12})(?P<rest>/.*)?$")
+MAX_REQUEST_HEADERS = 100
+MAX_REQUEST_HEADER_BYTES = 64 * 1024
+MAX_WS_MESSAGE_BYTES = 16 * 1024 * 1024  # a notebook output with a few images fits
+# Bytes handed to Daphne per write: fewer, larger writes (each one a trip through Daphne and Twisted)
+# move a large download faster; what is held per response stays this small.
+STREAM_CHUNK = 256 * 1024
+ACCESS_TTL_S = 5.0
+ADDRESS_TTL_S = 30.0
+CACHE_MAX = 10_000
+# Hop-by-hop headers (RFC 9110 7.6.1) and what the proxy sets itself.
+HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+              b"transfer-encoding", b"upgrade", b"proxy-connection"}
+REQUEST_DROPPED = HOP_BY_HOP | {b"host", b"cookie", b"authorization", b"x-csrftoken", b"origin", b"referer",
+                                b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto",
+                                b"x-real-ip",
+                                # plain bodies from the app, so the token can be masked in them (Masker)
+                                b"accept-encoding"}
+WS_REQUEST_DROPPED = REQUEST_DROPPED | {b"content-length", b"sec-websocket-key", b"sec-websocket-version",
+                                        b"sec-websocket-extensions",
+                                        b"sec-websocket-protocol"}
+UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def portal_cookie_names() -> set[str]:
+    return {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME, "messages"}
+
+
+class _Cache:
+    """A small time-bounded map (one per process; cleared whole when full, which is rare and cheap)."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._items: dict = {}
+
+    def get(self, key):
+        hit = self._items.get(key)
+        if hit is None or hit[1] < time.monotonic():
+            return None
+        return hit[0]
+
+    def put(self, key, value) -> None:
+        if len(self._items) >= CACHE_MAX:
+            self._items.clear()
+        self._items[key] = (value, time.monotonic() + self.ttl_s)
+
+    def drop(self, key) -> None:
+        self._items.pop(key, None)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+_access = _Cache(ACCESS_TTL_S)
+_addresses = _Cache(ADDRESS_TTL_S)
+_sessions: dict[int, aiohttp.ClientSession] = {}
+
+
+def forget() -> None:
+    """Drop what this process remembers (tests change sessions and reservations under it)."""
+    _access.clear()
+    _addresses.clear()
+
+
+def _session() -> aiohttp.ClientSession:
+    """One pooled client per event loop (connections to the apps are kept alive between requests).
+    It adds no Accept-Encoding (bodies come plain, for the Masker) and keeps no cookies of its own."""
+    loop = asyncio.get_running_loop()
+    session = _sessions.get(id(loop))
+    if session is None or session.closed:
+        session = _sessions[id(loop)] = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=512, limit_per_host=64),
+            timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_read=300),
+            auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
+    return session
+
+
+def _lookup(session_key: str | None, reservation_id: int) -> tuple[access.Target | None, bool]:
+    """(what the session's user may open, whether the session has a user at all)."""
+    from django.contrib.auth import get_user
+
+    if not session_key:
+        return None, False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    user = get_user(SimpleNamespace(session=store))
+    if not user.is_authenticated:
+        return None, False
+    return access.target_for(user, reservation_id), True
+
+
+def _address(target: access.Target) -> str | None:
+    from portal.placement.backend import get_backend
+
+    return get_backend().app_address(PodRef(target.pod_namespace, target.pod_name), target.port)
+
+
+_lookup_async = database_sync_to_async(_lookup)
+_address_async = database_sync_to_async(_address)
+
+
+async def _resolve(session_key: str | None, reservation_id: int) -> tuple[access.Target | None, str | None, bool]:
+    key = (session_key, reservation_id)
+    cached = _access.get(key)
+    if cached is None:
+        cached = await _lookup_async(session_key, reservation_id)
+        _access.put(key, cached)
+    target, signed_in = cached
+    if target is None:
+        return None, None, signed_in
+    where = (target.reservation_id, target.pod_name)
+    address = _addresses.get(where)
+    if address is None:
+        address = await _address_async(target)
+        if address is not None:
+            _addresses.put(where, address)
+    return target, address, signed_in
+
+
+def _split_cookies(raw: bytes) -> tuple[str | None, str]:
+    """(the portal session key, the cookie header without the portal's cookies)."""
+    ours = portal_cookie_names()
+    session_key, kept = None, []
+    for part in raw.decode("latin-1").split(";"):
+        name, _, value = part.strip().partition("=")
+        if not name:
+            continue
+        if name == settings.SESSION_COOKIE_NAME:
+            session_key = value.strip('"') or None
+        if name not in ours:
+            kept.append(f"{name}={value}")
+    return session_key, "; ".join(kept)
+
+
+def _check_headers(headers: list[tuple[bytes, bytes]]) -> bool:
+    return len(headers) <= MAX_REQUEST_HEADERS and sum(len(k) + len(v) for k, v in headers) <= MAX_REQUEST_HEADER_BYTES
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for k, v in headers:
+        if k.lower() == name:
+            return v
+    return None
+
+
+def _same_origin(headers: list[tuple[bytes, bytes]]) -> bool:
+    """A browser's Origin (when it sends one) names the host it asked: a page elsewhere may not
+    drive the app with the user's session."""
+    origin = _header(headers, b"origin")
+    if origin is None:
+        return True
+    host = _header(headers, b"host")
+    return host is not None and urlsplit(origin.decode("latin-1")).netloc.lower() == host.decode("latin-1").lower()
+
+
+def _upstream_headers(scope, dropped: set[bytes], cookie: str, target: access.Target) -> list[tuple[str, str]]:
+    out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k.lower() not in dropped]
+    if cookie:
+        out.append(("cookie", cookie))
+    out.append(("authorization", f"token {access.app_token(target.reservation_id)}"))
+    client = scope.get("client")
+    if client:
+        out.append(("x-forwarded-for", str(client[0])))
+    host = _header(scope["headers"], b"host")
+    if host:
+        out.append(("x-forwarded-host", host.decode("latin-1")))
+    out.append(("x-forwarded-proto", "https" if scope.get("scheme") in ("https", "wss") else "http"))
+    return out
+
+
+def _upstream_path(scope) -> str:
+    path = scope.get("raw_path") or quote(scope["path"]).encode()
+    query = scope.get("query_string") or b""
+    return path.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
+
+
+async def _respond(send, status: int, text: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-store"),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+NOT_FOUND = "Not found."
+
+
+class ConnectProxy:
+    """ASGI: /connect/… here, everything else to `fallback` (Django for HTTP, Channels' routes for
+    WebSockets)."""
+
+    def __init__(self, fallback) -> None:
+        self.fallback = fallback
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] in ("http", "websocket") and scope["path"].startswith(access.PREFIX):
+            match = PATH.match(scope["path"])
+            if scope["type"] == "http":
+                await self.http(scope, receive, send, match)
+            else:
+                await self.websocket(scope, receive, send, match)
+            return
+        await self.fallback(scope, receive, send)
+
+    # -- HTTP -------------------------------------------------------------------------------------
+
+    async def http(self, scope, receive, send, match) -> None:
+        headers = scope["headers"]
+        if not _check_headers(headers):
+            await _respond(send, 431, "Request headers too large.")
+            return
+        if match is None:
+            await _respond(send, 404, NOT_FOUND)
+            return
+        if match["rest"] is None:  # /connect/7 → /connect/7/ (the app's links are relative to it)
+            await _respond(send, 301, "", [(b"location", f"{access.PREFIX}{match['id']}/".encode())])
+            return
+        session_key, cookie = _split_cookies(_header(headers, b"cookie") or b"")
+        target, address, signed_in = await _resolve(session_key, int(match["id"]))
+        if target is None:
+            if not signed_in and scope["method"] in ("GET", "HEAD"):
+                login = f"{settings.LOGIN_URL}?next={quote(scope['path'])}"
+                await _respond(send, 302, "Sign in first.", [(b"location", login.encode())])
+            else:
+                await _respond(send, 404, NOT_FOUND)
+            return
+        if scope["method"] in UNSAFE_METHODS and not _same_origin(headers):
+            await _respond(send, 403, "This request came from another site.")
+            return
+        if address is None:
+            await _respond(send, 503, "The app is starting; reload in a moment.", [(b"retry-after", b"2")])
+            return
+        try:
+            response = await _session().request(
+                scope["method"], f"http://{address}{_upstream_path(scope)}",
+                headers=_upstream_headers(scope, REQUEST_DROPPED, cookie, target),
+                # A body streams on (its Content-Length kept, else chunked); none is sent as none,
+                # not as an empty chunked one the app would wait for.
+                data=_body(receive) if _has_body(headers) else None, allow_redirects=False)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            _addresses.drop((target.reservation_id, target.pod_name))
+            log.info("connect %s: %s did not answer: %s", target.reservation_id, address, exc)
+            await _respond(send, 502, "The app did not answer; it may still be starting or it stopped.")
+            return
+        masker = Masker(access.app_token(target.reservation_id))
+        # A browser that goes away (a cancelled download) stops the copy from the app. Its receive
+        # channel is free to watch only once the request's body was read.
+        gone = None if _has_body(headers) else asyncio.ensure_future(_disconnected(receive))
+        try:
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": _response_headers(response.raw_headers)})
+            async for chunk in response.content.iter_chunked(STREAM_CHUNK):  # what has come, up to that
+                if gone is not None and gone.done():
+                    break
+                chunk = masker.feed(chunk)
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": masker.end()})
+        except (aiohttp.ClientError, TimeoutError) as exc:  # the app went away mid-answer: end it there
+            log.info("connect %s: the answer broke off: %s", target.reservation_id, exc)
+            await send({"type": "http.response.body", "body": masker.end()})
+        finally:
+            if gone is not None:
+                gone.cancel()
+            if response.content.at_eof():
+                response.release()  # the connection goes back to the pool
+            else:
+                response.close()
+
+    # -- WebSockets -------------------------------------------------------------------------------
+
+    async def websocket(self, scope, receive, send, match) -> None:
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        headers = scope["headers"]
+        target = address = None
+        if match is not None and match["rest"] is not None and _check_headers(headers) and _same_origin(headers):
+            session_key, cookie = _split_cookies(_header(headers, b"cookie") or b"")
+            target, address, _signed_in = await _resolve(session_key, int(match["id"]))
+        if target is None or address is None:
+            await send({"type": "websocket.close", "code": 1008})  # refused before accept: 403
+            return
+        requested = [p.strip() for p in (_header(headers, b"sec-websocket-protocol") or b"").decode().split(",")
+                     if p.strip()]
+        try:
+            upstream = await ws_connect(
+                f"ws://{address}{_upstream_path(scope)}",
+                additional_headers=_upstream_headers(scope, WS_REQUEST_DROPPED, cookie, target),
+                subprotocols=requested or None, max_size=MAX_WS_MESSAGE_BYTES, open_timeout=10,
+                compression=None, proxy=None)
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            if not isinstance(exc, InvalidStatus):
+                _addresses.drop((target.reservation_id, target.pod_name))
+            log.info("connect %s: the app refused the WebSocket: %s", target.reservation_id, exc)
+            await send({"type": "websocket.close", "code": 1011})
+            return
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+        await _pump(receive, send, upstream, access.app_token(target.reservation_id))
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    length = _header(headers, b"content-length")
+    return (length is not None and length.strip() != b"0") or _header(headers, b"transfer-encoding") is not None
+
+
+async def _body(receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body"):
+            return
+
+
+def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
+    ours = portal_cookie_names()
+    out = []
+    for name, value in raw:
+        lower = name.lower()
+        if lower in HOP_BY_HOP:
+            continue
+        if lower == b"set-cookie" and _cookie_name(value) in ours:
+            continue  # the app may not replace the portal's session
+        out.append((lower, value))
+    return out
+
+
+def _cookie_name(value: bytes) -> str:
+    try:
+        return next(iter(SimpleCookie(value.decode("latin-1")).keys()), "")
+    except CookieError:
+        return value.split(b"=", 1)[0].strip().decode("latin-1")
+
+
+class Masker:
+    """Replaces the app's token in a streamed body by as many zeros (the length, and so any
+    Content-Length, stays the same): an app may put its own token in what it serves (Jupyter
+    writes it into every page), and the browser must never get it. Holds back only the last
+    len(token) - 1 bytes between chunks, where a token may be cut in two."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token.encode()
+        self.mask = b"0" * len(self.token)
+        self.keep = len(self.token) - 1
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = (self.tail + chunk).replace(self.token, self.mask) if self.tail else chunk.replace(self.token, self.mask)
+        if len(data) <= self.keep:
+            self.tail = data
+            return b""
+        self.tail = data[-self.keep:]
+        return data[:-self.keep]
+
+    def end(self) -> bytes:
+        tail, self.tail = self.tail, b""
+        return tail
+
+
+async def _pump(receive, send, upstream, token: str) -> None:
+    """Messages both ways until either side closes; then the other is closed too."""
+
+    async def from_browser() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("bytes") is not None:
+                await upstream.send(message["bytes"])
+            elif message.get("text") is not None:
+                await upstream.send(message["text"])
+
+    async def from_app() -> None:
+        try:
+            text_mask = "0" * len(token)
+            bytes_token, bytes_mask = token.encode(), text_mask.encode()
+            async for data in upstream:  # whole messages: the token cannot be cut in two here
+                if isinstance(data, bytes):
+                    await send({"type": "websocket.send", "bytes": data.replace(bytes_token, bytes_mask)})
+                else:
+                    await send({"type": "websocket.send", "text": data.replace(token, text_mask)})
+        except ConnectionClosed:
+            pass
+        code = upstream.close_code or 1000
+        # 1005, 1006 and 1015 are never sent on the wire
+        await send({"type": "websocket.close", "code": 1000 if code in (1005, 1006, 1015) else code})
+
+    browser = asyncio.ensure_future(from_browser())
+    app = asyncio.ensure_future(from_app())
+    try:
+        await asyncio.wait({browser, app}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (browser, app):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await upstream.close()
+        for task in (browser, app):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -1,0 +1,98 @@
+"""What is booked over a span of time, as the calendar page, the bookings API and the iCal feed
+show it: the bookings a user may see (their teams' reservations: members their own team's,
+managers the teams they manage, site admins all) and, per GPU model, the fleet's cards and the
+most of them booked at once."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db.models import Count, Sum
+
+from portal.fleet.models import Gpu
+
+from .models import Reservation
+from .services.booking import TAKING
+
+LONGEST_SPAN = timedelta(days=92)
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """One GPU model over the span: its cards, and the most booked at once (compute share,
+    memory, GPUs) among the bookings shown."""
+
+    gpu_model: str
+    gpus: int
+    memory_gib: int
+    peak_gpu_share: Decimal
+    peak_memory_gib: int
+    peak_gpus: int
+
+    @property
+    def high(self) -> float:
+        """Where a meter of this model's booked GPUs turns to a warning: 80 % of its cards."""
+        return 0.8 * self.gpus
+
+
+def bookings_of(user, start: datetime, end: datetime, gpu_model: str = "", mine: bool = False):
+    """The bookings `user` may see whose window meets [start, end): booked ones and the
+    reservations they became while those run; earliest first."""
+    rows = (Reservation.objects.visible_to(user)
+            .filter(starts_at__isnull=False, starts_at__lt=end, ends_at__gt=start, state__in=TAKING)
+            .select_related("team", "owner").order_by("starts_at", "pk"))
+    if gpu_model:
+        rows = rows.filter(gpu_model=gpu_model)
+    if mine:
+        rows = rows.filter(owner=user)
+    return rows
+
+
+def load_by_model(bookings, gpu_model: str = "") -> list[ModelLoad]:
+    """Per GPU model of the fleet (or the one named): its cards and the peak of `bookings`."""
+    fleet = Gpu.objects.order_by().values("model").annotate(n=Count("id"), memory=Sum("memory_mib"))
+    if gpu_model:
+        fleet = fleet.filter(model=gpu_model)
+    by_model: dict[str, list[Reservation]] = defaultdict(list)
+    for r in bookings:
+        by_model[r.gpu_model].append(r)
+    out = []
+    for row in sorted(fleet, key=lambda r: r["model"]):
+        share, memory, gpus = _peak(by_model.get(row["model"], []))
+        out.append(ModelLoad(row["model"], row["n"], (row["memory"] or 0) // 1024, share, memory // 1024, gpus))
+    return out
+
+
+@dataclass(frozen=True)
+class DayLoad:
+    """One day: per model of `models`, the most of it booked at once (GPU share) that day."""
+
+    day: datetime
+    cells: list[tuple[ModelLoad, Decimal]]
+
+
+def by_day(bookings, models: list[ModelLoad], start: datetime, days: int) -> list[DayLoad]:
+    """The peak booked each day from `start` (midnight UTC), per model; days with none left out."""
+    out = []
+    for i in range(days):
+        lo, hi = start + timedelta(days=i), start + timedelta(days=i + 1)
+        cells = []
+        for m in models:
+            active = [r for r in bookings if r.gpu_model == m.gpu_model and r.starts_at < hi and r.ends_at > lo]
+            cells.append((m, _peak(active, lo)[0]))
+        if any(share for _, share in cells):
+            out.append(DayLoad(lo, cells))
+    return out
+
+
+def _peak(bookings: list[Reservation], since: datetime | None = None) -> tuple[Decimal, int, int]:
+    best = (Decimal(0), 0, 0)
+    for at in {max(r.starts_at, since) if since else r.starts_at for r in bookings}:
+        active = [r for r in bookings if r.starts_at <= at < r.ends_at]
+        total = (sum((r.gpu_request * r.gpu_count for r in active), Decimal(0)),
+                 sum(r.gpu_memory_mib * r.gpu_count for r in active), sum(r.gpu_count for r in active))
+        best = max(best, total)
+    return best
