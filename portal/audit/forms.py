@@ -34,6 +34,14 @@ class AuditQuery(forms.Form):
     since = DayField(required=False)
     until = DayField(required=False)
 
+    def clean(self):
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since and until and since > until:
+            self.add_error("since", f"the range ends before it starts: {since} is after {until}; give the earlier "
+                                    "day first")
+        return data
+
     def problems(self) -> dict[str, list[str]]:
         """Each refused filter with its messages."""
         return {name: list(messages) for name, messages in self.errors.items()}

@@ -45,6 +45,14 @@ class Node(models.Model):
         return self.name
 
 
+def gpus_name(indexes, node: str, model: str) -> str:
+    """GPUs as a person reads them: "GPU 0 on a100-node-1 (A100-80GB)", "GPUs 0, 1 on a100-node-1
+    (A100-80GB)"; never their UUIDs, which are for machines."""
+    indexes = list(indexes)
+    which = f"GPU {indexes[0]}" if len(indexes) == 1 else f"GPUs {', '.join(map(str, indexes))}"
+    return f"{which} on {node}" + (f" ({model})" if model else "")
+
+
 # A GPU its node's agent reported that is not in the inventory: recorded cordoned with this reason,
 # and approved by a site admin uncordoning it. An agent's word (its token may be stolen) adds no
 # capacity: nothing is placed on such a GPU, and reports count none of its time.

@@ -97,6 +97,15 @@ def lose_reservation(backend: Backend, r: Reservation, why: str) -> None:
         delete_quietly(backend, r.pod_namespace, r.pod_name, why)  # the node is gone; reconcile retries
 
 
+def lose_node_reservations(backend: Backend, node: Node, why: str) -> int:
+    """Lose what a lost node held: its GPUs' reservations, and the remote shares whose pods run
+    there (their GPU elsewhere). Returns how many there were."""
+    held = list(Reservation.objects.filter(Q(node=node) | Q(client_node=node), state__in=HOLDS_GPU))
+    for r in held:
+        lose_reservation(backend, r, why)
+    return len(held)
+
+
 def apply_node(backend: Backend, cond: NodeCondition) -> None:
     node = Node.objects.filter(name=cond.name).first()
     if node is None:
@@ -106,9 +115,7 @@ def apply_node(backend: Backend, cond: NodeCondition) -> None:
     if not cond.ready:
         reason = "the cluster reports the node not ready" + (f": {cond.reason}" if cond.reason else "")
         fleet.mark_lost(node.pk, LostCause.CLUSTER_NOT_READY, reason)
-        # Its GPUs' reservations, and the remote shares whose pods run there (their GPU elsewhere).
-        for r in Reservation.objects.filter(Q(node=node) | Q(client_node=node), state__in=HOLDS_GPU):
-            lose_reservation(backend, r, f"node {node.name} is not ready")
+        lose_node_reservations(backend, node, f"node {node.name} is not ready")
     elif node.status == NodeStatus.LOST and node.lost_cause == LostCause.CLUSTER_NOT_READY:
         if fleet.mark_back(node.pk, LostCause.CLUSTER_NOT_READY):
             memo.bump_on_commit()

@@ -21,6 +21,7 @@ from decimal import Decimal
 
 from django.db import transaction
 
+from portal.fleet.models import gpus_name
 from portal.reservations import actors, services
 from portal.reservations.models import Admission, Reservation
 from portal.reservations.states import IllegalTransition
@@ -62,8 +63,14 @@ class CycleReport:
         return ", ".join(f"{name} {s:.3f}" for name, s in self.phases.items())
 
 
+def _model_on(fleet: fleet_cache.Fleet, node: str, index: int) -> str:
+    """The model of GPU `index` of `node`, as the snapshot knew it."""
+    blank = fleet.nodes[fleet.position_of_node[fleet.node_ids[node]]].blank
+    return next((g.model for g in blank.gpus if g.index == index), "")
+
+
 def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int],
-             remote: SharingChoice | None = None) -> services.Placing:
+             remote: SharingChoice | None = None, fleet: fleet_cache.Fleet | None = None) -> services.Placing:
     share = Decimal(str(p.gpu_request)).quantize(MILLI)
     allocations = tuple(services.NewAllocation(gpu_ids[u], share, p.gpu_memory_mib) for u in p.gpu_uuids)
     if remote is not None:
@@ -77,10 +84,11 @@ def _placing(p: core.Placement, node_ids: dict[str, int], gpu_ids: dict[str, int
     else:
         mode = SharingMode.LOCAL
         why = f"a {p.gpu_request:g} share of GPU {p.gpu_indexes[0]} on {p.node}, where the pod runs"
+    model = _model_on(fleet, p.node, p.gpu_indexes[0]) if fleet is not None else ""
     held = {"borrowed": " (borrowed beyond the team's quota: may be reclaimed)",
             "opportunistic": " (opportunistic: on idle capacity, may be preempted)"}.get(p.admission, "")
     return services.Placing(int(p.request_id), node_ids[p.node], allocations,
-                            f"placed on {p.node} ({', '.join(p.gpu_uuids)}){held}", mode, why,
+                            f"placed on {gpus_name(p.gpu_indexes, p.node, model)}{held}", mode, why,
                             admission=p.admission)
 
 
@@ -123,6 +131,7 @@ class Batches:
         self.waiting: dict[str, str] = {}  # request id → why it waits
         self.node_ids: dict[str, int] | None = None
         self.gpu_ids: dict[str, int] = {}
+        self.fleet: fleet_cache.Fleet | None = None
         self.seconds = 0.0  # spent committing
         self.remote: dict[str, SharingChoice] = {}  # request id → its remote share (portal.placement.remote)
         self.reclaims: list[core.Reclaim] = []
@@ -209,8 +218,8 @@ class Batches:
         if self.node_ids is None:  # the first decision: names → ids, once per cycle
             # The fleet the snapshot was made of (kept per fleet version), not 4,500 rows read
             # again: a node or GPU gone since is refused by `place_many`, which locks its row.
-            fleet = fleet_cache.fleet()
-            self.node_ids, self.gpu_ids = fleet.node_ids, fleet.gpu_ids
+            self.fleet = fleet_cache.fleet()
+            self.node_ids, self.gpu_ids = self.fleet.node_ids, self.fleet.gpu_ids
         report = self.report
         # A unit with victims evicts them first in its own savepoint; the plain ones commit
         # together through `place_many`, which refuses only what no longer fits.
@@ -221,7 +230,7 @@ class Batches:
             evicted: list[Eviction] = []
             for placements, victims in units:
                 try:
-                    placings = [_placing(p, self.node_ids, self.gpu_ids, self.remote.get(p.request_id))
+                    placings = [_placing(p, self.node_ids, self.gpu_ids, self.remote.get(p.request_id), self.fleet)
                                 for p in placements]
                 except KeyError as exc:  # the node or GPU left the fleet (or its GPU was cordoned) since
                     self._lost_race(placements, f"{exc} is gone")

@@ -22,14 +22,18 @@ from . import bookings_feed, memo, remote, snapshot
 from .commit import Batches, CycleReport, OnBind
 from .locking import Lease
 from .queue import read_queue, update_queue
+from .reasons import AwaitingApproval, waiting_text
 
 __all__ = ["CycleReport", "run_cycle"]
 
 
-def _reason_text(reasons: tuple[core.Reason, ...]) -> str:
+def _reason_text(reasons: tuple[core.Reason, ...], request: core.Request | None,
+                 awaiting: AwaitingApproval) -> str:
     if not reasons:
         return "no GPU fits this request right now"
-    return "; ".join(r.message for r in reasons)[:500]
+    if request is None:  # a gang's own words: not one request's
+        return "; ".join(r.message for r in reasons)[:500]
+    return waiting_text(reasons, request, awaiting.count(request))
 
 
 def _after(fleet: core.Snapshot, requests: list[core.Request], batches: Batches,
@@ -82,6 +86,8 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
     waiting = batches.waiting  # request id → why it waits
     reclaim_due: dict[str, float] = {}  # reclaimed share → when it goes
     unschedulable: set[str] = set()
+    by_id = {r.id: r for r in requests}
+    awaiting = AwaitingApproval()  # read only when something waits
     deciding = time.perf_counter()
     report.phases["read"] = deciding - started
     # Agents hear of this cycle's placements once per node, when its batches are done.
@@ -89,7 +95,8 @@ def run_cycle(lease: Lease, on_bind: OnBind, renew=lambda: True) -> CycleReport:
         for decision in decisions:
             if isinstance(decision, core.Unschedulable):
                 unschedulable.add(decision.request_id)
-                waiting[decision.request_id] = _reason_text(decision.reasons)
+                waiting[decision.request_id] = _reason_text(decision.reasons, by_id.get(decision.request_id),
+                                                            awaiting)
             elif isinstance(decision, core.Reclaim):
                 batches.reclaim(decision)  # not memoised: it is looked at again until its victims go
                 reclaim_due.update(decision.due)

@@ -4,7 +4,8 @@ reservations that stopped holding GPUs.
 A pod that finished by itself (its reservation succeeded or failed) holds nothing once its share
 is released, and its log is what its owner reads next: a kubectl pod is left to its owner (a Job's
 `ttlSecondsAfterFinished`, `kubectl delete`), a portal pod is kept TESSERA_KEEP_FINISHED_PODS_S
-(default an hour) for the reservation page's log, then deleted."""
+(default an hour) for the reservation page's log, then deleted. Whatever ends a pod, its last
+lines are kept first (reservations' PodLog), so the page still shows them once it is gone."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from scheduler.backends import Backend, BackendError, PodRef
 
 log = logging.getLogger(__name__)
 GRACE_S = 30
+LOG_LINES = 200  # what the reservation page shows of a pod's log, live or kept
 FINISHED = (State.SUCCEEDED, State.FAILED)
 
 
@@ -33,7 +35,22 @@ def delete_pod(backend: Backend, namespace: str, name: str, reason: str, grace_s
     """Delete one pod; False when there was none. Transient backend errors are raised."""
     if not namespace or not name:
         return False
+    keep_log(backend, namespace, name)
     return backend.unbind(PodRef(namespace, name), grace_s, reason)
+
+
+def keep_log(backend: Backend, namespace: str, name: str) -> None:
+    """Keep the last lines of a reservation's pod before it is deleted. A log the cluster does not
+    give now is not worth keeping the pod for: the deletion goes on without it."""
+    if not Reservation.objects.filter(pod_namespace=namespace, pod_name=name).exists():
+        return  # a pod no reservation names (a stray, a rejected kubectl pod): nobody reads its log
+    try:
+        text = backend.pod_log(PodRef(namespace, name), LOG_LINES)
+    except BackendError as exc:
+        log.warning("could not keep the log of pod %s/%s: %s", namespace, name, exc)
+        return
+    if text:
+        services.keep_pod_log(namespace, name, text)
 
 
 def delete_quietly(backend: Backend, namespace: str, name: str, reason: str, grace_s: int = GRACE_S) -> None:

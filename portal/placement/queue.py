@@ -35,6 +35,7 @@ from scheduler.core.forecast.arrivals import DEFAULT_HORIZON_S as HORIZON_S
 from scheduler.core.queue import queue_order
 
 from . import snapshot
+from .reasons import estimate_words
 from .snapshot import Pending
 
 ESTIMATED = 1000  # the first this many in the queue get an estimate; the rest are told how many are ahead
@@ -191,7 +192,7 @@ def _why_none(e: Estimate | None) -> str:
     """Why there is no estimated start ("" when there is one), without the forecast's own lead-in."""
     if e is None or e.start is not None:
         return ""
-    return e.reason.removeprefix("no estimate: ").removeprefix("no estimate")
+    return estimate_words(e.reason.removeprefix("no estimate: ").removeprefix("no estimate"))
 
 
 def waiting_requests(fleet: core.Snapshot) -> list[core.Request]:

@@ -4,7 +4,11 @@
 - a placed reservation without its pod gets it (re)created: bind is idempotent, and a bind that a
   killed worker never finished is redone here; a running one whose pod vanished fails with a reason;
 - a node the cluster reports NotReady is handled as lost (team policy: requeue or fail), and one
-  that is Ready again returns.
+  that is Ready again returns;
+- where the cluster does not watch its nodes (`backend.watches_nodes` false: the local backend),
+  a node whose agent went silent (fleet.services.mark_lost_nodes) is handled as lost the same way:
+  nothing else would ever end its reservations. On Kubernetes a silent agent alone ends nothing:
+  the kubelet may still run the pods, and the cluster says when the node is really gone.
 
 The pods are listed before the database is read, so a pod created meanwhile is never mistaken
 for an orphan: its reservation was committed before its bind started.
@@ -16,14 +20,14 @@ import logging
 from dataclasses import dataclass, field
 
 from portal.fleet import services as fleet
-from portal.fleet.models import Node, NodeStatus
+from portal.fleet.models import LostCause, Node, NodeStatus
 from portal.reservations import actors, services
 from portal.reservations.models import Reservation, Source
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler.backends import Backend, NodeEvent, Phase, PodEvent, PodStatus
 
 from . import binding
-from .cluster_events import apply_events, apply_pod, is_current_pod
+from .cluster_events import apply_events, apply_pod, is_current_pod, lose_node_reservations
 from .pods import GRACE_S
 
 log = logging.getLogger(__name__)
@@ -89,6 +93,11 @@ def reconcile(backend: Backend) -> ReconcileReport:
             report.nodes_lost.append(cond.name)
         if not cond.ready or node.status == NodeStatus.LOST:
             apply_events(backend, [NodeEvent(cond)])
+    if not backend.watches_nodes:
+        for node in db_nodes.values():
+            silent = node.status == NodeStatus.LOST and node.lost_cause == LostCause.AGENT_SILENT
+            if silent and lose_node_reservations(backend, node, f"node {node.name} was lost: {node.status_reason}"):
+                report.nodes_lost.append(node.name)
     return report
 
 

@@ -27,15 +27,28 @@ def usage_table(data: dict) -> tuple[list[str], list[list]]:
     its quota GPU-hours (from the current quota rows) and the GPU-hours it lent (reports.fairshare)."""
     device = data["total"]["device_busy_hours"] is not None
     quota = data["group_by"] in QUOTA_GROUPS
-    header = ([GROUP_HEADERS[data["group_by"]], "allocated (GPU-hours)", "used (GPU-hours)",
+    by_reservation = data["group_by"] == "reservation"
+    tz = data["time_zone"]
+    who = (["reservation id", "name", "owner", "team", "GPU model", f"start ({tz})", f"end ({tz})"] if by_reservation
+           else [GROUP_HEADERS[data["group_by"]]])
+    header = (who + ["allocated (GPU-hours)", "used (GPU-hours)",
               "used / allocated (%)", "idle allocated (GPU-hours)", "burst above request (GPU-hours)",
               "borrowed beyond quota (GPU-hours)", "opportunistic (GPU-hours)"]
               + (["quota (GPU-hours, current quota rows)", "lent to others (GPU-hours)",
                   "department" if data["group_by"] == "team" else "within"] if quota else [])
               + (["device busy (hours)"] if device else []) + ["note"])
 
+    def identity(r: dict) -> list:
+        if not by_reservation:
+            return [r["label"]]
+        res = r.get("reservation")
+        if res is None:  # the Total line
+            return [r["label"]] + [""] * (len(who) - 1)
+        return [res["id"], res["name"], res["owner"], res["team"], res["gpu_model"],
+                _local(res["started_at"], tz), _local(res["finished_at"], tz)]
+
     def line(r: dict) -> list:
-        return ([r["label"], r["allocated_gpu_hours"], r["used_gpu_hours"], _blank(r["used_pct"]),
+        return (identity(r) + [r["allocated_gpu_hours"], r["used_gpu_hours"], _blank(r["used_pct"]),
                  r["idle_allocated_gpu_hours"], r["burst_gpu_hours"], r["borrowed_gpu_hours"],
                  r["opportunistic_gpu_hours"]]
                 + ([_blank(r["quota_gpu_hours"]), _blank(r["lent_gpu_hours"]), r["department"]] if quota else [])
@@ -61,6 +74,13 @@ def overview_table(data: dict) -> tuple[list[str], list[list]]:
 
 def _blank(x):
     return "" if x is None else x
+
+
+def _local(at, tz: str) -> str:
+    """A moment in the report's time zone, to the second ("" for none: not started, or not ended)."""
+    from zoneinfo import ZoneInfo
+
+    return "" if at is None else at.astimezone(ZoneInfo(tz)).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # What a spreadsheet reads as a formula when a cell starts with it (OWASP, ASVS 1.2.10).

@@ -58,7 +58,9 @@ class ReportQuery(forms.Form):
             until = now
             since = until - RANGES[data.get("range") or "7d"]
         if since >= until:
-            self.add_error("since", "must be before until")
+            ends = f"{until_text}" if until_text else "now"
+            self.add_error("since", f"the window ends before it starts: {since_text} is after {ends}; "
+                                    "give the earlier day first")
         elif until - since > MAX_SPAN:
             self.add_error("since", f"the window may span at most {MAX_SPAN.days} days")
         data["window"] = Window(since=since, until=until, tz=tz)

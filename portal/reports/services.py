@@ -26,7 +26,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.db.models import Q
 from django.utils import timezone
 
-from portal.fleet.models import Gpu
+from portal.fleet.models import Gpu, gpus_name
 from portal.reservations import engine_quotas
 from portal.reservations.models import Admission, Allocation, Reservation
 from portal.tenancy.models import Team
@@ -55,6 +55,9 @@ class Row:
     quota_gpu_hours: float | None = None
     lent_gpu_hours: float | None = None
     department: str = ""  # a team's departments from the top ("Research › Language")
+    # Grouped by reservation: who and what it is, one field each (id, name, owner, team, the GPU
+    # models it held, when it started and ended), for the CSV's columns and the JSON alike.
+    reservation: dict | None = None
 
     def add(self, other: Row) -> None:
         for name in ("allocated_gpu_hours", "used_gpu_hours", "idle_allocated_gpu_hours", "burst_gpu_hours",
@@ -88,7 +91,7 @@ class Row:
                 "lent_gpu_hours": None if self.lent_gpu_hours is None else _r(self.lent_gpu_hours),
                 "department": self.department,
                 "device_busy_hours": None if self.device_busy_hours is None else _r(self.device_busy_hours),
-                "note": self.note}
+                "note": self.note} | ({"reservation": self.reservation} if self.reservation is not None else {})
 
 
 def _r(x: float) -> float:
@@ -133,19 +136,22 @@ class _Res:
     name: str
     admission: str
     state: str
+    started_at: datetime | None = None  # running (else placed) since
+    finished_at: datetime | None = None
 
 
-def _reservation_key(group_by: str, res: _Res, rid: int, gpu: tuple[str, str, str] | None) -> tuple[str, str]:
-    """(key, label) of the row a reservation's share on a GPU (node, model, uuid) adds to."""
+def _reservation_key(group_by: str, res: _Res, rid: int, gpu: tuple[str, str, str, int] | None) -> tuple[str, str]:
+    """(key, label) of the row a reservation's share on a GPU (node, model, uuid, index) adds to. A
+    GPU's row is keyed by its UUID and labelled as a person reads it ("GPU 0 on t4-node-1 (T4)")."""
     if group_by == "team":
         return res.team, res.team
     if group_by == "user":
         return res.owner, res.owner
     if group_by == "reservation":
         return str(rid), f"{res.name or '#' + str(rid)} ({res.owner}, {res.team})"
-    node, model, uuid = gpu or ("?", "?", "?")
+    node, model, uuid, index = gpu or ("?", "?", "?", "?")
     key = {"node": node, "gpu_model": model, "gpu": uuid}[group_by]
-    return key, (f"{node} / {uuid}" if group_by == "gpu" else key)
+    return key, (gpus_name([index], node, model) if group_by == "gpu" else key)
 
 
 def usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
@@ -169,9 +175,10 @@ def _quota_columns(report: Report, group_by: str) -> None:
     total_lent = sum(lent.get(t.slug, 0.0) for t in report.teams)
     by_team = {r.key: r for r in report.rows} if report.group_by == "team" else {}
     if report.group_by == "team":
-        # A team that held nothing in the window still had its quota, and may have lent it.
-        for t in report.teams:
-            if t.slug not in by_team and (quota.get(t.slug) or lent.get(t.slug)):
+        # Every team in scope has its row: one that held nothing in the window is listed with zeros
+        # (its quota, and what it lent, where it had any), not left out as if it did not exist.
+        for t in sorted(report.teams, key=lambda t: t.slug):
+            if t.slug not in by_team:
                 by_team[t.slug] = Row(key=t.slug, label=t.slug)
                 report.rows.append(by_team[t.slug])
     for slug, r in by_team.items():
@@ -237,7 +244,7 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     gpus = {}
     if group_by in DEVICE_GROUPS:  # only these rows are keyed by the GPU
         gpus = {g[0]: g[1:] for g in Gpu.objects.filter(pk__in=gpu_ids)
-                .values_list("pk", "node__name", "model", "uuid")}
+                .values_list("pk", "node__name", "model", "uuid", "index")}
     series = {slugs[t]: {"allocated": [0.0] * (len(edges) - 1), "used": [0.0] * (len(edges) - 1)} for t in team_ids}
 
     for rid, gpu_id, share, created, released in allocations:
@@ -271,11 +278,18 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
     device_shown = user.is_staff and group_by in DEVICE_GROUPS
     if device_shown:
         key = {"node": "gpu__node__name", "gpu_model": "gpu__model", "gpu": "gpu__uuid"}[group_by]
-        for k, busy in sources.gpu_busy(window.since, window.until, key).items():
-            (rows.get(k) or row(k, k)).device_busy_hours = busy / 60.0
+        busy_of = sources.gpu_busy(window.since, window.until, key)
+        names = {}  # a busy GPU that held none of these teams' shares: its row still names it for people
+        if group_by == "gpu":
+            names = {uuid: gpus_name([index], node, model) for uuid, index, node, model in Gpu.objects.filter(
+                uuid__in=set(busy_of) - set(rows)).values_list("uuid", "index", "node__name", "model")}
+        for k, busy in busy_of.items():
+            (rows.get(k) or row(k, names.get(k, k))).device_busy_hours = busy / 60.0
         for r in rows.values():
             r.device_busy_hours = r.device_busy_hours or 0.0
 
+    if group_by == "reservation":
+        _describe_reservations(rows, info, {(a[1], a[0]) for a in allocations} | {(g, rid) for rid, g in shares})
     total = Row(key="total", label="Total", device_busy_hours=0.0 if device_shown else None)
     for r in rows.values():
         total.add(r)
@@ -287,9 +301,27 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
 
 
 def _reservations(ids: set[int], slugs: dict[int, str]) -> dict[int, _Res]:
-    return {pk: _Res(team=slugs[team_id], owner=owner, name=name, admission=admission, state=state)
-            for pk, team_id, owner, name, admission, state in Reservation.objects.filter(pk__in=ids)
-            .values_list("pk", "team_id", "owner__username", "name", "admission", "state")}
+    return {pk: _Res(team=slugs[team_id], owner=owner, name=name, admission=admission, state=state,
+                     started_at=started or placed, finished_at=finished)
+            for pk, team_id, owner, name, admission, state, started, placed, finished
+            in Reservation.objects.filter(pk__in=ids).values_list(
+                "pk", "team_id", "owner__username", "name", "admission", "state", "started_at", "placed_at",
+                "finished_at")}
+
+
+def _describe_reservations(rows: dict[str, Row], info: dict[int, _Res], gpu_of: set[tuple[int, int]]) -> None:
+    """Grouped by reservation: each row's reservation, one field each. `gpu_of`: (GPU id, reservation
+    id) of the shares counted (the models it held, not only the one it asked for)."""
+    model_of = dict(Gpu.objects.filter(pk__in={g for g, _ in gpu_of}).values_list("pk", "model"))
+    models: dict[int, set[str]] = defaultdict(set)
+    for gpu_id, rid in gpu_of:
+        models[rid].add(model_of.get(gpu_id, "?"))
+    for key, r in rows.items():
+        rid = int(key)
+        res = info[rid]
+        r.reservation = {"id": rid, "name": res.name, "owner": res.owner, "team": res.team,
+                         "gpu_model": ", ".join(sorted(models[rid])), "state": res.state,
+                         "started_at": res.started_at, "finished_at": res.finished_at}
 
 
 def _top_idle(per_reservation: dict[int, Row], info: dict[int, _Res]) -> list[dict]:

@@ -15,6 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.dateparse import parse_date
 from django.utils.http import urlencode
 
 from portal.web import navigation
@@ -56,6 +57,9 @@ def _context(request, query: ReportQuery, page: str) -> dict:
         dates = {"since_date": window.since.astimezone(window.tz).date().isoformat(),
                  "until_date": last.astimezone(window.tz).date().isoformat(),
                  "window_text": f"{_local(window.since, window.tz)} to {_local(window.until, window.tz)} ({window.tz})"}
+    else:  # refused (a backwards range, a bad day): the days stay as typed, beside what is wrong with them
+        dates = {"since_date": _typed_day(request.GET.get("since", "")),
+                 "until_date": _typed_day(request.GET.get("until", ""))}
     return {
         **dates, "tz_name": request.GET.get("tz", "") or settings.TIME_ZONE,
         "query": query, "page": page,
@@ -65,6 +69,14 @@ def _context(request, query: ReportQuery, page: str) -> dict:
                    for name in RANGES],
         "window": q.get("window"),
     }
+
+
+def _typed_day(text: str) -> str:
+    """The day a date field was given (a date, or a date-time's day), as a date input shows it."""
+    try:
+        return text[:10] if parse_date(text[:10]) else ""
+    except ValueError:  # 2026-02-30
+        return ""
 
 
 def _local(at: datetime, tz) -> str:

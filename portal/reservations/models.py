@@ -219,3 +219,18 @@ class CalendarFeed(models.Model):
 
     def __str__(self) -> str:
         return f"calendar feed of {self.user_id}"
+
+
+class PodLog(models.Model):
+    """The last lines of a reservation's pod, read just before the pod was deleted (cancelled,
+    expired, preempted, reclaimed, node lost, or finished and kept long enough), so its page still
+    shows them. One row per reservation: the latest pod's."""
+
+    reservation = models.OneToOneField(Reservation, on_delete=models.CASCADE, primary_key=True,
+                                       related_name="kept_log")
+    pod_name = models.CharField(max_length=253)
+    text = models.TextField()
+    kept_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.reservation_id}: {self.pod_name}"

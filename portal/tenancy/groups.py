@@ -206,3 +206,16 @@ def preview(team: Team, kind: str, label: str) -> Preview:
     if more:
         lines = lines[:PREVIEW_LINES] + lines[-1:]
     return Preview(label=label, kind=kind, lines=lines, can_land=can_land, cannot_land=blocked, more=more)
+
+
+def effect_now(obj) -> str:
+    """A group's effect on the fleet now, in one line for its row on the groups page: what carries
+    it, and how many GPUs could take its requests by its rule alone (`preview` has the detail)."""
+    kind = kind_of(obj)
+    held, waiting = _carrying(obj)
+    seen = preview(obj.team, kind, obj.label)
+    text = f"{_plural(held, 'placed share')}, {_plural(waiting, 'waiting request')}; " \
+           f"{_plural(seen.can_land, 'GPU')} can take its requests"
+    if seen.cannot_land:
+        text += f", {seen.cannot_land} cannot"
+    return text

@@ -37,6 +37,7 @@ from .fleet_cells import gpu_cell
 from .numbers import finite, whole_seconds
 from .quota_editor import in_words
 from .templatetags.tessera import team_class
+from .units import page_errors
 
 NODES_PER_PAGE = 20  # 160 GPUs of 8: within one live socket's 200 groups
 
@@ -339,7 +340,7 @@ def team_limits_page(request, slug: str):
                     departments.move_team(team, audit.web(request.user), form["department"] or None)
                     policy.set_limits(team, audit.web(request.user), changes)
             except Refused as exc:
-                errors = {k: [in_words(m) for m in v] for k, v in exc.errors.items()}
+                errors = page_errors({k: [in_words(m) for m in v] for k, v in exc.errors.items()})
             else:
                 messages.success(request, f"Team {team.slug} saved.")
                 return redirect("fleet-team", slug=team.slug)

@@ -21,6 +21,8 @@ from portal.tenancy.members import defaults_for
 from portal.tenancy.models import AffinityLabel, ExclusionGroup, Team
 from portal.tenancy.policy import policy_of
 
+from .units import HOURS, say_in, speak_units
+
 MIB_PER_GIB = 1024
 
 # ReservationSpec field → the form field a person filled in.
@@ -135,8 +137,12 @@ class RequestForm(forms.Form):
     ADVANCED = ("priority", "exclusion", "affinity", "anti_affinity", "group_name", "group_headcount",
                 "group_threshold", "remote_allowed")
 
+    UNITS = {"gpu_request": "of a GPU", "gpu_limit": "of a GPU", "memory_gib": "GiB", "gpu_count": "GPUs",
+             "hours": "h", "group_headcount": "pods", "group_threshold": "of the group"}
+
     def __init__(self, *args, user, models: list[str], **kwargs):
         super().__init__(*args, **kwargs)
+        speak_units(self, self.UNITS)
         self.user = user
         teams = submit_teams(user)
         self.fields["team"].queryset = teams
@@ -261,6 +267,8 @@ class RequestForm(forms.Form):
         for name, problems in errors.items():
             field = FIELD_OF.get(name, name)
             for problem in problems:
+                if field == "hours":
+                    problem = say_in(problem, HOURS)
                 self.add_error(field if field in self.fields else None, in_words(problem))
 
 
@@ -298,3 +306,7 @@ class ExtendForm(forms.Form):
                                label="Add hours", widget=forms.NumberInput(attrs={"step": "0.5"}),
                                error_messages={"min_value": "Add at least a quarter of an hour (0.25).",
                                                "max_value": "At most 720 hours at once."})
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        speak_units(self, {"hours": "h"})

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 
-from portal.placement import queue, snapshot
+from portal.placement import queue, reasons, snapshot
 from portal.reservations import quota, rules
 from portal.reservations.models import COUNTED
 from portal.reservations.requests import request_of
@@ -85,8 +85,15 @@ def preview(spec: rules.ReservationSpec) -> Preview:
     for r in verdict.reasons:
         if out.fits_now and r.code != core.ReasonCode.QUOTA:
             continue  # the GPUs it cannot use do not matter when others take it now
+        if r.code == core.ReasonCode.NO_FIT:
+            continue  # said by the badge: "Would wait"
+        words = reasons.clause(r, request, subject=True) if r.code in (*reasons.ROOM, *reasons.LEFT_OUT) else ""
         out.reasons.append({"code": str(r.code), "what": REASON_WORDS.get(str(r.code), str(r.code)),
-                            "message": in_words(r.message)})
+                            "message": words or in_words(r.message)})
+    awaiting = 0 if out.fits_now else reasons.AwaitingApproval().count(request)
+    if awaiting:
+        out.reasons.append({"code": "awaiting_approval", "what": "left out",
+                            "message": reasons.awaiting_text(awaiting)})
     out.quota = _quota_lines(fleet.quotas, team, spec)
     if not out.fits_now and not out.never:
         waiting = replace(request, id="preview", created_at=fleet.now)

@@ -16,8 +16,9 @@ from rest_framework.exceptions import PermissionDenied
 from portal.api.permissions import require_cancel
 from portal.connect.access import link_for as connect_link
 from portal.placement.backend import get_backend
+from portal.placement.pods import LOG_LINES
 from portal.reservations import services
-from portal.reservations.models import Admission
+from portal.reservations.models import Admission, PodLog
 from portal.reservations.states import ACTIVE, HOLDS_GPU, IllegalTransition, State
 from portal.tenancy import roles
 from portal.tenancy.policy import policy_of
@@ -27,8 +28,6 @@ from . import queries
 from .forms import ExtendForm
 from .templatetags.tessera import human_duration
 from .views import visible_reservation
-
-LOG_LINES = 200
 
 
 def _may_cancel(user, reservation) -> bool:
@@ -104,19 +103,27 @@ def reservation_page(request, pk: int):
 @login_required
 @require_GET
 def reservation_log(request, pk: int):
+    """The pod's log from the cluster while the pod exists; once it is deleted, the last lines kept
+    just before (placement.pods.keep_log)."""
     reservation = visible_reservation(request, pk)
-    text, problem = None, ""
-    if not reservation.pod_name:
-        problem = "No pod yet: the log appears once the reservation is placed."
-    else:
+    text, problem, kept = None, "", None
+    if reservation.pod_name:
         try:
             text = get_backend().pod_log(PodRef(reservation.pod_namespace, reservation.pod_name), LOG_LINES)
         except BackendError as exc:
             problem = f"The cluster did not give the log: {exc}"
-        if text is None and not problem:
-            problem = "The pod is gone (the reservation ended), and its log with it."
+    if text is None and not problem:
+        kept = PodLog.objects.filter(reservation=reservation).first()
+        if kept is not None:
+            text = kept.text
+        elif reservation.pod_name or reservation.started_at:
+            problem = "The pod is gone (the reservation ended) and no log of it was kept."
+        elif reservation.state in ACTIVE:
+            problem = "No pod yet: the log appears once the reservation is placed."
+        else:
+            problem = "It ended before it had a pod: there is no log."
     return render(request, "web/_reservation_log.html", {"r": reservation, "log": text, "problem": problem,
-                                                         "lines": LOG_LINES})
+                                                         "lines": LOG_LINES, "kept": kept})
 
 
 @login_required

@@ -26,6 +26,7 @@ from portal.tenancy.models import LABEL_RE, AffinityLabel, ExclusionGroup, Membe
 from . import navigation, quota_lines
 from .numbers import finite, whole_seconds
 from .templatetags.tessera import share
+from .units import page_errors
 
 TABS = [("members", "Members"), ("groups", "Groups & labels"), ("presets", "Presets"), ("policy", "Policy"),
         ("quota", "Quota")]
@@ -87,7 +88,7 @@ def members_page(request, slug: str):
         try:
             m = members.add_member(team, audit.web(request.user), form["user"], form["role"])
         except Refused as exc:
-            errors, status = exc.errors, 400
+            errors, status = page_errors(exc.errors), 400
         else:
             messages.success(request, f"Added {m.user.username} as {m.get_role_display().lower()}: "
                              f"{members.effect_of(m.role, m.user.username, team)}.")
@@ -166,14 +167,18 @@ def groups_page(request, slug: str):
         try:
             obj = groups.create(team, audit.web(request.user), form["kind"], form["label"], form["description"])
         except Refused as exc:
-            errors, status = exc.errors, 400
+            errors, status = page_errors(exc.errors), 400
         else:
             messages.success(request, f"Created {groups.NOUN[form['kind']]} '{obj.label}': it applies to the next "
                              "placements.")
             return redirect("team-groups", slug=team.slug)
+    sections = [("exclusion", "Exclusion groups", list(ExclusionGroup.objects.filter(team=team).order_by("label"))),
+                ("affinity", "Affinity labels", list(AffinityLabel.objects.filter(team=team).order_by("label")))]
+    for _kind, _title, items in sections:
+        for g in items:
+            g.effect_now = groups.effect_now(g)
     return _page(request, team, "groups", "team/groups.html", {
-        "sections": [("exclusion", "Exclusion groups", ExclusionGroup.objects.filter(team=team).order_by("label")),
-                     ("affinity", "Affinity labels", AffinityLabel.objects.filter(team=team).order_by("label"))],
+        "sections": sections,
         "form": form, "errors": errors,
     }, status)
 
@@ -276,7 +281,7 @@ def presets_page(request, slug: str):
             else:
                 preset = presets.update_preset(editing, audit.web(request.user), data)
         except Refused as exc:
-            errors, status = exc.errors, 400
+            errors, status = page_errors(exc.errors), 400
         else:
             messages.success(request, f"Preset '{preset.name}' saved: team {team.slug}'s members see it first on "
                              "the request page.")
@@ -376,7 +381,7 @@ def policy_page(request, slug: str):
             try:
                 policy.set_policy(team, audit.web(request.user), changes)
             except Refused as exc:
-                errors = exc.errors
+                errors = page_errors(exc.errors)
             else:
                 messages.success(request, f"Policy of team {team.slug} saved: it applies to new requests and to "
                                  "the next idle check.")

@@ -250,6 +250,10 @@ class Terminal(Protocol):
 @runtime_checkable
 class Backend(Protocol):
     name: str
+    # Whether the cluster itself watches its nodes' health (a kubelet's heartbeat: a dead node turns
+    # NotReady in `list_nodes` and its pods fail NodeLost). Where nothing does (the local backend's
+    # simulated nodes), the node's agent going silent is the only sign that the node is gone.
+    watches_nodes: bool
 
     def bind(self, spec: PodSpec) -> PodStatus: ...
 

@@ -67,6 +67,7 @@ POD_COLUMNS = "namespace, name, uid, node, phase, external, labels, annotations,
 
 class LocalBackend:
     name = "local"
+    watches_nodes = False  # no kubelet: a node is only as ready as a test or the demo says
 
     def __init__(self, nodes: Iterable[str] = (), state_path: str | Path | None = None,
                  start_delay_s: float = 0.5, consumer: str = "portal",

@@ -55,7 +55,7 @@
          values: function (u, splits) {
            return splits.map(function (x) { return short(spec.units[Math.round((x - centre) / SLOT)] || ""); });
          }},
-        {stroke: muted, grid: grid, ticks: grid, size: 46}
+        {stroke: muted, grid: grid, ticks: grid, size: window.Tessera.fitAxis}
       ],
       series: [{}].concat(spec.series.map(function (s) {
         var colour = cssVar("--series-" + s.key, "#0072B2");

@@ -21,7 +21,7 @@
     var grid = {stroke: cssVar("--line", "#ddd"), width: 1};
     var x = {stroke: cssVar("--muted", "#666"), grid: {show: false}, ticks: grid};
     if (xValues) { Object.assign(x, xValues); }
-    return [x, {stroke: cssVar("--muted", "#666"), grid: grid, ticks: grid, size: 52,
+    return [x, {stroke: cssVar("--muted", "#666"), grid: grid, ticks: grid, size: window.Tessera.fitAxis,
       values: function (u, vals) { return vals.map(function (v) { return v + " h"; }); }}];
   }
 

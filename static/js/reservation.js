@@ -19,6 +19,8 @@
     });
     var now = root.querySelector("[data-live-now]");
     var lastState = document.getElementById("summary").getAttribute("data-state");
+    // Only a reservation that holds its GPUs has a "now": once it ended, a late reading is history.
+    function holds(state) { return state === "placed" || state === "running"; }
 
     function refreshSummary() {
       window.htmx.ajax("GET", "/reservations/" + id + "/?part=summary", {target: "#summary", swap: "outerHTML"})
@@ -29,12 +31,13 @@
             window.Tessera.toast("Reservation " + id + " is " + state + ".", "info");
             window.htmx.ajax("GET", "/reservations/" + id + "/log/", {target: "#pod-log", swap: "outerHTML"});
             lastState = state;
+            if (!holds(state) && now) { now.textContent = ""; }
           }
         });
     }
 
     function onShares(shares) {
-      if (!shares.length) { return; }
+      if (!shares.length || !holds(lastState)) { return; }
       var used = 0, mem = null, ts = 0;
       shares.forEach(function (s) {
         used += s.used_frac;

@@ -174,6 +174,36 @@
             dash: s.dash ? [6, 4] : undefined, points: {show: false}};
   }
 
+  // Time ticks at whole seconds at least (uPlot's own steps go down to milliseconds, which read
+  // ":01.500" on a chart whose points arrive a second apart), labelled to the step's precision.
+  var TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+                    86400, 172800, 604800, 2592000];
+  function two(n) { return String(n).padStart(2, "0"); }
+  function timeTicks(u, splits, axisIdx, space, incr) {
+    return splits.map(function (s) {
+      var d = new Date(s * 1000);
+      if (incr >= 86400) { return d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()); }
+      var hm = two(d.getHours()) + ":" + two(d.getMinutes());
+      return incr >= 60 ? hm : hm + ":" + two(d.getSeconds());
+    });
+  }
+
+  // A value axis as wide as its longest label ("12.5 GiB"), not a fixed width that clips it.
+  function fitLabels(u, values, axisIdx, cycleNum) {
+    var axis = u.axes[axisIdx];
+    if (!values) { return axis._size || 50; }  // not laid out yet: measured on the next cycle
+    var longest = (values || []).reduce(function (a, v) { return String(v).length > a.length ? String(v) : a; }, "");
+    var size = (axis.ticks && axis.ticks.show !== false ? axis.ticks.size || 10 : 0) + (axis.gap || 5) + 8;
+    if (longest) {
+      u.ctx.font = axis.font[0];
+      size += u.ctx.measureText(longest).width / (window.devicePixelRatio || 1);
+    }
+    return Math.ceil(size);
+  }
+
+  Tessera.fitAxis = fitLabels;
+  Tessera.timeTicks = {incrs: TIME_INCRS, values: timeTicks};
+
   // Draw the chart of a components/chart.html figure; returns {spec, push(x, values, keep)}.
   Tessera.chart = function (figure, opts) {
     opts = opts || {};
@@ -193,11 +223,13 @@
         width: Math.max(240, holder.clientWidth || 600), height: height, legend: {show: false},
         cursor: {drag: {x: false, y: false}},
         scales: {y: {range: function (u, min, max) { return [0, Math.max(spec.ymax || 0, max || 0) * 1.05 || 1]; }}},
-        axes: [axis, Object.assign({}, axis, {size: 56, values: function (u, vals) {
-          return vals.map(function (v) { return v + (spec.unit ? " " + spec.unit : ""); });
-        }})],
+        axes: [Object.assign({}, axis, {incrs: TIME_INCRS, values: timeTicks}),
+               Object.assign({}, axis, {size: fitLabels, values: function (u, vals) {
+                 return vals.map(function (v) { return v + (spec.unit ? " " + spec.unit : ""); });
+               }})],
         series: [{}].concat(spec.series.map(seriesOptions))
       }, data, holder);
+      figure.uplot = plot;  // the drawn chart, for the page's scripts (and checks of its axes)
     }
     build();
     if (window.matchMedia) {

@@ -7,7 +7,8 @@ the binding and lifecycle tasks and the kubectl path all call these; nothing els
               `start_due` (booked → pending), `release_no_show`
 - placing:    `place`, `place_many` (the cycle's decisions, with attempt, pod name and end time)
 - moving:     `transition`, the compare-and-set `move`, `cancel`, `release`, `preempt`, `lose`
-- pods:       `record_pod(s)`, `forget_pod`, `note_cluster_waits`
+- pods:       `record_pod(s)`, `forget_pod`, `note_cluster_waits`, `keep_pod_log` (a deleted pod's last
+              lines)
 - extending:  `extend` (within the team policy's maximum duration)
 - reclaiming: `warn_reclaim` (a borrowed reservation's warning before it is reclaimed)
 - terminals:  `note_terminal_opened` (the audit row of a terminal opened in the pod)
@@ -31,7 +32,7 @@ from .booking import (
 from .extending import ExtendRefused, extend
 from .moving import cancel, lose, move, preempt, release, transition
 from .placing import CapacityConflict, NewAllocation, Placing, ends_at, place, place_many
-from .pods import forget_pod, note_cluster_waits, record_pod, record_pods
+from .pods import forget_pod, keep_pod_log, note_cluster_waits, record_pod, record_pods
 from .reclaiming import warn_reclaim
 from .submitting import submit
 from .terminals import note_terminal_opened
@@ -63,6 +64,7 @@ __all__ = [
     "forget_pod",
     "free_windows",
     "idle_reclaim_at",
+    "keep_pod_log",
     "lose",
     "move",
     "move_booking",

@@ -14,7 +14,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from portal.bulk import insert_rows, update_rows
-from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.fleet.models import Gpu, Node, NodeStatus, gpus_name
 from portal.precompiled import Precompiled, param_in
 from portal.reservations import actors
 from portal.reservations.events import announce_allocations, announce_reservations
@@ -67,7 +67,7 @@ _LOCK_RESERVATIONS = Precompiled(lambda: Reservation.objects.select_for_update(o
                                  .only(*PLACING_FIELDS).filter(param_in("pk", "ids")).order_by("pk"))
 _NODES = Precompiled(lambda: Node.objects.filter(param_in("pk", "ids")).order_by().only("name", "status"))
 _LOCK_GPUS = Precompiled(lambda: Gpu.objects.select_for_update().filter(param_in("pk", "ids")).order_by("pk")
-                         .only("node_id", "uuid", "memory_mib"))
+                         .only("node_id", "uuid", "index", "model", "memory_mib"))
 _TAKEN = Precompiled(lambda: Allocation.objects.filter(param_in("gpu_id", "ids"), released_at__isnull=True)
                      .values("gpu_id").annotate(share=Sum("gpu_request"), memory=Sum("gpu_memory_mib"))
                      .order_by().values_list("gpu_id", "share", "memory"))
@@ -166,7 +166,8 @@ def _check_unit(unit: Sequence[Placing], reservations: dict[int, Reservation], n
             share, memory = share + a.gpu_request, memory + a.gpu_memory_mib
             used_share, used_memory = taken.get(a.gpu_id, (Decimal(0), 0))
             if used_share + share > 1 or used_memory + memory > gpu.memory_mib:
-                raise CapacityConflict(f"GPU {gpu.uuid} no longer has room for this share")
+                raise CapacityConflict(f"{gpus_name([gpu.index], node.name, gpu.model)} no longer has room for "
+                                       "this share")
             adds[a.gpu_id] = (share, memory)
     return adds
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from portal.bulk import update_values
 from portal.reservations import actors
-from portal.reservations.models import Reservation
+from portal.reservations.models import PodLog, Reservation
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler.backends import Phase, PodStatus
 
@@ -72,3 +72,16 @@ def note_cluster_waits(waiting: dict[int, str], created: Sequence[int] = ()) -> 
         Reservation.objects.filter(pk__in=list(created), state=State.PLACED,
                                    state_reason__startswith=CLUSTER_WAIT).update(
             state_reason="pod created; waiting for it to start", updated_at=timezone.now())
+
+
+def keep_pod_log(namespace: str, pod_name: str, text: str) -> int | None:
+    """Keep the last lines of a pod about to be deleted for its reservation's page (one row per
+    reservation: a later pod's log replaces an earlier attempt's). Returns the reservation's id,
+    None when no reservation names that pod."""
+
+    pk = (Reservation.objects.filter(pod_namespace=namespace, pod_name=pod_name)
+          .values_list("pk", flat=True).first())
+    if pk is not None:
+        PodLog.objects.update_or_create(reservation_id=pk, defaults={
+            "pod_name": pod_name, "text": text, "kept_at": timezone.now()})
+    return pk

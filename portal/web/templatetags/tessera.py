@@ -197,3 +197,13 @@ def idle_reclaim_at(reservation) -> datetime | None:
     from portal.reservations.services import idle_reclaim_at as reclaim_at
 
     return reclaim_at(reservation.idle_since, reservation.team)
+
+
+@register.filter
+def lost_nodes(reservation) -> list:
+    """The nodes under a reservation that the portal holds lost: its GPUs' node, and for a remote
+    share the node its pod runs on."""
+    from portal.fleet.models import NodeStatus
+
+    nodes = [reservation.node] + ([reservation.client_node] if reservation.sharing == "remote" else [])
+    return [n for n in nodes if n is not None and n.status == NodeStatus.LOST]

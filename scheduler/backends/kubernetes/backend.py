@@ -86,6 +86,7 @@ class KubernetesBackend:
     """
 
     name = "kubernetes"
+    watches_nodes = True
     # Pods created at once by a batch of binds: each bind waits on the API server (two round
     # trips), so a batch of hundreds would otherwise take seconds. The client's connection pool is
     # at least this big (see make_api_client).
