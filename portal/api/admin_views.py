@@ -24,6 +24,7 @@ from . import admin_serializers as s
 from . import permissions
 from .filters import MembershipFilter
 from .query import refuse_unknown
+from .schema import NO_NUL
 from .serializers import ExclusionGroupSerializer
 
 
@@ -366,6 +367,10 @@ class GpuCordonView(APIView):
         return Response({"uuid": gpu.uuid, "cordoned": gpu.cordoned, "cordon_reason": gpu.cordon_reason})
 
 
+# portal.dates' FIRST_DAY to LAST_DAY: years 1970 to 9998.
+AUDIT_DAY = r"^(19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-[0-9]{2}-[0-9]{2}$"
+
+
 def audit_scope(user):
     """The audit entries `user` may read: all for site admins, their teams' for team admins."""
     if user.is_staff:
@@ -402,8 +407,12 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             qs = qs.filter(actor__username=q["user"])
         return qs
 
-    @extend_schema(parameters=[OpenApiParameter(n, str) for n in
-                               ("team", "user", "object_type", "object_id", "since", "until")])
+    @extend_schema(parameters=[
+        *(OpenApiParameter(name, {"type": "string", "maxLength": AuditQuery.base_fields[name].max_length,
+                                  "pattern": NO_NUL}) for name in ("team", "user", "object_type", "object_id")),
+        *(OpenApiParameter(name, {"type": "string", "format": "date", "pattern": AUDIT_DAY},
+                           description="YYYY-MM-DD, from 1970-01-01 to 9998-12-31")
+          for name in ("since", "until"))])
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 
