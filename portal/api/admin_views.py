@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from portal.audit import services as audit
 from portal.audit.forms import AuditQuery
 from portal.audit.models import AuditEntry
+from portal.dates import DAY_PATTERN
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
 from portal.tenancy import departments, groups, members, policy, presets, quotas, roles, teams, usage
@@ -367,10 +368,6 @@ class GpuCordonView(APIView):
         return Response({"uuid": gpu.uuid, "cordoned": gpu.cordoned, "cordon_reason": gpu.cordon_reason})
 
 
-# portal.dates' FIRST_DAY to LAST_DAY: years 1970 to 9998.
-AUDIT_DAY = r"^(19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-[0-9]{2}-[0-9]{2}$"
-
-
 def audit_scope(user):
     """The audit entries `user` may read: all for site admins, their teams' for team admins."""
     if user.is_staff:
@@ -410,7 +407,7 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     @extend_schema(parameters=[
         *(OpenApiParameter(name, {"type": "string", "maxLength": AuditQuery.base_fields[name].max_length,
                                   "pattern": NO_NUL}) for name in ("team", "user", "object_type", "object_id")),
-        *(OpenApiParameter(name, {"type": "string", "format": "date", "pattern": AUDIT_DAY},
+        *(OpenApiParameter(name, {"type": "string", "format": "date", "pattern": DAY_PATTERN},
                            description="YYYY-MM-DD, from 1970-01-01 to 9998-12-31")
           for name in ("since", "until"))])
     def list(self, request, *args, **kwargs):

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import date
 
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
 
+from portal.dates import DAY_PATTERN, FIRST_DAY, LAST_DAY
 from portal.tenancy import policy
 from portal.tenancy.models import TeamPolicy
 
@@ -116,8 +118,21 @@ def test_the_page_numbers_maximum_is_what_the_api_reads(client_for, spec, teams,
 
 
 @pytest.mark.parametrize(("day", "status"), [("1970-01-01", 200), ("9998-12-31", 200), ("1969-12-31", 400),
-                                             ("9999-01-01", 400)])
+                                             ("9999-01-01", 400), ("2024-02-29", 200), ("2023-02-29", 400),
+                                             ("2100-02-29", 400), ("2000-02-29", 200), ("2026-04-31", 400)])
 def test_the_audit_logs_date_pattern_is_its_range(client_for, spec, people, day, status):
     pattern = query_schema(spec, "/api/v1/audit/", "since")["pattern"]
     assert bool(re.search(pattern, day)) is (status == 200)
     assert client_for("admin").get("/api/v1/audit/", {"since": day}).status_code == status
+
+
+@pytest.mark.parametrize("years", [range(1960, 2110), range(2395, 2405), range(9990, 10000)])
+def test_the_day_pattern_is_the_calendar_within_the_range(years):
+    for year in years:
+        for month in range(1, 13):
+            for day in range(1, 32):
+                try:
+                    valid = FIRST_DAY <= date(year, month, day) <= LAST_DAY
+                except ValueError:
+                    valid = False
+                assert bool(re.match(DAY_PATTERN, f"{year:04d}-{month:02d}-{day:02d}")) is valid, (year, month, day)
