@@ -24,7 +24,7 @@ from portal.tenancy.models import AffinityLabel, Department, ExclusionGroup, Mem
 from . import admin_serializers as s
 from . import permissions
 from .filters import MembershipFilter
-from .query import refuse_unknown
+from .query import refuse_empty, refuse_unknown
 from .schema import NO_NUL
 from .serializers import ExclusionGroupSerializer
 
@@ -391,6 +391,7 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             permissions.require_staff(user)
         params = self.request.query_params
         refuse_unknown(params, {"team", "user", "object_type", "object_id", "since", "until", "page", "page_size"})
+        refuse_empty(params, {"since", "until"})  # `?until=` is a mistake, as for every typed parameter
         query = AuditQuery(params)
         if not query.is_valid():
             raise ValidationError(query.problems())
