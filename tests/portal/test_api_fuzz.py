@@ -5,6 +5,7 @@ must be accepted too, except where DOMAIN_REFUSALS names a rule OpenAPI cannot s
 
 import json
 
+import jsonschema
 import pytest
 import schemathesis
 from django.core import signals
@@ -14,6 +15,7 @@ from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
+from schemathesis.specs.openapi.checks import negative_data_rejection
 
 from portal.api.throttling import WriteRateThrottle
 from portal.tenancy.services import create_token
@@ -82,4 +84,24 @@ def test_api_conforms_to_its_schema(case, auth_headers):
         # for the API to refuse. Our token over it would make the request valid again, and
         # "invalid data accepted" would be reported against a request that was not invalid.
         headers = None
-    case.call_and_validate(headers=headers)
+    excluded = []
+    if _negative_only_in_what_is_not_sent(case):
+        excluded = [negative_data_rejection]  # the request sent is a valid one: nothing to refuse
+    case.call_and_validate(headers=headers, excluded_checks=excluded)
+
+
+def _negative_only_in_what_is_not_sent(case) -> bool:
+    """schemathesis may make a query invalid only by adding a parameter whose value is an empty list,
+    which no query string can carry (`?page_size=1` is sent for {"page_size": 1, "": []}): the
+    request is then valid on the wire. True for those cases, checked against the parameters' schemas."""
+    query = case.query or {}
+    components = case.meta.components if case.meta else {}
+    if [loc for loc, c in components.items() if c.mode.is_negative] != [ParameterLocation.QUERY]:
+        return False
+    sent = {name: value for name, value in query.items() if value != []}
+    if sent == query:
+        return False
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {p.name: p.definition["schema"] for p in case.operation.query},
+              "required": [p.name for p in case.operation.query if p.is_required]}
+    return jsonschema.Draft4Validator(schema).is_valid(sent)
