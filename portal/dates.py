@@ -19,3 +19,11 @@ def day_problem(day: date) -> str | None:
     if not FIRST_DAY <= day <= LAST_DAY:
         return f"{day.isoformat()} is out of range; give a date from {FIRST_DAY} to {LAST_DAY}"
     return None
+
+
+# The days from FIRST_DAY to LAST_DAY as YYYY-MM-DD, for schemas: years 1970 to 9998, each month's
+# days, 29 February in leap years only (no lookarounds, so every regex engine and generator reads it).
+_YEAR = r"(?:19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])"
+_MONTH_DAY = r"(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)"
+_LEAP_YEAR = r"(?:19(?:7[26]|8[048]|9[26])|[2-9][0-9](?:0[48]|[2468][048]|[13579][26])|(?:[2468][048]|[3579][26])00)"
+DAY_PATTERN = rf"^(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)$"

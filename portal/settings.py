@@ -183,7 +183,7 @@ REST_FRAMEWORK = {
         "portal.api.query.StrictQueryParams",
         "django_filters.rest_framework.DjangoFilterBackend",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "portal.api.schema.AutoSchema",
     "DEFAULT_THROTTLE_CLASSES": ["portal.api.throttling.WriteRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"writes": os.environ.get("TESSERA_WRITE_RATE", "120/min")},
     "EXCEPTION_HANDLER": "portal.api.exceptions.exception_handler",

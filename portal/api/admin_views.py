@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from portal.audit import services as audit
 from portal.audit.forms import AuditQuery
 from portal.audit.models import AuditEntry
+from portal.dates import DAY_PATTERN
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
 from portal.tenancy import departments, groups, members, policy, presets, quotas, roles, teams, usage
@@ -23,7 +24,8 @@ from portal.tenancy.models import AffinityLabel, Department, ExclusionGroup, Mem
 from . import admin_serializers as s
 from . import permissions
 from .filters import MembershipFilter
-from .query import refuse_unknown
+from .query import refuse_empty, refuse_unknown
+from .schema import NO_NUL
 from .serializers import ExclusionGroupSerializer
 
 
@@ -389,6 +391,7 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             permissions.require_staff(user)
         params = self.request.query_params
         refuse_unknown(params, {"team", "user", "object_type", "object_id", "since", "until", "page", "page_size"})
+        refuse_empty(params, {"since", "until"})  # `?until=` is a mistake, as for every typed parameter
         query = AuditQuery(params)
         if not query.is_valid():
             raise ValidationError(query.problems())
@@ -402,8 +405,12 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             qs = qs.filter(actor__username=q["user"])
         return qs
 
-    @extend_schema(parameters=[OpenApiParameter(n, str) for n in
-                               ("team", "user", "object_type", "object_id", "since", "until")])
+    @extend_schema(parameters=[
+        *(OpenApiParameter(name, {"type": "string", "maxLength": AuditQuery.base_fields[name].max_length,
+                                  "pattern": NO_NUL}) for name in ("team", "user", "object_type", "object_id")),
+        *(OpenApiParameter(name, {"type": "string", "format": "date", "pattern": DAY_PATTERN},
+                           description="YYYY-MM-DD, from 1970-01-01 to 9998-12-31")
+          for name in ("since", "until"))])
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 

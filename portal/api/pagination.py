@@ -40,5 +40,5 @@ class StandardPagination(PageNumberPagination):
             if p["name"] == self.page_size_query_param:
                 p["schema"].update({"minimum": 1, "maximum": self.max_page_size})
             if p["name"] == self.page_query_param:
-                p["schema"].update({"minimum": 1})
+                p["schema"].update({"minimum": 1, "maximum": 999_999_999})  # _WHOLE_NUMBER's nine digits
         return params

@@ -5,11 +5,14 @@ field the body should not have is refused by name instead of being silently igno
 from __future__ import annotations
 
 import json
+import re
+from datetime import date
 
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
 
+from portal.dates import DAY_PATTERN, FIRST_DAY, LAST_DAY
 from portal.tenancy import policy
 from portal.tenancy.models import TeamPolicy
 
@@ -76,3 +79,61 @@ def test_read_only_fields_sent_back_are_still_ignored(client_for, fleet, teams):
                                             "gpu_request": "0.25", "gpu_memory_mib": 1024}, format="json").json()
     r = carol.patch(f"/api/v1/presets/{preset['id']}/", {**preset, "name": "notebook"}, format="json")
     assert r.status_code == 200 and r.json()["name"] == "notebook"
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return json.loads(OpenApiJsonRenderer().render(SchemaGenerator().get_schema(request=None, public=True)))
+
+
+def query_schema(spec, path: str, name: str) -> dict:
+    return next(p["schema"] for p in spec["paths"][path]["get"]["parameters"] if p["name"] == name)
+
+
+@pytest.mark.parametrize(("name", "accepted"), [("a\x00b", False), ("   ", False), (" laptop ", True)])
+def test_a_text_fields_pattern_refuses_what_the_api_refuses(client_for, schemas, name, accepted):
+    pattern = schemas["TokenRequest"]["properties"]["name"]["pattern"]
+    assert bool(re.search(pattern, name)) is accepted
+    answer = client_for("alice").post("/api/v1/tokens/", {"name": name}, format="json")
+    assert answer.status_code == (201 if accepted else 400), answer.content
+
+
+def test_a_text_filters_pattern_refuses_nul_as_the_api_does(client_for, spec, fleet):
+    assert not re.search(query_schema(spec, "/api/v1/gpus/", "model")["pattern"], "A100\x00")
+    assert client_for("alice").get("/api/v1/gpus/", {"model": "A100\x00"}).status_code == 400
+
+
+def test_request_bodies_say_unknown_fields_are_refused(client_for, schemas, teams, people):
+    assert schemas["TokenRequest"]["additionalProperties"] is False
+    assert schemas["ReservationRequest"]["additionalProperties"] is False
+    answer = client_for("alice").post("/api/v1/tokens/", {"name": "ci", "scope": "all"}, format="json")
+    assert answer.status_code == 400 and "scope" in answer.json()
+
+
+def test_the_page_numbers_maximum_is_what_the_api_reads(client_for, spec, teams, people):
+    assert query_schema(spec, "/api/v1/teams/", "page")["maximum"] == 999_999_999
+    alice = client_for("alice")
+    assert alice.get("/api/v1/teams/", {"page": 999_999_999}).status_code == 404  # a page past the last
+    assert alice.get("/api/v1/teams/", {"page": 1_000_000_000}).status_code == 400
+
+
+@pytest.mark.parametrize(("day", "status"), [("1970-01-01", 200), ("9998-12-31", 200), ("1969-12-31", 400),
+                                             ("9999-01-01", 400), ("2024-02-29", 200), ("2023-02-29", 400),
+                                             ("2100-02-29", 400), ("2000-02-29", 200), ("2026-04-31", 400),
+                                             ("", 400)])
+def test_the_audit_logs_date_pattern_is_its_range(client_for, spec, people, day, status):
+    pattern = query_schema(spec, "/api/v1/audit/", "since")["pattern"]
+    assert bool(re.search(pattern, day)) is (status == 200)
+    assert client_for("admin").get("/api/v1/audit/", {"since": day}).status_code == status
+
+
+@pytest.mark.parametrize("years", [range(1960, 2110), range(2395, 2405), range(9990, 10000)])
+def test_the_day_pattern_is_the_calendar_within_the_range(years):
+    for year in years:
+        for month in range(1, 13):
+            for day in range(1, 32):
+                try:
+                    valid = FIRST_DAY <= date(year, month, day) <= LAST_DAY
+                except ValueError:
+                    valid = False
+                assert bool(re.match(DAY_PATTERN, f"{year:04d}-{month:02d}-{day:02d}")) is valid, (year, month, day)
