@@ -120,7 +120,8 @@ async def test_owner_gets_a_shell_with_the_pods_environment(people, shell_for):
     r = await sync_to_async(shell_for)(people["alice"], "0.25")
     communicator, connected = await _open(people["alice"], r.pk)
     assert connected
-    assert (await _text(communicator))["type"] == "ready"
+    said = await _text(communicator)
+    assert said["type"] == "ready", said  # the message says why not
     await communicator.send_to(bytes_data=b'echo "share=$TESSERA_GPU_REQUEST db=${DATABASE_URL:-none}"\n')
     output = await _output_until(communicator, b"db=none")
     assert b"share=0.25 db=none" in output  # the pod's variables, none of the portal's
