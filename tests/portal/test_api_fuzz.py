@@ -37,6 +37,11 @@ DOMAIN_REFUSALS = {
     ("GET", "/api/v1/reports/usage/"): (["400"], "the team must be one whose reports you see; range or since/until, "
                                         "since before until, at most 400 days; an IANA time zone"),
     ("GET", "/api/v1/reports/overview/"): (["400"], "as reports/usage"),
+    ("GET", "/api/v1/audit/"): (["400"], "since before until"),
+    ("GET", "/api/v1/workloads/"): (["400"], "since before until; the team and user must be ones you may see"),
+    ("GET", "/api/v1/bookings/"): (["400"], "from before to, within the calendar (90 days ahead)"),
+    ("POST", "/api/v1/tokens/"): (["409"], "one live token per name: a name in use is refused unless replaced"),
+    ("POST", "/api/v1/auth/token/"): (["409"], "as tokens: one live token per name"),
 }
 
 
