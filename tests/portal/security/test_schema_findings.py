@@ -92,7 +92,7 @@ def query_schema(spec, path: str, name: str) -> dict:
 
 @pytest.mark.parametrize(("name", "accepted"), [("a\x00b", False), ("   ", False), (" laptop ", True)])
 def test_a_text_fields_pattern_refuses_what_the_api_refuses(client_for, schemas, name, accepted):
-    pattern = schemas["TokenRequest"]["properties"]["name"]["pattern"]
+    pattern = schemas["NewTokenRequestRequest"]["properties"]["name"]["pattern"]
     assert bool(re.search(pattern, name)) is accepted
     answer = client_for("alice").post("/api/v1/tokens/", {"name": name}, format="json")
     assert answer.status_code == (201 if accepted else 400), answer.content
@@ -104,7 +104,7 @@ def test_a_text_filters_pattern_refuses_nul_as_the_api_does(client_for, spec, fl
 
 
 def test_request_bodies_say_unknown_fields_are_refused(client_for, schemas, teams, people):
-    assert schemas["TokenRequest"]["additionalProperties"] is False
+    assert schemas["NewTokenRequestRequest"]["additionalProperties"] is False
     assert schemas["ReservationRequest"]["additionalProperties"] is False
     answer = client_for("alice").post("/api/v1/tokens/", {"name": "ci", "scope": "all"}, format="json")
     assert answer.status_code == 400 and "scope" in answer.json()
