@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from agents.kube_client import kube_api_client
 from scheduler.backends.kubernetes.api import RETRIED_STATUSES, status_message
 from scheduler.backends.kubernetes.refusals import explain
 
@@ -89,15 +90,7 @@ class KubernetesPods:
 
     def __init__(self, *, host: str | None = None, token: str | None = None, timeout_s: float = 5.0,
                  budget_s: float = ADMISSION_BUDGET_S) -> None:
-        configuration = client.Configuration()
-        if host:
-            configuration.host = host
-            if token:
-                configuration.api_key = {"authorization": f"Bearer {token}"}
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-        configuration.retries = False  # retried here, where we know what is worth it
-        self.core = client.CoreV1Api(client.ApiClient(configuration))
+        self.core = client.CoreV1Api(kube_api_client(host=host, token=token))  # retried in _retrying
         self.timeout_s = timeout_s
         self.budget_s = budget_s
 

@@ -34,12 +34,13 @@ from typing import Any, Protocol
 
 import grpc
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
 from agents.deviceplugin.placement import PLACEMENT_ANNOTATION, PlacementError, parse_placement
 from agents.gpus.base import GpuDevice
+from agents.kube_client import kube_api_client
 from scheduler.backends.base import HIGH_PRIORITY_FROM, GpuShare
 
 from . import dra_pb2, dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
@@ -71,15 +72,7 @@ class KubernetesClaims:
     """`ClaimReader` on the API server (in-cluster, or a host for tests)."""
 
     def __init__(self, *, host: str | None = None, token: str | None = None, timeout_s: float = 5.0) -> None:
-        configuration = client.Configuration()
-        if host:
-            configuration.host = host
-            if token:
-                configuration.api_key = {"authorization": f"Bearer {token}"}
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-        configuration.retries = False
-        api_client = client.ApiClient(configuration)
+        api_client = kube_api_client(host=host, token=token)
         self.resource = client.ResourceV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.timeout_s = timeout_s

@@ -32,10 +32,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from agents.gpus.base import GpuDevice
+from agents.kube_client import kube_api_client
 
 log = logging.getLogger(__name__)
 
@@ -138,15 +139,7 @@ class SliceApi:
     """The few calls the publisher makes, on the API server (in-cluster, or a host for tests)."""
 
     def __init__(self, *, host: str | None = None, token: str | None = None, timeout_s: float = 5.0) -> None:
-        configuration = client.Configuration()
-        if host:
-            configuration.host = host
-            if token:
-                configuration.api_key = {"authorization": f"Bearer {token}"}
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-        configuration.retries = False
-        self.api_client = client.ApiClient(configuration)
+        self.api_client = kube_api_client(host=host, token=token)
         self.resource = client.ResourceV1Api(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
         self.timeout_s = timeout_s

@@ -178,6 +178,16 @@ class KubeApi:
             else:
                 self._backoff(what, attempt, last)
 
+
+    def call_json(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
+        """`call`, answered as the JSON dict the API server sent (no client-model round trip)."""
+        resp = self.call(what, fn, *args, _preload_content=False, **kwargs)
+        try:
+            return json.loads(resp.data)
+        except ValueError as exc:
+            raise TransientBackendError(f"{what}: the API server sent invalid JSON") from exc
+        finally:
+            resp.release_conn()
     def _backoff(self, what: str, attempt: int, last: str) -> None:
         delay = self.policy.delay(attempt - 1, self._rng)
         log.info("%s failed (%s); retry %d in %.2f s", what, last, attempt, delay)

@@ -129,14 +129,14 @@ class KubernetesBackend:
 
     def _check_node(self, node: str) -> None:
         try:
-            self._raw(f"read node {node}", self.api.core.read_node, node)
+            self.api.call_json(f"read node {node}", self.api.core.read_node, node)
         except NotFound as exc:
             raise PermanentBackendError(f"node {node!r} does not exist in the cluster") from exc
 
     def _create(self, spec: PodSpec) -> PodStatus:
         manifest = pod_manifest(spec, runtime_class=self.runtime_class, client_image=self.client_image)
         try:
-            created = self._raw("create pod", self.api.core.create_namespaced_pod, spec.namespace, manifest)
+            created = self.api.call_json("create pod", self.api.core.create_namespaced_pod, spec.namespace, manifest)
             return pod_status(created)
         except NotFound as exc:
             raise PermanentBackendError(f"namespace {spec.namespace!r} does not exist: {exc}") from exc
@@ -169,7 +169,7 @@ class KubernetesBackend:
 
     def _adopt(self, spec: PodSpec) -> PodStatus:
         try:
-            existing = self._raw("read pod", self.api.core.read_namespaced_pod, spec.name, spec.namespace)
+            existing = self.api.call_json("read pod", self.api.core.read_namespaced_pod, spec.name, spec.namespace)
         except NotFound as exc:
             # It was there a moment ago and is gone now (deleted between our calls): try again later.
             raise TransientBackendError(f"pod {spec.namespace}/{spec.name} vanished while adopting") from exc
@@ -193,7 +193,7 @@ class KubernetesBackend:
         if self._deleted_lately(key) or (seen is not None and seen.deleting):
             return False
         try:
-            gone = self._raw("delete pod", self.api.core.delete_namespaced_pod, ref.name, ref.namespace,
+            gone = self.api.call_json("delete pod", self.api.core.delete_namespaced_pod, ref.name, ref.namespace,
                              grace_period_seconds=grace_s, propagation_policy="Background")
         except NotFound:
             return False
@@ -203,7 +203,7 @@ class KubernetesBackend:
         if REASON_ANNOTATION not in ((gone.get("metadata") or {}).get("annotations") or {}):
             try:
                 # Why it goes, for whoever looks at the pod while it terminates (and for us on reconcile).
-                self._raw("annotate pod", self.api.core.patch_namespaced_pod, ref.name, ref.namespace,
+                self.api.call_json("annotate pod", self.api.core.patch_namespaced_pod, ref.name, ref.namespace,
                           {"metadata": {"annotations": {REASON_ANNOTATION: reason[:1024]}}})
             except (NotFound, Conflict):
                 pass  # already gone: nobody left to read it
@@ -229,7 +229,7 @@ class KubernetesBackend:
     def app_address(self, ref: PodRef, port: int) -> str | None:
         """The pod's IP (deploy/'s NetworkPolicy admits only the portal to its app port)."""
         try:
-            pod = self._raw(f"read pod {ref.namespace}/{ref.name}", self.api.core.read_namespaced_pod,
+            pod = self.api.call_json(f"read pod {ref.namespace}/{ref.name}", self.api.core.read_namespaced_pod,
                             ref.name, ref.namespace)
         except NotFound:
             return None
@@ -314,14 +314,14 @@ class KubernetesBackend:
                 patch = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
                 self._beside(lambda: self._allocate_claims(pod, current, node, annotations)
                              if dra.uses_claims(current) else None,
-                             lambda: self._raw("label pod", self.api.core.patch_namespaced_pod, pod.name,
+                             lambda: self.api.call_json("label pod", self.api.core.patch_namespaced_pod, pod.name,
                                                pod.namespace, patch))
             elif dra.uses_claims(current):
                 self._allocate_claims(pod, current, node, annotations)
             # The placement rides on the Binding: the API server puts it on the pod with its node, in
             # one write, so the device plugin finds it as soon as the kubelet sees the pod.
             # Read as raw JSON: the client's model for Binding cannot parse the Status the server answers.
-            self._raw("bind pod", self.api.core.create_namespaced_pod_binding, pod.name, pod.namespace,
+            self.api.call_json("bind pod", self.api.core.create_namespaced_pod_binding, pod.name, pod.namespace,
                       binding_manifest(pod.namespace, pod.name, node, annotations))
         except NotFound as exc:
             raise PodConflict(f"pod {pod.namespace}/{pod.name} is gone") from exc
@@ -382,21 +382,21 @@ class KubernetesBackend:
             self._count_event(pod, key, count)
             return
         try:
-            obj = self._raw("read pod", self.api.core.read_namespaced_pod, pod.name, pod.namespace)
+            obj = self.api.call_json("read pod", self.api.core.read_namespaced_pod, pod.name, pod.namespace)
         except NotFound:
             return  # nobody left to tell
         uid = (obj.get("metadata") or {}).get("uid", "")
         event = event_manifest(namespace=pod.namespace, pod_name=pod.name, pod_uid=uid,
                                reason="FailedScheduling", message=reason)
         try:
-            self._raw("record event", self.api.core.create_namespaced_event, pod.namespace, event)
+            self.api.call_json("record event", self.api.core.create_namespaced_event, pod.namespace, event)
             count = 1
         except NotFound:
             return
         except Conflict:
             # Recorded by another process (or before a restart): count this one on it.
             try:
-                existing = self._raw("read event", self.api.core.read_namespaced_event, key[1], pod.namespace)
+                existing = self.api.call_json("read event", self.api.core.read_namespaced_event, key[1], pod.namespace)
             except NotFound:
                 return
             count = int(existing.get("count") or 1) + 1
@@ -406,7 +406,7 @@ class KubernetesBackend:
     def _count_event(self, pod: PodRef, key: tuple[str, str], count: int) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
-            self._raw("count event", self.api.core.patch_namespaced_event, key[1], pod.namespace,
+            self.api.call_json("count event", self.api.core.patch_namespaced_event, key[1], pod.namespace,
                       {"count": count, "lastTimestamp": stamp})
         except NotFound:
             with self._memory_lock:  # expired (events live an hour): the next refusal posts it anew
@@ -414,7 +414,7 @@ class KubernetesBackend:
 
     def _read_external(self, pod: PodRef) -> dict:
         try:
-            obj = self._raw("read pod", self.api.core.read_namespaced_pod, pod.name, pod.namespace)
+            obj = self.api.call_json("read pod", self.api.core.read_namespaced_pod, pod.name, pod.namespace)
         except NotFound as exc:
             raise PodConflict(f"pod {pod.namespace}/{pod.name} is gone") from exc
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -428,21 +428,12 @@ class KubernetesBackend:
 
     # -- plumbing ------------------------------------------------------------------------------------
 
-    def _raw(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict:
-        """One call, answered as the JSON dict the API server sent (no client-model round trip)."""
-        resp = self.api.call(what, fn, *args, _preload_content=False, **kwargs)
-        try:
-            return json.loads(resp.data)
-        except ValueError as exc:
-            raise TransientBackendError(f"{what}: the API server sent invalid JSON") from exc
-        finally:
-            resp.release_conn()
 
     def _list_all(self, what: str, fn: Any, **kwargs: Any) -> list[dict]:
         items: list[dict] = []
         token = None
         while True:
-            page = self._raw(what, fn, limit=LIST_PAGE, **({"_continue": token} if token else {}), **kwargs)
+            page = self.api.call_json(what, fn, limit=LIST_PAGE, **({"_continue": token} if token else {}), **kwargs)
             items.extend(page.get("items") or ())
             token = (page.get("metadata") or {}).get("continue")
             if not token:

@@ -20,7 +20,6 @@ plugin, the claim gets its allocation, which the node's DRA driver (`agents/dra`
 from __future__ import annotations
 
 import copy
-import json
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.utils import parse_quantity
 
-from ..base import GpuShare, PodConflict, PodRef, TransientBackendError
+from ..base import GpuShare, PodConflict, PodRef
 from .api import Conflict, KubeApi, NotFound
 
 DRIVER = "gpu.tessera.io"
@@ -157,25 +156,17 @@ class ClaimAllocator:
         self.api = api
         self.resource = client.ResourceV1Api(api.api_client)
 
-    def _raw(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict:
-        resp = self.api.call(what, fn, *args, _preload_content=False, **kwargs)
-        try:
-            return json.loads(resp.data)
-        except ValueError as exc:
-            raise TransientBackendError(f"{what}: the API server sent invalid JSON") from exc
-        finally:
-            resp.release_conn()
 
     def list_claims(self) -> dict[tuple[str, str], dict]:
         """Every ResourceClaim, by (namespace, name): read once per cycle, not once per pod."""
-        page = self._raw("list claims", self.resource.list_resource_claim_for_all_namespaces)
+        page = self.api.call_json("list claims", self.resource.list_resource_claim_for_all_namespaces)
         return {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in page.get("items") or ()}
 
     def read_slice(self, node: str) -> dict:
-        return self._raw("read slice", self.resource.read_resource_slice, f"{node}-{DRIVER}")
+        return self.api.call_json("read slice", self.resource.read_resource_slice, f"{node}-{DRIVER}")
 
     def read_claim(self, namespace: str, name: str) -> dict:
-        return self._raw("read claim", self.resource.read_namespaced_resource_claim, name, namespace)
+        return self.api.call_json("read claim", self.resource.read_namespaced_resource_claim, name, namespace)
 
     def allocate(self, claim: dict, pod: PodRef, pod_uid: str, node: str, gpus: Sequence[GpuShare]) -> dict:
         """Write the claim's allocation for this placement and reserve it for the pod: one status
@@ -193,7 +184,7 @@ class ClaimAllocator:
             body = copy.deepcopy(claim)
             body["status"] = {**status, "allocation": wanted, "reservedFor": [*reserved, consumer]}
             try:
-                return self._raw("allocate claim", self.resource.replace_namespaced_resource_claim_status,
+                return self.api.call_json("allocate claim", self.resource.replace_namespaced_resource_claim_status,
                                  name, pod.namespace, body)
             except Conflict:
                 if attempt:
