@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
+from django.test import Client
 from rest_framework.test import APIClient
 
 from portal.fleet import inventory
@@ -94,6 +95,17 @@ def client_for(people):
     def make(name: str) -> APIClient:
         client = APIClient()
         client.force_authenticate(people[name])
+        return client
+
+    return make
+
+
+@pytest.fixture
+def browser_for(people):
+    """name → a Django test client signed in as that person (the pages, with their session)."""
+    def make(name: str) -> Client:
+        client = Client()
+        client.force_login(people[name])
         return client
 
     return make

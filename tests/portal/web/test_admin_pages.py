@@ -7,7 +7,6 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from portal.audit.models import AuditEntry
@@ -20,14 +19,6 @@ from tests.teams import set_any_quota
 
 TEAM_TABS = ["members", "groups", "presets", "policy", "quota"]
 
-
-@pytest.fixture
-def browser_for(people):
-    def make(name: str) -> Client:
-        client = Client()
-        client.force_login(people[name])
-        return client
-    return make
 
 
 @pytest.mark.parametrize("tab", TEAM_TABS)

@@ -7,7 +7,6 @@ import re
 from decimal import Decimal
 
 import pytest
-from django.test import Client
 
 from portal.audit import services as audit
 from portal.audit.models import AuditEntry
@@ -18,14 +17,6 @@ from tests.reservations import placed, submitted
 BY = audit.cli("test")
 A100 = "A100-80GB"
 
-
-@pytest.fixture
-def browser_for(people):
-    def make(name: str) -> Client:
-        client = Client()
-        client.force_login(people[name])
-        return client
-    return make
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.test import Client
 
 from portal.audit import services as audit
 from portal.tenancy import policy
@@ -16,14 +15,6 @@ from tests.portal.web.test_department_pages import error_of
 POLICY = {"max_duration_h": "8", "interactive_max_h": "4", "idle_threshold_pct": "10", "idle_after_min": "15",
           "idle_action": "warn", "idle_warning_min": "20", "max_priority_member": "40", "max_priority_admin": "60"}
 
-
-@pytest.fixture
-def browser_for(people):
-    def make(name: str) -> Client:
-        client = Client()
-        client.force_login(people[name])
-        return client
-    return make
 
 
 def _request_form(**overrides) -> dict:

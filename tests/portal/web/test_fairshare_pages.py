@@ -9,7 +9,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from portal.audit import services as audit
@@ -20,14 +19,6 @@ from tests.reservations import placed, submitted
 
 A100 = "A100-80GB"
 
-
-@pytest.fixture
-def browser_for(people):
-    def make(name: str) -> Client:
-        client = Client()
-        client.force_login(people[name])
-        return client
-    return make
 
 
 @pytest.fixture
