@@ -28,9 +28,15 @@ def _float(name: str):
     return Cast(F(name), FloatField())
 
 
+def _coverage():
+    """The part of a minute row that has samples (a row of 60 or more counts whole): every sum
+    over minute rows is weighted by it."""
+    return Least(_float("samples"), Value(60.0)) / Value(60.0)
+
+
 def share_minute_sums() -> dict:
     """Aggregates over ShareMinute rows, in GPU-minutes, named as ShareHour's columns."""
-    coverage = Least(_float("samples"), Value(60.0)) / Value(60.0)
+    coverage = _coverage()
     mean = _float("used_sum") / _float("samples")
     request = _float("reservation__gpu_request")
     idle = LessThan(mean, _float("reservation__team__idle_threshold"))
@@ -46,12 +52,12 @@ def share_minute_sums() -> dict:
 def share_minute_allocated() -> Sum:
     """GPU-minutes the same ShareMinute rows held allocated (each share's request, weighted as `used`
     is): the denominator that makes used ÷ allocated a ratio over one window and one set of shares."""
-    return Sum(Least(_float("samples"), Value(60.0)) / Value(60.0) * _float("reservation__gpu_request"))
+    return Sum(_coverage() * _float("reservation__gpu_request"))
 
 
 def gpu_minute_sums() -> dict:
     """Aggregates over GpuMinute rows, in GPU-minutes, named as GpuHour's columns."""
-    coverage = Least(_float("samples"), Value(60.0)) / Value(60.0)
+    coverage = _coverage()
     busy = _float("sm_util_sum") / _float("sm_util_count") / Value(100.0)
     return {"sampled_minutes": Sum(coverage), "busy": Sum(busy * coverage)}
 
