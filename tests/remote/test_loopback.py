@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tests.waiting import wait_for
+
 from .conftest import (
     FAKE,
     NOT_PERMITTED,
@@ -145,9 +147,8 @@ def test_remote_launches_take_the_share_s_time_from_the_broker(built, tmp_path) 
         def charged() -> dict:
             return broker.query()["gpus"]["GPU-fake-0"]["shares"]["res-timed"]
 
-        deadline = time.monotonic() + 30
-        while (share := charged())["used_total_s"] < 1.0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: charged()["used_total_s"] >= 1.0, 30, "the 200 × 5 ms of kernels to be charged", every=0.05)
+        share = charged()
         assert share["request"] == pytest.approx(0.3)
         assert share["limit"] == pytest.approx(0.3)
         # each fake kernel sleeps at least its 5 ms (a busy machine only oversleeps), and kernels on
@@ -240,10 +241,8 @@ def test_a_client_killed_mid_launch_leaves_its_share_whole(gpu_host: GpuHost) ->
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
     # the worker notices, frees what the client held and exits; the share's budget is whole again
-    deadline = time.monotonic() + 30
-    while "freed 209715200 bytes the client left allocated" not in gpu_host.log and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert "freed 209715200 bytes the client left allocated" in gpu_host.log
+    wait_for(lambda: "freed 209715200 bytes the client left allocated" in gpu_host.log, 30,
+             "the worker to free what the killed client held", every=0.1)
     r = Client(gpu_host.address, token).run("drv_prog", image("cubin"), "--bytes", 120 * MiB)
     assert r.returncode == 0, r.stderr
     assert int(parse_kv(r.stdout)["free"]) == cap
