@@ -46,6 +46,10 @@ class ServiceWrittenAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    # The actions (cancel, drain, cordon …) are for superusers: `permissions=["operate"]`.
+    def has_operate_permission(self, request):
+        return request.user.is_superuser
+
 
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ServiceWrittenAdmin):

@@ -23,13 +23,8 @@ class GpuInline(admin.TabularInline):
         return False
 
 
-class _FleetAdmin(ServiceWrittenAdmin):
-    def has_operate_permission(self, request):
-        return request.user.is_superuser
-
-
 @admin.register(Node)
-class NodeAdmin(_FleetAdmin):
+class NodeAdmin(ServiceWrittenAdmin):
     list_display = ("name", "status", "last_seen", "cpu_milli", "memory_mib", "address")
     list_filter = ("status",)
     search_fields = ("name",)
@@ -51,7 +46,7 @@ class NodeAdmin(_FleetAdmin):
 
 
 @admin.register(Gpu)
-class GpuAdmin(_FleetAdmin):
+class GpuAdmin(ServiceWrittenAdmin):
     list_display = ("uuid", "node", "index", "model", "memory_mib", "numa_node", "healthy", "cordoned")
     list_filter = ("model", "healthy", "cordoned")
     search_fields = ("uuid", "node__name")

@@ -34,7 +34,7 @@ class ReservationAdmin(ServiceWrittenAdmin):
     inlines = [AllocationInline, StateTransitionInline]
     actions = ["cancel_selected"]
 
-    @admin.action(description="Cancel the selected reservations", permissions=["cancel"])
+    @admin.action(description="Cancel the selected reservations", permissions=["operate"])
     def cancel_selected(self, request, queryset):
         cancelled, refused = 0, []
         for reservation_id in queryset.values_list("pk", flat=True):
@@ -47,9 +47,6 @@ class ReservationAdmin(ServiceWrittenAdmin):
         self.message_user(request, f"{cancelled} reservation(s) cancelled.")
         if refused:
             self.message_user(request, "Not cancelled: " + "; ".join(refused), messages.WARNING)
-
-    def has_cancel_permission(self, request):
-        return request.user.is_superuser
 
 
 @admin.register(Allocation)
