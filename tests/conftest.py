@@ -57,6 +57,7 @@ def redis_channel_layer(settings):
 
 
 def pytest_configure(config):
+    _own_session()
     # pytest-xdist registers this marker only when it is loaded: `-p no:xdist` (a run against a real
     # cluster, one test at a time) would stop at collection under --strict-markers.
     config.addinivalue_line("markers", "xdist_group(name): the lane a test runs in under `--dist loadgroup`")
@@ -73,3 +74,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         lane = "faults" if faults in Path(item.path).parents else "suite"
         item.add_marker(pytest.mark.xdist_group(lane))
+
+
+def _own_session() -> None:
+    """Local pods are tied to their shares by session (agents/broker/identity.py), and the broker tests
+    name this process's session as the share's. Where the session's leader is outside this PID
+    namespace (a sandboxed CI), getsid answers 0, which the broker rightly takes as no session: the run
+    starts its own. A process group leader (pytest typed at a shell) cannot, and has a session anyway."""
+    if os.getsid(0) == 0:
+        try:
+            os.setsid()
+        except PermissionError:
+            pass
+
