@@ -5,8 +5,9 @@ Refuses to start, before touching anything, when its port is taken. Then migrate
 history, gives each node a token (keeping the ones in var/agent-tokens.yaml that still work, so a
 fleet already running on them is never cut off), and runs the portal (HTTP + WebSocket), the
 placement workers (Celery on the local Redis when one answers, else in-process) and simulated node
-agents until Ctrl-C or SIGTERM, which stop every process it started (each runs in its own process
-group, which is signalled whole, so no worker's pool process is left behind).
+agents until Ctrl-C or SIGTERM, which stop every process it started: each is asked to stop (SIGTERM
+to it alone, so Celery's worker finishes its running tasks and stops its own pool), and whatever is
+left of its process group after the grace is killed, so no pool process is left behind.
 
 Redis: REDIS_URL, else TESSERA_DEMO_REDIS_URL (default redis://127.0.0.1:6379/0) when it answers;
 its keys are prefixed with TESSERA_REDIS_PREFIX (default "tessera-demo:"). Both are printed.
@@ -113,7 +114,7 @@ class Command(BaseCommand):
         self.children: list[subprocess.Popen] = []
 
         def start(*args: str) -> None:
-            # Its own process group (and session): stopping signals the whole group, children included.
+            # Its own process group (and session): what is left of it after the grace is killed whole.
             self.children.append(subprocess.Popen(list(args), env=env, cwd=root, start_new_session=True))
 
         try:
@@ -156,8 +157,10 @@ class Command(BaseCommand):
             time.sleep(0.2)
 
     def _stop_children(self) -> None:
+        # Not the group: a pool process signalled beside its worker dies mid-task (WorkerLostError).
         for c in self.children:
-            self._signal_group(c, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                c.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for c in self.children:
             with contextlib.suppress(subprocess.TimeoutExpired):
