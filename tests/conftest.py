@@ -1,6 +1,7 @@
 """Suite-wide settings: tests run against the real PostgreSQL on this machine unless DATABASE_URL
 says otherwise (the README's test command sets it)."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -82,8 +83,6 @@ def _own_session() -> None:
     namespace (a sandboxed CI), getsid answers 0, which the broker rightly takes as no session: the run
     starts its own. A process group leader (pytest typed at a shell) cannot, and has a session anyway."""
     if os.getsid(0) == 0:
-        try:
+        with contextlib.suppress(PermissionError):
             os.setsid()
-        except PermissionError:
-            pass
 

@@ -55,7 +55,12 @@ def get_backend() -> Backend:
 def use_backend(backend: Backend) -> None:
     """Act through `backend` for the current settings until `forget_backends`: for callers that
     build it with options the settings do not carry (short retries in tests, benchmarks)."""
-    _cache[_key()] = backend
+    key = _key()
+    _cache[key] = backend
+    # A new cluster has none of the database's nodes yet: get_backend adds them on its next call,
+    # even where an earlier backend of the same settings had them (tests switching clusters).
+    _known_nodes.pop(key, None)
+    _nodes_checked.pop(key, None)
 
 
 def forget_backends() -> None:

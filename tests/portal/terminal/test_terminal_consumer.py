@@ -121,7 +121,10 @@ async def test_owner_gets_a_shell_with_the_pods_environment(people, shell_for):
     communicator, connected = await _open(people["alice"], r.pk)
     assert connected
     said = await _text(communicator)
-    assert said["type"] == "ready", said  # the message says why not
+    if said["type"] != "ready":  # the message says why not; the transitions say who moved it
+        moves = await sync_to_async(list)(StateTransition.objects.filter(reservation_id=r.pk)
+                                          .values_list("to_state", "reason", "actor_label"))
+        raise AssertionError(f"{said}; transitions {moves}")
     await communicator.send_to(bytes_data=b'echo "share=$TESSERA_GPU_REQUEST db=${DATABASE_URL:-none}"\n')
     output = await _output_until(communicator, b"db=none")
     assert b"share=0.25 db=none" in output  # the pod's variables, none of the portal's
