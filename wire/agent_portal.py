@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from wire.share_tokens import MAX_ATTEMPT
+
 PROTOCOL_VERSION = 1
 AGENT_WS_PATH = "/ws/agents/"
 # The node token travels in this header on the WebSocket handshake: "Authorization: Bearer <token>".
@@ -311,13 +313,17 @@ class Placements(_Message):
 
 class RevokedShare(_Strict):
     share: Annotated[str, Field(pattern=SHARE_ID_PATTERN)]
-    at: Annotated[StrictInt, Field(ge=MIN_TS_MS // 1000, le=MAX_TS_MS // 1000)]  # when it ended, unix seconds
+    at: Annotated[StrictInt, Field(ge=MIN_TS_MS // 1000, le=MAX_TS_MS // 1000)]  # when it left, unix seconds
+    # The share's tokens issued for an earlier placement (their `attempt` claim) are void; those of
+    # this attempt and later are not (a share placed here again is served with its new token).
+    from_attempt: Annotated[StrictInt, Field(ge=1, le=MAX_ATTEMPT + 1)]
 
 
 class RevokedShares(_Message):
-    """The remote shares served from this GPU node whose reservations ended lately (their tokens may
-    still be valid): the complete list, replacing the previous one; the agent writes it to the
-    remote server's `--revoked-file`. Only to agents whose hello had `revocations`."""
+    """The remote shares that left this GPU node lately and the placement attempt from which their
+    tokens stay valid (older tokens may not have expired yet): the complete list, replacing the
+    previous one; the agent writes it to the remote server's `--revoked-file`. Only to agents whose
+    hello had `revocations`."""
 
     type: Literal["revoked_shares"]
     shares: Annotated[list[RevokedShare], Field(max_length=MAX_REVOKED_SHARES)]

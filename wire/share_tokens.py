@@ -5,6 +5,11 @@ preload/remote/token.c on the GPU node).
 padding; the mac is HMAC-SHA256 over ``tsr1.<claims>`` with the GPU node's secret, base64url. The portal
 issues one with each remote placement; the node's server runs the client's calls under exactly those
 terms, so a client cannot choose its own cap or share.
+
+A token names the placement it was issued for (``attempt``, the reservation's attempt counter, which
+grows with every placement): a revocation voids a share's tokens of the attempts before a given one
+(wire/PROTOCOL.md 5.5), so a share placed on the same node again gets a new token and its old one is
+refused, and the revoked list still holds one entry per share.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ PREFIX = "tsr1."
 MAX_TOKEN_BYTES = 2048
 _ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 PRIORITIES = ("high", "normal", "low")
+VERSION = "2"  # 2: with ``attempt``; version 1 (without) is refused, see wire/PROTOCOL.md 5.5
+MAX_ATTEMPT = 2**32 - 2  # the server keeps attempts as 32-bit numbers; 2**32 - 1 voids every attempt
+CLAIMS = ("v", "share", "attempt", "gpu", "mem", "request", "limit", "priority", "exp")
 
 
 class TokenError(ValueError):
@@ -35,6 +43,7 @@ class ShareTerms:
     request: float
     limit: float
     priority: str = "normal"
+    attempt: int = 1  # the placement it was issued for (Reservation.attempt)
 
     def validate(self) -> None:
         if not _ID_RE.match(self.share):
@@ -50,6 +59,8 @@ class ShareTerms:
             raise TokenError("request must not be above the limit")
         if self.priority not in PRIORITIES:
             raise TokenError(f"priority must be one of {', '.join(PRIORITIES)}")
+        if not isinstance(self.attempt, int) or not 1 <= self.attempt <= MAX_ATTEMPT:
+            raise TokenError(f"attempt must be in 1-{MAX_ATTEMPT}, not {self.attempt!r}")
 
 
 def _b64(data: bytes) -> str:
@@ -71,8 +82,8 @@ def issue(secret: bytes, terms: ShareTerms, ttl_s: int = 24 * 3600, now: float |
         raise TokenError("ttl must be positive")
     expires = int((time.time() if now is None else now) + ttl_s)
     claims = (
-        f"v=1 share={terms.share} gpu={terms.gpu} mem={terms.memory_bytes} request={terms.request:.4f} "
-        f"limit={terms.limit:.4f} priority={terms.priority} exp={expires}"
+        f"v={VERSION} share={terms.share} attempt={terms.attempt} gpu={terms.gpu} mem={terms.memory_bytes} "
+        f"request={terms.request:.4f} limit={terms.limit:.4f} priority={terms.priority} exp={expires}"
     )
     body = PREFIX + _b64(claims.encode("ascii"))
     mac = hmac.new(secret, body.encode("ascii"), hashlib.sha256).digest()
@@ -97,10 +108,14 @@ def verify(secret: bytes, token: str, now: float | None = None) -> tuple[ShareTe
         if not sep or key in fields:
             raise TokenError(f"token claim {item!r} is malformed or repeated")
         fields[key] = value
-    if set(fields) != {"v", "share", "gpu", "mem", "request", "limit", "priority", "exp"} or fields["v"] != "1":
-        raise TokenError("token claims are not those of version 1")
+    if fields.get("v") != VERSION:
+        raise TokenError(f"token version {fields.get('v')!r} is not supported (this side speaks {VERSION})")
+    if set(fields) != set(CLAIMS):
+        raise TokenError(f"token claims are not those of version {VERSION}")
+    if not fields["attempt"].isdigit():
+        raise TokenError("token attempt is not a number")
     terms = ShareTerms(fields["share"], fields["gpu"], int(fields["mem"]), float(fields["request"]),
-                       float(fields["limit"]), fields["priority"])
+                       float(fields["limit"]), fields["priority"], int(fields["attempt"]))
     terms.validate()
     expires = int(fields["exp"])
     if expires <= (time.time() if now is None else now):

@@ -1,10 +1,12 @@
 """The remote server's revoked-share file (`--revoked-file`, preload/remote/README.md), written by
 the GPU node's agent from the portal's `revoked_shares` (wire/PROTOCOL.md 5.5).
 
-One `<share id> <unix seconds>` a line. The file is replaced whole (a temporary file in the same
+One `<share id> <unix seconds> <attempt>` a line: the server refuses the share's tokens issued for
+a placement before <attempt> (wire/PROTOCOL.md 5.5). The file is replaced whole (a temporary file in the same
 directory, then rename): the server, which reloads it when its inode changes, never reads half a
 list. The portal sends the complete recent list, bounded by MAX_REVOKED_SHARES, so the file holds
-exactly its latest list: a share placed again after a preemption leaves it.
+exactly its latest list: a share placed here again after a preemption stays in it with its new
+attempt, so that only its new token works.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def file_text(message: RevokedShares) -> str:
-    return "".join(f"{s.share} {s.at}\n" for s in message.shares)
+    return "".join(f"{s.share} {s.at} {s.from_attempt}\n" for s in message.shares)
 
 
 class RevokedFile:

@@ -92,7 +92,7 @@ _BIND_ROWS = Precompiled(lambda: Reservation.objects.filter(param_in("pk", "ids"
 def pod_spec(r: BindRow, gpus: tuple[GpuShare, ...]) -> PodSpec:
     remote = None
     if r.client_node_name:  # a remote share: the pod reaches its GPU on node_name over the network
-        remote = share_tokens.remote_env(str(r.pk), r.node_name, r.node_address, gpus[0], r.priority)
+        remote = share_tokens.remote_env(str(r.pk), r.attempt, r.node_name, r.node_address, gpus[0], r.priority)
     return make_pod_spec(
         reservation_id=str(r.pk), attempt=r.attempt, namespace=r.pod_namespace, node=r.pod_node,
         team=r.team_slug, image=r.image, command=tuple(r.command), gpus=gpus, priority=r.priority, kind=r.kind,

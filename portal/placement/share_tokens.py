@@ -15,6 +15,11 @@ without an end time gets TESSERA_REMOTE_TOKEN_TTL_S. The server checks a token's
 hello: a client process connected before it keeps its worker until it disconnects or the share is
 revoked. Not covered: a site admin's extension beyond the team's maximum (new processes of the pod
 are refused after the token's end).
+
+A token names its placement (`attempt`, the reservation's attempt counter): when the share leaves
+the node, the node's agent hears which attempts of it are void (`revoked_shares`,
+portal/telemetry/services.py), so a share placed on the same node again is served with its new
+token only.
 """
 
 from __future__ import annotations
@@ -71,12 +76,13 @@ def _longest_end(reservation_id: str) -> tuple[datetime | None, datetime | None]
     return row.expires_at, start + timedelta(seconds=policy_of(row.team).max_duration_s)
 
 
-def remote_env(reservation_id: str, gpu_node: str, address: str | None, gpu: GpuShare,
+def remote_env(reservation_id: str, attempt: int, gpu_node: str, address: str | None, gpu: GpuShare,
                priority: int) -> dict[str, str]:
-    """The client pod's variables: the server on `gpu_node` and a token for exactly this share."""
+    """The client pod's variables: the server on `gpu_node` and a token for exactly this share and
+    this placement of it (`attempt`)."""
     terms = ShareTerms(share=reservation_id, gpu=gpu.uuid, memory_bytes=gpu.gpu_memory_mib << 20,
                        request=gpu.gpu_request, limit=max(gpu.gpu_limit, gpu.gpu_request),
-                       priority=broker_priority(priority))
+                       priority=broker_priority(priority), attempt=attempt)
     expires_at, longest_end = _longest_end(reservation_id)
     now = time.time()
     try:

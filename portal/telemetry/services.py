@@ -85,21 +85,28 @@ def placements_for_node(node_id: int, priorities: bool = False) -> dict:
 def revoked_shares_for_node(node_id: int) -> dict:
     """The `revoked_shares` message body for a GPU node's agent (PROTOCOL.md 5.5): the shares that
     left its GPUs within the longest a share token outlives its release (TESSERA_REMOTE_TOKEN_TTL_S
-    + the tokens' slack; a token issued with an end time expires earlier) and hold none of them now,
-    newest first. Those that ended as remote shares, and those put back in the queue (preempted and
-    requeued, a lost node): their `sharing` says how they are placed now, not how they were here,
-    and the token of their old pod must stop working here too. A share placed here again leaves
-    the list (its new token names the same share)."""
+    + the tokens' slack; a token issued with an end time expires earlier), newest first, each with
+    the placement attempt from which its tokens stay valid. Those that ended as remote shares, and
+    those put back in the queue (preempted and requeued, a lost node) or that ended after more than
+    one placement: their `sharing` says how they were placed last, not how they were here, and the
+    token of their old pod must stop working here too. A share held nowhere here now has every token
+    void (its attempt so far + 1); one placed here again keeps its entry with its current attempt,
+    so that its new token works and its old one does not. One query: the attempt and where the
+    share is are read together."""
     since = timezone.now() - timedelta(seconds=settings.TESSERA_REMOTE_TOKEN_TTL_S + EXPIRY_SLACK_S)
     here_now = Allocation.objects.filter(reservation_id=OuterRef("reservation_id"), gpu__node_id=node_id,
                                          released_at__isnull=True)
     rows = (Allocation.objects.filter(gpu__node_id=node_id, released_at__gte=since)
             .filter(Q(reservation__sharing=Sharing.REMOTE, reservation__state__in=TERMINAL)
+                    # placed more than once: an earlier placement may have been remote here
+                    | Q(reservation__attempt__gt=1, reservation__state__in=TERMINAL)
                     | Q(reservation__state__in=ACTIVE))
-            .exclude(Exists(here_now))
-            .values("reservation_id").annotate(at=Max("released_at")).order_by("-at", "-reservation_id")
-            .values_list("reservation_id", "at")[:MAX_REVOKED_SHARES])
-    shares = [{"share": str(reservation), "at": int(at.timestamp())} for reservation, at in rows]
+            .values("reservation_id", "reservation__attempt")
+            .annotate(at=Max("released_at"), here=Exists(here_now)).order_by("-at", "-reservation_id")
+            .values_list("reservation_id", "at", "reservation__attempt", "here")[:MAX_REVOKED_SHARES])
+    shares = [{"share": str(reservation), "at": int(at.timestamp()),
+               "from_attempt": max(1, attempt) if here else attempt + 1}
+              for reservation, at, attempt, here in rows]
     return {"v": 1, "type": "revoked_shares", "shares": shares}
 
 

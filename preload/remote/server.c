@@ -17,10 +17,13 @@
  * client that sends its hello at once is served whatever others trickle. The listener itself never
  * touches the driver.
  *
- * Revocation: --revoked-file names a file the node agent writes (one "<share id> <unix seconds>" a
- * line, for shares the portal released). The listener reloads it when it changes, checked before
- * every hello and at least once a second: a revoked share's hello is refused and its running workers
- * are killed. A missing file revokes nothing; an unreadable one keeps the list loaded before. */
+ * Revocation: --revoked-file names a file the node agent writes (one "<share id> <unix seconds>
+ * <attempt>" a line, for shares the portal released here): the tokens of that share issued for a
+ * placement before <attempt> are void (a share placed here again keeps its entry, and only its new
+ * token works; an ended share's <attempt> is past its last). A line without <attempt> voids every
+ * token of the share. The listener reloads it when it changes, checked before every hello and at
+ * least once a second: a void token's hello is refused and the workers it started are killed. A
+ * missing file revokes nothing; an unreadable one keeps the list loaded before. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -57,6 +60,7 @@ static int ngpus, max_clients = 64, workers;
 struct worker {
     pid_t pid;
     char share[sizeof(((struct share_token *)0)->share)];
+    uint32_t attempt;   /* of the token it was started with */
 };
 static struct worker *running;
 static int max_unauth = 64, max_unauth_per_addr = 4, hello_timeout_ms = 10000;
@@ -364,6 +368,7 @@ static void start_worker(struct pending *e, const struct share_token *t) {
             if (!running[i].pid) {
                 running[i].pid = pid;
                 memcpy(running[i].share, t->share, sizeof running[i].share);
+                running[i].attempt = t->attempt;
                 break;
             }
         workers++;
@@ -403,14 +408,40 @@ static void start_worker(struct pending *e, const struct share_token *t) {
 }
 
 #define MAX_REVOKED 8192   /* shares listed in --revoked-file; the agent keeps only recent ones */
-typedef char share_id[sizeof(((struct share_token *)0)->share)];
-static share_id *revoked;
+struct revocation {
+    char share[sizeof(((struct share_token *)0)->share)];
+    uint32_t from_attempt;   /* tokens of earlier attempts are void; UINT32_MAX: all of them */
+};
+static struct revocation *revoked;
 static int nrevoked;
 static struct stat revoked_stat;   /* of the file as last loaded (st_ino 0: none loaded) */
 
-static int is_revoked(const char *share) {
+/* Whether the token of `share` issued for placement `attempt` is void. */
+static int is_revoked(const char *share, uint32_t attempt) {
     for (int i = 0; i < nrevoked; i++)
-        if (!strcmp(revoked[i], share)) return 1;
+        if (!strcmp(revoked[i].share, share)) return attempt < revoked[i].from_attempt;
+    return 0;
+}
+
+/* One line of the file into `out`: "<share> <unix seconds> [<attempt>]"; -1 if malformed. */
+static int parse_revocation(char *line, struct revocation *out) {
+    char *save = NULL, *share = strtok_r(line, " ", &save), *at = strtok_r(NULL, " ", &save),
+         *attempt = strtok_r(NULL, " ", &save);
+    if (!share || !token_valid_id(share) || strtok_r(NULL, " ", &save)) return -1;
+    char *end;
+    if (at) {
+        errno = 0;
+        (void)strtoull(at, &end, 10);
+        if (errno || *end || *at < '0' || *at > '9') return -1;
+    }
+    out->from_attempt = UINT32_MAX;
+    if (attempt) {
+        errno = 0;
+        unsigned long long a = strtoull(attempt, &end, 10);
+        if (errno || *end || *attempt < '0' || *attempt > '9' || a > UINT32_MAX) return -1;
+        out->from_attempt = (uint32_t)a;
+    }
+    memcpy(out->share, share, strlen(share) + 1);   /* token_valid_id: at most 128 bytes */
     return 0;
 }
 
@@ -439,22 +470,21 @@ static void reload_revoked(void) {
     char line[256];
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\r\n")] = 0;
-        char *space = strchr(line, ' ');
-        if (space) *space = 0;
         if (!*line || *line == '#') continue;
-        if (!token_valid_id(line) || n == MAX_REVOKED) {
+        if (n == MAX_REVOKED || parse_revocation(line, &revoked[n])) {
             bad++;
             continue;
         }
-        memcpy(revoked[n++], line, strlen(line) + 1);   /* token_valid_id: at most 128 bytes */
+        n++;
     }
     fclose(f);
     nrevoked = n;
     revoked_stat = st;
     slog("revoked-share file %s: %d share(s)%s", revoked_file, n, bad ? " (lines left out: malformed or too many)" : "");
     for (int i = 0; i < max_clients; i++)
-        if (running[i].pid && is_revoked(running[i].share)) {
-            slog("share %s revoked: ending its worker %d", running[i].share, (int)running[i].pid);
+        if (running[i].pid && is_revoked(running[i].share, running[i].attempt)) {
+            slog("share %s revoked: ending its worker %d (attempt %u)", running[i].share, (int)running[i].pid,
+                 running[i].attempt);
             kill(running[i].pid, SIGKILL);   /* reaped as usual: the slot and budget file go with it */
         }
 }
@@ -489,9 +519,10 @@ static void finish_hello(struct pending *e) {
         return;
     }
     reload_revoked();
-    if (is_revoked(t.share)) {
-        slog("%s: refused: share %s was revoked (its reservation ended)", e->peer, t.share);
-        refuse(e->fd, CUDA_ERROR_NOT_PERMITTED, "share token refused: share %s was revoked", t.share);
+    if (is_revoked(t.share, t.attempt)) {
+        slog("%s: refused: share %s was revoked (attempt %u: ended or placed again)", e->peer, t.share, t.attempt);
+        refuse(e->fd, CUDA_ERROR_NOT_PERMITTED, "share token refused: share %s was revoked (attempt %u)", t.share,
+               t.attempt);
         release(e);
         return;
     }

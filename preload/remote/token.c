@@ -2,10 +2,14 @@
  * before it runs anything for a client.
  *
  *   tsr1.<claims, base64url>.<HMAC-SHA256(node secret, "tsr1." + claims in base64url), base64url>
- *   claims: "v=1 share=<id> gpu=<uuid> mem=<bytes> request=<f> limit=<f> priority=<high|normal|low> exp=<unix s>"
+ *   claims: "v=2 share=<id> attempt=<n> gpu=<uuid> mem=<bytes> request=<f> limit=<f>
+ *            priority=<high|normal|low> exp=<unix s>"
  *
  * The claims are the share's terms: the server runs the client's calls under exactly these (memory
- * cap, compute request and limit), so a client cannot pick its own. Issued by wire/share_tokens.py. */
+ * cap, compute request and limit), so a client cannot pick its own. `attempt` is the placement the
+ * token was issued for (1, 2, ... as the share is placed again): a revocation voids a share's tokens
+ * of the attempts before a given one (server.c). Version 1 (without it) is refused. Issued by
+ * wire/share_tokens.py. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -105,7 +109,7 @@ int token_verify(const char *token, const void *secret, size_t secret_len, int64
     text[n] = 0;
     memset(out, 0, sizeof *out);
     int seen = 0;
-    enum { V = 1, SHARE = 2, GPU = 4, MEM = 8, REQ = 16, LIM = 32, PRIO = 64, EXP = 128 };
+    enum { V = 1, SHARE = 2, GPU = 4, MEM = 8, REQ = 16, LIM = 32, PRIO = 64, EXP = 128, ATTEMPT = 256, ALL = 511 };
     char *save = NULL;
     for (char *field = strtok_r(text, " ", &save); field; field = strtok_r(NULL, " ", &save)) {
         char *eq = strchr(field, '=');
@@ -115,11 +119,17 @@ int token_verify(const char *token, const void *secret, size_t secret_len, int64
         int bit;
         if (!strcmp(k, "v")) {
             bit = V;
-            if (strcmp(v, "1")) return fail(why, why_len, "token version %.8s is not supported", v);
+            if (strcmp(v, "2")) return fail(why, why_len, "token version %.8s is not supported (this server speaks 2)", v);
         } else if (!strcmp(k, "share")) {
             bit = SHARE;
             if (!token_valid_id(v)) return fail(why, why_len, "token share id is not 1-128 of A-Za-z0-9._:-");
             snprintf(out->share, sizeof out->share, "%s", v);
+        } else if (!strcmp(k, "attempt")) {
+            bit = ATTEMPT;
+            uint64_t a;
+            if (parse_u64(v, &a) || a < 1 || a >= UINT32_MAX)
+                return fail(why, why_len, "token attempt is not in 1-%u", UINT32_MAX - 1);
+            out->attempt = (uint32_t)a;
         } else if (!strcmp(k, "gpu")) {
             bit = GPU;
             if (!token_valid_id(v)) return fail(why, why_len, "token gpu is not 1-128 of A-Za-z0-9._:-");
@@ -149,7 +159,8 @@ int token_verify(const char *token, const void *secret, size_t secret_len, int64
         if (seen & bit) return fail(why, why_len, "token repeats the claim \"%s\"", k);
         seen |= bit;
     }
-    if (seen != 255) return fail(why, why_len, "token lacks a claim (needs v share gpu mem request limit priority exp)");
+    if (seen != ALL)
+        return fail(why, why_len, "token lacks a claim (needs v share attempt gpu mem request limit priority exp)");
     if (out->request > out->limit) return fail(why, why_len, "token request is above its limit");
     if (out->expires <= now) return fail(why, why_len, "token expired");
     return 0;

@@ -138,6 +138,7 @@ void hmac_sha256(const void *key, size_t key_len, const void *data, size_t len, 
 /* Tokens (token.c). */
 struct share_token {
     char share[129];
+    uint32_t attempt;      /* the placement it was issued for: 1, 2, ... */
     char gpu[129];
     uint64_t mem;          /* bytes; 0 = no cap */
     double request, limit;

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REMOTE, Client, GpuHost, MiB, base_env, hello_bytes, image, parse_kv, read_reply
+from .conftest import REMOTE, Client, GpuHost, MiB, base_env, hello_bytes, image, parse_kv, read_reply, signed_claims
 
 WAIT_S = 30  # how long to wait for the server to act; never reached when it works
 
@@ -227,15 +227,36 @@ def test_a_revoked_share_is_refused_and_its_running_worker_ended(built, tmp_path
     assert "share res-ended revoked: ending its worker" in host.log
 
 
+def test_the_server_voids_a_shares_earlier_attempts_and_refuses_tokens_without_one(built, tmp_path) -> None:
+    """An entry "<share> <at> <attempt>" voids that share's tokens of earlier attempts only; a token
+    of version 1 (no attempt: it could not be revoked per placement) is refused outright."""
+    revoked = tmp_path / "revoked-shares"
+    revoked.write_text(f"res-a {int(time.time())} 3\n")
+    with _host(tmp_path, "--revoked-file", str(revoked)) as host:
+        for attempt, served in ((1, False), (2, False), (3, True), (4, True)):
+            with _connect(host.port) as s:
+                s.sendall(hello_bytes(host.token(share="res-a", attempt=attempt)))
+                assert (read_reply(s)[0] == 0) is served, attempt
+        v1 = signed_claims(host.secret, f"v=1 share=res-b gpu=GPU-fake-0 mem=0 request=1.0000 limit=1.0000 "
+                                        f"priority=normal exp={int(time.time()) + 600}")
+        with _connect(host.port) as s:
+            s.sendall(hello_bytes(v1))
+            result, message = read_reply(s)
+            assert result != 0 and b"token version 1 is not supported" in message
+
+
 def test_what_the_agent_writes_from_the_portals_list_is_what_the_server_refuses(built, tmp_path) -> None:
     """The node agent's side of revocation (agents/remote/revocations.py) against the real server:
     the portal's revoked_shares, written to --revoked-file, ends that share and only that one; a
-    later list without it (placed here again) lets it back in."""
+    later list that voids only its earlier attempts (placed here again) lets its new token in and
+    still keeps its old one out."""
     from agents.remote.revocations import RevokedFile
     from wire.agent_portal import PORTAL_MESSAGES, parse
 
-    def portal_says(*shares: str):
-        entries = [{"share": s, "at": int(time.time())} for s in shares]
+    ended_at = int(time.time())
+
+    def portal_says(*shares: str, from_attempt: int = 2):
+        entries = [{"share": s, "at": ended_at, "from_attempt": from_attempt} for s in shares]
         return parse(json.dumps({"v": 1, "type": "revoked_shares", "shares": entries}), PORTAL_MESSAGES)
 
     path = tmp_path / "revoked-shares"
@@ -253,9 +274,15 @@ def test_what_the_agent_writes_from_the_portals_list_is_what_the_server_refuses(
             again.sendall(hello_bytes(host.token(share="812")))
             result, message = read_reply(again)
             assert result != 0 and b"share 812 was revoked" in message
-        agent_file.write(portal_says("700"))
+        # 812 placed here again, its attempt 2: the portal's list stays the same (812 valid from
+        # attempt 2), the new pod's token is served and the old one still refused.
+        assert not agent_file.write(portal_says("812", "700", from_attempt=2))
         with _connect(host.port) as back:
-            back.sendall(hello_bytes(host.token(share="812")))
+            back.sendall(hello_bytes(host.token(share="812", attempt=2)))
             assert read_reply(back)[0] == 0
+        with _connect(host.port) as old:
+            old.sendall(hello_bytes(host.token(share="812", attempt=1)))
+            result, message = read_reply(old)
+            assert result != 0 and b"share 812 was revoked (attempt 1)" in message
         kept.close()
         ended.close()

@@ -9,16 +9,37 @@ import pytest
 
 from wire.share_tokens import ShareTerms, TokenError, issue, verify
 
+from .conftest import signed_claims
+
 SECRET = b"0123456789abcdef0123456789abcdef"
-TERMS = ShareTerms("res-42", "GPU-8d1c", 12 << 30, 0.3, 0.7, "low")
+TERMS = ShareTerms("res-42", "GPU-8d1c", 12 << 30, 0.3, 0.7, "low", attempt=3)
 
 
-def test_a_token_carries_the_share_terms() -> None:
+def test_a_token_carries_the_share_terms_and_its_placement_attempt() -> None:
     token = issue(SECRET, TERMS, ttl_s=60, now=1000)
     terms, expires = verify(SECRET, token, now=1001)
-    assert terms == TERMS
+    assert terms == TERMS and terms.attempt == 3
     assert expires == 1060
     assert token.startswith("tsr1.") and len(token) < 300
+
+
+
+
+@pytest.mark.parametrize(
+    ("claims", "message"),
+    [
+        # a version 1 token (before tokens named their placement) cannot be revoked per attempt
+        ("v=1 share=res-42 gpu=GPU-1 mem=0 request=0.5 limit=0.5 priority=normal exp=9999999999", "version '1'"),
+        ("v=2 share=res-42 gpu=GPU-1 mem=0 request=0.5 limit=0.5 priority=normal exp=9999999999", "claims"),
+        ("v=2 share=res-42 attempt=0 gpu=GPU-1 mem=0 request=0.5 limit=0.5 priority=normal exp=9999999999",
+         "attempt"),
+        ("v=2 share=res-42 attempt=-1 gpu=GPU-1 mem=0 request=0.5 limit=0.5 priority=normal exp=9999999999",
+         "attempt"),
+    ],
+)
+def test_tokens_without_a_valid_attempt_are_refused(claims: str, message: str) -> None:
+    with pytest.raises(TokenError, match=message):
+        verify(SECRET, signed_claims(SECRET, claims))
 
 
 def test_tampered_expired_or_foreign_tokens_are_refused() -> None:
@@ -44,6 +65,7 @@ def test_tampered_expired_or_foreign_tokens_are_refused() -> None:
         (ShareTerms("res-42", "GPU-1", 0, 0.0, 0.5), "request must be in"),
         (ShareTerms("res-42", "GPU-1", 0, 0.8, 0.5), "above the limit"),
         (ShareTerms("res-42", "GPU-1", 0, 0.5, 0.5, "urgent"), "priority"),
+        (ShareTerms("res-42", "GPU-1", 0, 0.5, 0.5, attempt=0), "attempt"),
     ],
 )
 def test_invalid_terms_are_not_issued(terms: ShareTerms, message: str) -> None:

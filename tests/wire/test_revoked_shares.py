@@ -26,17 +26,30 @@ def _frame(shares) -> str:
 
 
 def test_a_list_of_share_ids_is_accepted():
-    message = parse(_frame([{"share": "812", "at": AT}, {"share": "team-a:job_1.2", "at": AT + 5}]),
-                    PORTAL_MESSAGES)
+    message = parse(_frame([{"share": "812", "at": AT, "from_attempt": 2},
+                            {"share": "team-a:job_1.2", "at": AT + 5, "from_attempt": 2}]), PORTAL_MESSAGES)
     assert isinstance(message, RevokedShares)
-    assert [(s.share, s.at) for s in message.shares] == [("812", AT), ("team-a:job_1.2", AT + 5)]
+    assert [(s.share, s.at, s.from_attempt) for s in message.shares] == [
+        ("812", AT, 2), ("team-a:job_1.2", AT + 5, 2)]
+
+
+@pytest.mark.parametrize("attempt", [0, -1, tokens.MAX_ATTEMPT + 2, "2", 2.0, None])
+def test_attempts_the_server_could_not_take_are_refused(attempt):
+    with pytest.raises(ProtocolError) as refused:
+        parse(_frame([{"share": "1", "at": AT, "from_attempt": attempt}]), PORTAL_MESSAGES)
+    assert "shares[0].from_attempt" in str(refused.value)
+
+
+def test_an_entry_must_say_from_which_attempt_tokens_stay_valid():
+    with pytest.raises(ProtocolError, match="from_attempt"):
+        parse(_frame([{"share": "1", "at": AT}]), PORTAL_MESSAGES)
 
 
 @pytest.mark.parametrize("share", ["", "a b", "x\n", "a/b", "ü", "a" * 129, "812\n813 0", 812])
 def test_ids_the_server_could_not_take_are_refused(share):
     # A newline or space in an id would forge a second line of the server's file.
     with pytest.raises(ProtocolError) as refused:
-        parse(_frame([{"share": share, "at": AT}]), PORTAL_MESSAGES)
+        parse(_frame([{"share": share, "at": AT, "from_attempt": 2}]), PORTAL_MESSAGES)
     assert refused.value.code == "invalid_message"
     assert "shares[0].share" in str(refused.value)
 
@@ -44,11 +57,11 @@ def test_ids_the_server_could_not_take_are_refused(share):
 @pytest.mark.parametrize("at", [-1, 0, 4_102_444_801, "1800000000", 1.8e9, None])
 def test_times_out_of_range_or_of_the_wrong_type_are_refused(at):
     with pytest.raises(ProtocolError):
-        parse(_frame([{"share": "1", "at": at}]), PORTAL_MESSAGES)
+        parse(_frame([{"share": "1", "at": at, "from_attempt": 2}]), PORTAL_MESSAGES)
 
 
 def test_more_than_the_limit_is_refused_and_the_limit_is_accepted():
-    entries = [{"share": str(i), "at": AT} for i in range(MAX_REVOKED_SHARES + 1)]
+    entries = [{"share": str(i), "at": AT, "from_attempt": 2} for i in range(MAX_REVOKED_SHARES + 1)]
     with pytest.raises(ProtocolError) as refused:
         parse(_frame(entries), PORTAL_MESSAGES)
     assert "at most 4096" in str(refused.value)
@@ -57,9 +70,10 @@ def test_more_than_the_limit_is_refused_and_the_limit_is_accepted():
 
 def test_a_share_listed_twice_or_an_unknown_field_is_refused():
     with pytest.raises(ProtocolError, match="the same share twice"):
-        parse(_frame([{"share": "1", "at": AT}, {"share": "1", "at": AT + 1}]), PORTAL_MESSAGES)
+        parse(_frame([{"share": "1", "at": AT, "from_attempt": 2}, {"share": "1", "at": AT + 1, "from_attempt": 2}]),
+              PORTAL_MESSAGES)
     with pytest.raises(ProtocolError):
-        parse(_frame([{"share": "1", "at": AT, "gpu": "GPU-1"}]), PORTAL_MESSAGES)
+        parse(_frame([{"share": "1", "at": AT, "from_attempt": 2, "gpu": "GPU-1"}]), PORTAL_MESSAGES)
 
 
 def test_only_the_portal_sends_it():

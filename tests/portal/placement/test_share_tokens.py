@@ -29,7 +29,7 @@ def secrets_dir(settings, tmp_path):
 
 def _token_of(reservation, gpu) -> str:
     share = GpuShare(uuid=gpu.uuid, index=gpu.index, gpu_request=0.25, gpu_limit=0.25, gpu_memory_mib=1024)
-    env = share_tokens.remote_env(str(reservation.pk), "t4-node-1", None, share, 50)
+    env = share_tokens.remote_env(str(reservation.pk), reservation.attempt, "t4-node-1", None, share, 50)
     return env["TESSERA_REMOTE_TOKEN"]
 
 

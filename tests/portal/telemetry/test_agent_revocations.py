@@ -15,6 +15,7 @@ from portal.fleet.services import issue_node_token
 from portal.reservations import services
 from portal.reservations.models import Reservation, Sharing
 from portal.reservations.states import State
+from portal.telemetry.services import revoked_shares_for_node
 from tests.reservations import SYSTEM
 
 from .conftest import agent_socket, hello_for
@@ -88,20 +89,28 @@ def _requeue_and_place(reservation_id: int, gpu: Gpu, *, preempted: bool) -> Non
         services.place(reservation_id, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.5"), 4096)])
 
 
-async def test_a_requeued_share_stays_revoked_here_until_it_is_placed_here_again(node, token, remote):
+async def test_a_requeued_share_stays_revoked_here_and_placed_here_again_only_its_new_attempt_is_valid(
+        node, token, remote):
     """Preempted and requeued, placed on another node: the token its old pod held for this node's
-    server must still be refused; placed here again, its new token must work."""
+    server must still be refused (every attempt so far is void); placed here again, its new token
+    must work and the old one still not (only the attempts before the current one are void)."""
     vision = remote["vision"]
     elsewhere = await sync_to_async(Gpu.objects.exclude(node=node).first)()
     here = await sync_to_async(Gpu.objects.get)(node=node, index=2)
     communicator = await _connect(token, node)
     await _messages(communicator)
+    first = vision.attempt
     await sync_to_async(_requeue_and_place)(vision.pk, elsewhere, preempted=True)
     await _changed(node)
-    assert [[s["share"] for s in listed] for listed in _revoked(await _messages(communicator))] == [[str(vision.pk)]]
+    assert [[(s["share"], s["from_attempt"]) for s in listed] for listed in _revoked(await _messages(communicator))
+            ] == [[(str(vision.pk), first + 2)]]  # the attempt elsewhere is first + 1: nothing valid here
     await sync_to_async(_requeue_and_place)(vision.pk, here, preempted=False)
     await _changed(node)
-    assert _revoked(await _messages(communicator)) == [[]]
+    # Its attempt here is first + 2: the list the agent has lets that token in already, and keeps
+    # the older ones out; it is not sent again.
+    assert _revoked(await _messages(communicator)) == []
+    now = await sync_to_async(revoked_shares_for_node)(node.pk)
+    assert [(s["share"], s["from_attempt"]) for s in now["shares"]] == [(str(vision.pk), first + 2)]
     await communicator.disconnect()
 
 
