@@ -1,5 +1,6 @@
 // The header's bell: its unread count follows the signed-in person's `user:<id>` group on the
-// live socket (tessera.js's Live: a gap or a reconnect re-reads the count from the live state).
+// tab's one live socket (live.js: the page's own live updates share it; a gap or a reconnect
+// re-reads the count from the live state).
 (function () {
   "use strict";
   function start() {

@@ -1,9 +1,9 @@
-// Tessera's shared browser code, loaded by every page (base.html): the live socket with its
-// connection banner, toasts, confirmations, and uPlot charts. Pages add one small file each
+// Tessera's shared browser code, loaded by every page (base.html): toasts, confirmations, and
+// uPlot charts (the live socket and its connection banner: live.js, loaded right after this). Pages add one small file each
 // (static/js/<page>.js). No inline scripts or handlers anywhere: the strict CSP to come forbids them.
 (function () {
   "use strict";
-  var Tessera = window.Tessera = {};
+  var Tessera = window.Tessera = window.Tessera || {};
 
   // ---- Toasts --------------------------------------------------------------------------------
   Tessera.toast = function (text, tone) {
@@ -49,119 +49,7 @@
     Tessera.toast("The portal cannot be reached. Check your connection.", "bad");
   });
 
-  // ---- Connection banner -------------------------------------------------------------------
-  var bannerTimer = null;
-  function banner(text, ok) {
-    var el = document.getElementById("connection");
-    if (!el) { return; }
-    clearTimeout(bannerTimer);
-    el.textContent = text;
-    el.classList.toggle("is-ok", !!ok);
-    el.hidden = false;
-    if (ok) { bannerTimer = setTimeout(function () { el.hidden = true; }, 3000); }
-  }
-
-  // ---- Live socket ---------------------------------------------------------------------------
-  // One WebSocket to /ws/live/ (the session cookie authenticates), subscriptions to groups
-  // ("gpu:<id>", "team:<id>", "reservation:<id>", "fleet") and per-group sequence numbers.
-  // A gap (the server may drop messages for a slow browser) or a reconnect re-fetches the
-  // group's current state from /telemetry/live/state/ and ignores anything older than it.
-  function Live(groups, onUpdate) {
-    this.groups = groups.slice();
-    this.onUpdate = onUpdate;  // onUpdate(group, type, data, fromState)
-    this.seq = {};
-    this.refetching = {};
-    this.backoff = 1000;
-    this.lost = false;
-    this.connect();
-  }
-
-  Live.prototype.connect = function () {
-    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-    var socket = this.socket = new WebSocket(scheme + window.location.host + "/ws/live/");
-    var self = this;
-    socket.onopen = function () {
-      self.backoff = 1000;
-      socket.send(JSON.stringify({subscribe: self.groups}));
-      if (self.lost) { banner("Live updates are back.", true); }
-      self.lost = false;
-      document.documentElement.setAttribute("data-live", "open");
-    };
-    socket.onmessage = function (event) {
-      var message;
-      try { message = JSON.parse(event.data); } catch (e) { return; }
-      if (message.type === "subscribed") {
-        self.refetch(message.groups);  // whatever happened while we were away
-      } else if (message.type === "revoked") {
-        message.groups.forEach(function (g) { delete self.seq[g]; });
-      } else if (message.group !== undefined) {
-        self.apply(message);
-      }
-    };
-    socket.onclose = function () {
-      document.documentElement.setAttribute("data-live", "closed");
-      self.lost = true;
-      var wait = self.backoff * (0.5 + Math.random() / 2);
-      banner("Live updates lost: reconnecting in " + Math.max(1, Math.round(wait / 1000)) +
-        " s. What you see may be out of date.", false);
-      // Reconnect with backoff (portal restart, network); the state is re-fetched on subscribe.
-      setTimeout(function () { self.connect(); }, wait);
-      self.backoff = Math.min(self.backoff * 2, 10000);
-    };
-  };
-
-  Live.prototype.subscribe = function (groups) {
-    var self = this;
-    var fresh = groups.filter(function (g) { return self.groups.indexOf(g) < 0; });
-    if (!fresh.length) { return; }
-    this.groups = this.groups.concat(fresh);
-    if (this.socket && this.socket.readyState === 1) {
-      this.socket.send(JSON.stringify({subscribe: fresh}));
-    }
-  };
-
-  Live.prototype.unsubscribe = function (groups) {
-    var self = this;
-    var gone = groups.filter(function (g) { return self.groups.indexOf(g) >= 0; });
-    if (!gone.length) { return; }
-    this.groups = this.groups.filter(function (g) { return gone.indexOf(g) < 0; });
-    gone.forEach(function (g) { delete self.seq[g]; });
-    if (this.socket && this.socket.readyState === 1) {
-      this.socket.send(JSON.stringify({unsubscribe: gone}));
-    }
-  };
-
-  Live.prototype.apply = function (message) {
-    var last = this.seq[message.group];
-    if (last !== undefined && message.seq <= last) { return; }  // already in a fetched state
-    if (last !== undefined && message.seq !== last + 1) {
-      this.refetch([message.group]);
-      return;
-    }
-    this.seq[message.group] = message.seq;
-    this.onUpdate(message.group, message.type, message.data, false);
-  };
-
-  Live.prototype.refetch = function (groups) {
-    var self = this;
-    var wanted = groups.filter(function (g) { return !self.refetching[g]; });
-    if (!wanted.length) { return; }
-    wanted.forEach(function (g) { self.refetching[g] = true; });
-    fetch("/telemetry/live/state/?groups=" + encodeURIComponent(wanted.join(",")), {credentials: "same-origin"})
-      .then(function (response) { return response.ok ? response.json() : {groups: {}}; })
-      .then(function (body) {
-        Object.keys(body.groups).forEach(function (g) {
-          var state = body.groups[g];
-          self.seq[g] = state.seq;
-          self.onUpdate(g, state.type, state.data, true);
-        });
-      })
-      .catch(function () { /* the next reconnect or gap asks again */ })
-      .finally(function () { wanted.forEach(function (g) { delete self.refetching[g]; }); });
-  };
-
-  Tessera.Live = Live;
-  window.TesseraLive = Live;  // the name pages used before this file
+  // ---- Live socket: static/js/live.js (one WebSocket per tab, shared by the bell and the page) --
 
   // ---- Charts (uPlot) ----------------------------------------------------------------------
   function cssVar(name, fallback) {
