@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--revoked-file", metavar="PATH", type=Path,
                         default=Path(os.environ["TESSERA_REVOKED_FILE"]) if os.environ.get("TESSERA_REVOKED_FILE")
                         else None,
-                        help="write the remote shares of this GPU node whose reservations ended here, for the "
-                             "remote server's --revoked-file (env TESSERA_REVOKED_FILE)")
+                        help="write the remote shares that left this GPU node and the placement attempts of "
+                             "theirs whose tokens are void, for the remote server's --revoked-file "
+                             "(env TESSERA_REVOKED_FILE)")
     parser.add_argument("--probe-interval", metavar="SECONDS", type=_bounded(float, 1.0, 86_400.0), default=600.0,
                         help="how often each link to a GPU node is measured again (default 600; a probe moves "
                              "at most 16 MiB)")
