@@ -119,3 +119,16 @@ async def test_an_agent_that_did_not_ask_is_never_sent_revocations(node, token, 
     communicator = await _connect(token, node, revocations=False)
     assert _revoked(await _messages(communicator)) == []
     await communicator.disconnect()
+
+
+async def test_a_share_that_was_remote_here_and_ended_as_a_local_share_elsewhere_stays_revoked_here(
+        node, token, remote):
+    """Its `sharing` says how it was placed last (local, elsewhere): its first pod's token for this
+    node must still be refused once it has ended, not come back to life until it expires."""
+    vision = remote["vision"]
+    elsewhere = await sync_to_async(Gpu.objects.exclude(node=node).first)()
+    await sync_to_async(_requeue_and_place)(vision.pk, elsewhere, preempted=True)
+    await sync_to_async(Reservation.objects.filter(pk=vision.pk).update)(sharing=Sharing.LOCAL)
+    await sync_to_async(services.release)(vision.pk, State.SUCCEEDED, "done", SYSTEM)
+    now = await sync_to_async(revoked_shares_for_node)(node.pk)
+    assert [(s["share"], s["from_attempt"]) for s in now["shares"]] == [(str(vision.pk), vision.attempt + 2)]
