@@ -384,11 +384,13 @@ class ConnectProxy:
         except RecheckFailed as exc:
             log.warning("connect: the access recheck failed (deciding in full): %s", exc)
             holds = False
+        except BaseException:  # the browser went away meanwhile (cancelled): so does the request
+            _drop_unused(pending)
+            raise
         if holds:
             return target, address, pending
         _remembered.drop(key)
-        pending.cancel()
-        pending.add_done_callback(_close_unused)
+        _drop_unused(pending)
         return None
 
     # -- WebSockets -------------------------------------------------------------------------------
@@ -433,8 +435,14 @@ async def _upstream(scope, receive, address: str, cookie: str, token: str, has_b
         data=_body(receive) if has_body else None, allow_redirects=False)
 
 
+def _drop_unused(task: asyncio.Future) -> None:
+    """A request to the app whose answer will not be sent (the recheck said no): cancel it, or
+    let its connection go once it answered."""
+    task.cancel()
+    task.add_done_callback(_close_unused)
+
+
 def _close_unused(task: asyncio.Future) -> None:
-    """An answer from the app that will not be sent (the recheck said no): let its connection go."""
     if not task.cancelled() and task.exception() is None:
         task.result().close()
 
