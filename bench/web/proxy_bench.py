@@ -351,7 +351,7 @@ def main() -> None:
               "", f"The portal process's CPU time per request (user + system, /proc): {http['portal_cpu_us']} µs per "
               f"proxied request, {floor['portal_cpu_us']} µs per 301 of the floor; so the proxying itself costs "
               f"about {http['portal_cpu_us'] - floor['portal_cpu_us']} µs of CPU per request, a measure the "
-              "machine's load leaves mostly alone (the latencies above it does not).",
+              "machine's load disturbs far less than the latencies above (though it too grows on a busy machine).",
               "", "| 100 MB download | direct | proxy | proxy / direct (target ≥ 50 %) |", "| --- | --- | --- | --- |",
               f"| best of {args.downloads} | {download['direct']['mb_per_s']} MB/s | "
               f"{download['proxy']['mb_per_s']} MB/s | {ratio:.0%} |", "",
