@@ -176,7 +176,14 @@ def summary(ms: list[float]) -> dict:
             "mean_ms": round(sum(ms) / len(ms), 3), "n": len(ms)}
 
 
-def measure_http(proxy_base: str, direct_base: str, path: str, cookie: str, token: str, n: int) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_http(proxy_base: str, direct_base: str, path: str, cookie: str, token: str, n: int,
+                 portal_pid: int) -> dict:
     import httpx
 
     with httpx.Client(headers={"Cookie": cookie}, timeout=30) as via, \
@@ -185,16 +192,18 @@ def measure_http(proxy_base: str, direct_base: str, path: str, cookie: str, toke
             assert via.get(proxy_base + path).status_code == 200
             assert direct.get(direct_base + path).status_code == 200
         times: dict[str, list[float]] = {"proxy": [], "direct": []}
+        cpu = cpu_seconds(portal_pid)
         for _ in range(n):
             for name, client, base in (("proxy", via, proxy_base), ("direct", direct, direct_base)):
                 start = time.perf_counter()
                 answer = client.get(base + path)
                 times[name].append((time.perf_counter() - start) * 1000)
                 assert answer.status_code == 200 and answer.content == b"pong"
-    return {name: summary(values) for name, values in times.items()}
+        cpu = cpu_seconds(portal_pid) - cpu
+    return {name: summary(values) for name, values in times.items()} | {"portal_cpu_us": round(cpu / n * 1e6)}
 
 
-def measure_floor(proxy_base: str, path: str, cookie: str, n: int) -> dict:
+def measure_floor(proxy_base: str, path: str, cookie: str, n: int, portal_pid: int) -> dict:
     """Daphne's own cost of a request, in the same process and conditions: GET /connect/<id> (no
     slash), which the proxy answers itself (301) before any lookup or upstream call."""
     import httpx
@@ -203,12 +212,14 @@ def measure_floor(proxy_base: str, path: str, cookie: str, n: int) -> dict:
         for _ in range(50):
             assert via.get(proxy_base + path).status_code == 301
         times = []
+        cpu = cpu_seconds(portal_pid)
         for _ in range(n):
             start = time.perf_counter()
             answer = via.get(proxy_base + path)
             times.append((time.perf_counter() - start) * 1000)
             assert answer.status_code == 301
-    return summary(times)
+        cpu = cpu_seconds(portal_pid) - cpu
+    return summary(times) | {"portal_cpu_us": round(cpu / n * 1e6)}
 
 
 def measure_ws(proxy_ws: str, direct_ws: str, path: str, cookie: str, origin: str, token: str, n: int) -> dict:
@@ -280,8 +291,9 @@ def main() -> None:
         wait_port(portal_port)
         portal, direct = f"http://127.0.0.1:{portal_port}", f"http://127.0.0.1:{app_port}"
         prefix = f"/connect/{reservation_id}"
-        http = measure_http(portal, direct, f"{prefix}/ping", cookie, token, args.requests)
-        floor = measure_floor(portal, prefix, cookie, args.requests)
+        daphne = processes[1].pid  # one process: it serves (no supervisor in between)
+        http = measure_http(portal, direct, f"{prefix}/ping", cookie, token, args.requests, daphne)
+        floor = measure_floor(portal, prefix, cookie, args.requests, daphne)
         ws = measure_ws(f"ws://127.0.0.1:{portal_port}", f"ws://127.0.0.1:{app_port}", f"{prefix}/echo", cookie,
                         portal, token, args.messages)
         download = measure_download(portal, direct, f"{prefix}/blob", cookie, token, args.downloads)
@@ -327,17 +339,27 @@ def main() -> None:
     ]
     for kind, label in (("http_request", "HTTP request (GET, 4 bytes)"),
                         ("websocket_message", "WebSocket message (1 KiB echo)")):
-        m = report[kind]
+        m = {name: report[kind][name] for name in ("proxy", "direct")}
         lines.append(f"| {label} | {m['direct']['p50_ms']} ms | {m['direct']['p99_ms']} ms | "
                      f"{m['proxy']['p50_ms']} ms | {m['proxy']['p99_ms']} ms | {added[kind]['p50_ms']} ms | "
                      f"{added[kind]['p99_ms']} ms |")
     lines += ["", f"Daphne's own floor (a 301 the proxy answers itself, no upstream): p50 {floor['p50_ms']} ms, "
               f"p99 {floor['p99_ms']} ms; measured after the interleaved loops, not "
-              "beside them: what any request to Daphne costs, before the proxying (access check from the cache, "
-              "aiohttp to the app, streaming back).",
+              "beside them: what any request to Daphne costs, before the proxying (the access recheck: one "
+              "prepared statement on PostgreSQL, sent with the request to the app; aiohttp to the app; "
+              "streaming back).",
+              "", f"The portal process's CPU time per request (user + system, /proc): {http['portal_cpu_us']} µs per "
+              f"proxied request, {floor['portal_cpu_us']} µs per 301 of the floor; so the proxying itself costs "
+              f"about {http['portal_cpu_us'] - floor['portal_cpu_us']} µs of CPU per request, a measure the "
+              "machine's load disturbs far less than the latencies above (though it too grows on a busy machine).",
               "", "| 100 MB download | direct | proxy | proxy / direct (target ≥ 50 %) |", "| --- | --- | --- | --- |",
               f"| best of {args.downloads} | {download['direct']['mb_per_s']} MB/s | "
-              f"{download['proxy']['mb_per_s']} MB/s | {ratio:.0%} |", ""]
+              f"{download['proxy']['mb_per_s']} MB/s | {ratio:.0%} |", "",
+              "Targets met in this run: " + ", ".join(
+                  f"{label} {'yes' if report['met'][key] else 'NO'}"
+                  for key, label in (("http_request", "HTTP added p99 < 5 ms"),
+                                     ("websocket_message", "WebSocket added p99 < 5 ms"),
+                                     ("download", "download ≥ 50 % of direct"))) + ".", ""]
     (RESULTS / "proxy.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -8,8 +8,10 @@ pod ever sees it: the proxy adds it on the way in and the browser never gets it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.utils.crypto import salted_hmac
 
 from portal.reservations.models import Reservation
@@ -26,7 +28,14 @@ def base_url(reservation_id: int) -> str:
 
 
 def app_token(reservation_id: int) -> str:
-    return salted_hmac("tessera.connect.app-token", str(reservation_id), algorithm="sha256").hexdigest()
+    return _app_token(settings.SECRET_KEY, reservation_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _app_token(secret: str, reservation_id: int) -> str:
+    # Kept: the proxy adds it to every request it forwards and masks it in every answer.
+    return salted_hmac("tessera.connect.app-token", str(reservation_id), secret=secret,
+                       algorithm="sha256").hexdigest()
 
 
 def app_env(reservation_id: int, app: str, port: int | None) -> dict[str, str]:
@@ -54,6 +63,7 @@ class Target:
     port: int
     pod_namespace: str
     pod_name: str
+    owner_id: int
 
 
 def may_open(user, reservation: Reservation) -> bool:
@@ -76,7 +86,7 @@ def target_for(user, reservation_id: int) -> Target | None:
     if not may_open(user, reservation):
         return None
     return Target(reservation.pk, reservation.app, reservation.app_port, reservation.pod_namespace,
-                  reservation.pod_name)
+                  reservation.pod_name, reservation.owner_id)
 
 
 @dataclass(frozen=True)
@@ -91,11 +101,11 @@ class Link:
 
 def link_for(user, reservation: Reservation) -> Link | None:
     """The Open button for `user`, or None: no app, ended, or not theirs to open."""
-    from .kinds import AppKind
+    from .kinds import ENTRY_PATHS, AppKind
 
     if not reservation.app or reservation.state not in (State.PENDING, State.PLACED, State.RUNNING):
         return None
     if not may_open(user, reservation):
         return None
-    return Link(url=base_url(reservation.pk), app=reservation.app, label=AppKind(reservation.app).label,
-                ready=reservation.state == State.RUNNING)
+    return Link(url=base_url(reservation.pk) + ENTRY_PATHS.get(reservation.app, ""), app=reservation.app,
+                label=AppKind(reservation.app).label, ready=reservation.state == State.RUNNING)

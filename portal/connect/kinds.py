@@ -14,6 +14,10 @@ class AppKind(models.TextChoices):
 
 
 DEFAULT_PORTS = {AppKind.JUPYTER: 8888, AppKind.VSCODE: 8080, AppKind.TENSORBOARD: 6006}
+# Where Open leads under the app's base URL: Jupyter's own "/" is jupyter-server's bare landing
+# page; /tree is Jupyter Notebook 7's file browser (New → a notebook), served by the local backend's
+# jupyter-server (the notebook package) and by the Jupyter Docker Stacks images alike.
+ENTRY_PATHS = {AppKind.JUPYTER: "tree"}
 
 
 def app_problems(app: str, port: int | None) -> dict[str, list[str]]:

@@ -11,9 +11,13 @@ Jupyter reads; the browser never sees it) and the request goes to the pod. Bodie
 in chunks, never held whole; request headers are bounded (431 over the limit), WebSocket messages
 from the app too (1009).
 
-Who may open what, and where the app is, are looked up once and kept for a few seconds per
-session and reservation (ACCESS_TTL_S): the per-request cost stays a dictionary lookup, and a
-reservation that ends or a role that is taken away stops working within that time.
+The first request of a session to an app is decided in full (the ORM, on a worker thread). An
+owner's "yes" is then remembered per session and reservation, and each later request only asks
+PostgreSQL whether what it read still holds (recheck.py: one prepared statement, pipelined on the
+proxy's own connection, from the event loop): a reservation that ends, passes to another owner, or a
+session that ends is refused on the very next request. Where the app is (its pod's address) is kept
+for ADDRESS_TTL_S and dropped when the app does not answer. Anything else (a team admin's way in, a
+"no") is decided in full each time.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
 from importlib import import_module
 from types import SimpleNamespace
@@ -38,6 +43,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from scheduler.backends import PodRef
 
 from . import access
+from .recheck import Recheck, RecheckFailed
+from .recheck import available as recheck_available
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +55,7 @@ MAX_WS_MESSAGE_BYTES = 16 * 1024 * 1024  # a notebook output with a few images f
 # Bytes handed to Daphne per write: fewer, larger writes (each one a trip through Daphne and Twisted)
 # move a large download faster; what is held per response stays this small.
 STREAM_CHUNK = 256 * 1024
-ACCESS_TTL_S = 5.0
+REMEMBER_S = 3600.0  # how long an owner's "yes" stays remembered unused (each use is rechecked)
 ADDRESS_TTL_S = 30.0
 CACHE_MAX = 10_000
 # Hop-by-hop headers (RFC 9110 7.6.1) and what the proxy sets itself.
@@ -63,6 +70,7 @@ WS_REQUEST_DROPPED = REQUEST_DROPPED | {b"content-length", b"sec-websocket-key",
                                         b"sec-websocket-extensions",
                                         b"sec-websocket-protocol"}
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+SAFE_METHODS = {"GET", "HEAD"}
 
 
 def portal_cookie_names() -> set[str]:
@@ -94,15 +102,24 @@ class _Cache:
         self._items.clear()
 
 
-_access = _Cache(ACCESS_TTL_S)
+_remembered = _Cache(REMEMBER_S)
 _addresses = _Cache(ADDRESS_TTL_S)
 _sessions: dict[int, aiohttp.ClientSession] = {}
+_rechecks: dict[int, Recheck] = {}
 
 
 def forget() -> None:
     """Drop what this process remembers (tests change sessions and reservations under it)."""
-    _access.clear()
+    _remembered.clear()
     _addresses.clear()
+
+
+def _recheck() -> Recheck:
+    loop = asyncio.get_running_loop()
+    recheck = _rechecks.get(id(loop))
+    if recheck is None:
+        recheck = _rechecks[id(loop)] = Recheck()
+    return recheck
 
 
 def _session() -> aiohttp.ClientSession:
@@ -119,17 +136,32 @@ def _session() -> aiohttp.ClientSession:
     return session
 
 
-def _lookup(session_key: str | None, reservation_id: int) -> tuple[access.Target | None, bool]:
-    """(what the session's user may open, whether the session has a user at all)."""
+@dataclass(frozen=True)
+class Decision:
+    target: access.Target | None  # what the session's user may open; None: a 404 (or sign in)
+    signed_in: bool
+    # The parameters of recheck's statement when this "yes" may be remembered (the owner's, where
+    # the recheck is available); None: decide in full next time.
+    recheck: list[bytes] | None = None
+
+
+def _lookup(session_key: str | None, reservation_id: int) -> Decision:
     from django.contrib.auth import get_user
 
+    from portal.reservations.states import State
+
     if not session_key:
-        return None, False
+        return Decision(None, False)
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     user = get_user(SimpleNamespace(session=store))
     if not user.is_authenticated:
-        return None, False
-    return access.target_for(user, reservation_id), True
+        return Decision(None, False)
+    target = access.target_for(user, reservation_id)
+    if target is None or target.owner_id != user.pk or not recheck_available():
+        return Decision(target, True)
+    params = [str(target.reservation_id), State.RUNNING.value, str(user.pk), target.app, str(target.port),
+              target.pod_namespace, target.pod_name, user.password, session_key]
+    return Decision(target, True, [p.encode() for p in params])
 
 
 def _address(target: access.Target) -> str | None:
@@ -142,22 +174,34 @@ _lookup_async = database_sync_to_async(_lookup)
 _address_async = database_sync_to_async(_address)
 
 
-async def _resolve(session_key: str | None, reservation_id: int) -> tuple[access.Target | None, str | None, bool]:
+async def _decide(session_key: str | None, reservation_id: int) -> Decision:
     key = (session_key, reservation_id)
-    cached = _access.get(key)
-    if cached is None:
-        cached = await _lookup_async(session_key, reservation_id)
-        _access.put(key, cached)
-    target, signed_in = cached
+    remembered = _remembered.get(key)
+    if remembered is not None:
+        try:
+            if await _recheck().holds(remembered.recheck):
+                return remembered
+        except RecheckFailed as exc:
+            log.warning("connect: the access recheck failed (deciding in full): %s", exc)
+        _remembered.drop(key)
+    decision = await _lookup_async(session_key, reservation_id)
+    if decision.recheck is not None:
+        _remembered.put(key, decision)
+    return decision
+
+
+async def _resolve(session_key: str | None, reservation_id: int) -> tuple[access.Target | None, str | None, bool]:
+    decision = await _decide(session_key, reservation_id)
+    target = decision.target
     if target is None:
-        return None, None, signed_in
+        return None, None, decision.signed_in
     where = (target.reservation_id, target.pod_name)
     address = _addresses.get(where)
     if address is None:
         address = await _address_async(target)
         if address is not None:
             _addresses.put(where, address)
-    return target, address, signed_in
+    return target, address, True
 
 
 def _split_cookies(raw: bytes) -> tuple[str | None, str]:
@@ -196,11 +240,11 @@ def _same_origin(headers: list[tuple[bytes, bytes]]) -> bool:
     return host is not None and urlsplit(origin.decode("latin-1")).netloc.lower() == host.decode("latin-1").lower()
 
 
-def _upstream_headers(scope, dropped: set[bytes], cookie: str, target: access.Target) -> list[tuple[str, str]]:
+def _upstream_headers(scope, dropped: set[bytes], cookie: str, token: str) -> list[tuple[str, str]]:
     out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k.lower() not in dropped]
     if cookie:
         out.append(("cookie", cookie))
-    out.append(("authorization", f"token {access.app_token(target.reservation_id)}"))
+    out.append(("authorization", f"token {token}"))
     client = scope.get("client")
     if client:
         out.append(("x-forwarded-for", str(client[0])))
@@ -260,7 +304,19 @@ class ConnectProxy:
             await _respond(send, 301, "", [(b"location", f"{access.PREFIX}{match['id']}/".encode())])
             return
         session_key, cookie = _split_cookies(_header(headers, b"cookie") or b"")
-        target, address, signed_in = await _resolve(session_key, int(match["id"]))
+        reservation_id = int(match["id"])
+        has_body = _has_body(headers)
+        # A remembered "yes" for a safe request: its recheck and the request to the app go out
+        # together (one round trip's wait, not two); the answer is used only if the recheck holds.
+        early = None
+        if scope["method"] in SAFE_METHODS and not has_body:
+            early = await self._early(scope, session_key, reservation_id, cookie)
+        if early is not None:
+            target, address, pending = early
+            signed_in = True
+        else:
+            target, address, signed_in = await _resolve(session_key, reservation_id)
+            pending = None
         if target is None:
             if not signed_in and scope["method"] in ("GET", "HEAD"):
                 login = f"{settings.LOGIN_URL}?next={quote(scope['path'])}"
@@ -274,22 +330,20 @@ class ConnectProxy:
         if address is None:
             await _respond(send, 503, "The app is starting; reload in a moment.", [(b"retry-after", b"2")])
             return
+        token = access.app_token(target.reservation_id)
         try:
-            response = await _session().request(
-                scope["method"], f"http://{address}{_upstream_path(scope)}",
-                headers=_upstream_headers(scope, REQUEST_DROPPED, cookie, target),
-                # A body streams on (its Content-Length kept, else chunked); none is sent as none,
-                # not as an empty chunked one the app would wait for.
-                data=_body(receive) if _has_body(headers) else None, allow_redirects=False)
+            response = await (pending or _upstream(scope, receive, address, cookie, token, has_body))
         except (aiohttp.ClientError, TimeoutError) as exc:
             _addresses.drop((target.reservation_id, target.pod_name))
             log.info("connect %s: %s did not answer: %s", target.reservation_id, address, exc)
             await _respond(send, 502, "The app did not answer; it may still be starting or it stopped.")
             return
-        masker = Masker(access.app_token(target.reservation_id))
+        masker = Masker(token)
         # A browser that goes away (a cancelled download) stops the copy from the app. Its receive
-        # channel is free to watch only once the request's body was read.
-        gone = None if _has_body(headers) else asyncio.ensure_future(_disconnected(receive))
+        # channel is free to watch only once the request's body was read; an answer of one chunk
+        # at most (most of them) is sent whole anyway.
+        small = response.content_length is not None and response.content_length <= STREAM_CHUNK
+        gone = None if small or has_body else asyncio.ensure_future(_disconnected(receive))
         try:
             await send({"type": "http.response.start", "status": response.status,
                         "headers": _response_headers(response.raw_headers)})
@@ -311,6 +365,34 @@ class ConnectProxy:
             else:
                 response.close()
 
+    async def _early(self, scope, session_key: str | None, reservation_id: int, cookie: str):
+        """(target, address, the app's answer to come) where a remembered "yes" still holds; None
+        where there is none to use (then decide in full) or it no longer holds (then the request
+        to the app is dropped unanswered, and the caller decides in full)."""
+        key = (session_key, reservation_id)
+        remembered = _remembered.get(key)
+        if remembered is None:
+            return None
+        target = remembered.target
+        address = _addresses.get((target.reservation_id, target.pod_name))
+        if address is None:
+            return None
+        pending = asyncio.ensure_future(
+            _upstream(scope, None, address, cookie, access.app_token(target.reservation_id), False))
+        try:
+            holds = await _recheck().holds(remembered.recheck)
+        except RecheckFailed as exc:
+            log.warning("connect: the access recheck failed (deciding in full): %s", exc)
+            holds = False
+        except BaseException:  # the browser went away meanwhile (cancelled): so does the request
+            _drop_unused(pending)
+            raise
+        if holds:
+            return target, address, pending
+        _remembered.drop(key)
+        _drop_unused(pending)
+        return None
+
     # -- WebSockets -------------------------------------------------------------------------------
 
     async def websocket(self, scope, receive, send, match) -> None:
@@ -325,12 +407,13 @@ class ConnectProxy:
         if target is None or address is None:
             await send({"type": "websocket.close", "code": 1008})  # refused before accept: 403
             return
+        token = access.app_token(target.reservation_id)
         requested = [p.strip() for p in (_header(headers, b"sec-websocket-protocol") or b"").decode().split(",")
                      if p.strip()]
         try:
             upstream = await ws_connect(
                 f"ws://{address}{_upstream_path(scope)}",
-                additional_headers=_upstream_headers(scope, WS_REQUEST_DROPPED, cookie, target),
+                additional_headers=_upstream_headers(scope, WS_REQUEST_DROPPED, cookie, token),
                 subprotocols=requested or None, max_size=MAX_WS_MESSAGE_BYTES, open_timeout=10,
                 compression=None, proxy=None)
         except (OSError, InvalidHandshake, TimeoutError) as exc:
@@ -340,7 +423,28 @@ class ConnectProxy:
             await send({"type": "websocket.close", "code": 1011})
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-        await _pump(receive, send, upstream, access.app_token(target.reservation_id))
+        await _pump(receive, send, upstream, token)
+
+
+async def _upstream(scope, receive, address: str, cookie: str, token: str, has_body: bool) -> aiohttp.ClientResponse:
+    return await _session().request(
+        scope["method"], f"http://{address}{_upstream_path(scope)}",
+        headers=_upstream_headers(scope, REQUEST_DROPPED, cookie, token),
+        # A body streams on (its Content-Length kept, else chunked); none is sent as none, not as
+        # an empty chunked one the app would wait for.
+        data=_body(receive) if has_body else None, allow_redirects=False)
+
+
+def _drop_unused(task: asyncio.Future) -> None:
+    """A request to the app whose answer will not be sent (the recheck said no): cancel it, or
+    let its connection go once it answered."""
+    task.cancel()
+    task.add_done_callback(_close_unused)
+
+
+def _close_unused(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 async def _disconnected(receive) -> None:

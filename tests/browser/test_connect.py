@@ -1,12 +1,13 @@
 """Open a notebook in one click: alice requests the team's notebook preset in Chromium against the
 whole stack (Daphne, a Celery worker and beat, the simulated cluster whose pod runs a real
-jupyter-server), finds Open on her reservation's page once it runs, and in the tab it opens, on
-the portal's own origin, a real kernel runs `print(6*7)` through the proxy (Jupyter's REST API
-and its kernel WebSocket, driven from that page). Bob, of another team, gets 404 there."""
+jupyter-server with Jupyter Notebook 7's pages), finds Open on her reservation's page once it runs,
+and in the tab it opens, on the portal's own origin, she uses the notebook as a person does: New →
+Python 3 makes a notebook, she types `print(6*7)` in its first cell, runs it, and sees 42 under it
+(the page, its REST calls and the kernel's WebSocket all through the proxy). Bob, of another team,
+gets 404 there."""
 
 from __future__ import annotations
 
-import time
 from decimal import Decimal
 from urllib.parse import urlsplit
 
@@ -19,47 +20,23 @@ from portal.reservations.states import State
 from portal.tenancy.models import Membership, Preset, Role
 from tests.integration.conftest import INVENTORY
 from tests.teams import make_team
-from tests.waiting import wait_for
+from tests.waiting import until, wait_for
 
-from .stack import shoot, sign_in
+from .stack import ARTIFACTS, shoot, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
-# Runs in the notebook's tab: a kernel through the proxied REST API, then a cell over the proxied
-# kernel WebSocket; what the cell printed is shown on the page (for the screenshot) and returned.
-RUN_CELL = """async (code) => {
-  const base = location.pathname.replace(/^(\\/connect\\/\\d+\\/).*$/, "$1");
-  const started = await fetch(base + "api/kernels", {method: "POST", headers: {"Content-Type": "application/json"},
-                                                   body: JSON.stringify({name: "python3"})});
-  if (started.status !== 201) return "kernel: HTTP " + started.status;
-  const kernel = await started.json();
-  const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + base +
-                           "api/kernels/" + kernel.id + "/channels");
-  const msgId = "cell-" + Date.now();
-  const printed = await new Promise((resolve, reject) => {
-    let out = "";
-    ws.onerror = () => reject(new Error("kernel WebSocket failed"));
-    ws.onopen = () => ws.send(JSON.stringify({
-      header: {msg_id: msgId, username: "", session: "browser", msg_type: "execute_request", version: "5.3", date: ""},
-      parent_header: {}, metadata: {}, channel: "shell", buffers: [],
-      content: {code: code, silent: false, store_history: true, user_expressions: {}, allow_stdin: false,
-                stop_on_error: true}}));
-    ws.onmessage = (event) => {
-      const msg = JSON.parse(event.data);
-      if (!msg.parent_header || msg.parent_header.msg_id !== msgId) return;
-      if (msg.msg_type === "stream") out += msg.content.text;
-      if (msg.msg_type === "status" && msg.content.execution_state === "idle") resolve(out);
-    };
-  });
-  ws.close();
-  const shown = document.createElement("pre");
-  shown.id = "cell-output";
-  shown.style.cssText = "font: 16px monospace; padding: 1rem; border: 1px solid #888; margin: 1rem; " +
-                        "white-space: pre-wrap";
-  shown.textContent = "kernel " + kernel.id + " (" + kernel.name + ")\\nIn:  " + code + "\\nOut: " + printed;
-  document.body.prepend(shown);
-  return printed;
-}"""
+
+def shoot_app(page, name: str) -> None:
+    """The app's page at 1440 px and at 390 px (a phone), as the browser shows it (Jupyter's pages
+    scroll inside themselves: the viewport is the page)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    size = page.viewport_size
+    for label, width in (("1440", 1440), ("390", 390)):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(400)  # Jupyter lays its panels out again on resize
+        page.screenshot(path=str(ARTIFACTS / f"{name}-{label}.png"))
+    page.set_viewport_size(size)
 
 
 @pytest.fixture
@@ -99,29 +76,54 @@ def test_alice_opens_her_notebook_and_runs_a_cell_bob_gets_404(chromium, stack, 
     assert open_link.inner_text().strip() == "Open"
     shoot(page, "connect-reservation")
 
-    # The notebook server starts in the pod a few seconds after it runs: the proxy says so until then.
-    deadline = time.monotonic() + 60
+    # Open leads to the notebook's file browser; its server starts in the pod a few seconds after the
+    # pod runs, and until it answers the proxy says so (503): reload, as a person would.
     with context.expect_page() as opened:
         page.click("a[data-connect]")
-    notebook = opened.value
-    notebook.wait_for_load_state()
-    while "Jupyter" not in (notebook.title() + notebook.content()) and time.monotonic() < deadline:
-        notebook.wait_for_timeout(500)
-        notebook.reload()
-    assert urlsplit(notebook.url).netloc == urlsplit(base).netloc  # the portal's own origin
-    assert urlsplit(notebook.url).path.startswith(f"/connect/{reservation.pk}/")
+    tree = opened.value
+    tree.set_default_timeout(60_000)
+    tree.wait_for_load_state()
+    assert urlsplit(tree.url).netloc == urlsplit(base).netloc  # the portal's own origin
+    assert urlsplit(tree.url).path == f"/connect/{reservation.pk}/tree"
+    wait_for(lambda: getattr(tree.reload(), "status", None) == 200, 60, "the notebook server to answer",
+             every=0.5, sleep=lambda s: tree.wait_for_timeout(s * 1000))
+    new_menu = tree.wait_for_selector(".lm-MenuBar-item:has-text('New')")  # Notebook 7's Files page, drawn
     from portal.connect.access import app_token
-    assert app_token(reservation.pk) not in notebook.content()  # the app's token stays between portal and pod
-    printed = notebook.evaluate(RUN_CELL, "print(6*7)")
-    assert printed == "42\n"
-    shoot(notebook, "connect-notebook")
+    token = app_token(reservation.pk)
+    assert token not in tree.content()  # the app's token stays between portal and pod
+    shoot_app(tree, "connect-notebook-files")
+
+    # New → Python 3 (ipykernel): a notebook, in a tab of its own, with a kernel started for it.
+    new_menu.click()
+    with context.expect_page() as created:
+        tree.click(".lm-Menu-itemLabel:has-text('Python 3')")
+    notebook = created.value
+    notebook.set_default_timeout(60_000)
+    notebook.wait_for_load_state()
+    assert urlsplit(notebook.url).netloc == urlsplit(base).netloc
+    assert urlsplit(notebook.url).path == f"/connect/{reservation.pk}/notebooks/Untitled.ipynb"
+    notebook.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")  # the kernel is up
+    notebook.click(".jp-Notebook .jp-Cell .cm-content")
+    notebook.keyboard.type("print(6*7)")
+    notebook.keyboard.press("Shift+Enter")
+    # What she sees: the cell's output under it, and the cell numbered as run.
+    output = notebook.wait_for_selector(".jp-Notebook .jp-Cell .jp-OutputArea-output")
+    until(notebook, lambda: output.inner_text().strip() == "42", "42 under the cell")
+    assert notebook.locator(".jp-Notebook .jp-Cell").first.locator(".jp-InputPrompt").inner_text().strip() == "[1]:"
+    assert token not in notebook.content()
+    shoot_app(notebook, "connect-notebook")
+    # The notebook was saved in the pod, through the proxy's REST path as well.
+    listing = notebook.evaluate(
+        "async (base) => (await (await fetch(base + 'api/contents')).json()).content.map(f => f.name)",
+        f"/connect/{reservation.pk}/")
+    assert "Untitled.ipynb" in listing
 
     # Bob, signed in, in another team: nothing there, and no Open on a page he cannot see anyway.
     other = chromium.new_context()
     bob = other.new_page()
     sign_in(bob, base, "bob", "bob-pw")
-    answer = bob.goto(f"{base}/connect/{reservation.pk}/")
-    assert answer.status == 404
+    for path in ("", "tree", "notebooks/Untitled.ipynb"):
+        assert bob.goto(f"{base}/connect/{reservation.pk}/{path}").status == 404
     answer = bob.goto(f"{base}/connect/{reservation.pk}/api/kernels")
     assert answer.status == 404
     assert bob.goto(f"{base}/reservations/{reservation.pk}/").status == 404

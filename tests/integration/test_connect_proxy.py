@@ -12,7 +12,6 @@ from websockets.sync.client import connect
 
 from tests.integration.conftest import Portal, session_cookie
 from tests.integration.connect_world import notebook_world, run_in_kernel, wait_for_app
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,7 +45,6 @@ def test_owner_runs_a_cell_through_the_proxy(notebook):
 
 def test_others_get_404_and_the_admin_only_when_the_policy_allows(notebook):
     from portal.audit.services import Actor
-    from portal.connect import proxy
     from portal.tenancy.policy import set_policy
 
     r = notebook["reservation"]
@@ -59,10 +57,10 @@ def test_others_get_404_and_the_admin_only_when_the_policy_allows(notebook):
     assert anonymous.status_code == 302 and anonymous.headers["location"].startswith("/login/")
 
     set_policy(notebook["teams"]["vision"], Actor(None), {"connect_admins": True})
-    proxy.forget()  # this process's cache; the portal's keeps an answer ACCESS_TTL_S
-    wait_for(lambda: get(notebook, "carol", path).status_code == 200, 3 * proxy.ACCESS_TTL_S,
-             "the team admin to get in once the policy allows it")
+    assert get(notebook, "carol", path).status_code == 200  # at once: a "no" is never remembered
     assert get(notebook, "bob", path).status_code == 404
+    set_policy(notebook["teams"]["vision"], Actor(None), {"connect_admins": False})
+    assert get(notebook, "carol", path).status_code == 404  # nor an admin's "yes"
 
 
 def test_the_token_never_reaches_the_browser_nor_the_portal_cookies_the_app(notebook):
@@ -100,15 +98,59 @@ def test_a_websocket_of_another_team_or_site_is_refused(notebook):
         assert ws.protocol.state.name == "OPEN"
 
 
-def test_ended_reservation_is_404(notebook):
+# The portal remembers an owner's "yes" per session and rechecks it on each request: each of these
+# is refused on the very next request after the change, with no wait (its app still runs: a 404,
+# the proxy's refusal, not the 502 of an app that is gone).
+
+def test_an_ended_reservation_is_404_at_once(notebook):
     from portal.reservations import services
 
     r = notebook["reservation"]
+    path = f"/connect/{r.pk}/api/status"
     wait_for_app(notebook["portal"].url, r.pk, notebook["cookies"]["alice"])
+    assert get(notebook, "alice", path).status_code == 200  # remembered now
     services.cancel(r.pk, notebook["people"]["alice"])
-    from portal.connect import proxy
-    wait_for(lambda: get(notebook, "alice", f"/connect/{r.pk}/api/status").status_code == 404,
-             3 * proxy.ACCESS_TTL_S, "the ended reservation's app to be gone")
+    assert get(notebook, "alice", path).status_code == 404
+
+
+def test_a_new_owner_gets_in_and_the_old_one_is_refused_at_once(notebook):
+    from portal.reservations.models import Reservation
+
+    r = notebook["reservation"]
+    path = f"/connect/{r.pk}/api/status"
+    wait_for_app(notebook["portal"].url, r.pk, notebook["cookies"]["alice"])
+    assert get(notebook, "alice", path).status_code == 200
+    assert get(notebook, "carol", path).status_code == 404  # the team's admin; the policy is off
+    Reservation.objects.filter(pk=r.pk).update(owner=notebook["people"]["carol"])
+    assert get(notebook, "alice", path).status_code == 404
+    assert get(notebook, "carol", path).status_code == 200
+    Reservation.objects.filter(pk=r.pk).update(owner=notebook["people"]["alice"])
+    assert get(notebook, "carol", path).status_code == 404
+    assert get(notebook, "alice", path).status_code == 200
+
+
+def test_a_session_that_ends_or_a_user_who_goes_is_refused_at_once(notebook):
+    from django.contrib.sessions.models import Session
+
+    r = notebook["reservation"]
+    path = f"/connect/{r.pk}/api/status"
+    wait_for_app(notebook["portal"].url, r.pk, notebook["cookies"]["alice"])
+    assert get(notebook, "alice", path).status_code == 200
+    alice = notebook["people"]["alice"]
+    alice.set_password("a new one")  # Django ends her other sessions: so does the proxy
+    alice.save()
+    assert get(notebook, "alice", path).status_code == 302  # to the sign-in page
+    alice.refresh_from_db()
+    notebook["cookies"]["alice"] = session_cookie(alice)
+    assert get(notebook, "alice", path).status_code == 200
+    alice.is_active = False
+    alice.save()
+    assert get(notebook, "alice", path).status_code == 302
+    alice.is_active = True
+    alice.save()
+    assert get(notebook, "alice", path).status_code == 200
+    Session.objects.all().delete()  # signed out
+    assert get(notebook, "alice", path).status_code == 302
 
 
 def _peak_rss_mib(pid: int) -> float:

@@ -142,7 +142,7 @@ def test_the_reservation_page_shows_open_to_whom_it_opens_for(fleet, teams, peop
     alice.force_login(people["alice"])
     carol.force_login(people["carol"])
     page = alice.get(f"/reservations/{r.pk}/").content.decode()
-    assert f'href="/connect/{r.pk}/"' in page and ">Open</a>" in page
+    assert f'href="/connect/{r.pk}/tree"' in page and ">Open</a>" in page
     assert access.app_token(r.pk) not in page
     waiting = alice.get(f"/reservations/{pending.pk}/").content.decode()
     assert "Open appears here once the pod runs." in waiting and "data-connect" not in waiting
