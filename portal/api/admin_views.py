@@ -18,7 +18,8 @@ from portal.audit.models import AuditEntry
 from portal.dates import DAY_PATTERN
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
-from portal.tenancy import departments, groups, members, policy, presets, quotas, roles, teams, usage
+from portal.reservations import presets, team_effects, team_usage
+from portal.tenancy import departments, groups, members, policy, quotas, roles, teams
 from portal.tenancy.models import AffinityLabel, Department, ExclusionGroup, Membership, Preset, Role
 
 from . import admin_serializers as s
@@ -89,7 +90,7 @@ class MembershipViewSet(TeamScopedMixin, viewsets.ModelViewSet):
     def destroy(self, request, *args, **kwargs):
         m = self.get_object()
         permissions.require_team_admin(request.user, m.team)
-        members.remove_member(m, audit.api(request.user))
+        members.remove_member(m, audit.api(request.user), team_effects.member_removal(m))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -112,7 +113,9 @@ class _GroupViewSet(TeamScopedMixin, viewsets.ModelViewSet):
         permissions.require_team_admin(request.user, obj.team)
         body = s.GroupChangeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        obj = groups.update(obj, audit.api(request.user), **body.validated_data)
+        label = body.validated_data.get("label")
+        effect = team_effects.group_rename(obj, label.strip()) if label is not None else ""
+        obj = groups.update(obj, audit.api(request.user), **body.validated_data, rename_effect=effect)
         return Response(self.get_serializer(obj).data)
 
     def update(self, request, *args, **kwargs):
@@ -121,7 +124,7 @@ class _GroupViewSet(TeamScopedMixin, viewsets.ModelViewSet):
     def destroy(self, request, *args, **kwargs):
         obj = self.get_object()
         permissions.require_team_admin(request.user, obj.team)
-        groups.delete(obj, audit.api(request.user))
+        groups.delete(obj, audit.api(request.user), team_effects.group_deletion(obj))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses={200: s.PreviewSerializer})
@@ -129,7 +132,7 @@ class _GroupViewSet(TeamScopedMixin, viewsets.ModelViewSet):
     def preview(self, request, pk=None):
         """What this group means on the fleet now: where its requests can and cannot land."""
         obj = self.get_object()
-        return Response(s.PreviewSerializer(groups.preview(obj.team, self.kind, obj.label)).data)
+        return Response(s.PreviewSerializer(team_effects.preview(obj.team, self.kind, obj.label)).data)
 
 
 class ExclusionGroupViewSet(_GroupViewSet):
@@ -219,7 +222,7 @@ class TeamUsageView(APIView):
 
     @extend_schema(responses={200: OpenApiResponse(description="the team's use of its quota")})
     def get(self, request, slug: str):
-        return Response(usage.team_usage(_team(request, slug)).as_dict())
+        return Response(team_usage.team_usage(_team(request, slug)).as_dict())
 
 
 class DepartmentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.audit import services as audit
-from portal.reservations.events import request_cycle
+from portal.cycle_requests import request_cycle
 from portal.tenancy.models import hash_secret
 from wire.agent_portal import MAX_GPUS_PER_NODE
 

@@ -50,7 +50,8 @@ class PlacementConfig(AppConfig):
     def ready(self) -> None:
         from celery.signals import worker_ready
 
-        from portal.reservations.events import cycle_requested, pod_ended
+        from portal.cycle_requests import cycle_requested
+        from portal.reservations.events import pod_ended
 
         cycle_requested.connect(_enqueue_cycle, dispatch_uid="placement-cycle-on-request")
         pod_ended.connect(_enqueue_housekeeping, dispatch_uid="placement-housekeeping-on-pod-ended")

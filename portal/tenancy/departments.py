@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
 from portal.audit import services as audit
+from portal.cycle_requests import request_cycle
 
 from . import quota_tree, roles
 from .errors import Refused
@@ -179,6 +180,4 @@ def move_team(team: Team, by: audit.Actor, department_slug: str | None) -> Team:
 
 
 def _request_cycle(reason: str) -> None:
-    from portal.reservations.events import request_cycle  # reservations imports tenancy at import time
-
     request_cycle(reason, freed=True)  # what waited for quota may fit the new tree

@@ -92,25 +92,14 @@ def change_role(m: Membership, by: audit.Actor, role: str) -> Membership:
     return m
 
 
-def removal_effect(m: Membership) -> str:
-    from portal.reservations.models import Reservation
-    from portal.reservations.states import ACTIVE
-
-    active = Reservation.objects.filter(team_id=m.team_id, owner_id=m.user_id, state__in=ACTIVE).count()
-    text = f"{m.user.username} will no longer see team {m.team.slug} or request for it"
-    if active:
-        text += f"; their {active} active reservation{'s' if active != 1 else ''} keep running until they end"
-    return text
-
-
-def remove_member(m: Membership, by: audit.Actor) -> str:
-    """Returns the effect, as said to the admin."""
+def remove_member(m: Membership, by: audit.Actor, effect: str) -> str:
+    """`effect`: what the removal does to the member's reservations (team_effects.member_removal),
+    audited with it and returned, as said to the admin."""
     with transaction.atomic():
         m = Membership.objects.select_for_update().select_related("team", "user").get(pk=m.pk)
         if m.role == Role.ADMIN and not _other_admins(m):
             raise Refused({"user": [f"{m.user.username} is team {m.team.slug}'s only admin; make someone else "
                                         "admin first"]})
-        effect = removal_effect(m)
         audit.record(by, object_type="membership", object_id=m.pk, object_repr=f"{m.user.username} in {m.team.slug}",
                      team=m.team, action="removed", before=_snapshot(m), message=effect)
         m.delete()

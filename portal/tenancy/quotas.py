@@ -15,6 +15,8 @@ from decimal import Decimal, InvalidOperation
 from django.db import transaction
 
 from portal.audit import services as audit
+from portal.cycle_requests import request_cycle
+from portal.fleet.model_names import fleet_models, label_name
 
 from . import quota_tree
 from .errors import Refused
@@ -140,9 +142,6 @@ def _model_names(unit: Unit) -> tuple[dict[str, str], list[str]]:
     """Every name a model may be given by → the name rows store (the display name, as Gpu.model
     and the engine have it), and the display names for messages. A model the unit already has a
     row for stays allowed, so that its other rows can be edited after the model left the fleet."""
-    from portal.fleet.model_names import label_name
-    from portal.reservations.rules import fleet_models  # reservations imports tenancy at import time
-
     known = sorted(fleet_models())
     names = {ANY_MODEL: ANY_MODEL}
     for model in [*known, *_owned(unit).values_list("gpu_model", flat=True)]:
@@ -269,8 +268,6 @@ def _store(unit: Unit, by: audit.Actor, rows: list[Row], key_of, locked: bool = 
     audit.record(by, object_type="quota", object_id=unit.pk, team=unit if is_team else None,
                  object_repr=f"quotas of {unit.slug}" if is_team else f"quotas of department {unit.slug}",
                  action="changed", before={b: old.get(b) for b in buckets}, after={b: new.get(b) for b in buckets})
-    from portal.reservations.events import request_cycle  # reservations imports tenancy at import time
-
     request_cycle(f"quotas of {'team' if is_team else 'department'} {unit.slug} changed", freed=True)
 
 

@@ -17,7 +17,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 
 from portal.audit import services as audit
-from portal.reservations.rules import fleet_model_names
+from portal.fleet.model_names import fleet_model_names
 from portal.tenancy import quotas
 from portal.tenancy.errors import Refused
 from portal.tenancy.models import ANY_MODEL, Department, Team

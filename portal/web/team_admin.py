@@ -18,8 +18,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from portal.audit import services as audit
 from portal.connect.kinds import AppKind
-from portal.reservations import rules
-from portal.tenancy import groups, members, policy, presets, roles, usage
+from portal.fleet.model_names import fleet_models
+from portal.reservations import presets, team_effects, team_usage
+from portal.tenancy import groups, members, policy, roles
 from portal.tenancy.errors import Refused
 from portal.tenancy.models import LABEL_RE, AffinityLabel, ExclusionGroup, Membership, Preset, Role, TeamPolicy
 
@@ -94,7 +95,7 @@ def members_page(request, slug: str):
                              f"{members.effect_of(m.role, m.user.username, team)}.")
             return redirect("team-members", slug=team.slug)
     return _page(request, team, "members", "team/members.html", {
-        "rows": [(m, members.removal_effect(m)) for m in rows], "form": form, "errors": errors,
+        "rows": [(m, team_effects.member_removal(m)) for m in rows], "form": form, "errors": errors,
         "roles": Role.choices, "effects": [(r, members.effect_of(r, "they", team)) for r, _ in Role.choices],
         "exclusion_groups": ExclusionGroup.objects.filter(team=team).order_by("label"),
         "affinity_labels": AffinityLabel.objects.filter(team=team).order_by("label"),
@@ -139,7 +140,7 @@ def member_defaults(request, slug: str, pk: int):
 def member_remove(request, slug: str, pk: int):
     team, m = _membership(request, slug, pk)
     try:
-        effect = members.remove_member(m, audit.web(request.user))
+        effect = members.remove_member(m, audit.web(request.user), team_effects.member_removal(m))
     except Refused as exc:
         _refused(request, exc)
     else:
@@ -176,7 +177,7 @@ def groups_page(request, slug: str):
                 ("affinity", "Affinity labels", list(AffinityLabel.objects.filter(team=team).order_by("label")))]
     for _kind, _title, items in sections:
         for g in items:
-            g.effect_now = groups.effect_now(g)
+            g.effect_now = team_effects.group_now(g)
     return _page(request, team, "groups", "team/groups.html", {
         "sections": sections,
         "form": form, "errors": errors,
@@ -199,11 +200,11 @@ def group_preview(request, slug: str):
         existing = groups.KINDS[kind].objects.filter(team=team, label=label).first() \
             if re.match(LABEL_RE, label) else None
         try:
-            groups._clean_label(team, kind, label, instance=existing)
+            groups.clean_label(team, kind, label, instance=existing)
         except Refused as exc:
             problem = exc.errors["label"][0]
         else:
-            preview = groups.preview(team, kind, label)
+            preview = team_effects.preview(team, kind, label)
     return render(request, "team/_preview.html", {"preview": preview, "problem": problem, "kind": kind,
                                                   "noun": groups.NOUN[kind]})
 
@@ -214,14 +215,16 @@ def group_rename(request, slug: str, kind: str, pk: int):
     team = _team(request, slug)
     obj = _group(team, kind, pk)
     old = obj.label
+    label = request.POST.get("label", "")
+    effect = team_effects.group_rename(obj, label.strip())  # before the rename: what carries the old label
     try:
-        groups.update(obj, audit.web(request.user), label=request.POST.get("label", ""),
-                      description=request.POST.get("description", obj.description))
+        groups.update(obj, audit.web(request.user), label=label,
+                      description=request.POST.get("description", obj.description), rename_effect=effect)
     except Refused as exc:
         _refused(request, exc)
     else:
         if obj.label != old:
-            messages.success(request, f"Renamed '{old}' to '{obj.label}': {groups.rename_effect(obj, obj.label)}.")
+            messages.success(request, f"Renamed '{old}' to '{obj.label}': {effect}.")
         else:
             messages.success(request, f"Saved '{obj.label}'.")
     return redirect("team-groups", slug=team.slug)
@@ -232,7 +235,7 @@ def group_rename(request, slug: str, kind: str, pk: int):
 def group_delete(request, slug: str, kind: str, pk: int):
     team = _team(request, slug)
     obj = _group(team, kind, pk)
-    effect = groups.delete(obj, audit.web(request.user))
+    effect = groups.delete(obj, audit.web(request.user), team_effects.group_deletion(obj))
     messages.success(request, f"Deleted '{obj.label}': {effect}.")
     return redirect("team-groups", slug=team.slug)
 
@@ -288,7 +291,7 @@ def presets_page(request, slug: str):
             return redirect("team-presets", slug=team.slug)
     return _page(request, team, "presets", "team/presets.html", {
         "presets": presets.presets_of(team), "form": form, "errors": errors, "editing": editing,
-        "models": sorted(rules.fleet_models()), "longest": policy.policy_of(team).max_duration_s,
+        "models": sorted(fleet_models()), "longest": policy.policy_of(team).max_duration_s,
         "app_choices": AppKind.choices,
     }, status)
 
@@ -400,7 +403,7 @@ def quota_page(request, slug: str):
     team = _team(request, slug)
     lines = quota_lines.standings()
     current = policy.policy_of(team)
-    use = usage.team_usage(team)
+    use = team_usage.team_usage(team)
     mine = lines.get(team.slug, [])
     beyond = "allowed: priority-0 requests, preemptible" if use.allow_over_quota else "not allowed by the policy"
     return _page(request, team, "quota", "team/quota.html", {

@@ -12,8 +12,7 @@ from django.test import Client
 from portal.audit.services import Actor
 from portal.connect import access
 from portal.connect.proxy import Masker, _split_cookies
-from portal.reservations import rules
-from portal.tenancy import presets
+from portal.reservations import presets, rules
 from portal.tenancy.policy import set_policy
 from scheduler.backends import GpuShare, make_pod_spec
 from scheduler.backends.kubernetes.manifests import pod_manifest

@@ -9,12 +9,12 @@ from collections.abc import Collection
 from django.db import transaction
 from django.utils import timezone
 
+from portal.cycle_requests import request_cycle
 from portal.reservations import actors
 from portal.reservations.events import (
     announce_allocations,
     announce_node_lost,
     announce_reservations,
-    request_cycle,
     request_pod_cleanup,
 )
 from portal.reservations.models import Allocation, Reservation, Source

@@ -8,7 +8,8 @@ import pytest
 from django.test import Client
 
 from portal.audit import services as audit
-from portal.tenancy import policy, presets
+from portal.reservations import presets
+from portal.tenancy import policy
 from portal.tenancy.errors import Refused
 
 NUL = "a\x00b"

@@ -6,7 +6,8 @@ import pytest
 
 from portal.audit import services as audit
 from portal.audit.models import AuditEntry
-from portal.tenancy import policy, presets
+from portal.reservations import presets
+from portal.tenancy import policy
 from portal.tenancy.errors import Refused
 from portal.tenancy.models import Preset, TeamPolicy
 

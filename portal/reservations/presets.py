@@ -1,7 +1,8 @@
 """Presets: request shapes a team's admins offer their members first on the request page.
 
-A preset is checked by the same rules a request is (portal.reservations.rules) and against the
-team's policy, so choosing one always gives a request the portal accepts."""
+A preset is checked by the same rules a request is (rules.py) and against the team's policy, so
+choosing one always gives a request the portal accepts. (The table is tenancy's `Preset`: it
+belongs to the team; this is its one writer.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from decimal import Decimal
 from django.db import IntegrityError, transaction
 
 from portal.audit import services as audit
+from portal.fleet.model_names import display_model
+from portal.tenancy.errors import Refused
+from portal.tenancy.models import Preset, Team
+from portal.tenancy.policy import policy_of
 
-from .errors import Refused
-from .models import Preset, Team
-from .policy import policy_of
+from . import rules
 
 FIELDS = ("name", "kind", "gpu_model", "gpu_request", "gpu_limit", "gpu_memory_mib", "max_duration_s", "image",
           "command", "app", "app_port")
@@ -34,9 +37,6 @@ def as_dict(preset: Preset) -> dict:
 
 
 def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
-    from portal.fleet.model_names import display_model
-    from portal.reservations import rules  # reservations depends on tenancy, not the other way at import
-
     errors: dict[str, list[str]] = {}
     unknown = set(data) - set(FIELDS)
     for name in sorted(unknown):
