@@ -13,6 +13,7 @@ from decimal import Decimal, InvalidOperation
 from django.db.models import Count, Max
 
 from portal.connect.kinds import app_port_of, app_problems
+from portal.errors import RuleViolation
 from portal.fleet.model_names import fleet_models
 from portal.fleet.models import Gpu
 from portal.tenancy.models import LABEL_RE, ExclusionGroup, Team
@@ -28,14 +29,6 @@ IMAGE_RE = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 LABEL = re.compile(LABEL_RE)
-
-
-class RuleViolation(Exception):
-    """Per-field messages: {"gpu_limit": ["must be ≥ gpu_request (0.5)"]}."""
-
-    def __init__(self, errors: dict[str, list[str]]):
-        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
-        self.errors = errors
 
 
 @dataclass

@@ -13,8 +13,8 @@ import re
 from django.db import IntegrityError, transaction
 
 from portal.audit import services as audit
+from portal.errors import RuleViolation
 
-from .errors import Refused
 from .models import LABEL_RE, AffinityLabel, ExclusionGroup, Team
 
 KINDS = {"exclusion": ExclusionGroup, "affinity": AffinityLabel}
@@ -28,24 +28,24 @@ def kind_of(obj) -> str:
 def clean_label(team: Team, kind: str, label: str, *, instance=None) -> str:
     label = (label or "").strip()
     if not re.match(LABEL_RE, label):
-        raise Refused({"label": ["use 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or "
-                                 "digit (e.g. 'secure-data')"]})
+        raise RuleViolation({"label": ["use 1-63 letters, digits, '-', '_' or '.', starting and ending with a "
+                                       "letter or digit (e.g. 'secure-data')"]})
     clash = KINDS[kind].objects.filter(team=team, label=label).exclude(pk=getattr(instance, "pk", None))
     if clash.exists():
-        raise Refused({"label": [f"team {team.slug} already has an {NOUN[kind]} '{label}'; choose another name"]})
+        raise RuleViolation({"label": [f"team {team.slug} already has an {NOUN[kind]} '{label}'; choose another name"]})
     return label
 
 
 def _clean_description(description: str) -> str:
     description = (description or "").strip()
     if len(description) > 200:
-        raise Refused({"description": ["at most 200 characters"]})
+        raise RuleViolation({"description": ["at most 200 characters"]})
     return description
 
 
 def create(team: Team, by: audit.Actor, kind: str, label: str, description: str = ""):
     if kind not in KINDS:
-        raise Refused({"kind": ["must be 'exclusion' or 'affinity'"]})
+        raise RuleViolation({"kind": ["must be 'exclusion' or 'affinity'"]})
     label = clean_label(team, kind, label)
     description = _clean_description(description)
     try:
@@ -55,7 +55,7 @@ def create(team: Team, by: audit.Actor, kind: str, label: str, description: str 
                          action="created", after={"label": label, "description": description},
                          message="applies to the next placements")
     except IntegrityError:
-        raise Refused({"label": [f"team {team.slug} already has an {NOUN[kind]} '{label}'"]}) from None
+        raise RuleViolation({"label": [f"team {team.slug} already has an {NOUN[kind]} '{label}'"]}) from None
     return obj
 
 
@@ -81,7 +81,7 @@ def update(obj, by: audit.Actor, *, label: str | None = None, description: str |
                          team=obj.team, action="renamed" if "label" in new else "changed", before=old, after=new,
                          message=message)
     except IntegrityError:
-        raise Refused({"label": [f"team {obj.team.slug} already has an {NOUN[kind]} '{new_label}'"]}) from None
+        raise RuleViolation({"label": [f"team {obj.team.slug} already has an {NOUN[kind]} '{new_label}'"]}) from None
     return obj
 
 

@@ -16,10 +16,10 @@ from django.db import transaction
 
 from portal.audit import services as audit
 from portal.cycle_requests import request_cycle
+from portal.errors import RuleViolation
 from portal.fleet.model_names import fleet_models, label_name
 
 from . import quota_tree
-from .errors import Refused
 from .models import ANY_MODEL, MILLI, Department, Quota, Team
 
 MAX_ROWS = 64
@@ -151,12 +151,12 @@ def _model_names(unit: Unit) -> tuple[dict[str, str], list[str]]:
 
 
 def parse(unit: Unit, rows) -> list[Row]:
-    """The rows as given (dicts of ROW_FIELDS), checked one by one; Refused with every problem."""
+    """The rows as given (dicts of ROW_FIELDS), checked one by one; RuleViolation with every problem."""
     if not isinstance(rows, list | tuple):
-        raise Refused({"quotas": ["give a list of quota rows (each with gpu_model, gpu_share, gpu_memory_gib "
-                                  "and gpus)"]})
+        raise RuleViolation({"quotas": ["give a list of quota rows (each with gpu_model, gpu_share, gpu_memory_gib "
+                                        "and gpus)"]})
     if len(rows) > MAX_ROWS:
-        raise Refused({"quotas": [f"at most {MAX_ROWS} rows (one per GPU model and one for *); got {len(rows)}"]})
+        raise RuleViolation({"quotas": [f"at most {MAX_ROWS} rows (one per GPU model and one for *); got {len(rows)}"]})
     names, known = _model_names(unit)
     errors: dict[str, list[str]] = {}
     out: list[Row] = []
@@ -209,13 +209,13 @@ def parse(unit: Unit, rows) -> list[Row]:
         out.append(Row(model, amounts["gpu_share"], amounts["gpu_memory_gib"], amounts["gpus"],
                        limits["borrowing_limit"], limits["lending_limit"], weight))
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     return _order(out)
 
 
 def replace_quotas(unit: Unit, by: audit.Actor, rows) -> list[dict]:
     """The unit's rows become `rows` (dicts of ROW_FIELDS: gpu_model, gpu_share, gpu_memory_gib, gpus,
-    and optionally borrowing_limit, lending_limit, weight): those not listed are deleted. Refused
+    and optionally borrowing_limit, lending_limit, weight): those not listed are deleted. RuleViolation
     (and nothing written) if a row is malformed or children's quotas would not fit their parent's,
     here or above. Answers quotas_of(unit)."""
     parsed = parse(unit, rows)
@@ -259,7 +259,7 @@ def _store(unit: Unit, by: audit.Actor, rows: list[Row], key_of, locked: bool = 
     for problem in tree.problems_up(key):
         errors.setdefault(key_of(problem), []).append(problem.message)
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     _owned(unit).delete()
     owner = {"team": unit} if is_team else {"department": unit}
     Quota.objects.bulk_create([Quota(**owner, **r.columns()) for r in rows])

@@ -23,13 +23,13 @@ from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET, require_POST
 
 from portal.audit import services as audit
+from portal.errors import RuleViolation
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations.models import Allocation
 from portal.telemetry import live
 from portal.telemetry.live.groups import FLEET
 from portal.tenancy import departments, policy, teams
-from portal.tenancy.errors import Refused
 from portal.tenancy.models import Department, Team, TeamPolicy
 
 from . import navigation, quota_lines
@@ -281,7 +281,7 @@ def teams_page(request):
             # site admin gives it its rows next, on its quota page.
             team = teams.create_team(audit.web(request.user), form["slug"], form["name"], form["department"] or None,
                                      quota_gpu_share="0", quota_memory_mib="0", quota_max_gpus="0")
-        except Refused as exc:
+        except RuleViolation as exc:
             errors, status = {k: [in_words(m) for m in v] for k, v in exc.errors.items()}, 400
         else:
             where = f" under department {team.department.slug}" if team.department_id else ""
@@ -339,7 +339,7 @@ def team_limits_page(request, slug: str):
                     teams.set_quota(team, audit.web(request.user), {"name": form["name"]})
                     departments.move_team(team, audit.web(request.user), form["department"] or None)
                     policy.set_limits(team, audit.web(request.user), changes)
-            except Refused as exc:
+            except RuleViolation as exc:
                 errors = page_errors({k: [in_words(m) for m in v] for k, v in exc.errors.items()})
             else:
                 messages.success(request, f"Team {team.slug} saved.")

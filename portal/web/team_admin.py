@@ -18,10 +18,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from portal.audit import services as audit
 from portal.connect.kinds import AppKind
+from portal.errors import RuleViolation
 from portal.fleet.model_names import fleet_models
 from portal.reservations import presets, team_effects, team_usage
 from portal.tenancy import groups, members, policy, roles
-from portal.tenancy.errors import Refused
 from portal.tenancy.models import LABEL_RE, AffinityLabel, ExclusionGroup, Membership, Preset, Role, TeamPolicy
 
 from . import navigation, quota_lines
@@ -55,7 +55,7 @@ def _page(request, team, tab: str, template: str, context: dict, status: int = 2
                                       "teams": administered_teams(request.user), **context}, status=status)
 
 
-def _refused(request, exc: Refused) -> None:
+def _refused(request, exc: RuleViolation) -> None:
     for field, problems in exc.errors.items():
         for problem in problems:
             messages.error(request, problem if field in ("__all__", "detail") else f"{field.replace('_', ' ')}: "
@@ -88,7 +88,7 @@ def members_page(request, slug: str):
         form = {"user": request.POST.get("user", "").strip(), "role": request.POST.get("role", Role.MEMBER)}
         try:
             m = members.add_member(team, audit.web(request.user), form["user"], form["role"])
-        except Refused as exc:
+        except RuleViolation as exc:
             errors, status = page_errors(exc.errors), 400
         else:
             messages.success(request, f"Added {m.user.username} as {m.get_role_display().lower()}: "
@@ -113,7 +113,7 @@ def member_role(request, slug: str, pk: int):
     team, m = _membership(request, slug, pk)
     try:
         m = members.change_role(m, audit.web(request.user), request.POST.get("role", ""))
-    except Refused as exc:
+    except RuleViolation as exc:
         _refused(request, exc)
     else:
         messages.success(request, f"{m.user.username} is now {m.get_role_display().lower()}: "
@@ -128,7 +128,7 @@ def member_defaults(request, slug: str, pk: int):
     try:
         members.set_defaults(m, audit.web(request.user), exclusion=request.POST.get("default_exclusion") or None,
                              affinity=request.POST.get("default_affinity") or None)
-    except Refused as exc:
+    except RuleViolation as exc:
         _refused(request, exc)
     else:
         messages.success(request, f"Defaults of {m.user.username} saved: they apply to their next requests.")
@@ -141,7 +141,7 @@ def member_remove(request, slug: str, pk: int):
     team, m = _membership(request, slug, pk)
     try:
         effect = members.remove_member(m, audit.web(request.user), team_effects.member_removal(m))
-    except Refused as exc:
+    except RuleViolation as exc:
         _refused(request, exc)
     else:
         messages.success(request, f"Removed {m.user.username}: {effect}.")
@@ -167,7 +167,7 @@ def groups_page(request, slug: str):
         form = {k: request.POST.get(k, "").strip() for k in ("kind", "label", "description")}
         try:
             obj = groups.create(team, audit.web(request.user), form["kind"], form["label"], form["description"])
-        except Refused as exc:
+        except RuleViolation as exc:
             errors, status = page_errors(exc.errors), 400
         else:
             messages.success(request, f"Created {groups.NOUN[form['kind']]} '{obj.label}': it applies to the next "
@@ -201,7 +201,7 @@ def group_preview(request, slug: str):
             if re.match(LABEL_RE, label) else None
         try:
             groups.clean_label(team, kind, label, instance=existing)
-        except Refused as exc:
+        except RuleViolation as exc:
             problem = exc.errors["label"][0]
         else:
             preview = team_effects.preview(team, kind, label)
@@ -220,7 +220,7 @@ def group_rename(request, slug: str, kind: str, pk: int):
     try:
         groups.update(obj, audit.web(request.user), label=label,
                       description=request.POST.get("description", obj.description), rename_effect=effect)
-    except Refused as exc:
+    except RuleViolation as exc:
         _refused(request, exc)
     else:
         if obj.label != old:
@@ -278,12 +278,12 @@ def presets_page(request, slug: str):
         data["max_duration_s"] = _seconds_from_hours(form["max_duration_h"], "max_duration_s", errors)
         try:
             if errors:
-                raise Refused(errors)
+                raise RuleViolation(errors)
             if editing is None:
                 preset = presets.create_preset(team, audit.web(request.user), data)
             else:
                 preset = presets.update_preset(editing, audit.web(request.user), data)
-        except Refused as exc:
+        except RuleViolation as exc:
             errors, status = page_errors(exc.errors), 400
         else:
             messages.success(request, f"Preset '{preset.name}' saved: team {team.slug}'s members see it first on "
@@ -383,7 +383,7 @@ def policy_page(request, slug: str):
         if not errors:
             try:
                 policy.set_policy(team, audit.web(request.user), changes)
-            except Refused as exc:
+            except RuleViolation as exc:
                 errors = page_errors(exc.errors)
             else:
                 messages.success(request, f"Policy of team {team.slug} saved: it applies to new requests and to "
