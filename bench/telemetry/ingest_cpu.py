@@ -52,7 +52,7 @@ def _setup(nodes: int, shares: int) -> list:
     from bench.telemetry.running_shares import hold_shares
     from portal.fleet import inventory as fleet_inventory
     from portal.fleet.models import Node
-    from portal.telemetry import ingest
+    from portal.telemetry import streams
     from portal.telemetry.services import placements_for_node
     from portal.tenancy.models import Team
     from wire.agent_portal import Hello, Placements
@@ -80,7 +80,7 @@ def _setup(nodes: int, shares: int) -> list:
             "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib,
                       "numa_node": g.numa_node, "nvlink_peers": list(g.nvlink_peers), "mig_mode": "disabled"}
                      for g in spec.gpus]})
-        info = ingest.register_hello(node, hello)
+        info = streams.register_hello(node, hello)
         table = PlacementTable({g.uuid for g in spec.gpus})
         table.apply(Placements.model_validate(placements_for_node(node.pk)))
         out.append((info, Sampler(SimulatedSource(spec, table, seed=node.pk), table), stream))

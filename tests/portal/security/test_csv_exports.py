@@ -14,7 +14,7 @@ import pytest
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
 from portal.reports.csv_export import cell, to_csv
-from portal.telemetry import ingest
+from portal.telemetry import streams
 from portal.telemetry.models import GpuMinute, ShareMinute
 from portal.tenancy.models import Membership, Role
 from tests.portal.telemetry.conftest import hello_for
@@ -42,7 +42,7 @@ def agent_reports_gpu(model: str) -> Gpu:
     node = Node.objects.get(name="a100-node-1")
     hello = hello_for(node)
     extra = hello.gpus[0].model_copy(update={"uuid": f"GPU-{uuid.uuid4()}", "index": 77, "model": model})
-    ingest.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, extra]}))
+    streams.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, extra]}))
     return Gpu.objects.get(uuid=extra.uuid)
 
 
