@@ -23,15 +23,6 @@ from portal.reservations.states import HOLDS_GPU, TERMINAL, IllegalTransition, S
 from .audit import record
 
 
-def transition(reservation_id: int, target: str, actor=None, reason: str = "") -> Reservation:
-    """Move a reservation to `target` if the state machine allows it; audit it; release its GPUs
-    when it stops holding them. Raises IllegalTransition otherwise."""
-    with transaction.atomic():
-        reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
-        _apply(reservation, target, actor, reason)
-    return reservation
-
-
 def move(reservation_id: int, expected: str | Collection[str], target: str, why: str, actor=actors.LIFECYCLE) -> bool:
     """Compare-and-set: move to `target` only if the reservation is in `expected` (a state, or
     any of several) now, under its row lock. Returns whether it moved; a reservation in another

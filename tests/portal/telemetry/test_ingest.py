@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from portal.audit import services as audit
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations import services
@@ -106,7 +107,7 @@ def test_no_node_is_lost_when_no_agent_at_all_is_heard(node):
 
 
 def test_a_drained_node_stays_drained_when_its_agent_reports(node):
-    fleet_services.drain(node.pk, "admin", "maintenance")
+    fleet_services.drain(node.pk, audit.cli("test"), "maintenance")
     streams.register_hello(node, hello_for(node))
     node.refresh_from_db()
     assert node.status == NodeStatus.DRAINING

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from portal.audit import services as audit
 from portal.audit.models import AuditEntry
 from portal.fleet import services as services_fleet
 from portal.fleet.models import Gpu, Node
@@ -178,7 +179,7 @@ def test_the_rows_of_changed_nodes_as_the_page_draws_them(fleet, browser_for):
     admin = browser_for("admin")
     t4 = Node.objects.get(name="t4-node-1")
     a100 = Node.objects.get(name="a100-node-1")
-    services_fleet.drain(t4.pk, "admin", "disk swap")
+    services_fleet.drain(t4.pk, audit.cli("test"), "disk swap")
     body = admin.get("/fleet/rows/", {"ids": f"{t4.pk},{a100.pk}", "next": "/fleet/?page=1"}).content.decode()
     assert body.count('<li class="node') == 2 and f'data-node-id="{t4.pk}"' in body
     assert 'class="node state-draining" data-node="t4-node-1"' in body and "disk swap" in body
