@@ -18,6 +18,7 @@ PREVIEW_LINES = 12  # per list: a fleet of thousands of GPUs is summarised by co
 
 
 def member_removal(m: Membership) -> str:
+    """What removing `m` does: they lose the team; their active reservations run on to their end."""
     active = Reservation.objects.filter(team_id=m.team_id, owner_id=m.user_id, state__in=ACTIVE).count()
     text = f"{m.user.username} will no longer see team {m.team.slug} or request for it"
     if active:
@@ -40,6 +41,8 @@ def _plural(n: int, word: str) -> str:
 
 
 def group_rename(obj, new_label: str) -> str:
+    """What renaming a group to `new_label` does. Said before the rename: it counts what carries the
+    old name."""
     held, waiting = carrying(obj)
     text = f"new requests use '{new_label}'"
     if held or waiting:
@@ -49,6 +52,7 @@ def group_rename(obj, new_label: str) -> str:
 
 
 def group_deletion(obj) -> str:
+    """What deleting a group does: what carries it keeps it until it ends."""
     held, waiting = carrying(obj)
     text = f"new requests can no longer choose '{obj.label}'"
     if held or waiting:
