@@ -14,7 +14,7 @@ from portal.fleet.models import Gpu
 from portal.fleet.services import issue_node_token
 from portal.reservations import services
 from portal.reservations.models import Reservation, Sharing
-from portal.reservations.states import HOLDS_GPU, State
+from portal.reservations.states import State
 from tests.reservations import SYSTEM
 
 from .conftest import agent_socket, hello_for
@@ -83,8 +83,9 @@ def _requeue_and_place(reservation_id: int, gpu: Gpu, *, preempted: bool) -> Non
     # One transaction: the cycle it asks for after the commit finds nothing left to place.
     with transaction.atomic():
         if preempted:
-            assert services.move(reservation_id, HOLDS_GPU, State.PREEMPTED, "reclaimed", SYSTEM)
-        assert services.move(reservation_id, [*HOLDS_GPU, State.PREEMPTED], State.PENDING, "requeued", SYSTEM)
+            assert services.move(reservation_id, [State.PLACED, State.RUNNING], State.PREEMPTED, "reclaimed", SYSTEM)
+        assert services.move(reservation_id, [State.PLACED, State.RUNNING, State.PREEMPTED], State.PENDING, "requeued",
+                             SYSTEM)
         services.place(reservation_id, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.5"), 4096)])
 
 
