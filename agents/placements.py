@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from wire.agent_portal import Placement, Placements
+from wire.agent_portal import PlacedShare, Placements
 
 
 class PlacementRefused(ValueError):
@@ -25,7 +25,7 @@ class PlacementTable:
         self._gpus = frozenset(gpu_uuids)
         self._lock = threading.Lock()
         self._revision = -1
-        self._placements: tuple[Placement, ...] = ()
+        self._placements: tuple[PlacedShare, ...] = ()
         self._by_pod: dict[str, str] = {}
 
     @property
@@ -52,11 +52,11 @@ class PlacementTable:
         with self._lock:
             self._revision = -1
 
-    def all(self) -> tuple[Placement, ...]:
+    def all(self) -> tuple[PlacedShare, ...]:
         with self._lock:
             return self._placements
 
-    def on_gpu(self, gpu_uuid: str) -> list[Placement]:
+    def on_gpu(self, gpu_uuid: str) -> list[PlacedShare]:
         with self._lock:
             return [p for p in self._placements if p.gpu_uuid == gpu_uuid]
 

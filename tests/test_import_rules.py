@@ -1,5 +1,6 @@
 """The house's import rules ([tool.importlinter] in pyproject.toml) hold: the portal and the node
-agents meet only in wire/, wire/ imports neither side, and the placement engine has no Django in it."""
+agents meet only in wire/, wire/ imports neither side, the placement engine has no Django in it,
+and tenancy never imports reservations (the layers contract)."""
 
 import subprocess
 import sys

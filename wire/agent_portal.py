@@ -274,7 +274,9 @@ class Ack(_Message):
     seq: Seq
 
 
-class Placement(_Strict):
+class PlacedShare(_Strict):
+    """One share the portal placed on one of the agent's GPUs: an entry of `placements`."""
+
     reservation: ReservationId
     gpu_uuid: GpuUuid
     request: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False, strict=False)]
@@ -285,7 +287,7 @@ class Placement(_Strict):
     priority: Literal["high", "normal", "low"] | None = None
 
     @model_validator(mode="after")
-    def _limit_covers_request(self) -> Placement:
+    def _limit_covers_request(self) -> PlacedShare:
         if self.limit < self.request:
             raise ValueError(f"limit {self.limit} is below request {self.request}")
         return self
@@ -294,7 +296,7 @@ class Placement(_Strict):
 class Placements(_Message):
     type: Literal["placements"]
     revision: Annotated[StrictInt, Field(ge=0, le=MAX_SEQ)]
-    placements: Annotated[list[Placement], Field(max_length=MAX_PLACEMENTS)]
+    placements: Annotated[list[PlacedShare], Field(max_length=MAX_PLACEMENTS)]
 
     @model_validator(mode="after")
     def _consistent(self) -> Placements:

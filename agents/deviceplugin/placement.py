@@ -29,7 +29,9 @@ class PlacementError(ValueError):
     """The pod's placement annotation is missing or wrong; the message says which field."""
 
 
-class Placement(BaseModel):
+class PodPlacement(BaseModel):
+    """A pod's placement annotation as the device plugin reads it: its reservation, GPUs and terms."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     reservation: Annotated[str, Field(pattern=RESERVATION_PATTERN)]
@@ -41,7 +43,7 @@ class Placement(BaseModel):
     priority: Literal["high", "normal", "low"]
 
     @model_validator(mode="after")
-    def _consistent(self) -> Placement:
+    def _consistent(self) -> PodPlacement:
         if self.limit < self.request:
             raise ValueError(f"limit {self.limit} is below request {self.request}")
         if len(set(self.gpus)) != len(self.gpus):
@@ -49,14 +51,14 @@ class Placement(BaseModel):
         return self
 
 
-def parse_placement(annotations: dict[str, str] | None) -> Placement:
+def parse_placement(annotations: dict[str, str] | None) -> PodPlacement:
     text = (annotations or {}).get(PLACEMENT_ANNOTATION)
     if text is None:
         raise PlacementError(f"the pod has no {PLACEMENT_ANNOTATION} annotation (not placed by Tessera)")
     if len(text.encode()) > MAX_ANNOTATION_BYTES:
         raise PlacementError(f"{PLACEMENT_ANNOTATION}: longer than {MAX_ANNOTATION_BYTES} bytes")
     try:
-        return Placement.model_validate(json.loads(text))
+        return PodPlacement.model_validate(json.loads(text))
     except ValueError as exc:  # JSON errors and pydantic's ValidationError alike
         if isinstance(exc, ValidationError):
             fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'placement'}: {e['msg']}" for e in exc.errors())
@@ -91,7 +93,7 @@ def device_specs(minors: list[int]) -> list[api_pb2.DeviceSpec]:
             for path in (*(f"/dev/nvidia{m}" for m in minors), *CONTROL_DEVICES)]
 
 
-def container_response(placement: Placement, paths: NodePaths,
+def container_response(placement: PodPlacement, paths: NodePaths,
                        minors: list[int] | None = None) -> api_pb2.ContainerAllocateResponse:
     """Env, mounts (and with `minors`, the GPUs' device nodes) for one container of the placed pod
     (see preload/README.md for the variables): the library both in LD_PRELOAD and in the container's

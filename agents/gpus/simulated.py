@@ -16,7 +16,7 @@ from typing import Literal
 
 from agents.gpus.base import GpuDevice, GpuReading, ProcessReading, Reading, ShareReading
 from agents.placements import PlacementTable
-from wire.agent_portal import Placement
+from wire.agent_portal import PlacedShare
 from wire.inventory import InventoryNode
 
 DRIVER_VERSION = "simulated"
@@ -90,7 +90,7 @@ class _Gpu:
     limits: list[float]
 
 
-def _layout(node: InventoryNode, placed: tuple[Placement, ...]) -> list[_Gpu]:
+def _layout(node: InventoryNode, placed: tuple[PlacedShare, ...]) -> list[_Gpu]:
     gpus = []
     for gpu in node.gpus:
         profile = power_profile(gpu.model)
@@ -123,7 +123,7 @@ class SimulatedSource:
         self._temp = [32.0] * len(node.gpus)  # per GPU, in node order
         # What read() derives from the placements, rebuilt only when the table holds a new tuple (a
         # new placements message): a fleet process reads hundreds of nodes a second.
-        self._placed: tuple[Placement, ...] | None = None
+        self._placed: tuple[PlacedShare, ...] | None = None
         self._levels: list[tuple[str, float]] = []
         self._gpus: list[_Gpu] = []
 
@@ -147,7 +147,7 @@ class SimulatedSource:
     def cuda_version(self) -> str | None:
         return None  # no driver, no CUDA
 
-    def _use(self, placed: tuple[Placement, ...]) -> None:
+    def _use(self, placed: tuple[PlacedShare, ...]) -> None:
         live = {p.reservation for p in placed}
         for gone in set(self._demand) - live:
             del self._demand[gone]

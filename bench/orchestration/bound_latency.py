@@ -158,7 +158,7 @@ def bulk_pending(team, user, n: int, model: str, rng: random.Random, priority: i
 
     from django.db import transaction
 
-    from portal.reservations.events import request_cycle
+    from portal.cycle_requests import request_cycle
     from portal.reservations.models import Reservation, StateTransition
 
     with transaction.atomic():

@@ -50,11 +50,12 @@ def _setup(nodes: int, shares: int) -> list:
     from agents.placements import PlacementTable
     from agents.sampling import Sampler
     from bench.telemetry.running_shares import hold_shares
+    from portal.audit import services as audit
     from portal.fleet import inventory as fleet_inventory
     from portal.fleet.models import Node
-    from portal.telemetry import ingest
+    from portal.telemetry import streams
     from portal.telemetry.services import placements_for_node
-    from portal.tenancy.models import Team
+    from portal.tenancy import teams
     from wire.agent_portal import Hello, Placements
     from wire.inventory import load_inventory
 
@@ -66,8 +67,9 @@ def _setup(nodes: int, shares: int) -> list:
                   "        memory_mib: 81920", "        count: 8"]
     path.write_text("\n".join(lines) + "\n")
     fleet_inventory.load(path)
-    team = Team.objects.create(slug="bench", name="Bench", quota_gpu_share=Decimal(10_000),
-                               quota_memory_mib=10**9, quota_max_gpus=10_000)
+    # Through the tenancy writer: the quota fields are the team's `*` quota row now, not columns.
+    team = teams.create_team(audit.cli("bench"), "bench", "Bench", quota_gpu_share=Decimal(10_000),
+                             quota_memory_mib=10**9, quota_max_gpus=10_000)
     user = get_user_model().objects.create_user("bench", password="x")
     out = []
     for spec in load_inventory(path):
@@ -80,7 +82,7 @@ def _setup(nodes: int, shares: int) -> list:
             "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib,
                       "numa_node": g.numa_node, "nvlink_peers": list(g.nvlink_peers), "mig_mode": "disabled"}
                      for g in spec.gpus]})
-        info = ingest.register_hello(node, hello)
+        info = streams.register_hello(node, hello)
         table = PlacementTable({g.uuid for g in spec.gpus})
         table.apply(Placements.model_validate(placements_for_node(node.pk)))
         out.append((info, Sampler(SimulatedSource(spec, table, seed=node.pk), table), stream))

@@ -8,9 +8,10 @@ from decimal import Decimal
 
 from rest_framework.exceptions import ValidationError
 
+from portal.fleet.model_names import fleet_models
 from portal.placement import snapshot
 from portal.reservations.requests import request_of
-from portal.reservations.rules import LABEL, fleet_models
+from portal.reservations.rules import LABEL
 from portal.tenancy import roles
 from portal.tenancy.models import ExclusionGroup
 from scheduler import core

@@ -8,16 +8,15 @@ from rest_framework.fields import DateTimeField
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from portal.errors import RuleViolation
 from portal.reservations.engine_quotas import NeverFits
-from portal.reservations.rules import RuleViolation
 from portal.reservations.services.booking import BookingConflict
 from portal.reservations.states import IllegalTransition
 from portal.security import unavailable
-from portal.tenancy.errors import Refused
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, RuleViolation | Refused):
+    if isinstance(exc, RuleViolation):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, NeverFits):  # the only refusal for quota: beyond a hard limit, it could never run
         return Response({"detail": str(exc), "code": "never_fits", "team": exc.team.slug},

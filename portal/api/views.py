@@ -24,7 +24,7 @@ from portal.tenancy import roles
 from portal.tenancy import services as tenancy_services
 from portal.tenancy.models import ApiToken
 
-from . import admin_views, capacity, permissions, serializers
+from . import capacity, permissions, serializers, team_settings_views
 from .filters import FilterWhenAsked, ReservationFilter
 from .query import StrictQueryParams, refuse_empty, refuse_unknown
 from .throttling import SignInThrottle, WriteRateThrottle
@@ -153,11 +153,11 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
 
     def perform_create(self, serializer):
         permissions.require_staff(self.request.user)
-        serializer.instance = admin_views.create_team(self.request, serializer)
+        serializer.instance = team_settings_views.create_team(self.request, serializer)
 
     def perform_update(self, serializer):
         permissions.require_staff(self.request.user)
-        serializer.instance = admin_views.update_team(self.request, serializer.instance, serializer)
+        serializer.instance = team_settings_views.update_team(self.request, serializer.instance, serializer)
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):

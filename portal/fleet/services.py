@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.audit import services as audit
-from portal.reservations.events import request_cycle
+from portal.cycle_requests import request_cycle
 from portal.tenancy.models import hash_secret
 from wire.agent_portal import MAX_GPUS_PER_NODE
 
@@ -22,12 +22,10 @@ from .models import AWAITING_APPROVAL, Gpu, LostCause, Node, NodeStatus
 log = logging.getLogger(__name__)
 
 
-def _as_actor(actor) -> audit.Actor:
-    """Callers pass an audit.Actor; a bare user or name (older callers, tests) acts as the system."""
-    return actor if isinstance(actor, audit.Actor) else audit.Actor(actor, audit.Via.SYSTEM)
+SYSTEM = audit.Actor(None)  # who issues a node token when no person does (the demo, agent_tokens)
 
 
-def _set_status(node_id: int, status: str, reason: str, actor, action: str) -> Node:
+def _set_status(node_id: int, status: str, reason: str, by: audit.Actor, action: str) -> Node:
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
         if node.status != status or node.status_reason != reason:
@@ -35,21 +33,20 @@ def _set_status(node_id: int, status: str, reason: str, actor, action: str) -> N
             node.status = status
             node.status_reason = reason[:200]
             node.save(update_fields=["status", "status_reason"])
-            audit.record(_as_actor(actor), object_type="node", object_id=node.pk, object_repr=node.name,
+            audit.record(by, object_type="node", object_id=node.pk, object_repr=node.name,
                          action=action, before=before, after={"status": status, "status_reason": node.status_reason})
             request_cycle(f"node {node.name} {status}")
             announce_nodes([node.pk])
     return node
 
 
-def drain(node_id: int, actor, reason: str = "") -> Node:
+def drain(node_id: int, by: audit.Actor, reason: str = "") -> Node:
     """No new placements on the node; what runs there keeps running."""
-    by = _as_actor(actor)
     return _set_status(node_id, NodeStatus.DRAINING, reason or f"drained by {by.label}", by, "drained")
 
 
-def undrain(node_id: int, actor, reason: str = "") -> Node:
-    return _set_status(node_id, NodeStatus.READY, reason, actor, "undrained")
+def undrain(node_id: int, by: audit.Actor, reason: str = "") -> Node:
+    return _set_status(node_id, NodeStatus.READY, reason, by, "undrained")
 
 
 REASON_MAX = 200  # a node's or GPU's reason, as Node.status_reason and Gpu.cordon_reason hold it
@@ -64,10 +61,9 @@ def cordon_reason_problem(reason: str) -> str | None:
     return None
 
 
-def set_cordon(gpu_id: int, actor, cordoned: bool, reason: str = "") -> Gpu:
+def set_cordon(gpu_id: int, by: audit.Actor, cordoned: bool, reason: str = "") -> Gpu:
     """A cordoned GPU takes no new shares (the placement snapshot leaves it out); the shares on it
     keep running."""
-    by = _as_actor(actor)
     with transaction.atomic():
         gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu_id)
         reason = (reason or (f"cordoned by {by.label}" if cordoned else ""))[:200]
@@ -96,13 +92,13 @@ def _replace_token_hash(node: Node, token_hash: str, **fields) -> str:
     return previous
 
 
-def issue_node_token(node: Node, actor=None) -> str:
+def issue_node_token(node: Node, by: audit.Actor = SYSTEM) -> str:
     """A new agent credential for the node (the old one stops working at once: its connections are
     closed, see portal.telemetry.signals). Shown once; stored hashed."""
     key = "tnode_" + secrets.token_urlsafe(32)
     with transaction.atomic():
         rotated = bool(_replace_token_hash(node, hash_secret(key), agent_token_created_at=timezone.now()))
-        audit.record(_as_actor(actor), object_type="node_token", object_id=node.pk, object_repr=node.name,
+        audit.record(by, object_type="node_token", object_id=node.pk, object_repr=node.name,
                      action="rotated" if rotated else "created", after={"created_at": node.agent_token_created_at
                                                                         .isoformat()},
                      message="the previous token is refused from now on" if rotated else "")
@@ -110,10 +106,10 @@ def issue_node_token(node: Node, actor=None) -> str:
     return key
 
 
-def revoke_node_token(node: Node, actor=None) -> None:
+def revoke_node_token(node: Node, by: audit.Actor = SYSTEM) -> None:
     with transaction.atomic():
         _replace_token_hash(node, "")
-        audit.record(_as_actor(actor), object_type="node_token", object_id=node.pk, object_repr=node.name,
+        audit.record(by, object_type="node_token", object_id=node.pk, object_repr=node.name,
                      action="revoked", message="the node's agent is refused until a new token is created")
 
 

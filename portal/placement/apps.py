@@ -5,14 +5,14 @@ from django.apps import AppConfig
 log = logging.getLogger(__name__)
 
 
-def _enqueue_cycle(sender, reason: str = "", freed: bool = False, **kwargs) -> None:
+def _on_cycle_requested(sender, reason: str = "", freed: bool = False, **kwargs) -> None:
     from . import memo
-    from .tasks import request_cycle
+    from .tasks import enqueue_cycle
 
     try:
         if freed:
             memo.bump()
-        request_cycle(reason)
+        enqueue_cycle(reason)
     except Exception:  # the broker is away: the periodic cycle will place it
         log.exception("could not enqueue a placement cycle (%s)", reason)
 
@@ -50,9 +50,10 @@ class PlacementConfig(AppConfig):
     def ready(self) -> None:
         from celery.signals import worker_ready
 
-        from portal.reservations.events import cycle_requested, pod_ended
+        from portal.cycle_requests import cycle_requested
+        from portal.reservations.events import pod_ended
 
-        cycle_requested.connect(_enqueue_cycle, dispatch_uid="placement-cycle-on-request")
+        cycle_requested.connect(_on_cycle_requested, dispatch_uid="placement-cycle-on-request")
         pod_ended.connect(_enqueue_housekeeping, dispatch_uid="placement-housekeeping-on-pod-ended")
         from django.db.models.signals import post_save
 

@@ -82,8 +82,9 @@ def run_cycles(reason: str = "") -> int:
     return ran
 
 
-def request_cycle(reason: str) -> bool:
-    """Ask for a cycle (after a commit). Returns whether a task was sent (one already queued
+def enqueue_cycle(reason: str) -> bool:
+    """Send the cycle task, single-flight (the placement app calls it on `cycle_requested`, after
+    a commit: portal/cycle_requests.py). Returns whether a task was sent (one already queued
     and not yet started will see this change, so none is needed)."""
     lock = cluster_lock()
     lock.mark_dirty()

@@ -7,10 +7,16 @@ Teams are named by slug (requests and shares carry it), departments `department:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from datetime import timedelta
 from decimal import Decimal
 
+from django.db.models import Q
+
 from portal.precompiled import Precompiled, param_eq
+from portal.reservations import quota
+from portal.reservations.models import COUNTED, Allocation
 from portal.tenancy.models import Department, Quota, Team, TeamPolicy
 from portal.tenancy.policy import policy_of
 from scheduler import core
@@ -161,11 +167,9 @@ def standings() -> list[core.fairshare.Standing]:
     """Every department's and team's standing now, per bucket: quota, what its subtree holds that
     counts, borrowed beyond its quota, lent to others (`scheduler.core.fairshare.standings`).
     Vectors are (compute milli, memory MiB, GPUs); units are named as in `load()`."""
-    from portal.reservations.quota import held
-
     tree = load()
     slugs = dict(Team.objects.order_by().values_list("pk", "slug"))
-    rows = held()
+    rows = quota.held()
     ledger = Ledger(tree, {model: (0, 0, 0) for _, model, _ in rows}, ())
     for i, ((team_id, model, admission), use) in enumerate(rows.items()):
         if slugs.get(team_id) in tree.units:
@@ -181,13 +185,6 @@ def past_use(half_life_s: float, now) -> dict[str, float]:
     """team slug → its GPU share held over the past, decayed: the average of what it held (milli),
     each moment weighted by 2^(-age / half_life_s), over the last HALF_LIVES_KEPT half-lives.
     Counted use only (guaranteed and borrowed). Empty when half_life_s is 0 (off)."""
-    import math
-    from datetime import timedelta
-
-    from django.db.models import Q
-
-    from portal.reservations.models import COUNTED, Allocation
-
     if half_life_s <= 0:
         return {}
     k = math.log(2) / half_life_s

@@ -1,5 +1,5 @@
-"""Signals other apps listen to. The placement app connects `cycle_requested` to enqueue a
-placement cycle; it is sent only after the transaction that changed things has committed."""
+"""Signals about reservations other apps listen to, each sent only after the transaction that
+changed things has committed. (Asking for a placement cycle is portal/cycle_requests.py.)"""
 
 import threading
 from contextlib import contextmanager
@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from django.db import transaction
 from django.dispatch import Signal
 
-cycle_requested = Signal()  # kwargs: reason (str), freed (bool: capacity or quota may have been freed)
 # A reservation that named a pod stopped holding its GPUs: its pod is to be deleted on the cluster.
 pod_ended = Signal()  # kwargs: reservation_id (int)
 # What is allocated on some nodes changed (placed, released); telemetry pushes each node's
@@ -24,12 +23,6 @@ node_lost = Signal()  # kwargs: reservation_id (int), why (str)
 # cycle, sync and reconcile catch up on any that fail. `robust`: a failing one (Redis away) is
 # logged, and neither stops the others nor turns the committed change into an error answer,
 # which a client would retry and so duplicate.
-def request_cycle(reason: str, freed: bool = False) -> None:
-    """`freed`: the change may let waiting reservations in that did not fit before (quotas or the
-    quota tree changed), so the next cycle looks at all of them again."""
-    transaction.on_commit(lambda: cycle_requested.send(sender=None, reason=reason, freed=freed), robust=True)
-
-
 def request_pod_cleanup(reservation_id: int) -> None:
     transaction.on_commit(lambda: pod_ended.send(sender=None, reservation_id=reservation_id), robust=True)
 

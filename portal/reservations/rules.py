@@ -13,6 +13,8 @@ from decimal import Decimal, InvalidOperation
 from django.db.models import Count, Max
 
 from portal.connect.kinds import app_port_of, app_problems
+from portal.errors import RuleViolation
+from portal.fleet.model_names import fleet_models
 from portal.fleet.models import Gpu
 from portal.tenancy.models import LABEL_RE, ExclusionGroup, Team
 
@@ -27,14 +29,6 @@ IMAGE_RE = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 LABEL = re.compile(LABEL_RE)
-
-
-class RuleViolation(Exception):
-    """Per-field messages: {"gpu_limit": ["must be ≥ gpu_request (0.5)"]}."""
-
-    def __init__(self, errors: dict[str, list[str]]):
-        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
-        self.errors = errors
 
 
 @dataclass
@@ -64,17 +58,6 @@ class ReservationSpec:
 
     def models(self) -> list[str]:
         return [m for m in self.gpu_model.split("|") if m] if self.gpu_model else []
-
-
-def fleet_models() -> dict[str, int]:
-    """Known GPU models → the largest card's memory (MiB). (order_by(): Gpu's default ordering
-    would join every card's node for nothing.)"""
-    return dict(Gpu.objects.order_by().values_list("model").annotate(Max("memory_mib")))
-
-
-def fleet_model_names() -> list[str]:
-    """The GPU models the fleet has (one indexed DISTINCT; no memory read)."""
-    return sorted(Gpu.objects.order_by().values_list("model", flat=True).distinct())
 
 
 def fleet_holds(models: list[str], memory_mib: int) -> bool:

@@ -1,13 +1,11 @@
-"""Per-minute rollups, retention and lost-node marking: the periodic maintenance of telemetry.
+"""Per-minute rollups (folded into hours and days by hours.py) and retention of the telemetry rows.
 
-`maintain()` is what the periodic task runs (Celery beat, or the in-process ticker when there is
-no beat). Each step is idempotent: a rollup recomputes whole minutes from the raw rows and
-upserts them, so running twice, or two runs racing, gives the same rows.
+Each step is idempotent: a rollup recomputes whole minutes from the raw rows and upserts them, so
+running twice, or two runs racing, gives the same rows. upkeep.py runs them periodically.
 """
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -15,13 +13,9 @@ from django.db.models import Count, F, FloatField, Max, Sum, Value
 from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 
-from portal.fleet import services as fleet_services
-
 from . import conf, hours
 from .ingest import ROLLUP_SETTLE
 from .models import GpuDay, GpuHour, GpuMinute, GpuSample, LateMinute, RollupState, ShareHour, ShareMinute, ShareSample
-
-log = logging.getLogger(__name__)
 
 # A minute is rolled up this long after it ends: batches still in flight (the agent sends each
 # sample as it is taken, the writer commits within a fraction of a second) land first.
@@ -139,13 +133,3 @@ def apply_retention(now: datetime | None = None) -> dict[str, int]:
         "share_hours": ShareHour.objects.filter(hour__lt=hour_cutoff).delete()[0],
         "gpu_days": GpuDay.objects.filter(day__lt=hour_cutoff).delete()[0],
     }
-
-
-def maintain(now: datetime | None = None) -> dict:
-    """One round of telemetry upkeep: rollups, retention, lost nodes."""
-    rolled = roll_up(now)
-    deleted = apply_retention(now)
-    lost = fleet_services.mark_lost_nodes(conf.node_lost_after())
-    if lost:
-        log.warning("nodes marked lost (agent silent): %s", ", ".join(lost))
-    return {"rolled_up": rolled, "deleted": deleted, "lost": lost}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from .rollups import maintain
+from .upkeep import maintain
 
 
 @shared_task(name="telemetry.maintain", ignore_result=True)

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import close_old_connections
 
-from .rollups import maintain
+from .upkeep import maintain
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import IntegrityError, connection
 
-from . import conf
+from . import conf, seen
+from .agent_batches import Submission
 from .dbthread import own_connection
-from .ingest import Stored, Submission, forget_cache, store_batches
+from .ingest import Stored, store_batches
 from .live import Fanout
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def store(submissions: list[Submission]) -> list[Stored]:
             # try once more (unknown reservations are skipped), rather than fail every agent of
             # this commit again and again as they replay the same samples.
             log.warning("storing samples hit an integrity error; retrying without cached reservations")
-            forget_cache()
+            seen.forget()
             return store_batches(submissions)
     except Exception:
         # A broken connection (database restarted) must not poison the next commits.

@@ -10,9 +10,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
 from portal.audit import services as audit
+from portal.cycle_requests import request_cycle
+from portal.errors import RuleViolation
 
 from . import quota_tree, roles
-from .errors import Refused
 from .models import Department, Team
 from .teams import SLUG_RE
 
@@ -39,7 +40,7 @@ def _find(slug, field: str) -> Department | None:
         return None
     found = Department.objects.filter(slug=str(slug)).first() if isinstance(slug, str) else None
     if found is None:
-        raise Refused({field: [f"no department '{slug}'; create it first, or leave this blank for none"]})
+        raise RuleViolation({field: [f"no department '{slug}'; create it first, or leave this blank for none"]})
     return found
 
 
@@ -65,23 +66,23 @@ def create_department(by: audit.Actor, slug: str, name: str, parent_slug: str | 
     name = _name(name, errors)
     try:
         parent = _find(parent_slug, "parent")
-    except Refused as refused:
+    except RuleViolation as refused:
         errors |= refused.errors
         parent = None
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     try:
         with transaction.atomic():
             quota_tree.lock()
             if parent is not None:
                 problem = quota_tree.depth_problem(quota_tree.QuotaTree.load(), slug, 1, parent.pk)
                 if problem:
-                    raise Refused({"parent": [problem]})
+                    raise RuleViolation({"parent": [problem]})
             department = Department.objects.create(slug=slug, name=name, parent=parent)
             audit.record(by, object_type="department", object_id=department.pk, object_repr=slug,
                          action="created", after=_snapshot(department))
     except IntegrityError:
-        raise Refused({"slug": [f"there is already a department '{slug}'"]}) from None
+        raise RuleViolation({"slug": [f"there is already a department '{slug}'"]}) from None
     return department
 
 
@@ -92,7 +93,7 @@ def update_department(department: Department, by: audit.Actor, changes: dict) ->
         errors[str(field)] = ["not a department setting; change name or parent"]
     name = _name(changes["name"], errors) if "name" in changes else None
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     with transaction.atomic():
         quota_tree.lock()
         department = Department.objects.select_related("parent").get(pk=department.pk)
@@ -119,23 +120,23 @@ def update_department(department: Department, by: audit.Actor, changes: dict) ->
 def _check_move(department: Department, parent: Department | None) -> None:
     tree = quota_tree.QuotaTree.load()
     if parent is not None and parent.pk == department.pk:
-        raise Refused({"parent": [f"a department cannot be its own parent ({department.slug})"]})
+        raise RuleViolation({"parent": [f"a department cannot be its own parent ({department.slug})"]})
     if parent is not None and department.pk in tree.ancestors(parent.pk):
-        raise Refused({"parent": [f"{parent.slug} is inside {department.slug} ({tree.path(parent.pk)}); a department "
-                                  "cannot go under one of its own departments"]})
+        raise RuleViolation({"parent": [f"{parent.slug} is inside {department.slug} ({tree.path(parent.pk)}); "
+                                        "a department cannot go under one of its own departments"]})
     problem = quota_tree.depth_problem(tree, department.slug, tree.height(department.pk),
                                        parent.pk if parent else None)
     if problem:
-        raise Refused({"parent": [problem]})
+        raise RuleViolation({"parent": [problem]})
     key = ("department", department.pk)
     tree.place(key, department.slug, parent.pk if parent else None)
     problems = tree.problems_up(key)
     if problems:
-        raise Refused({"parent": [p.message for p in problems]})
+        raise RuleViolation({"parent": [p.message for p in problems]})
 
 
 def delete_department(department: Department, by: audit.Actor) -> None:
-    """Refused while teams or departments are under it; its quota rows go with it."""
+    """RuleViolation while teams or departments are under it; its quota rows go with it."""
     with transaction.atomic():
         quota_tree.lock()
         department = Department.objects.get(pk=department.pk)
@@ -145,8 +146,9 @@ def delete_department(department: Department, by: audit.Actor) -> None:
             held = " and ".join(part for part in (
                 f"team{'s' if len(teams) > 1 else ''} {', '.join(teams)}" if teams else "",
                 f"department{'s' if len(children) > 1 else ''} {', '.join(children)}" if children else "") if part)
-            raise Refused({"department": [f"department {department.slug} still holds {held}; move "
-                                          f"{'them' if len(teams) + len(children) > 1 else 'it'} elsewhere first"]})
+            them = "them" if len(teams) + len(children) > 1 else "it"
+            raise RuleViolation({"department": [f"department {department.slug} still holds {held}; move {them} "
+                                                "elsewhere first"]})
         snapshot = _snapshot(department)
         pk = department.pk
         department.delete()
@@ -168,7 +170,7 @@ def move_team(team: Team, by: audit.Actor, department_slug: str | None) -> Team:
         tree.place(("team", team.pk), team.slug, department.pk if department else None)
         problems = tree.problems_up(("team", team.pk))
         if problems:
-            raise Refused({"department": [p.message for p in problems]})
+            raise RuleViolation({"department": [p.message for p in problems]})
         before = team.department.slug if team.department_id else None
         team.department = department
         team.save(update_fields=["department"])
@@ -179,6 +181,4 @@ def move_team(team: Team, by: audit.Actor, department_slug: str | None) -> Team:
 
 
 def _request_cycle(reason: str) -> None:
-    from portal.reservations.events import request_cycle  # reservations imports tenancy at import time
-
     request_cycle(reason, freed=True)  # what waited for quota may fit the new tree

@@ -7,8 +7,8 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from portal.audit import services as audit
+from portal.errors import RuleViolation
 
-from .errors import Refused
 from .models import AffinityLabel, ExclusionGroup, Membership, Role, Team
 
 EFFECT = {
@@ -26,17 +26,17 @@ def find_user(who: str):
     """A user by username or, failing that, by e-mail (case-insensitive, only if one has it)."""
     who = (who or "").strip()
     if not who or len(who) > 254 or "\x00" in who:
-        raise Refused({"user": ["give a username or an e-mail address"]})
+        raise RuleViolation({"user": ["give a username or an e-mail address"]})
     User = get_user_model()
     user = User.objects.filter(username=who, is_active=True).first()
     if user is None and "@" in who:
         matches = list(User.objects.filter(email__iexact=who, is_active=True)[:2])
         if len(matches) > 1:
-            raise Refused({"user": [f"several accounts use {who}; give the username instead"]})
+            raise RuleViolation({"user": [f"several accounts use {who}; give the username instead"]})
         user = matches[0] if matches else None
     if user is None:
-        raise Refused({"user": [f"no user '{who}'; check the spelling, or ask a site admin to create the "
-                                    "account first"]})
+        raise RuleViolation({"user": [f"no user '{who}'; check the spelling, or ask a site admin to create the "
+                                          "account first"]})
     return user
 
 
@@ -44,7 +44,7 @@ def _role(role: str) -> Role:
     try:
         return Role(role)
     except ValueError:
-        raise Refused({"role": [f"must be one of {', '.join(Role.values)}"]}) from None
+        raise RuleViolation({"role": [f"must be one of {', '.join(Role.values)}"]}) from None
 
 
 def _snapshot(m: Membership) -> dict:
@@ -58,15 +58,15 @@ def add_member(team: Team, by: audit.Actor, who: str, role: str = Role.MEMBER) -
     role = _role(role)
     if Membership.objects.filter(team=team, user=user).exists():
         current = Membership.objects.get(team=team, user=user).get_role_display().lower()
-        raise Refused({"user": [f"{user.username} is already in team {team.slug} (as {current}); "
-                                    "change their role instead"]})
+        raise RuleViolation({"user": [f"{user.username} is already in team {team.slug} (as {current}); "
+                                          "change their role instead"]})
     try:
         with transaction.atomic():
             m = Membership.objects.create(team=team, user=user, role=role)
             audit.record(by, object_type="membership", object_id=m.pk, object_repr=f"{user.username} in {team.slug}",
                          team=team, action="added", after=_snapshot(m), message=effect_of(role, user.username, team))
     except IntegrityError:  # added by someone else meanwhile
-        raise Refused({"user": [f"{user.username} is already in team {team.slug}"]}) from None
+        raise RuleViolation({"user": [f"{user.username} is already in team {team.slug}"]}) from None
     return m
 
 
@@ -81,8 +81,8 @@ def change_role(m: Membership, by: audit.Actor, role: str) -> Membership:
         if m.role == role:
             return m
         if m.role == Role.ADMIN and not _other_admins(m):
-            raise Refused({"role": [f"{m.user.username} is team {m.team.slug}'s only admin; make someone else "
-                                        "admin first"]})
+            raise RuleViolation({"role": [f"{m.user.username} is team {m.team.slug}'s only admin; make someone else "
+                                              "admin first"]})
         before = _snapshot(m)
         m.role = role
         m.save(update_fields=["role"])
@@ -92,25 +92,14 @@ def change_role(m: Membership, by: audit.Actor, role: str) -> Membership:
     return m
 
 
-def removal_effect(m: Membership) -> str:
-    from portal.reservations.models import Reservation
-    from portal.reservations.states import ACTIVE
-
-    active = Reservation.objects.filter(team_id=m.team_id, owner_id=m.user_id, state__in=ACTIVE).count()
-    text = f"{m.user.username} will no longer see team {m.team.slug} or request for it"
-    if active:
-        text += f"; their {active} active reservation{'s' if active != 1 else ''} keep running until they end"
-    return text
-
-
-def remove_member(m: Membership, by: audit.Actor) -> str:
-    """Returns the effect, as said to the admin."""
+def remove_member(m: Membership, by: audit.Actor, effect: str) -> str:
+    """`effect`: what the removal does to the member's reservations (team_effects.member_removal),
+    audited with it and returned, as said to the admin."""
     with transaction.atomic():
         m = Membership.objects.select_for_update().select_related("team", "user").get(pk=m.pk)
         if m.role == Role.ADMIN and not _other_admins(m):
-            raise Refused({"user": [f"{m.user.username} is team {m.team.slug}'s only admin; make someone else "
-                                        "admin first"]})
-        effect = removal_effect(m)
+            raise RuleViolation({"user": [f"{m.user.username} is team {m.team.slug}'s only admin; make someone else "
+                                              "admin first"]})
         audit.record(by, object_type="membership", object_id=m.pk, object_repr=f"{m.user.username} in {m.team.slug}",
                      team=m.team, action="removed", before=_snapshot(m), message=effect)
         m.delete()
@@ -131,7 +120,7 @@ def set_defaults(m: Membership, by: audit.Actor, *, exclusion: str | None, affin
         if label is None:
             errors["default_affinity"] = [f"team {m.team.slug} has no affinity label '{affinity}'; create it first"]
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     with transaction.atomic():
         m = (Membership.objects.select_for_update(of=("self",))
              .select_related("team", "user", "default_exclusion", "default_affinity").get(pk=m.pk))

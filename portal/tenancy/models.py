@@ -234,7 +234,7 @@ LONGEST_DURATION_S = 30 * 86400  # the longest any reservation may run (portal.r
 
 class Preset(models.Model):
     """A request shape the team's members see first on the request page. Checked by
-    portal.tenancy.presets against the same rules a request is, so a preset always submits."""
+    portal.reservations.presets against the same rules a request is, so a preset always submits."""
 
     KIND_CHOICES = [("interactive", "Interactive (notebook)"), ("batch", "Batch job")]
 

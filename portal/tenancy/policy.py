@@ -15,8 +15,8 @@ from decimal import Decimal, InvalidOperation
 from django.db import transaction
 
 from portal.audit import services as audit
+from portal.errors import RuleViolation
 
-from .errors import Refused
 from .models import LONGEST_DURATION_S, Role, Team, TeamPolicy
 
 
@@ -205,7 +205,7 @@ def set_policy(team: Team, by: audit.Actor, changes: dict) -> Policy:
     """Team admins' part of the policy; fields not in `changes` keep their values."""
     unknown = set(changes) - set(TEAM_FIELDS) - set(POLICY_FIELDS)
     if unknown:
-        raise Refused({name: ["not a team policy setting"] for name in sorted(unknown)})
+        raise RuleViolation({name: ["not a team policy setting"] for name in sorted(unknown)})
     with transaction.atomic():
         team = Team.objects.select_for_update().get(pk=team.pk)
         row = _row(team)
@@ -245,7 +245,7 @@ def set_policy(team: Team, by: audit.Actor, changes: dict) -> Policy:
             errors.setdefault("interactive_max_s", []).append(
                 f"the default duration ({default_d} s) must not exceed the maximum duration ({max_d} s)")
         if errors:
-            raise Refused(errors)
+            raise RuleViolation(errors)
         _store(team, row, values, by, before, "policy changed")
     return policy_of(team)
 
@@ -255,7 +255,7 @@ def set_limits(team: Team, by: audit.Actor, changes: dict) -> Policy:
     (stated in the audit entry), so the policy is always within its limits."""
     unknown = set(changes) - set(LIMIT_FIELDS)
     if unknown:
-        raise Refused({name: ["not a team limit"] for name in sorted(unknown)})
+        raise RuleViolation({name: ["not a team limit"] for name in sorted(unknown)})
     with transaction.atomic():
         team = Team.objects.select_for_update().get(pk=team.pk)
         row = _row(team)
@@ -263,7 +263,7 @@ def set_limits(team: Team, by: audit.Actor, changes: dict) -> Policy:
         errors: dict[str, list[str]] = {}
         values = _parse(changes, errors)
         if errors:
-            raise Refused(errors)
+            raise RuleViolation(errors)
         merged = {f: values.get(f, getattr(row, f)) for f in LIMIT_FIELDS}
         follow = {}  # the team's own choices that the new limits push down
         if row.max_duration_s is not None and row.max_duration_s > merged["limit_duration_s"]:

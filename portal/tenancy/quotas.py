@@ -15,9 +15,11 @@ from decimal import Decimal, InvalidOperation
 from django.db import transaction
 
 from portal.audit import services as audit
+from portal.cycle_requests import request_cycle
+from portal.errors import RuleViolation
+from portal.fleet.model_names import fleet_models, label_name
 
 from . import quota_tree
-from .errors import Refused
 from .models import ANY_MODEL, MILLI, Department, Quota, Team
 
 MAX_ROWS = 64
@@ -140,9 +142,6 @@ def _model_names(unit: Unit) -> tuple[dict[str, str], list[str]]:
     """Every name a model may be given by → the name rows store (the display name, as Gpu.model
     and the engine have it), and the display names for messages. A model the unit already has a
     row for stays allowed, so that its other rows can be edited after the model left the fleet."""
-    from portal.fleet.model_names import label_name
-    from portal.reservations.rules import fleet_models  # reservations imports tenancy at import time
-
     known = sorted(fleet_models())
     names = {ANY_MODEL: ANY_MODEL}
     for model in [*known, *_owned(unit).values_list("gpu_model", flat=True)]:
@@ -152,12 +151,12 @@ def _model_names(unit: Unit) -> tuple[dict[str, str], list[str]]:
 
 
 def parse(unit: Unit, rows) -> list[Row]:
-    """The rows as given (dicts of ROW_FIELDS), checked one by one; Refused with every problem."""
+    """The rows as given (dicts of ROW_FIELDS), checked one by one; RuleViolation with every problem."""
     if not isinstance(rows, list | tuple):
-        raise Refused({"quotas": ["give a list of quota rows (each with gpu_model, gpu_share, gpu_memory_gib "
-                                  "and gpus)"]})
+        raise RuleViolation({"quotas": ["give a list of quota rows (each with gpu_model, gpu_share, gpu_memory_gib "
+                                        "and gpus)"]})
     if len(rows) > MAX_ROWS:
-        raise Refused({"quotas": [f"at most {MAX_ROWS} rows (one per GPU model and one for *); got {len(rows)}"]})
+        raise RuleViolation({"quotas": [f"at most {MAX_ROWS} rows (one per GPU model and one for *); got {len(rows)}"]})
     names, known = _model_names(unit)
     errors: dict[str, list[str]] = {}
     out: list[Row] = []
@@ -210,13 +209,13 @@ def parse(unit: Unit, rows) -> list[Row]:
         out.append(Row(model, amounts["gpu_share"], amounts["gpu_memory_gib"], amounts["gpus"],
                        limits["borrowing_limit"], limits["lending_limit"], weight))
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     return _order(out)
 
 
 def replace_quotas(unit: Unit, by: audit.Actor, rows) -> list[dict]:
     """The unit's rows become `rows` (dicts of ROW_FIELDS: gpu_model, gpu_share, gpu_memory_gib, gpus,
-    and optionally borrowing_limit, lending_limit, weight): those not listed are deleted. Refused
+    and optionally borrowing_limit, lending_limit, weight): those not listed are deleted. RuleViolation
     (and nothing written) if a row is malformed or children's quotas would not fit their parent's,
     here or above. Answers quotas_of(unit)."""
     parsed = parse(unit, rows)
@@ -260,7 +259,7 @@ def _store(unit: Unit, by: audit.Actor, rows: list[Row], key_of, locked: bool = 
     for problem in tree.problems_up(key):
         errors.setdefault(key_of(problem), []).append(problem.message)
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     _owned(unit).delete()
     owner = {"team": unit} if is_team else {"department": unit}
     Quota.objects.bulk_create([Quota(**owner, **r.columns()) for r in rows])
@@ -269,8 +268,6 @@ def _store(unit: Unit, by: audit.Actor, rows: list[Row], key_of, locked: bool = 
     audit.record(by, object_type="quota", object_id=unit.pk, team=unit if is_team else None,
                  object_repr=f"quotas of {unit.slug}" if is_team else f"quotas of department {unit.slug}",
                  action="changed", before={b: old.get(b) for b in buckets}, after={b: new.get(b) for b in buckets})
-    from portal.reservations.events import request_cycle  # reservations imports tenancy at import time
-
     request_cycle(f"quotas of {'team' if is_team else 'department'} {unit.slug} changed", freed=True)
 
 

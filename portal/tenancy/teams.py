@@ -15,9 +15,9 @@ from decimal import Decimal, InvalidOperation
 from django.db import IntegrityError, transaction
 
 from portal.audit import services as audit
+from portal.errors import RuleViolation
 
 from . import quota_tree, quotas
-from .errors import Refused
 from .models import Department, Team, mib_to_gib
 
 SLUG_RE = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,48}[a-z0-9])?$")
@@ -68,7 +68,7 @@ def _snapshot(team: Team) -> dict:
 def create_team(by: audit.Actor, slug: str, name: str, department: Department | str | None = None, **quota) -> Team:
     """A team under `department` (a Department or its slug; None: directly under the organisation)
     with its `*` quota row from the deprecated fields (1.0 GPU of share, 80 GiB, 4 GPUs where not
-    given). Refused if the department's quotas would not hold it (on the quota fields given, else on
+    given). RuleViolation if the department's quotas would not hold it (on the quota fields given, else on
     `department`)."""
     errors: dict[str, list[str]] = {}
     slug = (slug or "").strip()
@@ -91,7 +91,7 @@ def create_team(by: audit.Actor, slug: str, name: str, department: Department | 
     elif not isinstance(department, Department):
         department = None
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     try:
         with transaction.atomic():
             quota_tree.lock()
@@ -101,12 +101,12 @@ def create_team(by: audit.Actor, slug: str, name: str, department: Department | 
             audit.record(by, object_type="team", object_id=team.pk, object_repr=slug, team=team, action="created",
                          after=_snapshot(team))
     except IntegrityError:
-        raise Refused({"slug": [f"there is already a team '{slug}'"]}) from None
+        raise RuleViolation({"slug": [f"there is already a team '{slug}'"]}) from None
     return team
 
 
 def set_quota(team: Team, by: audit.Actor, changes: dict) -> Team:
-    """The deprecated quota fields (the team's `*` row) and the name. Refused, on the field, if a
+    """The deprecated quota fields (the team's `*` row) and the name. RuleViolation, on the field, if a
     department above the team would no longer hold its children's quotas."""
     errors: dict[str, list[str]] = {}
     unknown = set(changes) - set(QUOTA_FIELDS) - {"name"}
@@ -117,7 +117,7 @@ def set_quota(team: Team, by: audit.Actor, changes: dict) -> Team:
         errors["name"] = ["give the team a name of 1-120 characters"]
     values = _quota_values({k: v for k, v in changes.items() if k in QUOTA_FIELDS}, errors)
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     with transaction.atomic():
         quota_tree.lock()
         team = Team.objects.select_for_update().get(pk=team.pk)

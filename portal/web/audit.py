@@ -12,7 +12,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import render
 
-from portal.api.admin_views import audit_scope
+from portal.api.audit_views import audit_scope
 from portal.audit import services as audit
 from portal.audit.forms import AuditPageQuery
 from portal.reservations.models import StateTransition

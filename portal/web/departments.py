@@ -19,8 +19,8 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 
 from portal.audit import services as audit
+from portal.errors import RuleViolation
 from portal.tenancy import departments as services
-from portal.tenancy.errors import Refused
 from portal.tenancy.models import ANY_MODEL, MAX_DEPARTMENT_DEPTH, Department, Team
 
 from . import navigation, quota_lines
@@ -113,7 +113,7 @@ def charts(flat: list[Node]) -> list[dict]:
 
 
 def _act(request, action: str, by: audit.Actor) -> str:
-    """Do what the form asks; the message to show. Refused propagates."""
+    """Do what the form asks; the message to show. RuleViolation propagates."""
     post = request.POST
     if action == "create":
         d = services.create_department(by, post.get("slug", ""), post.get("name", ""), post.get("parent") or None)
@@ -155,7 +155,7 @@ def departments_page(request):
                    "move-team": f"team-{request.POST.get('team', '')}"}.get(action, "")
         try:
             text = _act(request, action, audit.web(request.user))
-        except Refused as exc:
+        except RuleViolation as exc:
             errors[form_id] = {k: [in_words(m) for m in v] for k, v in exc.errors.items()}
             posted[form_id] = {k: v.strip() for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
             status = 400

@@ -21,3 +21,22 @@ def whole_seconds(text: str, unit: int) -> int:
     if not math.isfinite(seconds):  # 1e308 hours
         raise ValueError(f"too large: {text!r}")
     return round(seconds)
+
+
+def hours_text(seconds) -> str:
+    """Seconds as the hours a form shows ("" for none)."""
+    if seconds in (None, ""):
+        return ""
+    return f"{int(seconds) / 3600:g}"
+
+
+def seconds_from_hours(value: str, field: str, errors: dict):
+    """Hours typed into `field` in whole seconds; None if blank, or if not a number (said in `errors`)."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    try:
+        return whole_seconds(value, 3600)
+    except ValueError:
+        errors.setdefault(field, []).append(f"a number of hours, e.g. 8 or 0.5 (got {value!r})")
+        return None

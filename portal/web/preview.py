@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 
+from portal.fleet.model_names import fleet_model_names
 from portal.placement import queue, reasons, snapshot
 from portal.reservations import quota, rules
 from portal.reservations.models import COUNTED
@@ -111,7 +112,7 @@ def _quota_lines(tree, team, spec) -> list[QuotaLine]:
     """The team's quotas the request's models resolve to, with what the team holds in each."""
     if tree is None or team.slug not in tree.units:
         return []
-    models = spec.models() or rules.fleet_model_names()
+    models = spec.models() or fleet_model_names()
     buckets = sorted({tree.bucket(team.slug, m) for m in models} - {None})
     held = quota.held(team.pk)
     lines = []

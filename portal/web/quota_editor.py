@@ -17,9 +17,9 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 
 from portal.audit import services as audit
-from portal.reservations.rules import fleet_model_names
+from portal.errors import RuleViolation
+from portal.fleet.model_names import fleet_model_names
 from portal.tenancy import quotas
-from portal.tenancy.errors import Refused
 from portal.tenancy.models import ANY_MODEL, Department, Team
 
 from . import quota_lines
@@ -94,7 +94,7 @@ def service_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-def place_errors(refused: Refused, rows: list[dict], unit_slug: str, is_department: bool
+def place_errors(refused: RuleViolation, rows: list[dict], unit_slug: str, is_department: bool
                  ) -> tuple[list[str], list[dict[str, list[str]]]]:
     """(messages for the whole form, per row: field → messages), in words. A message about a limit
     goes on the limit's field for the resource it names; a children-exceed-parent problem on the
@@ -199,7 +199,7 @@ def editor(request, *, team: Team | None = None, department: Department | None =
         else:
             try:
                 quotas.replace_quotas(unit, audit.web(request.user), service_rows(rows))
-            except Refused as exc:
+            except RuleViolation as exc:
                 summary, row_errors = place_errors(exc, rows, unit.slug, kind == "department")
                 status = 400
             else:

@@ -11,6 +11,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from portal.fleet.model_names import fleet_models
 from portal.reservations import rules, services
 from portal.reservations.engine_quotas import NeverFits
 from portal.tenancy.models import Preset
@@ -22,7 +23,7 @@ from .views import visible_reservation
 
 
 def _models() -> list[str]:
-    return sorted(rules.fleet_models())
+    return sorted(fleet_models())
 
 
 def _presets(user) -> list[Preset]:

@@ -32,10 +32,10 @@ from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
 
 from portal.api.permissions import require_cancel
 from portal.dates import day_problem
+from portal.fleet.model_names import fleet_model_names
 from portal.reports import csv_export, scope
 from portal.reservations import services
 from portal.reservations.models import Allocation, Reservation
-from portal.reservations.rules import fleet_model_names
 from portal.reservations.states import ACTIVE, IllegalTransition, State
 from portal.tenancy import roles
 

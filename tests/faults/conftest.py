@@ -193,10 +193,10 @@ def assert_consistent(team, submitted: list[int]) -> None:
     """No GPU over-committed; exactly the reservations submitted, each once; one live allocation
     per GPU of each holder; exactly one pod per holder, none for the others."""
     from portal.placement import backend as backend_module
-    from portal.placement.invariants import live_shares_ok
     from portal.placement.tasks import sync
     from portal.reservations.models import Allocation, Reservation
     from portal.reservations.states import HOLDS_GPU
+    from tests.invariants import live_shares_ok
 
     assert live_shares_ok() == []
     rows = list(Reservation.objects.filter(team=team))

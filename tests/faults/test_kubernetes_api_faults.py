@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from portal.fleet.models import Node
-from portal.placement.invariants import live_shares_ok
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import HOLDS_GPU, State
+from tests.invariants import live_shares_ok
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

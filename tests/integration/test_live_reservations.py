@@ -35,7 +35,7 @@ def test_a_cancellation_reaches_the_teams_browsers_only(portal, world):
     # Bob's own team hears about its own reservations.
     with live_socket(portal, bob) as b:
         subscribe(b, [f"team:{nlp.pk}"])
-        services.transition(theirs.pk, State.SUCCEEDED, "system:test", "done")
+        assert services.release(theirs.pk, State.SUCCEEDED, "done", "system:test")
         sender.flush(5.0)
         seen = wait_for(lambda: [m for m in collect(b, 0.5) if m.get("type") == "reservations"], 10,
                         "bob's reservation message")

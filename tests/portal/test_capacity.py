@@ -2,6 +2,7 @@
 
 from decimal import Decimal
 
+from portal.audit import services as audit
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu
 from portal.reservations import rules, services
@@ -37,7 +38,6 @@ def test_empty_answer_says_why(client_for, fleet):
 
 
 def test_beyond_the_quota_it_says_borrowed_and_where_nobody_lends_why_it_waits(client_for, fleet, teams):
-    from portal.audit import services as audit
     from portal.tenancy import quotas
 
     query = {"gpu_request": "1.0", "gpu_memory_mib": 1000, "gpu_count": 2, "team": "nlp"}
@@ -97,7 +97,7 @@ def test_a_gpu_changed_by_any_writer_shows_in_the_next_answer(client_for, fleet,
     query = {"gpu_request": "0.5", "gpu_memory_mib": 16000, "gpu_model": "V100-32GB"}
     first = client_for("alice").get(URL, query).json()
     cordoned, unhealthy = (Gpu.objects.get(uuid=g["uuid"]) for g in first["gpus"][:2])
-    fleet_services.set_cordon(cordoned.pk, people["admin"], True)
+    fleet_services.set_cordon(cordoned.pk, audit.web(people["admin"]), True)
     assert cordoned.uuid not in {g["uuid"] for g in client_for("alice").get(URL, query).json()["gpus"]}
     Gpu.objects.filter(pk=unhealthy.pk).update(healthy=False)
     after = client_for("alice").get(URL, query).json()

@@ -12,8 +12,7 @@ from django.test import Client
 from portal.audit.services import Actor
 from portal.connect import access
 from portal.connect.proxy import Masker, _split_cookies
-from portal.reservations import rules
-from portal.tenancy import presets
+from portal.reservations import presets, rules
 from portal.tenancy.policy import set_policy
 from scheduler.backends import GpuShare, make_pod_spec
 from scheduler.backends.kubernetes.manifests import pod_manifest
@@ -58,7 +57,7 @@ def test_a_preset_declares_its_app_and_its_request_carries_it(fleet, teams, peop
         "app": "jupyter"})
     assert (preset.app, preset.app_port) == ("jupyter", None)
     assert presets.as_dict(preset)["app"] == "jupyter"
-    with pytest.raises(presets.Refused) as caught:
+    with pytest.raises(rules.RuleViolation) as caught:
         presets.update_preset(preset, Actor(people["carol"]), {"app": "port"})
     assert "app_port" in caught.value.errors
     client = Client()

@@ -45,6 +45,6 @@ def test_extend_beyond_the_team_maximum_is_refused_and_writes_nothing(fleet, peo
 
 def test_finished_reservation_cannot_be_extended(fleet, people, teams):
     r = _running(people, teams, 1)
-    services.transition(r.pk, State.SUCCEEDED, "system:test")
+    assert services.release(r.pk, State.SUCCEEDED, "its pod ended", "system:test")
     with pytest.raises(services.ExtendRefused, match="is succeeded"):
         services.extend(r.pk, people["alice"], 3600)

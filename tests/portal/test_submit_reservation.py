@@ -2,6 +2,7 @@
 
 import pytest
 
+from portal.fleet.model_names import fleet_models
 from portal.reservations.models import Reservation, StateTransition
 
 URL = "/api/v1/reservations/"
@@ -97,9 +98,8 @@ def test_unauthenticated_is_refused(fleet, reservation_body):
 
 def _fleet_errors_reading_every_gpu(spec) -> dict:
     """What `rules.check` said of gpu_model and gpu_memory_mib when it grouped every GPU first."""
-    from portal.reservations import rules
 
-    known, wanted, errors = rules.fleet_models(), spec.models(), {}
+    known, wanted, errors = fleet_models(), spec.models(), {}
     unknown = [m for m in wanted if m not in known]
     if unknown:
         errors["gpu_model"] = [f"unknown GPU model {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}"]

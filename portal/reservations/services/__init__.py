@@ -6,7 +6,7 @@ the binding and lifecycle tasks and the kubectl path all call these; nothing els
               `delete_series`, `free_windows`, `window_conflict` (the preview's read-only check),
               `start_due` (booked → pending), `release_no_show`
 - placing:    `place`, `place_many` (the cycle's decisions, with attempt, pod name and end time)
-- moving:     `transition`, the compare-and-set `move`, `cancel`, `release`, `preempt`, `lose`
+- moving:     the compare-and-set `move`, `cancel`, `release`, `preempt`, `lose`
 - pods:       `record_pod(s)`, `forget_pod`, `note_cluster_waits`, `keep_pod_log` (a deleted pod's last
               lines)
 - extending:  `extend` (within the team policy's maximum duration)
@@ -30,7 +30,7 @@ from .booking import (
     window_of,
 )
 from .extending import ExtendRefused, extend
-from .moving import cancel, lose, move, preempt, release, transition
+from .moving import cancel, lose, move, preempt, release
 from .placing import CapacityConflict, NewAllocation, Placing, ends_at, place, place_many
 from .pods import forget_pod, keep_pod_log, note_cluster_waits, record_pod, record_pods
 from .reclaiming import warn_reclaim
@@ -82,7 +82,6 @@ __all__ = [
     "set_queue_positions",
     "start_due",
     "submit",
-    "transition",
     "warn_expiry",
     "warn_reclaim",
     "window_conflict",

@@ -22,12 +22,13 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from portal.fleet.model_names import fleet_model_names
 from portal.fleet.models import Gpu, NodeStatus
 from portal.reservations import actors, booking_fit, engine_quotas, rules
 from portal.reservations.events import announce_reservations
 from portal.reservations.models import Admission, Reservation
 from portal.reservations.requests import request_of
-from portal.reservations.states import ACTIVE, State
+from portal.reservations.states import ACTIVE, IllegalTransition, State
 from portal.tenancy import policy
 from portal.tenancy.models import Quota, Team
 
@@ -140,8 +141,6 @@ def move_booking(reservation_id: int, actor, starts_at: datetime, ends_at: datet
     """Move a booking's window; the new one is checked as a new booking would be (beside every
     other booking, not itself). Raises RuleViolation, BookingConflict, or IllegalTransition for a
     reservation no longer booked."""
-    from portal.reservations.states import IllegalTransition
-
     window = window_of(starts_at, ends_at)
     with transaction.atomic():
         reservation = Reservation.objects.select_for_update(of=("self",)).select_related("team").get(
@@ -240,7 +239,7 @@ def _one_model(spec: rules.ReservationSpec) -> str:
     if len(models) == 1:
         return models[0]
     if not models:
-        fleet = rules.fleet_model_names()
+        fleet = fleet_model_names()
         if len(fleet) == 1:
             spec.gpu_model = fleet[0]
             return fleet[0]

@@ -9,6 +9,7 @@ from django.db import transaction
 from portal.reservations.events import announce_reservations
 from portal.reservations.models import Reservation
 from portal.reservations.states import HOLDS_GPU, State
+from portal.tenancy.policy import policy_of
 
 from .audit import record
 
@@ -21,8 +22,6 @@ def extend(reservation_id: int, actor, seconds: int) -> Reservation:
     """Give an active reservation `seconds` more before it expires, within the team's maximum
     duration (portal.tenancy.policy; site admins are not held to it). Audited as a transition to
     the same state. Raises ExtendRefused, writing nothing."""
-    from portal.tenancy.policy import policy_of
-
     if seconds < 60:
         raise ExtendRefused("extend by at least one minute")
     with transaction.atomic():

@@ -9,27 +9,18 @@ from collections.abc import Collection
 from django.db import transaction
 from django.utils import timezone
 
+from portal.cycle_requests import request_cycle
 from portal.reservations import actors
 from portal.reservations.events import (
     announce_allocations,
     announce_node_lost,
     announce_reservations,
-    request_cycle,
     request_pod_cleanup,
 )
 from portal.reservations.models import Allocation, Reservation, Source
 from portal.reservations.states import HOLDS_GPU, TERMINAL, IllegalTransition, State, check_transition
 
 from .audit import record
-
-
-def transition(reservation_id: int, target: str, actor=None, reason: str = "") -> Reservation:
-    """Move a reservation to `target` if the state machine allows it; audit it; release its GPUs
-    when it stops holding them. Raises IllegalTransition otherwise."""
-    with transaction.atomic():
-        reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
-        _apply(reservation, target, actor, reason)
-    return reservation
 
 
 def move(reservation_id: int, expected: str | Collection[str], target: str, why: str, actor=actors.LIFECYCLE) -> bool:

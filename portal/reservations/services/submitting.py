@@ -7,8 +7,10 @@ from typing import Protocol
 
 from django.db import transaction
 
+from portal.cycle_requests import request_cycle
+from portal.fleet.model_names import fleet_model_names
 from portal.reservations import engine_quotas, rules
-from portal.reservations.events import announce_reservations, request_cycle
+from portal.reservations.events import announce_reservations
 from portal.reservations.models import Reservation, Source
 from portal.reservations.quota import held
 from portal.reservations.requests import request_of
@@ -69,7 +71,7 @@ def _admission_now(team: Team, spec: rules.ReservationSpec) -> str:
     placed now as far as its own team's quota goes (the cycle decides for good when it places it)."""
     tree = engine_quotas.path_tree(team)
     request = request_of(spec, team.slug, "submit")
-    models = engine_quotas.models_to_judge(tree, team.slug, spec.models(), rules.fleet_model_names)
+    models = engine_quotas.models_to_judge(tree, team.slug, spec.models(), fleet_model_names)
     problem = engine_quotas.never_fits(tree, request, models)
     if problem:
         raise engine_quotas.NeverFits(f"team {team.slug}: this request can never run as asked: {problem}", team)

@@ -1,6 +1,7 @@
 """`ws/agents/`: one node agent's connection (token auth). Protocol: wire/PROTOCOL.md.
 
-Thin: validation comes from the wire protocol, storage from ingest and the writer.
+Thin: validation comes from the wire protocol, the hello from streams, each batch reduced by
+agent_batches and stored by the writer (ingest).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from portal.fleet.links import LinksRefused, remote_servers_for, store_links
 from portal.fleet.services import node_for_token
-from portal.telemetry import conf, dbthread, ingest, ticker
+from portal.telemetry import agent_batches, conf, dbthread, streams, ticker
 from portal.telemetry.services import placements_for_node, revoked_shares_for_node
 from portal.telemetry.signals import REMOTE_PROBERS, agent_token_group
 from portal.telemetry.writer import writer
@@ -61,12 +62,12 @@ def _node_group(node_id: int) -> str:
     return f"agent.node.{node_id}"
 
 
-def prepare_samples(info: ingest.StreamInfo, message: Samples, skew) -> ingest.Submission | str:
+def prepare_samples(info: streams.StreamInfo, message: Samples, skew) -> agent_batches.Submission | str:
     """What the writer stores of a valid batch, or why its clock refuses it (invalid_message)."""
-    problem = ingest.too_far_ahead(message, skew=skew)
+    problem = agent_batches.too_far_ahead(message, skew=skew)
     if problem:
         return problem
-    return ingest.reduce(info, message)
+    return agent_batches.reduce(info, message)
 
 
 def ack_text(stream: str, seq: int) -> str:
@@ -87,7 +88,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.node = None
-        self.info: ingest.StreamInfo | None = None
+        self.info: streams.StreamInfo | None = None
         self.hello: Hello | None = None
         self.broken = False  # a store failed: nothing more may be stored or acked here
         self.servers_sent: list[dict[str, str]] | None = None  # the GPU nodes' servers the agent probes
@@ -193,7 +194,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         try:
             # The agent waits WELCOME_TIMEOUT_S (10 s) for the welcome.
-            self.info = await dbthread.run(ingest.register_hello, self.node, hello, within=8.0)
+            self.info = await dbthread.run(streams.register_hello, self.node, hello, within=8.0)
         except dbthread.Stale:
             await self._fatal("internal", "the portal is busy; try again later", CLOSE_INTERNAL)
             return

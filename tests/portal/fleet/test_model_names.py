@@ -99,7 +99,7 @@ def test_the_form_takes_either_name(people, nvml_fleet):
 
 def test_a_preset_takes_the_label_safe_name_and_stores_the_display_name(teams, people, nvml_fleet):
     from portal.audit import services as audit
-    from portal.tenancy import presets
+    from portal.reservations import presets
 
     preset = presets.create_preset(teams["vision"], audit.web(people["carol"]), {
         "name": "A100 notebook", "gpu_model": "NVIDIA-A100-SXM4-80GB", "gpu_request": "0.25",

@@ -3,11 +3,11 @@ queue positions, preemption and gangs."""
 
 from __future__ import annotations
 
-from portal.placement.invariants import live_shares_ok
 from portal.reservations import rules, services
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import State
 from scheduler.backends import Phase, PodEvent, PodRef
+from tests.invariants import live_shares_ok
 from tests.teams import set_any_quota
 
 

@@ -12,11 +12,11 @@ from django.utils import timezone
 
 from portal.fleet.models import Node, NodeLink
 from portal.placement import memo
-from portal.placement.invariants import live_shares_ok
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
 from portal.tenancy.models import TeamPolicy
 from scheduler.backends import PodRef
+from tests.invariants import live_shares_ok
 from wire import share_tokens as tokens
 
 

@@ -23,7 +23,6 @@ from django.db import connection
 
 from portal.celery import send_tasks_to
 from portal.placement import backend as backend_module
-from portal.placement.invariants import live_shares_ok
 from portal.placement.locking import forget_locks
 from portal.placement.tasks import cycle, reconcile, sync
 from portal.reservations import rules, services
@@ -31,6 +30,7 @@ from portal.reservations.engine_quotas import NeverFits
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import HOLDS_GPU, IllegalTransition, State
 from portal.tenancy.models import Membership
+from tests.invariants import live_shares_ok
 from tests.teams import make_team
 
 ROOT = Path(__file__).resolve().parents[3]

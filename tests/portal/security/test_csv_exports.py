@@ -11,10 +11,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from portal.audit import services as audit
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node
 from portal.reports.csv_export import cell, to_csv
-from portal.telemetry import ingest
+from portal.telemetry import streams
 from portal.telemetry.models import GpuMinute, ShareMinute
 from portal.tenancy.models import Membership, Role
 from tests.portal.telemetry.conftest import hello_for
@@ -42,7 +43,7 @@ def agent_reports_gpu(model: str) -> Gpu:
     node = Node.objects.get(name="a100-node-1")
     hello = hello_for(node)
     extra = hello.gpus[0].model_copy(update={"uuid": f"GPU-{uuid.uuid4()}", "index": 77, "model": model})
-    ingest.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, extra]}))
+    streams.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, extra]}))
     return Gpu.objects.get(uuid=extra.uuid)
 
 
@@ -87,7 +88,7 @@ def test_a_username_reaches_the_spreadsheet_as_text(client_for, fleet, teams, pe
 
 def test_an_agent_reported_gpu_model_reaches_the_spreadsheet_as_text(client_for, fleet, teams, people):
     gpu = agent_reports_gpu(HOSTILE_MODEL)
-    fleet_services.set_cordon(gpu.pk, "admin", False)  # approved: its time counts from now on
+    fleet_services.set_cordon(gpu.pk, audit.cli("test"), False)  # approved: its time counts from now on
     with clock_at(T0):
         r = placed(submitted(people["alice"], teams["vision"], image="busybox:1", gpu_request="0.5",
                              gpu_limit="0.5", gpu_memory_mib=100), gpu)
@@ -118,7 +119,7 @@ def test_device_time_of_a_gpu_nobody_approved_is_not_reported(client_for, fleet)
                  .json()["rows"]}
     assert "a100-node-1" not in node_rows  # its only device time is the unapproved GPU's
 
-    fleet_services.set_cordon(unknown.pk, "admin", False)  # approved
+    fleet_services.set_cordon(unknown.pk, audit.cli("test"), False)  # approved
     data = client_for("admin").get(URL, {**WINDOW, "group_by": "gpu_model"}).json()
     assert {row["key"]: row for row in data["rows"]}["H200-141GB"]["device_busy_hours"] == 1.0
 

@@ -8,8 +8,9 @@ import pytest
 from django.test import Client
 
 from portal.audit import services as audit
-from portal.tenancy import policy, presets
-from portal.tenancy.errors import Refused
+from portal.errors import RuleViolation
+from portal.reservations import presets
+from portal.tenancy import policy
 
 NUL = "a\x00b"
 POLICY = {"max_duration_h": "", "interactive_max_h": "1", "idle_threshold_pct": "5", "idle_after_min": "30",
@@ -90,7 +91,7 @@ def test_fourteen_were_found():
 @pytest.mark.parametrize("value", ["NaN", "nan", "sNaN", "Infinity", "-inf"])
 def test_the_policy_service_refuses_numbers_that_are_not_finite(teams, value):
     for write, name in ((policy.set_policy, "idle_threshold"), (policy.set_limits, "limit_idle_threshold")):
-        with pytest.raises(Refused) as refused:
+        with pytest.raises(RuleViolation) as refused:
             write(teams["vision"], audit.cli(), {name: value})
         assert "decimal number" in refused.value.errors[name][0]
 
@@ -98,7 +99,7 @@ def test_the_policy_service_refuses_numbers_that_are_not_finite(teams, value):
 @pytest.mark.parametrize("field", ["gpu_request", "gpu_limit"])
 @pytest.mark.parametrize("value", ["NaN", "sNaN", "Infinity"])
 def test_the_preset_rules_refuse_numbers_that_are_not_finite(teams, fleet, field, value):
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         presets.create_preset(teams["vision"], audit.cli(), {
             **{k: v for k, v in PRESET.items() if k != "max_duration_h"}, field: value})
     assert "decimal number" in refused.value.errors[field][0]

@@ -11,7 +11,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import transaction
 
 from portal.fleet.models import Gpu, Node
-from portal.telemetry import dbthread, ingest, writer
+from portal.telemetry import dbthread, seen, writer
 from portal.telemetry.consumers import AgentConsumer
 from tests.reservations import running, submitted
 from wire.agent_portal import Hello, Samples
@@ -20,9 +20,9 @@ from wire.agent_portal import Hello, Samples
 @pytest.fixture(autouse=True)
 def _fresh_ingest_cache():
     # Reservation ids can be reused between tests (rolled-back transactions).
-    ingest.forget_cache()
+    seen.forget()
     yield
-    ingest.forget_cache()
+    seen.forget()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from portal.fleet.services import issue_node_token
-from portal.telemetry import ingest
+from portal.telemetry import agent_batches
 from wire.agent_portal import AGENT_MESSAGES, ProtocolError, parse
 
 from .conftest import agent_socket, hello_for
@@ -52,7 +52,7 @@ async def test_an_error_in_a_handler_closes_with_4011(node, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(ingest, "too_far_ahead", broken)
+    monkeypatch.setattr(agent_batches, "too_far_ahead", broken)
     communicator = await _agent(node)
     hello = await sync_to_async(hello_for)(node)
     await communicator.send_to(text_data=hello.model_dump_json())

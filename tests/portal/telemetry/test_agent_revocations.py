@@ -84,8 +84,9 @@ def _requeue_and_place(reservation_id: int, gpu: Gpu, *, preempted: bool) -> Non
     # One transaction: the cycle it asks for after the commit finds nothing left to place.
     with transaction.atomic():
         if preempted:
-            services.transition(reservation_id, State.PREEMPTED, SYSTEM, "reclaimed")
-        services.transition(reservation_id, State.PENDING, SYSTEM, "requeued")
+            assert services.move(reservation_id, [State.PLACED, State.RUNNING], State.PREEMPTED, "reclaimed", SYSTEM)
+        assert services.move(reservation_id, [State.PLACED, State.RUNNING, State.PREEMPTED], State.PENDING, "requeued",
+                             SYSTEM)
         services.place(reservation_id, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.5"), 4096)])
 
 

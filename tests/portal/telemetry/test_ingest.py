@@ -8,11 +8,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from portal.audit import services as audit
 from portal.fleet import services as fleet_services
 from portal.fleet.models import Gpu, Node, NodeStatus
 from portal.reservations import services
 from portal.reservations.models import Reservation
-from portal.telemetry import ingest
+from portal.telemetry import agent_batches, ingest, streams
 from portal.telemetry.models import GpuSample, ShareSample
 from portal.telemetry.services import placements_for_node, recent_utilization
 from scheduler.backends import Phase, PodStatus
@@ -24,12 +25,12 @@ pytestmark = pytest.mark.django_db
 
 
 def _submit(info, message):
-    return ingest.store_batches([ingest.reduce(info, message)])[0]
+    return ingest.store_batches([agent_batches.reduce(info, message)])[0]
 
 
 def test_replayed_samples_are_stored_once_and_still_acked(node):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     assert info.acked_seq == 0
     first = _submit(info, samples_for(node, hello.stream, range(1, 6)))
     assert (first.ack_seq, first.new_samples) == (5, 5)
@@ -40,20 +41,20 @@ def test_replayed_samples_are_stored_once_and_still_acked(node):
     assert seqs == list(range(1, 9))
     assert GpuSample.objects.filter(stream_id=info.stream_pk).count() == 8 * 8
     # A reconnect of the same stream is welcomed with what is stored.
-    assert ingest.register_hello(node, hello).acked_seq == 8
+    assert streams.register_hello(node, hello).acked_seq == 8
 
 
 def test_a_new_stream_starts_from_zero(node):
     first = hello_for(node)
-    info = ingest.register_hello(node, first)
+    info = streams.register_hello(node, first)
     _submit(info, samples_for(node, first.stream, range(1, 3)))
     # A restarted agent has a new stream: its numbering starts again.
-    assert ingest.register_hello(node, hello_for(node)).acked_seq == 0
+    assert streams.register_hello(node, hello_for(node)).acked_seq == 0
 
 
 def test_shares_of_unknown_reservations_are_not_stored(node, placed):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     _submit(info, samples_for(node, hello.stream, range(1, 3),
                               shares=[(placed["vision"].pk, 0, 0.4), (999999, 2, 0.9)]))
     assert set(ShareSample.objects.values_list("reservation_id", flat=True)) == {placed["vision"].pk}
@@ -61,7 +62,7 @@ def test_shares_of_unknown_reservations_are_not_stored(node, placed):
 
 def test_recent_utilization_is_the_mean_use_per_reservation(node, placed):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     _submit(info, samples_for(node, hello.stream, range(1, 3), shares=[(placed["vision"].pk, 0, 0.2)]))
     _submit(info, samples_for(node, hello.stream, range(3, 5), shares=[(placed["vision"].pk, 0, 0.6)]))
     since = timezone.now() - timedelta(minutes=5)
@@ -75,15 +76,15 @@ def test_hello_flags_gpus_the_agent_no_longer_has(node):
     hello = hello_for(node)
     gone = hello.gpus[-1].uuid
     trimmed = hello.model_copy(update={"gpus": hello.gpus[:-1]})
-    info = ingest.register_hello(node, trimmed)
+    info = streams.register_hello(node, trimmed)
     assert gone not in info.gpu_ids
     assert not Gpu.objects.get(uuid=gone).healthy
-    ingest.register_hello(node, hello)
+    streams.register_hello(node, hello)
     assert Gpu.objects.get(uuid=gone).healthy
 
 
 def test_silent_node_is_lost_and_comes_back_when_its_agent_reports(node):
-    ingest.register_hello(node, hello_for(node))
+    streams.register_hello(node, hello_for(node))
     Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(minutes=5))
     heard, never_seen = Node.objects.exclude(pk=node.pk)[:2]
     Node.objects.filter(pk=heard.pk).update(last_seen=timezone.now())
@@ -91,14 +92,14 @@ def test_silent_node_is_lost_and_comes_back_when_its_agent_reports(node):
     node.refresh_from_db()
     never_seen.refresh_from_db()
     assert node.status == NodeStatus.LOST and never_seen.status == NodeStatus.READY
-    ingest.register_hello(node, hello_for(node))
+    streams.register_hello(node, hello_for(node))
     node.refresh_from_db()
     assert node.status == NodeStatus.READY
 
 
 def test_no_node_is_lost_when_no_agent_at_all_is_heard(node):
     # Every agent silent at once is the portal's outage, not the fleet's.
-    ingest.register_hello(node, hello_for(node))
+    streams.register_hello(node, hello_for(node))
     Node.objects.update(last_seen=timezone.now() - timedelta(minutes=5))
     assert fleet_services.mark_lost_nodes(timedelta(seconds=90)) == []
     node.refresh_from_db()
@@ -106,8 +107,8 @@ def test_no_node_is_lost_when_no_agent_at_all_is_heard(node):
 
 
 def test_a_drained_node_stays_drained_when_its_agent_reports(node):
-    fleet_services.drain(node.pk, "admin", "maintenance")
-    ingest.register_hello(node, hello_for(node))
+    fleet_services.drain(node.pk, audit.cli("test"), "maintenance")
+    streams.register_hello(node, hello_for(node))
     node.refresh_from_db()
     assert node.status == NodeStatus.DRAINING
 
@@ -141,11 +142,11 @@ def test_a_reservation_deleted_after_it_was_seen_does_not_block_storage(node, pl
     from portal.telemetry.writer import store
 
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     r = placed["vision"].pk
-    store([ingest.reduce(info, samples_for(node, hello.stream, range(1, 2), shares=[(r, 0, 0.3)]))])
+    store([agent_batches.reduce(info, samples_for(node, hello.stream, range(1, 2), shares=[(r, 0, 0.3)]))])
     Reservation.objects.filter(pk=r).delete()  # the process still remembers it
-    stored = store([ingest.reduce(info, samples_for(node, hello.stream, range(2, 3),
+    stored = store([agent_batches.reduce(info, samples_for(node, hello.stream, range(2, 3),
                                                                    shares=[(r, 0, 0.3)]))])
     assert stored[0].ack_seq == 2
     assert GpuSample.objects.filter(seq=2).count() == 8 and not ShareSample.objects.exists()

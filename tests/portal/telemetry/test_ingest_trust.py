@@ -10,7 +10,7 @@ import pytest
 from portal.fleet.models import Gpu, Node
 from portal.reservations import services
 from portal.reservations.states import State
-from portal.telemetry import ingest
+from portal.telemetry import agent_batches, ingest, streams
 from portal.telemetry.models import GpuSample, ShareSample
 from wire.agent_portal import MAX_GPUS_PER_NODE
 
@@ -20,13 +20,13 @@ pytestmark = pytest.mark.django_db
 
 
 def _submit(info, message):
-    return ingest.store_batches([ingest.reduce(info, message)])[0]
+    return ingest.store_batches([agent_batches.reduce(info, message)])[0]
 
 
 def test_an_agent_cannot_report_shares_of_another_nodes_reservations(node, placed):
     other = Node.objects.exclude(pk=node.pk).filter(gpus__isnull=False).first()
     hello = hello_for(other)
-    info = ingest.register_hello(other, hello)
+    info = streams.register_hello(other, hello)
     stored = _submit(info, samples_for(other, hello.stream, range(1, 3),
                                        shares=[(placed["vision"].pk, 0, 0.9), (placed["nlp"].pk, 1, 0.9)]))
     assert stored.new_samples == 2 and stored.latest.shares == []
@@ -36,7 +36,7 @@ def test_an_agent_cannot_report_shares_of_another_nodes_reservations(node, place
 
 def test_only_the_gpu_the_share_holds_counts(node, placed):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     # vision holds GPU 0; a reading of it on GPU 3 (which it does not hold) is refused.
     _submit(info, samples_for(node, hello.stream, range(1, 2),
                               shares=[(placed["vision"].pk, 3, 0.7), (placed["vision"].pk, 0, 0.4)]))
@@ -46,7 +46,7 @@ def test_only_the_gpu_the_share_holds_counts(node, placed):
 
 def test_a_released_share_stores_nothing_more(node, placed):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     _submit(info, samples_for(node, hello.stream, range(1, 2), shares=[(placed["nlp"].pk, 1, 0.5)]))
     assert services.release(placed["nlp"].pk, State.SUCCEEDED, "its pod completed", "test")
     _submit(info, samples_for(node, hello.stream, range(2, 3), shares=[(placed["nlp"].pk, 1, 0.5)]))
@@ -57,7 +57,7 @@ def test_a_released_share_stores_nothing_more(node, placed):
 def test_odd_reservation_names_are_ignored_not_a_crash(node, placed, name):
     # What the protocol lets through but no reservation id is (bigger than the column, not digits).
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     message = samples_for(node, hello.stream, range(1, 2))
     sample = message.samples[0]
     share = {"reservation": name, "gpu_uuid": sample.gpus[0].uuid, "used_frac": 0.5, "mem_used_mib": 1}
@@ -71,14 +71,14 @@ def test_a_gpu_only_the_agent_knows_of_waits_cordoned_for_an_admin(node):
     hello = hello_for(node)
     forged = hello.gpus[0].model_copy(update={"uuid": f"GPU-{uuid.uuid4()}", "index": 99, "model": "H200-141GB",
                                               "memory_mib": 141_000})
-    ingest.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, forged]}))
+    streams.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, forged]}))
     row = Gpu.objects.get(uuid=forged.uuid)
     assert row.cordoned and "approve" in row.cordon_reason
     # The placement snapshot leaves it out: no capacity until a site admin uncordons it.
     from portal.placement import snapshot
 
     assert forged.uuid not in {g.uuid for n in snapshot.build().nodes for g in n.gpus}
-    ingest.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, forged]}))
+    streams.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, forged]}))
     assert Gpu.objects.get(uuid=forged.uuid).cordoned  # a second hello does not approve it
 
 
@@ -87,5 +87,5 @@ def test_hellos_cannot_flood_the_fleet_with_gpus(node):
     for round_ in range(4):  # each hello as large as the protocol allows, all new GPUs
         extra = [hello.gpus[0].model_copy(update={"uuid": f"GPU-{uuid.uuid4()}", "index": 100 + round_ * 64 + i})
                  for i in range(MAX_GPUS_PER_NODE - len(hello.gpus))]
-        ingest.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, *extra]}))
+        streams.register_hello(node, hello.model_copy(update={"gpus": [*hello.gpus, *extra]}))
     assert Gpu.objects.filter(node=node).count() == MAX_GPUS_PER_NODE

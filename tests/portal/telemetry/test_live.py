@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from portal.telemetry import ingest, live
+from portal.telemetry import agent_batches, ingest, live, streams
 
 from .conftest import hello_for, samples_for
 
@@ -56,8 +56,8 @@ def test_one_message_per_group_per_commit_and_gpu_messages_never_carry_shares():
 
 def test_live_state_answers_only_visible_groups(people, teams, placed, node):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
-    ingest.store_batches([ingest.reduce(info, samples_for(
+    info = streams.register_hello(node, hello)
+    ingest.store_batches([agent_batches.reduce(info, samples_for(
         node, hello.stream, range(1, 2), shares=[(placed["vision"].pk, 0, 0.3), (placed["nlp"].pk, 1, 0.6)]))])
     client = Client()
     assert client.get("/telemetry/live/state/?groups=gpu:1").status_code == 401

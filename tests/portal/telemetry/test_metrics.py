@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from portal.telemetry import ingest
+from portal.telemetry import agent_batches, ingest, streams
 
 from .conftest import hello_for, samples_for
 
@@ -24,9 +24,9 @@ def _series(body: str) -> dict[tuple[str, frozenset], float]:
 @pytest.fixture
 def reporting(node, placed):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     shares = [(placed["vision"].pk, 0, 0.375), (placed["nlp"].pk, 1, 0.2)]
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(1, 3), util=55,
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(1, 3), util=55,
                                                               shares=shares))])
     return placed
 

@@ -7,11 +7,12 @@ from datetime import datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from portal.telemetry import ingest
+from portal.telemetry import agent_batches, ingest, streams
 from portal.telemetry.models import GpuMinute, GpuSample, RollupState, ShareMinute, ShareSample
-from portal.telemetry.rollups import apply_retention, maintain, roll_up
+from portal.telemetry.rollups import apply_retention, roll_up
 from portal.telemetry.services import recent_utilization
 from portal.telemetry.tasks import maintain_telemetry
+from portal.telemetry.upkeep import maintain
 
 from .conftest import hello_for, samples_for
 
@@ -28,12 +29,12 @@ def _ms(at: datetime) -> int:
 
 def test_a_minute_rolls_up_into_sums_and_counts(node, placed):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     start = _minute_ago(5)
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(1, 31), util=30,
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(1, 31), util=30,
                                                               ts_ms=_ms(start), step_ms=2000,
                                                               shares=[(placed["vision"].pk, 0, 0.25)]))])
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(31, 61), util=90,
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(31, 61), util=90,
                                                               ts_ms=_ms(start + timedelta(minutes=1)),
                                                               step_ms=2000))])
     assert roll_up() > 0
@@ -51,14 +52,14 @@ def test_a_minute_rolls_up_into_sums_and_counts(node, placed):
 
 def test_samples_replayed_after_their_minute_was_rolled_up_are_counted(node):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     minute = _minute_ago(4)
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(1, 11),
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(1, 11),
                                                               ts_ms=_ms(minute)))])
     roll_up()
     assert GpuMinute.objects.get(gpu__index=0, minute=minute).samples == 10
     # An agent's buffered samples of that minute arrive after a portal outage.
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(11, 21),
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(11, 21),
                                                               ts_ms=_ms(minute + timedelta(seconds=20))))])
     roll_up()
     assert GpuMinute.objects.get(gpu__index=0, minute=minute).samples == 20
@@ -67,10 +68,10 @@ def test_samples_replayed_after_their_minute_was_rolled_up_are_counted(node):
 def test_retention_drops_raw_rows_only_once_rolled_up(node, settings):
     settings.TESSERA_TELEMETRY_RAW_RETENTION_S = 600
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     old = _minute_ago(30)
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(1, 6), ts_ms=_ms(old)))])
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(6, 8)))])
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(1, 6), ts_ms=_ms(old)))])
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(6, 8)))])
     assert apply_retention()["gpu_samples"] == 0  # nothing rolled up yet: raw rows are all there is
     roll_up()
     deleted = apply_retention()
@@ -91,14 +92,14 @@ def test_minute_rollups_expire_after_their_retention(node, settings):
 
 def test_recent_utilization_spans_rollups_and_raw_rows(node, placed, settings):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
+    info = streams.register_hello(node, hello)
     r = placed["vision"].pk
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(1, 21),
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(1, 21),
                                                               ts_ms=_ms(_minute_ago(20)), shares=[(r, 0, 0.1)]))])
     roll_up()
     ShareSample.objects.all().delete()  # as if raw retention had passed: only the minutes are left
     # The last 10 s: newer than anything a rollup may have covered.
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(21, 41), step_ms=500,
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(21, 41), step_ms=500,
                                                               ts_ms=_ms(timezone.now()) - 10_000,
                                                               shares=[(r, 0, 0.5)]))])
     use = recent_utilization([r], timezone.now() - timedelta(hours=1))
@@ -108,8 +109,8 @@ def test_recent_utilization_spans_rollups_and_raw_rows(node, placed, settings):
 
 def test_the_periodic_task_rolls_up_and_marks_silent_nodes_lost(node):
     hello = hello_for(node)
-    info = ingest.register_hello(node, hello)
-    ingest.store_batches([ingest.reduce(info, samples_for(node, hello.stream, range(1, 4),
+    info = streams.register_hello(node, hello)
+    ingest.store_batches([agent_batches.reduce(info, samples_for(node, hello.stream, range(1, 4),
                                                               ts_ms=_ms(_minute_ago(3))))])
     type(node).objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(hours=1))
     type(node).objects.exclude(pk=node.pk).filter(name="a100-node-2").update(last_seen=timezone.now())

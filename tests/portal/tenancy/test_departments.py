@@ -6,8 +6,8 @@ import pytest
 
 from portal.audit import services as audit
 from portal.audit.models import AuditEntry
+from portal.errors import RuleViolation
 from portal.tenancy import departments
-from portal.tenancy.errors import Refused
 from portal.tenancy.models import Department
 
 BY = audit.cli("test")
@@ -24,7 +24,7 @@ def chain(*slugs: str) -> list[Department]:
 
 def test_departments_nest_four_levels_and_a_fifth_is_refused_with_its_level(db):
     chain("org-a", "org-b", "org-c", "org-d")
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         departments.create_department(BY, "org-e", "Too deep", "org-d")
     assert refused.value.errors == {"parent": [
         "under org-d (level 4), org-e would be at level 5; departments nest at most 4 levels deep"]}
@@ -34,7 +34,7 @@ def test_departments_nest_four_levels_and_a_fifth_is_refused_with_its_level(db):
 def test_moving_a_department_refuses_a_depth_past_four_counting_its_subtree(db):
     chain("top", "mid", "low")
     chain("other", "other-child")
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         departments.update_department(Department.objects.get(slug="other"), BY, {"parent": "low"})
     assert refused.value.errors == {"parent": [
         "under low (level 3), other would be at level 4 and its deepest department at level 5; departments nest "
@@ -45,12 +45,12 @@ def test_moving_a_department_refuses_a_depth_past_four_counting_its_subtree(db):
 
 def test_a_department_cannot_go_under_itself_or_its_own_departments(db):
     top, _, _ = chain("research", "vision-group", "detection")
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         departments.update_department(top, BY, {"parent": "detection"})
     assert refused.value.errors == {"parent": [
         "detection is inside research (research → vision-group → detection); a department cannot go under one of "
         "its own departments"]}
-    with pytest.raises(Refused) as itself:
+    with pytest.raises(RuleViolation) as itself:
         departments.update_department(top, BY, {"parent": "research"})
     assert itself.value.errors == {"parent": ["a department cannot be its own parent (research)"]}
     top.refresh_from_db()
@@ -61,7 +61,7 @@ def test_delete_is_refused_while_teams_or_departments_remain(teams):
     research, _ = chain("research", "vision-group")
     departments.move_team(teams["vision"], BY, "research")
     departments.move_team(teams["nlp"], BY, "research")
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         departments.delete_department(research, BY)
     assert refused.value.errors == {"department": [
         "department research still holds teams nlp, vision and department vision-group; move them elsewhere first"]}
@@ -77,13 +77,13 @@ def test_delete_is_refused_while_teams_or_departments_remain(teams):
 
 def test_new_departments_are_checked_like_teams(db):
     chain("research")
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         departments.create_department(BY, "Research!", "", "nowhere")
     assert refused.value.errors == {
         "slug": ["use 1-50 lowercase letters, digits and '-', starting and ending with a letter or digit"],
         "name": ["give the department a name of 1-120 characters"],
         "parent": ["no department 'nowhere'; create it first, or leave this blank for none"]}
-    with pytest.raises(Refused, match="already a department 'research'"):
+    with pytest.raises(RuleViolation, match="already a department 'research'"):
         departments.create_department(BY, "research", "Again")
 
 

@@ -6,8 +6,9 @@ import pytest
 
 from portal.audit import services as audit
 from portal.audit.models import AuditEntry
-from portal.tenancy import policy, presets
-from portal.tenancy.errors import Refused
+from portal.errors import RuleViolation
+from portal.reservations import presets
+from portal.tenancy import policy
 from portal.tenancy.models import Preset, TeamPolicy
 
 
@@ -40,7 +41,7 @@ def test_policy_beyond_site_limits_is_refused_and_nothing_written(teams, people)
                                                            "limit_allow_over_quota": False})
     vision.refresh_from_db()
     assert vision.idle_reclaim is True and vision.allow_over_quota is False  # pushed to the new limits
-    with pytest.raises(Refused) as exc:
+    with pytest.raises(RuleViolation) as exc:
         policy.set_policy(vision, audit.web(people["carol"]), {
             "max_priority_member": 80, "idle_reclaim": False, "allow_over_quota": True, "idle_after_s": 600})
     assert set(exc.value.errors) == {"max_priority_member", "idle_reclaim", "allow_over_quota"}
@@ -50,7 +51,7 @@ def test_policy_beyond_site_limits_is_refused_and_nothing_written(teams, people)
 
 
 def test_default_duration_cannot_exceed_maximum(teams, people):
-    with pytest.raises(Refused) as exc:
+    with pytest.raises(RuleViolation) as exc:
         policy.set_policy(teams["vision"], audit.web(people["carol"]),
                           {"max_duration_s": 3600, "interactive_max_s": 7200})
     assert "must not exceed the maximum duration" in exc.value.errors["interactive_max_s"][0]
@@ -62,12 +63,12 @@ def test_preset_is_checked_like_a_request(fleet, teams, people):
         "name": "Notebook", "gpu_model": "A100-80GB", "gpu_request": "0.25", "gpu_limit": "0.5",
         "gpu_memory_mib": 16384, "image": "jupyter/base-notebook:latest", "command": "jupyter lab"})
     assert preset.command == ["jupyter", "lab"] and preset.gpu_limit == Decimal("0.500")
-    with pytest.raises(Refused) as exc:
+    with pytest.raises(RuleViolation) as exc:
         presets.create_preset(vision, audit.web(people["carol"]), {
             "name": "Notebook", "gpu_model": "H100", "gpu_request": "0.25", "gpu_memory_mib": 16384,
             "image": "Not An Image"})
     assert "already has a preset 'Notebook'" in exc.value.errors["name"][0]
-    with pytest.raises(Refused) as exc:
+    with pytest.raises(RuleViolation) as exc:
         presets.create_preset(vision, audit.web(people["carol"]), {
             "name": "Big", "gpu_model": "T4", "gpu_request": "0.25", "gpu_memory_mib": 40000,
             "image": "Not An Image"})
@@ -86,11 +87,11 @@ def test_idle_warning_period_is_kept_within_the_site_admins_limit(teams, people)
     policy.set_limits(vision, audit.api(people["admin"]), {"limit_idle_warning_s": 1800})
     vision.refresh_from_db()
     assert vision.idle_warning_s == 1800  # pushed down to the new limit
-    with pytest.raises(Refused) as exc:
+    with pytest.raises(RuleViolation) as exc:
         policy.set_policy(vision, audit.web(people["carol"]), {"idle_warning_s": 2400, "idle_after_s": 600})
     assert exc.value.errors == {"idle_warning_s": [
         "the site admins want idle reservations reclaimed within 1800 s of the warning"]}
-    with pytest.raises(Refused) as exc:
+    with pytest.raises(RuleViolation) as exc:
         policy.set_policy(vision, audit.web(people["carol"]), {"idle_warning_s": 30})
     assert exc.value.errors == {"idle_warning_s": ["must be between 60 and 86400"]}
     vision.refresh_from_db()

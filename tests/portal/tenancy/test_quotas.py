@@ -8,9 +8,9 @@ import pytest
 
 from portal.audit import services as audit
 from portal.audit.models import AuditEntry
+from portal.errors import RuleViolation
 from portal.tenancy import departments, policy, quotas
 from portal.tenancy import teams as team_services
-from portal.tenancy.errors import Refused
 from portal.tenancy.models import Department, Quota, Team
 
 BY = audit.cli("test")
@@ -70,7 +70,7 @@ def test_unknown_model_is_refused_naming_the_known_ones(fleet, client_for, teams
 
 
 def test_bad_rows_are_each_named_and_nothing_is_written(fleet, teams):
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         quotas.replace_quotas(teams["vision"], BY, [
             row("T4", -1), row("T4", 1, gpus=1.5), row(A100, 2, lending_limit={"gpu_share": 3, "gpus": 1}),
             row(A100, 1, weight=0), {"gpu_model": "*"}, row(A100, 100001, colour="red"),
@@ -90,7 +90,7 @@ def test_bad_rows_are_each_named_and_nothing_is_written(fleet, teams):
         "quotas[5].gpu_model": ["A100-80GB is named twice (rows 2 and 5); give one row per model"],
         "quotas[5].gpu_share": ["must be at most 100000 GPUs of share"],
     }
-    with pytest.raises(Refused) as too_many:
+    with pytest.raises(RuleViolation) as too_many:
         quotas.replace_quotas(teams["vision"], BY, [row("*", 1)] * 65)
     assert too_many.value.errors == {"quotas": ["at most 64 rows (one per GPU model and one for *); got 65"]}
     assert list(Quota.objects.filter(team=teams["vision"]).values_list("gpu_model", "gpu_share")) == \
@@ -112,14 +112,14 @@ def test_children_over_their_parent_are_refused_naming_the_numbers(research, tea
     vision, nlp = teams["vision"], teams["nlp"]
     quotas.replace_quotas(research, BY, [row(A100, 4, 320, 4), row("*", 1, 40, 2)])
     quotas.replace_quotas(vision, BY, [row(A100, 3, 240, 3)])
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         quotas.replace_quotas(nlp, BY, [row(A100, 2, 80, 1)])
     assert refused.value.errors == {"quotas": [
         "research's A100-80GB gpu_share is 4.000; its children nlp 2.000 + vision 3.000 = 5.000 exceed it: raise "
         "research's quota or lower the children's"]}
     assert not Quota.objects.filter(team=nlp).exists()
     # A model the parent has no row for counts against its `*` row.
-    with pytest.raises(Refused) as other_model:
+    with pytest.raises(RuleViolation) as other_model:
         quotas.replace_quotas(nlp, BY, [row("T4", "1.5", 15, 1)])
     assert other_model.value.errors["quotas"][0].startswith(
         "research's * gpu_share is 1.000; its child nlp 1.500 exceeds it")
@@ -129,7 +129,7 @@ def test_children_over_their_parent_are_refused_naming_the_numbers(research, tea
 def test_a_department_below_its_children_is_refused_naming_the_numbers(research, teams):
     quotas.replace_quotas(teams["vision"], BY, [row(A100, 3, 240, 3)])
     quotas.replace_quotas(teams["nlp"], BY, [row(A100, 2, 80, 1)])
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         quotas.replace_quotas(research, BY, [row(A100, 4, 400, 8)])
     assert refused.value.errors == {"quotas": [
         "research's A100-80GB gpu_share is 4.000; its children nlp 2.000 + vision 3.000 = 5.000 exceed it: raise "
@@ -143,13 +143,13 @@ def test_a_department_without_rows_counts_as_its_children_at_the_parent(research
     departments.move_team(teams["vision"], BY, "perception")
     quotas.replace_quotas(research, BY, [row(A100, 4, 400, 8)])
     quotas.replace_quotas(teams["nlp"], BY, [row(A100, 2, 80, 1)])
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         quotas.replace_quotas(teams["vision"], BY, [row(A100, 3, 240, 3)])
     assert refused.value.errors["quotas"][0].startswith(
         "research's A100-80GB gpu_share is 4.000; its children nlp 2.000 + perception 3.000 = 5.000 exceed it")
     # With a `*` row of its own, perception's children count against it, and perception against research's *.
     quotas.replace_quotas(Department.objects.get(slug="perception"), BY, [row("*", 3, 240, 3)])
-    with pytest.raises(Refused) as over:
+    with pytest.raises(RuleViolation) as over:
         quotas.replace_quotas(teams["nlp"], BY, [row(A100, 5, 80, 1)])
     assert over.value.errors["quotas"][0].startswith(
         "research's A100-80GB gpu_share is 4.000; its child nlp 5.000 exceeds it")
@@ -205,7 +205,7 @@ def test_old_team_fields_are_held_to_the_department_like_rows(research, teams, c
                             "it: raise research's quota or lower the children's"],
         "quota_max_gpus": ["research's * gpus is 4; its children nlp 2 + vision 3 = 5 exceed it: raise research's "
                            "quota or lower the children's"]}
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RuleViolation) as refused:
         team_services.create_team(BY, "audio", "Audio", department="research")
     assert refused.value.errors["department"][0].startswith(
         "research's * gpu_share is 2.000; its children audio 1.000 + nlp 1.500 = 2.500 exceed it")

@@ -9,12 +9,14 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from portal.audit import services as audit
 from portal.audit.models import AuditEntry
 from portal.fleet import services as services_fleet
 from portal.fleet.models import Gpu, Node
 from portal.fleet.services import node_for_token
 from portal.reservations import rules, services
 from portal.tenancy.models import ExclusionGroup, Membership, Preset
+from tests.reservations import placed
 from tests.teams import set_any_quota
 
 TEAM_TABS = ["members", "groups", "presets", "policy", "quota"]
@@ -119,6 +121,21 @@ def test_the_reservation_page_says_when_an_idle_reservation_is_reclaimed(fleet, 
         .decode()
 
 
+def test_renaming_a_group_in_use_tells_the_admin_what_keeps_the_old_name(fleet, browser_for, teams, people):
+    """The page's message and the audit row say the same: the share placed under the old name keeps it."""
+    r = services.submit(people["alice"], rules.ReservationSpec(team=teams["vision"], image="busybox:1.36",
+                                                              gpu_request=Decimal("0.25"), gpu_memory_mib=1024,
+                                                              exclusion="secure", gpu_model="T4"))
+    placed(r, Gpu.objects.get(node__name="t4-node-1", index=0))
+    group = ExclusionGroup.objects.get(team=teams["vision"], label="secure")
+    page = browser_for("carol").post(f"/team/vision/groups/exclusion/{group.pk}/rename/",
+                                     {"label": "confidential", "description": ""}, follow=True).content.decode()
+    shown = page.replace("&#x27;", "'")
+    assert ("Renamed 'secure' to 'confidential': new requests use 'confidential'; 1 placed share and 0 waiting "
+            "requests keep 'secure'") in shown
+    assert "1 placed share and 0 waiting requests keep 'secure'" in AuditEntry.objects.get(action="renamed").message
+
+
 def test_group_preview_fragment(fleet, browser_for, teams, people):
     r = services.submit(people["alice"], rules.ReservationSpec(team=teams["vision"], image="busybox:1.36",
                                                               gpu_request=Decimal("0.25"), gpu_memory_mib=1024,
@@ -178,7 +195,7 @@ def test_the_rows_of_changed_nodes_as_the_page_draws_them(fleet, browser_for):
     admin = browser_for("admin")
     t4 = Node.objects.get(name="t4-node-1")
     a100 = Node.objects.get(name="a100-node-1")
-    services_fleet.drain(t4.pk, "admin", "disk swap")
+    services_fleet.drain(t4.pk, audit.cli("test"), "disk swap")
     body = admin.get("/fleet/rows/", {"ids": f"{t4.pk},{a100.pk}", "next": "/fleet/?page=1"}).content.decode()
     assert body.count('<li class="node') == 2 and f'data-node-id="{t4.pk}"' in body
     assert 'class="node state-draining" data-node="t4-node-1"' in body and "disk swap" in body

@@ -1,4 +1,4 @@
-"""The invariant every placement keeps, checked by tests and benchmarks."""
+"""The invariant every placement keeps: no GPU over-committed, checked by the placement tests."""
 
 from __future__ import annotations
 

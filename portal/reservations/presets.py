@@ -1,7 +1,8 @@
 """Presets: request shapes a team's admins offer their members first on the request page.
 
-A preset is checked by the same rules a request is (portal.reservations.rules) and against the
-team's policy, so choosing one always gives a request the portal accepts."""
+A preset is checked by the same rules a request is (rules.py) and against the team's policy, so
+choosing one always gives a request the portal accepts. (The table is tenancy's `Preset`: it
+belongs to the team; this is its one writer.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from decimal import Decimal
 from django.db import IntegrityError, transaction
 
 from portal.audit import services as audit
+from portal.errors import RuleViolation
+from portal.fleet.model_names import display_model
+from portal.tenancy.models import Preset, Team
+from portal.tenancy.policy import policy_of
 
-from .errors import Refused
-from .models import Preset, Team
-from .policy import policy_of
+from . import rules
 
 FIELDS = ("name", "kind", "gpu_model", "gpu_request", "gpu_limit", "gpu_memory_mib", "max_duration_s", "image",
           "command", "app", "app_port")
@@ -34,9 +37,6 @@ def as_dict(preset: Preset) -> dict:
 
 
 def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
-    from portal.fleet.model_names import display_model
-    from portal.reservations import rules  # reservations depends on tenancy, not the other way at import
-
     errors: dict[str, list[str]] = {}
     unknown = set(data) - set(FIELDS)
     for name in sorted(unknown):
@@ -70,7 +70,7 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
         if merged.get(optional) in ("",):
             merged[optional] = None
     if errors:
-        raise Refused(errors)
+        raise RuleViolation(errors)
     spec = rules.ReservationSpec(
         team=team, image=str(merged["image"]), gpu_request=merged["gpu_request"],
         gpu_memory_mib=merged["gpu_memory_mib"], gpu_limit=merged.get("gpu_limit"),
@@ -80,13 +80,10 @@ def _clean(team: Team, data: dict, *, instance: Preset | None) -> dict:
         max_duration_s=merged.get("max_duration_s"), priority=0,
         app=str(merged.get("app") or ""), app_port=merged.get("app_port"),
     )
-    try:
-        rules.check(spec)
-    except rules.RuleViolation as exc:
-        raise Refused(exc.errors) from None
+    rules.check(spec)
     longest = policy_of(team).max_duration_s
     if spec.max_duration_s is not None and spec.max_duration_s > longest:
-        raise Refused({"max_duration_s": [f"team {team.slug}'s policy allows at most {longest} s"]})
+        raise RuleViolation({"max_duration_s": [f"team {team.slug}'s policy allows at most {longest} s"]})
     return {"name": name, "kind": spec.kind, "gpu_model": spec.gpu_model, "gpu_request": spec.gpu_request,
             "gpu_limit": spec.gpu_limit, "gpu_memory_mib": spec.gpu_memory_mib, "max_duration_s": spec.max_duration_s,
             "image": spec.image, "command": command, "app": spec.app,
@@ -106,7 +103,7 @@ def create_preset(team: Team, by: audit.Actor, data: dict) -> Preset:
             audit.record(by, object_type="preset", object_id=preset.pk, object_repr=f"{team.slug}/{preset.name}",
                          team=team, action="created", after=_jsonable(values))
     except IntegrityError:  # a concurrent create with the same name
-        raise Refused({"name": [f"team {team.slug} already has a preset '{values['name']}'"]}) from None
+        raise RuleViolation({"name": [f"team {team.slug} already has a preset '{values['name']}'"]}) from None
     return preset
 
 
@@ -124,7 +121,7 @@ def update_preset(preset: Preset, by: audit.Actor, data: dict) -> Preset:
                              object_repr=f"{preset.team.slug}/{preset.name}", team=preset.team, action="changed",
                              before=old, after=new)
     except IntegrityError:
-        raise Refused({"name": [f"team {preset.team.slug} already has a preset '{values['name']}'"]}) from None
+        raise RuleViolation({"name": [f"team {preset.team.slug} already has a preset '{values['name']}'"]}) from None
     return preset
 
 

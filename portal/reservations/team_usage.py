@@ -9,7 +9,12 @@ from decimal import Decimal
 from django.db.models import Count, DecimalField, ExpressionWrapper, F, Q, Sum, Value
 from django.db.models.functions import Coalesce
 
-from .models import Team
+from portal.tenancy.models import Team
+from portal.tenancy.policy import policy_of
+
+from .models import COUNTED, Admission, Reservation
+from .quota import usage_of
+from .states import ACTIVE, HOLDS_GPU, State
 
 ZERO = Decimal("0.000")
 
@@ -72,12 +77,6 @@ class TeamUsage:
 
 
 def team_usage(team: Team, waiting_limit: int = 50) -> TeamUsage:
-    from portal.reservations.models import COUNTED, Admission, Reservation
-    from portal.reservations.quota import usage_of
-    from portal.reservations.states import ACTIVE, HOLDS_GPU, State
-
-    from .policy import policy_of
-
     guaranteed = usage_of(team)
     share = ExpressionWrapper(F("gpu_request") * F("gpu_count"), output_field=DecimalField(max_digits=8,
                                                                                            decimal_places=3))
