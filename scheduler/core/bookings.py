@@ -32,13 +32,13 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from .clearing import clear, room_in_total
 from .engine import choose
 from .fairshare import Admission, demand_of, held_by
 from .filters import fits_on, nodes_with_room
 from .model import MILLI, Placement, Preemption, Reason, ReasonCode, Reclaim, Request, to_milli
-from .preemption import find_preemption
 from .scorers import BestFitScorer, Scorer
-from .state import ClusterState, Holding
+from .state import ClusterState
 
 DEFAULT_LEAD_S = 900.0  # warnings this long before a window when the team sets no grace
 BOOKING_PRIORITY = 100  # a booking's request outranks any work when its room is planned
@@ -95,16 +95,18 @@ def warning_text(booking: Booking) -> str:
     return f"capacity booked by team {booking.team} from {_clock(booking.starts_at)} UTC"
 
 
-def _evictable(share, req: Request | None = None) -> bool:
+def _evictable(share) -> bool:
     """What a booking may move out of its way: borrowed or opportunistic work, or work already warned."""
     return share.reclaim_at is not None or share.admission in (Admission.BORROWED, Admission.OPPORTUNISTIC)
 
 
-def _rank(h: Holding) -> tuple:
-    """Already warned first (it goes anyway), then opportunistic, lowest priority, newest."""
-    s = h.share
-    return (0 if s.reclaim_at is not None else 1, 0 if s.admission == Admission.OPPORTUNISTIC else 1,
-            s.priority, -s.since)
+def _clear(state: ClusterState, req: Request, now: float, blocked: set[str]):
+    """Where a booking whose lead has begun goes once work in its way is gone (`clearing.clear`):
+    borrowed and opportunistic work first; guaranteed work too only where the model has the room
+    in total without it but not in the booking's shape (GPUs on one node): the booking check
+    promised the room, not where the running work would leave it."""
+    guaranteed = room_in_total(state, req, blocked, _evictable)
+    return clear(state, req, now, _evictable, guaranteed=guaranteed, blocked=blocked)
 
 
 class BookedRoom:
@@ -219,8 +221,7 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
             if b.id in started:
                 out.victims[b.id] = ()
             continue
-        among = [h for rid, h in state.placed.items() if rid not in claimed and _evictable(h.share, req)]
-        found = find_preemption(state, req, _evictable, _rank, among=among) if among else None
+        found = _clear(state, req, now, claimed | state.protected | state.reserved_now)
         if found is None:
             continue  # guaranteed work fills its model: it waits for that to end, as any request
         choice, victims, released = found
@@ -232,6 +233,8 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
         claimed.update(victims)
         if b.id in started:
             out.victims[b.id] = victims  # its request takes them now (they were warned when the lead began)
+            continue
+        if not victims:
             continue
         due = {v: min(state.placed[v].share.reclaim_at or b.starts_at, b.starts_at) for v in victims}
         text = warning_text(b)
@@ -248,7 +251,14 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
         req = b.request()
         choice = choose(state, req, fit)
         if choice is None:
-            continue
+            # guaranteed work sits where the booking's shape would go: plan it where the least of
+            # it runs, so that new work keeps off and less of it is in the way at the lead time
+            found = clear(state, req, now, _evictable, guaranteed=True, blocked=state.protected)
+            if found is None:
+                continue
+            choice = found[0]
+            for h in found[2]:
+                state.restore(h)
         _take(state, choice.node, choice.slots, req)
         taken.append((choice.node, choice.slots, req))
         out.placed[b.id] = (choice.node, choice.slots)

@@ -75,6 +75,44 @@ def test_guaranteed_work_within_quota_is_never_evicted_for_a_booking():
     assert not any(isinstance(d, Preemption) for d in ds)
 
 
+def test_a_whole_node_booking_clears_the_node_with_the_fewest_guaranteed_shares():
+    # A 4-GPU booking needs one node. Each node has one guaranteed share and GPUs that borrowed
+    # work holds: the room exists in total (6 GPUs hold no guaranteed work), on no node whole.
+    # n2's guaranteed share is one of two there; n1 has one, n3 has one that has run longest.
+    def borrowed(rid):
+        return [share(rid, "b", admission="borrowed", since=NOW - 60)]
+
+    nodes = [node("n1", "A100", 4, {0: [share("1", "a", since=NOW - 600)], 1: borrowed("11"), 2: borrowed("12")}),
+             node("n2", "A100", 4, {0: [share("2", "a", since=NOW - 60)], 1: [share("3", "b", since=NOW - 60)],
+                                    2: borrowed("21")}),
+             node("n3", "A100", 4, {0: [share("4", "b", since=NOW - 3 * HOUR)], 3: borrowed("31")})]
+    quotas = research(q(4), q(8))
+    (r,) = reclaims(cycle(nodes, quotas, bookings=[booking(count=4, starts_in=600)]))
+    # n1 and n3 cost one guaranteed share each; n1's has run 10 minutes, n3's three hours
+    assert set(r.victims) == {"1", "11", "12"}
+    assert r.due == {v: NOW + 600 for v in r.victims}
+
+
+def test_guaranteed_work_stays_where_the_room_is_missing_in_total():
+    # Three GPUs hold guaranteed work, one borrowed: a 2-GPU booking has no room even in total
+    # (the booking check would not have taken it): nothing guaranteed is warned for it.
+    nodes = [node("n1", "A100", 2, {0: [share("1", "a")], 1: [share("2", "b", admission="borrowed")]}),
+             node("n2", "A100", 2, {0: [share("3", "b")], 1: [share("4", "b")]})]
+    got = reclaims(cycle(nodes, research(q(2), q(2)), bookings=[booking(count=2, starts_in=600)]))
+    assert all(v == "2" for r in got for v in r.victims)
+
+
+def test_a_later_whole_node_booking_keeps_long_work_off_its_node():
+    # Both nodes have guaranteed work on one GPU; a 2-GPU booking in 3 hours is planned on the node
+    # whose work is cheaper to move, and new work of unknown end goes to the other one.
+    nodes = [node("n1", "A100", 3, {0: [share("1", "a", since=NOW - 60)]}),
+             node("n2", "A100", 3, {0: [share("2", "a", since=NOW - 2 * HOUR)]})]
+    quotas = research(q(4), q(4))
+    without = where(cycle(nodes, quotas, [req("5", "b", count=2)]))
+    got = where(cycle(nodes, quotas, [req("5", "b", count=2)], bookings=[booking(count=3, starts_in=3 * HOUR)]))
+    assert got["5"][0] == "n2" and without["5"][0] == "n1"
+
+
 def test_held_room_takes_no_new_work_and_is_reclaimed_at_the_start():
     nodes = [node("n1", "A100", 2, {0: [share("1", "b", admission="borrowed", since=0)]})]
     quotas = research(q(1), q(1))
