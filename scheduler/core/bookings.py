@@ -275,7 +275,17 @@ def start(state: ClusterState, booked: Plan, pending: Sequence[Request], fair=No
     """Place the waiting requests of started bookings in the room held for them, before the queue:
     what is left there of the work warned ahead of the window goes now (a `Preemption`). Counted as
     guaranteed: the booking check kept its team's quota for the window. A request that does not fit
-    its room even so (its pod asks for more node CPU than the booking) is left to the queue."""
+    its room even so (its pod asks for more node CPU than the booking) is left to the queue.
+
+    A booking whose room is held ahead of its window counts against its team's quota from then on
+    (charged as guaranteed in the cycle's ledger): the team's work placed meanwhile that would run
+    into the window is admitted within what the quota leaves beside the booking (beyond it, it
+    borrows and may be reclaimed), so that the window does not take the team over its quota."""
+    if fair is not None:
+        for bid, req in booked.held.items():
+            if bid not in booked.victims:  # not started: its request is charged when it is placed
+                node, slots = booked.placed[bid]
+                fair.ledger.charge(bid, req.team, state.model_at(node, slots[0]), demand_of(req), Admission.GUARANTEED)
     for req in pending:
         where = booked.placed.get(req.id)
         if where is None or req.id not in booked.victims:

@@ -246,3 +246,17 @@ def test_a_running_window_is_nobodys_victim():
     # once the window is over it is ordinary work again
     over = booking("900", "a", starts_in=-3 * HOUR, hours=1)
     assert any(isinstance(d, Preemption) for d in cycle(nodes, quotas, pending, bookings=[over]))
+
+
+def test_a_held_booking_counts_against_its_teams_quota():
+    # a's quota is 2 A100s; it runs one, and its booking of one more begins its lead time. A new
+    # request of a's would take a beyond its quota once the window starts: it borrows (and may be
+    # reclaimed), where without the booking it would be guaranteed.
+    nodes = [node("n1", "A100", 4, {0: [share("1", "a")]})]
+    quotas = research(q(2), q(2))
+    assert placed(cycle(nodes, quotas, [req("5", "a", created=NOW - 10)])) == {"5": "guaranteed"}
+    got = placed(cycle(nodes, quotas, [req("5", "a", created=NOW - 10)], bookings=[booking(starts_in=600)]))
+    assert got == {"5": "borrowed"}
+    # a booking whose lead has not begun takes nothing from the quota yet
+    later = placed(cycle(nodes, quotas, [req("5", "a", created=NOW - 10)], bookings=[booking(starts_in=3 * HOUR)]))
+    assert later == {"5": "guaranteed"}
