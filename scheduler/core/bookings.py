@@ -5,12 +5,15 @@ started yet (at `starts_at` the portal turns one into a pending guaranteed reque
 no longer carries it). The cycle does three things with them (`plan`, called by `cycle.decide`):
 
 - **Holding capacity ahead of a window.** From `starts_at - lead_s` (the team's grace) a booking's
-  room is held on the GPUs it will take: nothing new is placed there, and borrowed or opportunistic
-  work in the way is warned (`Reclaim(kind="booking")`, due at `starts_at`), so that it is gone
-  when the window starts. Guaranteed work within its quota is never a victim: the booking check
-  at booking time already kept room for the booking beside it.
+  room is held, in its shape, on the GPUs whose clearing costs least (`clearing.clear`): nothing
+  new is placed there, and the work in the way is warned (`Reclaim(kind="booking")`, due at
+  `starts_at`), so that it is gone when the window starts. That is borrowed or opportunistic work;
+  guaranteed work only where the model has the room in total without it but not in the booking's
+  shape (whole GPUs on one node): the booking check promised the capacity, not where running work
+  would leave it. The held booking counts against its team's quota from then on (`start`).
 - **Placement around bookings** (`BookingScorer`, a wrapper of the cycle's scorer): bookings that
-  start later are planned on the GPUs they would take (where only guaranteed work is counted), and
+  start later are planned on the GPUs they would take (where only guaranteed work is counted; where
+  that leaves no room in their shape, on the GPUs cheapest to clear), and
   work whose end (now + its known run time, `Snapshot.durations`) falls after such a window is
   kept off the booked room where it fits elsewhere, while work known to end before it fills that
   gap first (backfill).
