@@ -105,11 +105,21 @@ def _evictable(share) -> bool:
 
 def _clear(state: ClusterState, req: Request, now: float, blocked: set[str]):
     """Where a booking whose lead has begun goes once work in its way is gone (`clearing.clear`):
-    borrowed and opportunistic work first; guaranteed work too only where the model has the room
-    in total without it but not in the booking's shape (GPUs on one node): the booking check
-    promised the room, not where the running work would leave it."""
-    guaranteed = room_in_total(state, req, blocked, _evictable)
-    return clear(state, req, now, _evictable, guaranteed=guaranteed, blocked=blocked)
+    borrowed and opportunistic work first, then its own team's work (the booking counts against the
+    team's quota for its window: the team's running work beyond what is left beside it is the
+    team's to give up, as its priorities order its work); other teams' guaranteed work only where
+    the model has the room in total without it but not in the booking's shape (GPUs on one node):
+    the booking check promised the room, not where the running work would leave it."""
+
+    def own(share) -> bool:
+        return _evictable(share) or share.team == req.team
+
+    allowed = _any if room_in_total(state, req, blocked, own) else own
+    return clear(state, req, now, _evictable, allowed=allowed, blocked=blocked)
+
+
+def _any(share) -> bool:
+    return True
 
 
 class BookedRoom:
@@ -184,6 +194,8 @@ class Plan:
     # Started bookings (their request waits in the queue): what must leave their room now.
     victims: dict[str, tuple[str, ...]] = field(default_factory=dict)
     held: dict[str, Request] = field(default_factory=dict)  # the room held now, per booking
+    started: set[str] = field(default_factory=set)  # bookings whose window began and whose request waits
+    now: float = 0.0
 
 
 def _take(state: ClusterState, node: int, slots: Sequence[int], req: Request, sign: int = -1) -> None:
@@ -204,7 +216,7 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
     victims are added to it. `started`: the waiting requests, among which a booking whose window
     began waits (the portal made it a pending reservation of the same id, and keeps feeding the
     booking until it is placed): its room is held for it and its victims listed (`start`)."""
-    out = Plan([], {}, None)
+    out = Plan([], {}, None, now=now)
     live = sorted((b for b in bookings if b.ends_at > now and b.gpu_model in state.model_id),
                   key=lambda b: (b.starts_at, b.id))
     running = {b.id for b in live if b.id in state.placed}
@@ -215,6 +227,8 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
     claimed = claimed if claimed is not None else set()
     fit = BestFitScorer()
     for b in (b for b in live if b.held_from() <= now):
+        if b.id in started:
+            out.started.add(b.id)
         req = b.request()
         choice = choose(state, req, fit)
         if choice is not None:
@@ -256,7 +270,7 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
         if choice is None:
             # guaranteed work sits where the booking's shape would go: plan it where the least of
             # it runs, so that new work keeps off and less of it is in the way at the lead time
-            found = clear(state, req, now, _evictable, guaranteed=True, blocked=state.protected)
+            found = clear(state, req, now, _evictable, allowed=_any, blocked=state.protected)
             if found is None:
                 continue
             choice = found[0]
@@ -278,7 +292,9 @@ def start(state: ClusterState, booked: Plan, pending: Sequence[Request], fair=No
     """Place the waiting requests of started bookings in the room held for them, before the queue:
     what is left there of the work warned ahead of the window goes now (a `Preemption`). Counted as
     guaranteed: the booking check kept its team's quota for the window. A request that does not fit
-    its room even so (its pod asks for more node CPU than the booking) is left to the queue.
+    its room even so (its pod asks for more node CPU or memory than the booking), or that has no
+    room held, clears room for itself now by the same rules (`_clear`); where none can be cleared,
+    it is left to the queue.
 
     A booking whose room is held ahead of its window counts against its team's quota from then on
     (charged as guaranteed in the cycle's ledger): the team's work placed meanwhile that would run
@@ -289,26 +305,45 @@ def start(state: ClusterState, booked: Plan, pending: Sequence[Request], fair=No
             if bid not in booked.victims:  # not started: its request is charged when it is placed
                 node, slots = booked.placed[bid]
                 fair.ledger.charge(bid, req.team, state.model_at(node, slots[0]), demand_of(req), Admission.GUARANTEED)
+    claimed = fair.claimed if fair is not None else set()
     for req in pending:
-        where = booked.placed.get(req.id)
-        if where is None or req.id not in booked.victims:
+        if req.id not in booked.started:
             continue
-        node, slots = where
-        victims = booked.victims[req.id]
-        _take(state, node, slots, booked.held[req.id], +1)
-        released = [fair.release(v) if fair is not None else state.release(v) for v in victims]
-        if not fits_on(state, req, node, slots):
+        where = booked.placed.get(req.id)
+        victims: tuple[str, ...] = ()
+        if where is not None:
+            node, slots = where
+            victims = booked.victims[req.id]
+            _take(state, node, slots, booked.held[req.id], +1)
+            released = [fair.release(v) if fair is not None else state.release(v) for v in victims]
+            if fits_on(state, req, node, slots):
+                yield _place(state, req, node, slots, victims, fair)
+                continue
             for h in released:
                 state.restore(h)
                 if fair is not None:
                     fair.ledger.charge(h.share.reservation_id, h.share.team, state.model_at(h.node, h.gpus[0]),
                                        held_by(h.share, len(h.gpus)), Admission(h.share.admission))
-            continue
-        state.reserve(req, node, slots, admission=str(Admission.GUARANTEED))
+        # Its pod needs more than the booking held (node CPU or memory), or nothing was held: the
+        # request itself clears its room now, by the same rules, rather than wait for the queue.
+        found = _clear(state, req, booked.now, (claimed - set(victims)) | state.protected | state.reserved_now)
+        if found is None:
+            continue  # left to the queue
+        choice, victims, _ = found
         if fair is not None:
-            fair.ledger.charge(req.id, req.team, state.model_at(node, slots[0]), demand_of(req), Admission.GUARANTEED)
-        placement = placement_of(state, req, node, slots)
-        yield Preemption(req.id, victims, placement) if victims else (placement,)
+            for v in victims:
+                fair.ledger.refund(v)
+        claimed.update(victims)
+        yield _place(state, req, choice.node, choice.slots, victims, fair)
+
+
+def _place(state: ClusterState, req: Request, node: int, slots: Sequence[int], victims: tuple[str, ...],
+           fair) -> Preemption | tuple:
+    state.reserve(req, node, slots, admission=str(Admission.GUARANTEED))
+    if fair is not None:
+        fair.ledger.charge(req.id, req.team, state.model_at(node, slots[0]), demand_of(req), Admission.GUARANTEED)
+    placement = placement_of(state, req, node, slots)
+    return Preemption(req.id, victims, placement) if victims else (placement,)
 
 
 def placement_of(state: ClusterState, req: Request, node: int, slots: Sequence[int]) -> Placement:

@@ -5,9 +5,9 @@ the lead time begins may sit so that no node has the booking's room (a 4-GPU boo
 guaranteed share on every node). `clear` picks the node (and GPUs) whose clearing costs least:
 first the fewest guaranteed shares, then the least work lost (GPU-seconds run so far by what goes;
 work already warned costs nothing, it goes anyway), then the fewest victims, then node order.
-Guaranteed work is a victim only when `guaranteed` allows it: `bookings.plan` allows it when the
-room exists on the model in total without it (`room_in_total`), so that it moves only to give the
-booking its shape, never to make room the booking check did not count on.
+What may go at all is the caller's (`allowed`): `bookings.plan` lets other teams' guaranteed work go
+only where the room exists on the model in total without it (`room_in_total`), so that it moves
+only to give the booking its shape, never to make room the booking check did not count on.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _slot_victims(state: ClusterState, req: Request, node: int, slot: int, here:
 
 def room_in_total(state: ClusterState, req: Request, blocked: Container[str], evictable: Evictable) -> bool:
     """Whether the model has the booking's room in total counting only free capacity and work that
-    may go without being guaranteed: whole GPUs for a whole-GPU booking (anywhere), compute and
+    `evictable` lets go: whole GPUs for a whole-GPU booking (anywhere), compute and
     memory summed over GPUs for a fraction."""
     usable = _slots(state, req)
     need = MILLI if req.whole else req.milli
@@ -99,15 +99,17 @@ def room_in_total(state: ClusterState, req: Request, blocked: Container[str], ev
     return milli >= need and mem >= req.gpu_memory_mib
 
 
-def clear(state: ClusterState, req: Request, now: float, evictable: Evictable, *, guaranteed: bool,
+def clear(state: ClusterState, req: Request, now: float, evictable: Evictable, *, allowed: Evictable | None = None,
           blocked: Container[str] = ()) -> tuple[Choice, tuple[str, ...], list[Holding]] | None:
     """Where `req` fits once the cheapest work is gone: the choice, the victims (none where it
-    fits already) and their holdings, released from `state` (restore them to undo). `blocked`:
-    shares that never go (running windows, this cycle's placements, others' promised victims);
-    `guaranteed`: whether work `evictable` refuses may go too."""
+    fits already) and their holdings, released from `state` (restore them to undo). `evictable`:
+    what goes without counting as a guaranteed share; `allowed`: what may go at all (None: only
+    that); `blocked`: shares that never go (running windows, this cycle's placements, others'
+    promised victims)."""
+    allowed = allowed or evictable
 
     def may_go(h: Holding) -> bool:
-        return guaranteed or evictable(h.share)
+        return allowed(h.share)
 
     usable = _slots(state, req)
     enough = usable.sum(axis=1) >= max(req.gpu_count, 1)
