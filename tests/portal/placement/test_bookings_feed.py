@@ -64,9 +64,9 @@ def test_borrowed_work_in_a_booked_windows_way_is_warned_ahead(
 def test_opportunistic_work_in_a_booked_windows_way_is_warned_with_its_teams_grace(
         client_for, browser_for, reservation_body, teams, placement_loop, cluster, monkeypatch):
     """nlp has no T4 quota and may not borrow, but may run over its quota: its priority-0 work runs
-    opportunistically on both T4s. vision booked one T4 from in 10 minutes: one of nlp's reservations is warned as borrowed
-    work would be (its page, nlp's notification, its pod's SIGTERM with the time left), and goes
-    at the window's start."""
+    opportunistically on both T4s. vision booked one T4 from in 10 minutes: one of nlp's
+    reservations is warned as borrowed work would be (its page, nlp's notification, its pod's
+    SIGTERM with the time left), due at the window's start."""
     from portal.notifications.models import Event, Notification
     from portal.placement import pods
 
