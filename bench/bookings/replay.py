@@ -14,10 +14,12 @@ window's start. Three runs, same jobs:
 - none: no bookings; the booked jobs are ordinary jobs arriving at their window's start.
 - tessera: the bookings go to the engine with each snapshot from `--feed-h` before their start
   (`Snapshot.bookings`, as portal/placement/bookings_feed.py feeds them): their room is held from
-  `--lead-s` before the start, borrowed and opportunistic work in the way is warned then
-  (`Reclaim(kind="booking")`) and evicted at the start if still there; placement keeps work with a
-  known end after a window off the booked GPUs and backfills the gap before it
-  (`Snapshot.durations`: the maximum durations of waiting interactive jobs).
+  `--lead-s` before the start, in the booking's shape on the GPUs cheapest to clear
+  (scheduler/core/clearing.py), the work in the way is warned then (`Reclaim(kind="booking")`:
+  borrowed and opportunistic work, the booking team's own, and other teams' guaranteed work only
+  where the room exists in total but not on one node) and evicted at the start if still there;
+  placement keeps work with a known end after a window off the booked GPUs and backfills the gap
+  before it (`Snapshot.durations`: the maximum durations of waiting interactive jobs).
 - calendar: the status quo: each booking holds whole GPUs (a 0.25 share books a whole GPU) for
   its whole window, held ahead the same way; the job runs inside it, and what the window holds after
   the job ends (or beside a fraction) is lent to nobody.

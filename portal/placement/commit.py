@@ -171,7 +171,8 @@ class Batches:
                     because = d.reasons[0].message if by is None else _reclaimed_for(d.kind, by)
                     why = (f"to be reclaimed at {at:%H:%M} UTC: {because}; save your work, the pod "
                            f"gets SIGTERM now")
-                    if services.warn_reclaim(r.pk, at, why, actors.SCHEDULER) is not None:
+                    admissions = services.FOR_A_BOOKING if d.kind == "booking" else (Admission.BORROWED,)
+                    if services.warn_reclaim(r.pk, at, why, actors.SCHEDULER, admissions) is not None:
                         self.report.reclaiming.append(r.pk)
                         if r.pod_name:
                             evicted.append((r.pod_namespace, r.pod_name, why, max(0, round(due - now))))

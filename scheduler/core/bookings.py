@@ -5,12 +5,15 @@ started yet (at `starts_at` the portal turns one into a pending guaranteed reque
 no longer carries it). The cycle does three things with them (`plan`, called by `cycle.decide`):
 
 - **Holding capacity ahead of a window.** From `starts_at - lead_s` (the team's grace) a booking's
-  room is held on the GPUs it will take: nothing new is placed there, and borrowed or opportunistic
-  work in the way is warned (`Reclaim(kind="booking")`, due at `starts_at`), so that it is gone
-  when the window starts. Guaranteed work within its quota is never a victim: the booking check
-  at booking time already kept room for the booking beside it.
+  room is held, in its shape, on the GPUs whose clearing costs least (`clearing.clear`): nothing
+  new is placed there, and the work in the way is warned (`Reclaim(kind="booking")`, due at
+  `starts_at`), so that it is gone when the window starts. That is borrowed or opportunistic work;
+  guaranteed work only where the model has the room in total without it but not in the booking's
+  shape (whole GPUs on one node): the booking check promised the capacity, not where running work
+  would leave it. The held booking counts against its team's quota from then on (`start`).
 - **Placement around bookings** (`BookingScorer`, a wrapper of the cycle's scorer): bookings that
-  start later are planned on the GPUs they would take (where only guaranteed work is counted), and
+  start later are planned on the GPUs they would take (where only guaranteed work is counted; where
+  that leaves no room in their shape, on the GPUs cheapest to clear), and
   work whose end (now + its known run time, `Snapshot.durations`) falls after such a window is
   kept off the booked room where it fits elsewhere, while work known to end before it fills that
   gap first (backfill).
@@ -32,13 +35,13 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from .clearing import clear, room_in_total
 from .engine import choose
 from .fairshare import Admission, demand_of, held_by
 from .filters import fits_on, nodes_with_room
 from .model import MILLI, Placement, Preemption, Reason, ReasonCode, Reclaim, Request, to_milli
-from .preemption import find_preemption
 from .scorers import BestFitScorer, Scorer
-from .state import ClusterState, Holding
+from .state import ClusterState
 
 DEFAULT_LEAD_S = 900.0  # warnings this long before a window when the team sets no grace
 BOOKING_PRIORITY = 100  # a booking's request outranks any work when its room is planned
@@ -95,16 +98,28 @@ def warning_text(booking: Booking) -> str:
     return f"capacity booked by team {booking.team} from {_clock(booking.starts_at)} UTC"
 
 
-def _evictable(share, req: Request | None = None) -> bool:
+def _evictable(share) -> bool:
     """What a booking may move out of its way: borrowed or opportunistic work, or work already warned."""
     return share.reclaim_at is not None or share.admission in (Admission.BORROWED, Admission.OPPORTUNISTIC)
 
 
-def _rank(h: Holding) -> tuple:
-    """Already warned first (it goes anyway), then opportunistic, lowest priority, newest."""
-    s = h.share
-    return (0 if s.reclaim_at is not None else 1, 0 if s.admission == Admission.OPPORTUNISTIC else 1,
-            s.priority, -s.since)
+def _clear(state: ClusterState, req: Request, now: float, blocked: set[str]):
+    """Where a booking whose lead has begun goes once work in its way is gone (`clearing.clear`):
+    borrowed and opportunistic work first, then its own team's work (the booking counts against the
+    team's quota for its window: the team's running work beyond what is left beside it is the
+    team's to give up, as its priorities order its work); other teams' guaranteed work only where
+    the model has the room in total without it but not in the booking's shape (GPUs on one node):
+    the booking check promised the room, not where the running work would leave it."""
+
+    def own(share) -> bool:
+        return _evictable(share) or share.team == req.team
+
+    allowed = _any if room_in_total(state, req, blocked, own) else own
+    return clear(state, req, now, _evictable, allowed=allowed, blocked=blocked)
+
+
+def _any(share) -> bool:
+    return True
 
 
 class BookedRoom:
@@ -179,6 +194,8 @@ class Plan:
     # Started bookings (their request waits in the queue): what must leave their room now.
     victims: dict[str, tuple[str, ...]] = field(default_factory=dict)
     held: dict[str, Request] = field(default_factory=dict)  # the room held now, per booking
+    started: set[str] = field(default_factory=set)  # bookings whose window began and whose request waits
+    now: float = 0.0
 
 
 def _take(state: ClusterState, node: int, slots: Sequence[int], req: Request, sign: int = -1) -> None:
@@ -199,7 +216,7 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
     victims are added to it. `started`: the waiting requests, among which a booking whose window
     began waits (the portal made it a pending reservation of the same id, and keeps feeding the
     booking until it is placed): its room is held for it and its victims listed (`start`)."""
-    out = Plan([], {}, None)
+    out = Plan([], {}, None, now=now)
     live = sorted((b for b in bookings if b.ends_at > now and b.gpu_model in state.model_id),
                   key=lambda b: (b.starts_at, b.id))
     running = {b.id for b in live if b.id in state.placed}
@@ -210,6 +227,8 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
     claimed = claimed if claimed is not None else set()
     fit = BestFitScorer()
     for b in (b for b in live if b.held_from() <= now):
+        if b.id in started:
+            out.started.add(b.id)
         req = b.request()
         choice = choose(state, req, fit)
         if choice is not None:
@@ -219,8 +238,7 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
             if b.id in started:
                 out.victims[b.id] = ()
             continue
-        among = [h for rid, h in state.placed.items() if rid not in claimed and _evictable(h.share, req)]
-        found = find_preemption(state, req, _evictable, _rank, among=among) if among else None
+        found = _clear(state, req, now, claimed | state.protected | state.reserved_now)
         if found is None:
             continue  # guaranteed work fills its model: it waits for that to end, as any request
         choice, victims, released = found
@@ -232,6 +250,8 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
         claimed.update(victims)
         if b.id in started:
             out.victims[b.id] = victims  # its request takes them now (they were warned when the lead began)
+            continue
+        if not victims:
             continue
         due = {v: min(state.placed[v].share.reclaim_at or b.starts_at, b.starts_at) for v in victims}
         text = warning_text(b)
@@ -248,7 +268,14 @@ def plan(state: ClusterState, bookings: Sequence[Booking], now: float,
         req = b.request()
         choice = choose(state, req, fit)
         if choice is None:
-            continue
+            # guaranteed work sits where the booking's shape would go: plan it where the least of
+            # it runs, so that new work keeps off and less of it is in the way at the lead time
+            found = clear(state, req, now, _evictable, allowed=_any, blocked=state.protected)
+            if found is None:
+                continue
+            choice = found[0]
+            for h in found[2]:
+                state.restore(h)
         _take(state, choice.node, choice.slots, req)
         taken.append((choice.node, choice.slots, req))
         out.placed[b.id] = (choice.node, choice.slots)
@@ -265,27 +292,58 @@ def start(state: ClusterState, booked: Plan, pending: Sequence[Request], fair=No
     """Place the waiting requests of started bookings in the room held for them, before the queue:
     what is left there of the work warned ahead of the window goes now (a `Preemption`). Counted as
     guaranteed: the booking check kept its team's quota for the window. A request that does not fit
-    its room even so (its pod asks for more node CPU than the booking) is left to the queue."""
+    its room even so (its pod asks for more node CPU or memory than the booking), or that has no
+    room held, clears room for itself now by the same rules (`_clear`); where none can be cleared,
+    it is left to the queue.
+
+    A booking whose room is held ahead of its window counts against its team's quota from then on
+    (charged as guaranteed in the cycle's ledger): the team's work placed meanwhile that would run
+    into the window is admitted within what the quota leaves beside the booking (beyond it, it
+    borrows and may be reclaimed), so that the window does not take the team over its quota."""
+    if fair is not None:
+        for bid, req in booked.held.items():
+            if bid not in booked.victims:  # not started: its request is charged when it is placed
+                node, slots = booked.placed[bid]
+                fair.ledger.charge(bid, req.team, state.model_at(node, slots[0]), demand_of(req), Admission.GUARANTEED)
+    claimed = fair.claimed if fair is not None else set()
     for req in pending:
-        where = booked.placed.get(req.id)
-        if where is None or req.id not in booked.victims:
+        if req.id not in booked.started:
             continue
-        node, slots = where
-        victims = booked.victims[req.id]
-        _take(state, node, slots, booked.held[req.id], +1)
-        released = [fair.release(v) if fair is not None else state.release(v) for v in victims]
-        if not fits_on(state, req, node, slots):
+        where = booked.placed.get(req.id)
+        victims: tuple[str, ...] = ()
+        if where is not None:
+            node, slots = where
+            victims = booked.victims[req.id]
+            _take(state, node, slots, booked.held[req.id], +1)
+            released = [fair.release(v) if fair is not None else state.release(v) for v in victims]
+            if fits_on(state, req, node, slots):
+                yield _place(state, req, node, slots, victims, fair)
+                continue
             for h in released:
                 state.restore(h)
                 if fair is not None:
                     fair.ledger.charge(h.share.reservation_id, h.share.team, state.model_at(h.node, h.gpus[0]),
                                        held_by(h.share, len(h.gpus)), Admission(h.share.admission))
-            continue
-        state.reserve(req, node, slots, admission=str(Admission.GUARANTEED))
+        # Its pod needs more than the booking held (node CPU or memory), or nothing was held: the
+        # request itself clears its room now, by the same rules, rather than wait for the queue.
+        found = _clear(state, req, booked.now, (claimed - set(victims)) | state.protected | state.reserved_now)
+        if found is None:
+            continue  # left to the queue
+        choice, victims, _ = found
         if fair is not None:
-            fair.ledger.charge(req.id, req.team, state.model_at(node, slots[0]), demand_of(req), Admission.GUARANTEED)
-        placement = placement_of(state, req, node, slots)
-        yield Preemption(req.id, victims, placement) if victims else (placement,)
+            for v in victims:
+                fair.ledger.refund(v)
+        claimed.update(victims)
+        yield _place(state, req, choice.node, choice.slots, victims, fair)
+
+
+def _place(state: ClusterState, req: Request, node: int, slots: Sequence[int], victims: tuple[str, ...],
+           fair) -> Preemption | tuple:
+    state.reserve(req, node, slots, admission=str(Admission.GUARANTEED))
+    if fair is not None:
+        fair.ledger.charge(req.id, req.team, state.model_at(node, slots[0]), demand_of(req), Admission.GUARANTEED)
+    placement = placement_of(state, req, node, slots)
+    return Preemption(req.id, victims, placement) if victims else (placement,)
 
 
 def placement_of(state: ClusterState, req: Request, node: int, slots: Sequence[int]) -> Placement:

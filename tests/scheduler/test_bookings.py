@@ -66,13 +66,60 @@ def test_opportunistic_work_is_warned_too():
     assert r.victims == ("2",)
 
 
-def test_guaranteed_work_within_quota_is_never_evicted_for_a_booking():
-    # Every GPU holds guaranteed work within its team's quota: the booking warns nobody.
+def test_another_teams_guaranteed_work_is_never_evicted_for_a_booking():
+    # Every GPU holds guaranteed work within its team's quota: b's booking warns nobody.
     nodes = [node("n1", "A100", 4, {0: [share("1", "a")], 1: [share("2", "a")], 2: [share("3", "b")],
                                     3: [share("4", "b")]})]
-    ds = cycle(nodes, QUOTAS, bookings=[booking(starts_in=60)])
+    ds = cycle(nodes, QUOTAS, bookings=[booking(team="c", starts_in=60)])
     assert reclaims(ds) == []
     assert not any(isinstance(d, Preemption) for d in ds)
+
+
+def test_a_booking_takes_its_own_teams_work_beyond_its_quota():
+    # a holds its whole quota (2) and booked one more GPU: counted with the booking, a's running
+    # work is beyond its quota, so one of a's shares (the newest: least work lost) is warned, never b's.
+    nodes = [node("n1", "A100", 4, {0: [share("1", "a", since=NOW - HOUR)], 1: [share("2", "a", since=NOW - 60)],
+                                    2: [share("3", "b")], 3: [share("4", "b")]})]
+    (r,) = reclaims(cycle(nodes, QUOTAS, bookings=[booking(starts_in=60)]))
+    assert r.victims == ("2",)
+
+
+def test_a_whole_node_booking_clears_the_node_with_the_fewest_guaranteed_shares():
+    # A 4-GPU booking needs one node. Each node has one guaranteed share and GPUs that borrowed
+    # work holds: the room exists in total (6 GPUs hold no guaranteed work), on no node whole.
+    # n2's guaranteed share is one of two there; n1 has one, n3 has one that has run longest.
+    def borrowed(rid):
+        return [share(rid, "b", admission="borrowed", since=NOW - 60)]
+
+    nodes = [node("n1", "A100", 4, {0: [share("1", "a", since=NOW - 600)], 1: borrowed("11"), 2: borrowed("12")}),
+             node("n2", "A100", 4, {0: [share("2", "a", since=NOW - 60)], 1: [share("3", "b", since=NOW - 60)],
+                                    2: borrowed("21")}),
+             node("n3", "A100", 4, {0: [share("4", "b", since=NOW - 3 * HOUR)], 3: borrowed("31")})]
+    quotas = research(q(4), q(8))
+    (r,) = reclaims(cycle(nodes, quotas, bookings=[booking(count=4, starts_in=600)]))
+    # n1 and n3 cost one guaranteed share each; n1's has run 10 minutes, n3's three hours
+    assert set(r.victims) == {"1", "11", "12"}
+    assert r.due == {v: NOW + 600 for v in r.victims}
+
+
+def test_guaranteed_work_stays_where_the_room_is_missing_in_total():
+    # Three GPUs hold guaranteed work, one borrowed: c's 2-GPU booking has no room even in total
+    # (the booking check would not have taken it): nothing guaranteed is warned for it.
+    nodes = [node("n1", "A100", 2, {0: [share("1", "a")], 1: [share("2", "b", admission="borrowed")]}),
+             node("n2", "A100", 2, {0: [share("3", "b")], 1: [share("4", "b")]})]
+    got = reclaims(cycle(nodes, research(q(2), q(2)), bookings=[booking(team="c", count=2, starts_in=600)]))
+    assert all(v == "2" for r in got for v in r.victims)
+
+
+def test_a_later_whole_node_booking_keeps_long_work_off_its_node():
+    # Both nodes have guaranteed work on one GPU; a 2-GPU booking in 3 hours is planned on the node
+    # whose work is cheaper to move, and new work of unknown end goes to the other one.
+    nodes = [node("n1", "A100", 3, {0: [share("1", "a", since=NOW - 60)]}),
+             node("n2", "A100", 3, {0: [share("2", "a", since=NOW - 2 * HOUR)]})]
+    quotas = research(q(4), q(4))
+    without = where(cycle(nodes, quotas, [req("5", "b", count=2)]))
+    got = where(cycle(nodes, quotas, [req("5", "b", count=2)], bookings=[booking(count=3, starts_in=3 * HOUR)]))
+    assert got["5"][0] == "n2" and without["5"][0] == "n1"
 
 
 def test_held_room_takes_no_new_work_and_is_reclaimed_at_the_start():
@@ -208,3 +255,30 @@ def test_a_running_window_is_nobodys_victim():
     # once the window is over it is ordinary work again
     over = booking("900", "a", starts_in=-3 * HOUR, hours=1)
     assert any(isinstance(d, Preemption) for d in cycle(nodes, quotas, pending, bookings=[over]))
+
+
+def test_a_held_booking_counts_against_its_teams_quota():
+    # a's quota is 2 A100s; it runs one, and its booking of one more begins its lead time. A new
+    # request of a's would take a beyond its quota once the window starts: it borrows (and may be
+    # reclaimed), where without the booking it would be guaranteed.
+    nodes = [node("n1", "A100", 4, {0: [share("1", "a")]})]
+    quotas = research(q(2), q(2))
+    assert placed(cycle(nodes, quotas, [req("5", "a", created=NOW - 10)])) == {"5": "guaranteed"}
+    got = placed(cycle(nodes, quotas, [req("5", "a", created=NOW - 10)], bookings=[booking(starts_in=600)]))
+    assert got == {"5": "borrowed"}
+    # a booking whose lead has not begun takes nothing from the quota yet
+    later = placed(cycle(nodes, quotas, [req("5", "a", created=NOW - 10)], bookings=[booking(starts_in=3 * HOUR)]))
+    assert later == {"5": "guaranteed"}
+
+
+def test_a_started_booking_whose_pod_needs_more_cpu_than_its_room_clears_room_where_it_fits():
+    # The room held for the window is on n1, where a borrowed share is free of charge to take; but
+    # the booking's pod asks for 8 CPUs and n1 has 2 left. n2 has them, under b's borrowed work:
+    # the request clears n2 at its start instead of waiting in the queue for a reclaim's grace.
+    b = booking("900", "a", starts_in=-30)
+    n1 = replace(node("n1", "A100", 1, {0: [share("1", "c", admission="borrowed", since=0)]}), cpu_milli_free=2000)
+    n2 = replace(node("n2", "A100", 1, {0: [share("2", "b", admission="borrowed", since=0)]}), cpu_milli_free=8000)
+    start = replace(req("900", "a", model="A100"), created_at=b.starts_at, cpu_milli=8000)
+    ds = cycle([n1, n2], research(q(1), q(1)), [start], bookings=[b])
+    (p,) = [d for d in ds if isinstance(d, Preemption)]
+    assert p.request_id == "900" and p.victims == ("2",) and p.placement.node == "n2"

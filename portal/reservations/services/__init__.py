@@ -33,7 +33,7 @@ from .extending import ExtendRefused, extend
 from .moving import cancel, lose, move, preempt, release
 from .placing import CapacityConflict, NewAllocation, Placing, ends_at, place, place_many
 from .pods import forget_pod, keep_pod_log, note_cluster_waits, record_pod, record_pods
-from .reclaiming import warn_reclaim
+from .reclaiming import FOR_A_BOOKING, warn_reclaim
 from .submitting import submit
 from .terminals import note_terminal_opened
 from .upkeep import (
@@ -47,6 +47,7 @@ from .upkeep import (
 )
 
 __all__ = [
+    "FOR_A_BOOKING",
     "BookingConflict",
     "CapacityConflict",
     "ExtendRefused",
