@@ -363,7 +363,7 @@ class KubernetesBackend:
                 claim = claim or self.claims.read_claim(pod.namespace, name)
             except NotFound as exc:
                 raise PodConflict(f"claim {pod.namespace}/{name} of pod {pod.name} is gone") from exc
-            if dra.claim_terms([claim]) is not None:
+            if dra.names_our_class(claim):
                 self.claims.allocate(claim, pod, obj["metadata"]["uid"], node, gpus)
 
     def reject_external(self, pod: PodRef, reason: str) -> None:

@@ -9,9 +9,9 @@ plugin, the claim gets its allocation, which the node's DRA driver (`agents/dra`
   the node's pool, `consumedCapacity` on the grid the slice's request policy sets (compute in
   milli-GPUs rounded up to a multiple of 10, at least 10; memory in whole MiB), a `shareID` derived
   from the claim and the device (so a retried write is the same write), and the node selector.
-- `ClaimAllocator.allocate_and_bind`: one status write per claim (a PUT with the claim's
-  resourceVersion as read with the pod's claims; a 409 reads it once and tries again), then the
-  Binding. A claim already allocated to exactly this placement (our earlier try whose answer was
+- `ClaimAllocator.allocate` (then the backend's Binding): one status write per claim (a PUT
+  on the claim's resourceVersion as read with the pod's claims; a 409 reads it once and tries
+  again). A claim already allocated to exactly this placement (our earlier try whose answer was
   lost) only gets the pod added to `reservedFor`; allocated otherwise (the kube-scheduler was first)
   raises `PodConflict`. The placement annotation rides on the Binding as on the device-plugin path;
   the node's driver reads it from the pod the claim is reserved for (reservation, limit, priority).
@@ -19,7 +19,6 @@ plugin, the claim gets its allocation, which the node's DRA driver (`agents/dra`
 
 from __future__ import annotations
 
-import copy
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -75,6 +74,11 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
 def _ours(request: Mapping[str, Any]) -> Mapping[str, Any] | None:
     exactly = request.get("exactly") or {}
     return exactly if exactly.get("deviceClassName") in OUR_CLASSES else None
+
+
+def names_our_class(claim: Mapping[str, Any]) -> bool:
+    """Whether one of the claim's requests names one of our classes (no capacity parsed)."""
+    return any(_ours(r) is not None for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ())
 
 
 def claim_terms(claims: Sequence[Mapping[str, Any]]) -> ClaimTerms | None:
@@ -170,10 +174,12 @@ class ClaimAllocator:
 
     def allocate(self, claim: dict, pod: PodRef, pod_uid: str, node: str, gpus: Sequence[GpuShare]) -> dict:
         """Write the claim's allocation for this placement and reserve it for the pod: one status
-        write (idempotent; a 409 reads the claim once and tries again)."""
+        write (a PUT of the status on the claim's resourceVersion as read: idempotent; a 409 reads
+        the claim once and tries again)."""
         wanted = allocation(claim, node, gpus)
         consumer = {"resource": "pods", "name": pod.name, "uid": pod_uid}
         name = claim["metadata"]["name"]
+        path = f"/apis/resource.k8s.io/v1/namespaces/{pod.namespace}/resourceclaims/{name}/status"
         for attempt in range(2):
             status = claim.get("status") or {}
             if status.get("allocation") and status["allocation"] != wanted:
@@ -181,11 +187,10 @@ class ClaimAllocator:
             reserved = list(status.get("reservedFor") or ())
             if status.get("allocation") and any(r.get("uid") == pod_uid for r in reserved):
                 return claim  # done before (an answer lost on the way back)
-            body = copy.deepcopy(claim)
-            body["status"] = {**status, "allocation": wanted, "reservedFor": [*reserved, consumer]}
+            # Shallow: nothing under the claim changes, only its status is replaced.
+            body = {**claim, "status": {**status, "allocation": wanted, "reservedFor": [*reserved, consumer]}}
             try:
-                return self.api.call_json("allocate claim", self.resource.replace_namespaced_resource_claim_status,
-                                 name, pod.namespace, body)
+                return self.api.send_json("allocate claim", "PUT", path, body)
             except Conflict:
                 if attempt:
                     raise

@@ -812,10 +812,12 @@ class FakeApiServer:
                     raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {plural}.resource.k8s.io '
                                    f'"{name}": the object has been modified; please apply your changes to the '
                                    "latest version and try again")
-                new = copy.deepcopy(old)
                 if sub == "status":
-                    new["status"] = copy.deepcopy(body.get("status") or {})
+                    # Only the status is new: the rest is shared with the stored object this replaces
+                    # (stored objects are never changed in place), so a status write copies no spec.
+                    new = {**old, "metadata": dict(old["metadata"]), "status": copy.deepcopy(body.get("status") or {})}
                 else:
+                    new = copy.deepcopy(old)
                     new.update({k: copy.deepcopy(v) for k, v in body.items() if k not in ("metadata", "status")})
                     for key in ("labels", "annotations", "ownerReferences", "finalizers"):
                         if key in (body.get("metadata") or {}):
