@@ -150,13 +150,13 @@ def run(n: int, latency_s: float, dra: bool, in_process: bool) -> dict:
             node, share = placement(i)
             backend.bind_external(pod.ref, node, *external_binding(str(i + 1), "vision", (share,), 10))
         bind_s, bind_cpu = time.perf_counter() - bind_started, time.process_time() - bind_cpu
-        for pod in pending:
-            backend.unbind(PodRef(pod.namespace, pod.name), grace_s=30, reason="done")
-        per_kind = fake.ask(_requests_since, before)
-        if dra:
+        if dra:  # before the pods go (their claims go with them)
             allocated, problems = fake.ask(_allocated_problems)
             assert allocated == n, (allocated, n)
             assert not problems, problems[:3]
+        for pod in pending:
+            backend.unbind(PodRef(pod.namespace, pod.name), grace_s=30, reason="done")
+        per_kind = fake.ask(_requests_since, before)
     finally:
         backend.close()
         fake.stop()

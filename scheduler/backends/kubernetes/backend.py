@@ -33,7 +33,7 @@ from ..base import (
     Terminal,
     TransientBackendError,
 )
-from . import dra
+from . import dra, portal_claims
 from .api import BIND_CONCURRENCY, Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
 from .manifests import (
     DEFAULT_CLIENT_IMAGE,
@@ -83,6 +83,8 @@ class KubernetesBackend:
       (default: $TESSERA_REMOTE_CLIENT_IMAGE, else the agent image `tessera/agent:0.1.0`)
     - `namespace`: where the portal puts reservation pods (each `PodSpec` carries its own; kept for
       reference). Lists and watches are cluster-wide: kubectl pods live in the teams' namespaces.
+    - `sharing`: how portal pods get their share, "auto" (default: $TESSERA_KUBERNETES_SHARING, else
+      auto), "deviceplugin" or "dra" (portal_claims.py)
     """
 
     name = "kubernetes"
@@ -97,7 +99,7 @@ class KubernetesBackend:
                  retry: RetryPolicy | Mapping[str, Any] | None = None, watch_timeout_s: int = 60,
                  runtime_class: str | None = None, namespace: str = "tessera",
                  scheduler_names: Sequence[str] | str | None = None, client_image: str | None = None,
-                 api_client: client.ApiClient | None = None) -> None:
+                 sharing: str | None = None, api_client: client.ApiClient | None = None) -> None:
         policy = retry if isinstance(retry, RetryPolicy) else RetryPolicy(**dict(retry or {}))
         api_client = api_client or make_api_client(host=host, token=token, kubeconfig=kubeconfig,
                                                    context=context, in_cluster=in_cluster,
@@ -109,6 +111,8 @@ class KubernetesBackend:
         self.client_image = (client_image or os.environ.get("TESSERA_REMOTE_CLIENT_IMAGE")
                              or DEFAULT_CLIENT_IMAGE).strip()
         self.scheduler_names = scheduler_names_option(scheduler_names)
+        self.sharing = portal_claims.sharing_option(sharing or os.environ.get("TESSERA_KUBERNETES_SHARING") or "auto")
+        self._portal_dra: bool | None = None  # "auto" decided (on the first pod made)
         self.namespace = namespace
         self._memory_lock = threading.Lock()
         self._deleted: OrderedDict[tuple[str, str], float] = OrderedDict()  # pod -> when we deleted it
@@ -133,8 +137,28 @@ class KubernetesBackend:
         except NotFound as exc:
             raise PermanentBackendError(f"node {node!r} does not exist in the cluster") from exc
 
+    def portal_pods_use_dra(self) -> bool:
+        """Whether portal pods get a ResourceClaim (`sharing`; "auto": whether the API server serves
+        resource.k8s.io/v1 and has our DeviceClass, read once)."""
+        if self.sharing != "auto":
+            return self.sharing == "dra"
+        if self._portal_dra is None:
+            try:
+                self.claims.read_device_class(dra.SHARE_CLASS)
+                found = True
+            except NotFound:  # no such class, or no resource.k8s.io/v1 at all
+                found = False
+            except PermanentBackendError as exc:  # e.g. not allowed to read DeviceClasses
+                log.warning("portal pods use the device plugin: cannot read DeviceClass %s (%s)", dra.SHARE_CLASS, exc)
+                found = False
+            log.info("portal pods get their GPU share through %s", "DRA claims" if found else "the device plugin")
+            self._portal_dra = found
+        return self._portal_dra
+
     def _create(self, spec: PodSpec) -> PodStatus:
         manifest = pod_manifest(spec, runtime_class=self.runtime_class, client_image=self.client_image)
+        if not spec.remote and self.portal_pods_use_dra():
+            return self._create_with_claim(spec, portal_claims.with_claim(manifest, spec))
         try:
             created = self.api.call_json("create pod", self.api.core.create_namespaced_pod, spec.namespace, manifest)
             return pod_status(created)
@@ -143,6 +167,37 @@ class KubernetesBackend:
         except Conflict:
             # A pod of this name exists: ours from an earlier try whose answer was lost, or another's.
             return self._adopt(spec)
+
+    def _create_with_claim(self, spec: PodSpec, manifest: dict) -> PodStatus:
+        """The pod unbound, its claim (owned by it), the claim's allocation, the Binding: each step
+        idempotent, so a retry finishes what an earlier try began (portal_claims.py)."""
+        try:
+            status = pod_status(self.api.call_json("create pod", self.api.core.create_namespaced_pod,
+                                                   spec.namespace, manifest))
+        except NotFound as exc:
+            raise PermanentBackendError(f"namespace {spec.namespace!r} does not exist: {exc}") from exc
+        except Conflict:
+            status = self._adopt(spec)
+        if status.node:
+            self._check_bound(spec.ref, spec.node, status.node)
+            return status
+        name = portal_claims.claim_name(spec.name)
+        try:
+            claim = self.claims.create_claim(spec.namespace, portal_claims.claim_manifest(spec, status.uid))
+        except Conflict:
+            claim = self.claims.read_claim(spec.namespace, name)
+            if not any(ref.get("uid") == status.uid for ref in claim["metadata"].get("ownerReferences") or ()):
+                raise PodConflict(f"claim {spec.namespace}/{name} exists and is not this pod's") from None
+        self.claims.allocate(claim, spec.ref, status.uid, spec.node, self._on_slice(spec.node, spec.gpus))
+        try:
+            self.api.call_json("bind pod", self.api.core.create_namespaced_pod_binding, spec.name, spec.namespace,
+                               binding_manifest(spec.namespace, spec.name, spec.node))
+        except NotFound as exc:
+            raise PodConflict(f"pod {spec.namespace}/{spec.name} is gone") from exc
+        except Conflict:
+            after = self._read_external(spec.ref)
+            self._check_bound(spec.ref, spec.node, (after.get("spec") or {}).get("nodeName") or "")
+        return replace(status, node=spec.node)
 
     def bind_many(self, specs: Sequence[PodSpec]) -> list[PodStatus | BackendError]:
         """`bind` for each spec, side by side (at most bind_concurrency calls in flight), with each
@@ -343,19 +398,9 @@ class KubernetesBackend:
         """Before the Binding: allocate the pod's claims of our classes to the placed GPUs (one status
         write each), so the kubelet finds them allocated and reserved when the pod reaches it."""
         placement = json.loads(annotations[PLACEMENT_ANNOTATION])
-        index = self._slices.get(node) or {}
-        if any(u not in index for u in placement["gpus"]):  # first time, or the node's GPUs changed
-            try:
-                index = dra.devices_by_uuid(self.claims.read_slice(node))
-            except NotFound as exc:
-                raise PermanentBackendError(f"node {node} publishes no ResourceSlice of {dra.DRIVER}") from exc
-            with self._memory_lock:
-                self._slices[node] = index
-        missing = [u for u in placement["gpus"] if u not in index]
-        if missing:
-            raise PodConflict(f"node {node}'s ResourceSlice has no GPU {', '.join(missing)}")
-        gpus = [GpuShare(uuid=u, index=index[u], gpu_request=placement["request"], gpu_limit=placement["limit"],
-                         gpu_memory_mib=placement["memory_mib"]) for u in placement["gpus"]]
+        gpus = self._on_slice(node, [GpuShare(uuid=u, index=-1, gpu_request=placement["request"],
+                                              gpu_limit=placement["limit"], gpu_memory_mib=placement["memory_mib"])
+                                     for u in placement["gpus"]])
         for name in dra.pod_claim_names(obj):
             with self._memory_lock:
                 claim = self._claims.pop((pod.namespace, name), None)
@@ -365,6 +410,22 @@ class KubernetesBackend:
                 raise PodConflict(f"claim {pod.namespace}/{name} of pod {pod.name} is gone") from exc
             if dra.names_our_class(claim):
                 self.claims.allocate(claim, pod, obj["metadata"]["uid"], node, gpus)
+
+    def _on_slice(self, node: str, gpus: Sequence[GpuShare]) -> list[GpuShare]:
+        """The shares with each GPU's index as the node's ResourceSlice names its device (read once per
+        node, again when it lacks a GPU: the node's GPUs changed)."""
+        index = self._slices.get(node) or {}
+        if any(g.uuid not in index for g in gpus):
+            try:
+                index = dra.devices_by_uuid(self.claims.read_slice(node))
+            except NotFound as exc:
+                raise PermanentBackendError(f"node {node} publishes no ResourceSlice of {dra.DRIVER}") from exc
+            with self._memory_lock:
+                self._slices[node] = index
+        missing = [g.uuid for g in gpus if g.uuid not in index]
+        if missing:
+            raise PodConflict(f"node {node}'s ResourceSlice has no GPU {', '.join(missing)}")
+        return [replace(g, index=index[g.uuid]) for g in gpus]
 
     def reject_external(self, pod: PodRef, reason: str) -> None:
         """A Warning Event on the pod, posted once; the same refusal again only counts up (the count

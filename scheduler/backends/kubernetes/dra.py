@@ -169,6 +169,12 @@ class ClaimAllocator:
     def read_slice(self, node: str) -> dict:
         return self.api.call_json("read slice", self.resource.read_resource_slice, f"{node}-{DRIVER}")
 
+    def read_device_class(self, name: str) -> dict:
+        return self.api.call_json("read device class", self.resource.read_device_class, name)
+
+    def create_claim(self, namespace: str, manifest: dict) -> dict:
+        return self.api.call_json("create claim", self.resource.create_namespaced_resource_claim, namespace, manifest)
+
     def read_claim(self, namespace: str, name: str) -> dict:
         return self.api.call_json("read claim", self.resource.read_namespaced_resource_claim, name, namespace)
 
