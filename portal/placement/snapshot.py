@@ -23,7 +23,7 @@ from scheduler import core
 from scheduler.core.fairqueue import EVICTION_WINDOW_S
 from scheduler.core.remote import Link
 
-from . import bookings_feed, fleet_cache
+from . import bookings_feed, fleet_cache, foreign_claims
 
 
 class Pending(NamedTuple):
@@ -119,6 +119,8 @@ def build(booked: tuple[core.Booking, ...] | None = None) -> core.Snapshot:
             group=group or None, admission=admission, since=placed_at.timestamp() if placed_at else 0.0,
             reclaim_at=reclaim_at.timestamp() if reclaim_at else None,
         ))
+    for gpu_id, held in foreign_claims.shares_by_gpu().items():  # the kube-scheduler's DRA allocations
+        shares[gpu_id].extend(held)
     pods = _pods_per_node()
     fleet = fleet_cache.fleet()
     # Most nodes hold nothing: they stay the fleet's blank ones; only those with shares or pods change.

@@ -411,6 +411,16 @@ class KubernetesBackend:
             if dra.names_our_class(claim):
                 self.claims.allocate(claim, pod, obj["metadata"]["uid"], node, gpus)
 
+    def foreign_shares(self) -> list[dra.ForeignShare]:
+        """What claims allocated by another scheduler (pods left to the default kube-scheduler that
+        name our DeviceClasses) hold of our GPUs: one list of the claims. Empty where the cluster
+        serves no resource.k8s.io/v1 (nothing can be held through it)."""
+        try:
+            claims = self.claims.list_claims()
+        except NotFound:
+            return []
+        return dra.foreign_shares(list(claims.values()))
+
     def _on_slice(self, node: str, gpus: Sequence[GpuShare]) -> list[GpuShare]:
         """The shares with each GPU's index as the node's ResourceSlice names its device (read once per
         node, again when it lacks a GPU: the node's GPUs changed)."""

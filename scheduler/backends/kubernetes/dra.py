@@ -145,12 +145,55 @@ def allocation(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuShare]) ->
     uid = claim["metadata"]["uid"]
     results = [{
         "request": request["name"], "driver": DRIVER, "pool": node, "device": f"gpu-{g.index}",
-        "shareID": str(uuid.uuid5(SHARE_IDS, f"{uid}/{node}/{g.index}")),
+        "shareID": share_id(uid, node, g.index),
         "consumedCapacity": {"compute": str(consumed_milli(g.gpu_request)), "memory": str(g.gpu_memory_mib * MIB)},
     } for g in gpus]
     return {"devices": {"results": results},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+
+
+@dataclass(frozen=True)
+class ForeignShare:
+    """What another allocator (the default kube-scheduler, for a pod left to it) took of one of our
+    devices: the portal counts it as used, so that our cycle never places into that room."""
+
+    node: str
+    gpu_index: int
+    milli: int  # compute consumed, milli-GPUs
+    memory_mib: int | None  # None: the whole card's (a result that consumed no stated memory)
+    claim: str  # namespace/name, for the reasons the portal gives
+
+
+def share_id(claim_uid: str, node: str, index: int) -> str:
+    """The shareID our allocations carry (derived, so a retried write is the same write)."""
+    return str(uuid.uuid5(SHARE_IDS, f"{claim_uid}/{node}/{index}"))
+
+
+def foreign_shares(claims: Sequence[Mapping[str, Any]]) -> list[ForeignShare]:
+    """The devices of our driver that claims hold without our allocation (their shareID is not the one
+    `allocation` derives). A result without consumedCapacity took the whole device (a whole-GPU class,
+    or the request policy's defaults); an unreadable amount counts as the whole device, never less."""
+    out = []
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        for result in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ():
+            device = str(result.get("device", ""))
+            if result.get("driver") != DRIVER or not device.startswith("gpu-") or not device[4:].isdigit():
+                continue
+            node, index = str(result.get("pool", "")), int(device[4:])
+            if result.get("shareID") == share_id(meta.get("uid", ""), node, index):
+                continue  # ours: the portal holds it as a reservation already
+            consumed = result.get("consumedCapacity") or {}
+            try:
+                milli = int(parse_quantity(consumed["compute"])) if "compute" in consumed else WHOLE_GPU_MILLI
+                mib = math.ceil(parse_quantity(consumed["memory"]) / MIB) if "memory" in consumed else None
+            except ValueError:
+                milli, mib = WHOLE_GPU_MILLI, None
+            out.append(ForeignShare(node=node, gpu_index=index, memory_mib=mib,
+                                    milli=min(max(milli, STEP_MILLI), WHOLE_GPU_MILLI),
+                                    claim=f"{meta.get('namespace', '')}/{meta.get('name', '')}"))
+    return out
 
 
 class ClaimAllocator:
