@@ -32,6 +32,7 @@ from kubernetes.utils import parse_quantity
 from ..base import GpuShare, PodConflict, PodRef
 from .api import Conflict, KubeApi, NotFound
 
+API_VERSION = "resource.k8s.io/v1"
 DRIVER = "gpu.tessera.io"
 SHARE_CLASS = "gpu-share.tessera.io"
 WHOLE_CLASS = "gpu-whole.tessera.io"
@@ -221,7 +222,7 @@ class ClaimAllocator:
     def read_claim(self, namespace: str, name: str) -> dict:
         return self.api.call_json("read claim", self.resource.read_namespaced_resource_claim, name, namespace)
 
-    def allocate(self, claim: dict, pod: PodRef, pod_uid: str, node: str, gpus: Sequence[GpuShare]) -> dict:
+    def allocate(self, claim: dict, pod: PodRef, pod_uid: str, node: str, gpus: Sequence[GpuShare]) -> None:
         """Write the claim's allocation for this placement and reserve it for the pod: one status
         write (a PUT of the status on the claim's resourceVersion as read: idempotent; a 409 reads
         the claim once and tries again)."""
@@ -235,11 +236,17 @@ class ClaimAllocator:
                 raise PodConflict(f"claim {pod.namespace}/{name} is allocated elsewhere (by another scheduler)")
             reserved = list(status.get("reservedFor") or ())
             if status.get("allocation") and any(r.get("uid") == pod_uid for r in reserved):
-                return claim  # done before (an answer lost on the way back)
-            # Shallow: nothing under the claim changes, only its status is replaced.
-            body = {**claim, "status": {**status, "allocation": wanted, "reservedFor": [*reserved, consumer]}}
+                return  # done before (an answer lost on the way back)
+            # The status subresource takes the status alone (the server keeps the stored spec and
+            # metadata): the claim's identity, the resourceVersion it was read at, the new status.
+            meta = claim["metadata"]
+            body = {"apiVersion": API_VERSION, "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": pod.namespace, "uid": meta.get("uid"),
+                                 "resourceVersion": meta.get("resourceVersion")},
+                    "status": {**status, "allocation": wanted, "reservedFor": [*reserved, consumer]}}
             try:
-                return self.api.send_json("allocate claim", "PUT", path, body)
+                self.api.send_json("allocate claim", "PUT", path, body, answer=False)
+                return
             except Conflict:
                 if attempt:
                     raise
