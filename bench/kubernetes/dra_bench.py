@@ -3,8 +3,13 @@ admitted (listed) and bound per second, and the API requests one reservation cos
 suite's fake API server answering every request after 5 ms (--latency-ms), validation off (what is
 measured is our side against a given latency; the fake's over-commit guard runs once at the end).
 
+The fake runs in a process of its own (FakeInProcess): in ours, its Python work held the GIL our
+client waited for, so whichever path made the fake work harder paid for it (`--in-process` measures
+that way still). Each path runs `--rounds` times, interleaved, and the median round is kept: the
+machine is shared and its load comes in bursts. "Our CPU" is this process's CPU per pod bound.
+
 - device plugin: pods as the webhook leaves them (`sharedgpu/*` labels, an empty reservation label);
-  `bind_external` writes the Binding carrying the placement annotation;
+  `bind_external` reads the pod, then writes the Binding carrying the placement annotation;
 - DRA: pods whose claim (made from a ResourceClaimTemplate of class gpu-share.tessera.io) asks
   compute 250 and 4 GiB, marked by the webhook as the KubeShare ones; `list_pending_external` reads
   the claims (one list per call) and `bind_external` writes the claim's allocation, then binds.
@@ -174,7 +179,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pods", type=int, default=300)
     parser.add_argument("--latency-ms", type=float, default=5.0, help="the fake API server's answer time")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of each path, interleaved; the median is kept")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each path, interleaved; the median is kept")
     parser.add_argument("--in-process", action="store_true",
                         help="the fake in this process (its Python work then competes with ours for the GIL)")
     args = parser.parse_args()

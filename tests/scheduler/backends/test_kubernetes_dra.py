@@ -239,3 +239,13 @@ def test_binding_from_the_listing_without_reading_the_pod_still_holds_when_it_mo
     cluster.remove_pod("team-vision", "notebook-2")
     with pytest.raises(PodConflict, match="gone"):
         _bind(backend, {"metadata": {"name": "notebook-2"}}, GPUS[0].uuid, 0.4, 12288)
+
+
+def test_a_claim_status_write_the_server_fails_is_retried_and_written_once(cluster, backend):
+    pod = _share_pod(cluster)
+    cluster.inject("PUT", r"/resourceclaims/[^/]+/status$", status=503)
+    _bind(backend, pod, GPUS[1].uuid, 0.4, 12288)
+    assert len(cluster.calls("PUT", r"/resourceclaims/[^/]+/status$")) == 2  # the 503, then the write
+    (claim,) = cluster.objects("ResourceClaim")
+    assert len(claim["status"]["reservedFor"]) == 1
+    assert cluster.pod("team-vision", "notebook")["spec"]["nodeName"] == NODE
