@@ -187,7 +187,9 @@ class KubernetesBackend:
         except Conflict:
             claim = self.claims.read_claim(spec.namespace, name)
             if not any(ref.get("uid") == status.uid for ref in claim["metadata"].get("ownerReferences") or ()):
-                raise PodConflict(f"claim {spec.namespace}/{name} exists and is not this pod's") from None
+                # An earlier pod's of this name (deleted, its claim not collected yet): it goes by itself.
+                raise TransientBackendError(f"claim {spec.namespace}/{name} still belongs to an earlier pod "
+                                            f"{spec.name}; the garbage collector deletes it") from None
         self.claims.allocate(claim, spec.ref, status.uid, spec.node, self._on_slice(spec.node, spec.gpus))
         try:
             self.api.call_json("bind pod", self.api.core.create_namespaced_pod_binding, spec.name, spec.namespace,

@@ -116,3 +116,22 @@ def test_a_remote_share_keeps_its_own_path(dra_cluster, backend, pod_spec):
                                                   ("TESSERA_REMOTE_TOKEN", "t"))))
     assert _claims(dra_cluster) == []
     assert dra_cluster.pod("tessera", "tessera-r42-1")["spec"]["nodeName"] == NODE
+
+
+def test_a_claim_left_by_an_earlier_pod_of_the_same_name_is_waited_for(dra_cluster, backend, pod_spec):
+    from scheduler.backends import TransientBackendError
+
+    # The earlier pod is deleted; the garbage collector has not deleted its claim yet.
+    dra_cluster.put_object({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "tessera-r42-1-gpu", "namespace": "tessera", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Pod", "name": "tessera-r42-1", "uid": "uid-of-the-earlier-pod",
+             "controller": True}]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-share.tessera.io"}}]}}})
+    with pytest.raises(TransientBackendError, match="still belongs to an earlier pod"):
+        backend.bind(pod_spec(gpus=SHARE))
+    assert not dra_cluster.pod("tessera", "tessera-r42-1")["spec"].get("nodeName")  # not bound without it
+    backend.claims.resource.delete_namespaced_resource_claim("tessera-r42-1-gpu", "tessera")
+    assert backend.bind(pod_spec(gpus=SHARE)).node == NODE  # the retry finishes the same pod
+    (claim,) = _claims(dra_cluster)
+    assert claim["status"]["reservedFor"][0]["uid"] == dra_cluster.pod("tessera", "tessera-r42-1")["metadata"]["uid"]
