@@ -112,12 +112,12 @@ class KubernetesBackend:
                              or DEFAULT_CLIENT_IMAGE).strip()
         self.scheduler_names = scheduler_names_option(scheduler_names)
         self.sharing = portal_claims.sharing_option(sharing or os.environ.get("TESSERA_KUBERNETES_SHARING") or "auto")
-        self._portal_dra: bool | None = None  # "auto" decided (on the first pod made)
         self.namespace = namespace
         self._memory_lock = threading.Lock()
         self._deleted: OrderedDict[tuple[str, str], float] = OrderedDict()  # pod -> when we deleted it
         self._events: OrderedDict[tuple[str, str], list] = OrderedDict()  # event -> [count, sent at, uid]
         self.claims = dra.ClaimAllocator(self.api)
+        self.portal_claims = portal_claims.PortalClaims(self)
         self._slices: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> index, from its ResourceSlice
         # Claims as the last listing read them: binding starts from them (a stale one costs a 409 and a read).
         self._claims: OrderedDict[tuple[str, str], dict] = OrderedDict()
@@ -137,28 +137,10 @@ class KubernetesBackend:
         except NotFound as exc:
             raise PermanentBackendError(f"node {node!r} does not exist in the cluster") from exc
 
-    def portal_pods_use_dra(self) -> bool:
-        """Whether portal pods get a ResourceClaim (`sharing`; "auto": whether the API server serves
-        resource.k8s.io/v1 and has our DeviceClass, read once)."""
-        if self.sharing != "auto":
-            return self.sharing == "dra"
-        if self._portal_dra is None:
-            try:
-                self.claims.read_device_class(dra.SHARE_CLASS)
-                found = True
-            except NotFound:  # no such class, or no resource.k8s.io/v1 at all
-                found = False
-            except PermanentBackendError as exc:  # e.g. not allowed to read DeviceClasses
-                log.warning("portal pods use the device plugin: cannot read DeviceClass %s (%s)", dra.SHARE_CLASS, exc)
-                found = False
-            log.info("portal pods get their GPU share through %s", "DRA claims" if found else "the device plugin")
-            self._portal_dra = found
-        return self._portal_dra
-
     def _create(self, spec: PodSpec) -> PodStatus:
         manifest = pod_manifest(spec, runtime_class=self.runtime_class, client_image=self.client_image)
-        if not spec.remote and self.portal_pods_use_dra():
-            return self._create_with_claim(spec, portal_claims.with_claim(manifest, spec))
+        if not spec.remote and self.portal_claims.in_use():
+            return self.portal_claims.create(spec, manifest)
         try:
             created = self.api.call_json("create pod", self.api.core.create_namespaced_pod, spec.namespace, manifest)
             return pod_status(created)
@@ -167,39 +149,6 @@ class KubernetesBackend:
         except Conflict:
             # A pod of this name exists: ours from an earlier try whose answer was lost, or another's.
             return self._adopt(spec)
-
-    def _create_with_claim(self, spec: PodSpec, manifest: dict) -> PodStatus:
-        """The pod unbound, its claim (owned by it), the claim's allocation, the Binding: each step
-        idempotent, so a retry finishes what an earlier try began (portal_claims.py)."""
-        try:
-            status = pod_status(self.api.call_json("create pod", self.api.core.create_namespaced_pod,
-                                                   spec.namespace, manifest))
-        except NotFound as exc:
-            raise PermanentBackendError(f"namespace {spec.namespace!r} does not exist: {exc}") from exc
-        except Conflict:
-            status = self._adopt(spec)
-        if status.node:
-            self._check_bound(spec.ref, spec.node, status.node)
-            return status
-        name = portal_claims.claim_name(spec.name)
-        try:
-            claim = self.claims.create_claim(spec.namespace, portal_claims.claim_manifest(spec, status.uid))
-        except Conflict:
-            claim = self.claims.read_claim(spec.namespace, name)
-            if not any(ref.get("uid") == status.uid for ref in claim["metadata"].get("ownerReferences") or ()):
-                # An earlier pod's of this name (deleted, its claim not collected yet): it goes by itself.
-                raise TransientBackendError(f"claim {spec.namespace}/{name} still belongs to an earlier pod "
-                                            f"{spec.name}; the garbage collector deletes it") from None
-        self.claims.allocate(claim, spec.ref, status.uid, spec.node, self._on_slice(spec.node, spec.gpus))
-        try:
-            self.api.call_json("bind pod", self.api.core.create_namespaced_pod_binding, spec.name, spec.namespace,
-                               binding_manifest(spec.namespace, spec.name, spec.node))
-        except NotFound as exc:
-            raise PodConflict(f"pod {spec.namespace}/{spec.name} is gone") from exc
-        except Conflict:
-            after = self._read_external(spec.ref)
-            self._check_bound(spec.ref, spec.node, (after.get("spec") or {}).get("nodeName") or "")
-        return replace(status, node=spec.node)
 
     def bind_many(self, specs: Sequence[PodSpec]) -> list[PodStatus | BackendError]:
         """`bind` for each spec, side by side (at most bind_concurrency calls in flight), with each

@@ -21,11 +21,19 @@ A remote share's pod runs where its GPU is not: it keeps its own path (no device
 from __future__ import annotations
 
 import copy
-from typing import Any
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from ..base import PodSpec
+from ..base import PermanentBackendError, PodConflict, PodSpec, PodStatus, TransientBackendError
+from .api import Conflict, NotFound
 from .dra import MIB, SHARE_CLASS, consumed_milli
-from .manifests import SHARE_RESOURCE, check_name
+from .manifests import SHARE_RESOURCE, binding_manifest, check_name, pod_status
+
+if TYPE_CHECKING:
+    from .backend import KubernetesBackend
+
+log = logging.getLogger(__name__)
 
 SHARING_MODES = ("auto", "deviceplugin", "dra")
 CLAIM_REFERENCE = "gpu"  # the pod's name for its claim (spec.resourceClaims[].name)
@@ -79,3 +87,64 @@ def with_claim(manifest: dict[str, Any], spec: PodSpec) -> dict[str, Any]:
             resources.pop("limits", None)
         resources["claims"] = [{"name": CLAIM_REFERENCE}]
     return out
+
+
+class PortalClaims:
+    """The DRA path of a `KubernetesBackend`'s portal pods: whether it is taken, and the pod's writes."""
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        self.backend = backend
+        self._found: bool | None = None  # "auto", decided on the first pod made
+
+    def in_use(self) -> bool:
+        """Whether portal pods get a ResourceClaim (`sharing`; "auto": whether the API server serves
+        resource.k8s.io/v1 and has our DeviceClass, read once)."""
+        sharing = self.backend.sharing
+        if sharing != "auto":
+            return sharing == "dra"
+        if self._found is None:
+            try:
+                self.backend.claims.read_device_class(SHARE_CLASS)
+                found = True
+            except NotFound:  # no such class, or no resource.k8s.io/v1 at all
+                found = False
+            except PermanentBackendError as exc:  # e.g. not allowed to read DeviceClasses
+                log.warning("portal pods use the device plugin: cannot read DeviceClass %s (%s)", SHARE_CLASS, exc)
+                found = False
+            log.info("portal pods get their GPU share through %s", "DRA claims" if found else "the device plugin")
+            self._found = found
+        return self._found
+
+    def create(self, spec: PodSpec, manifest: dict[str, Any]) -> PodStatus:
+        """The pod unbound, its claim (owned by it), the claim's allocation, the Binding: each step
+        idempotent, so a retry finishes what an earlier try began. `manifest`: the device-plugin pod."""
+        backend, api = self.backend, self.backend.api
+        try:
+            status = pod_status(api.call_json("create pod", api.core.create_namespaced_pod, spec.namespace,
+                                              with_claim(manifest, spec)))
+        except NotFound as exc:
+            raise PermanentBackendError(f"namespace {spec.namespace!r} does not exist: {exc}") from exc
+        except Conflict:
+            status = backend._adopt(spec)
+        if status.node:
+            backend._check_bound(spec.ref, spec.node, status.node)
+            return status
+        name = claim_name(spec.name)
+        try:
+            claim = backend.claims.create_claim(spec.namespace, claim_manifest(spec, status.uid))
+        except Conflict:
+            claim = backend.claims.read_claim(spec.namespace, name)
+            if not any(ref.get("uid") == status.uid for ref in claim["metadata"].get("ownerReferences") or ()):
+                # An earlier pod's of this name (deleted, its claim not collected yet): it goes by itself.
+                raise TransientBackendError(f"claim {spec.namespace}/{name} still belongs to an earlier pod "
+                                            f"{spec.name}; the garbage collector deletes it") from None
+        backend.claims.allocate(claim, spec.ref, status.uid, spec.node, backend._on_slice(spec.node, spec.gpus))
+        try:
+            api.call_json("bind pod", api.core.create_namespaced_pod_binding, spec.name, spec.namespace,
+                          binding_manifest(spec.namespace, spec.name, spec.node))
+        except NotFound as exc:
+            raise PodConflict(f"pod {spec.namespace}/{spec.name} is gone") from exc
+        except Conflict:
+            after = backend._read_external(spec.ref)
+            backend._check_bound(spec.ref, spec.node, (after.get("spec") or {}).get("nodeName") or "")
+        return replace(status, node=spec.node)
