@@ -135,3 +135,17 @@ def test_a_claim_left_by_an_earlier_pod_of_the_same_name_is_waited_for(dra_clust
     assert backend.bind(pod_spec(gpus=SHARE)).node == NODE  # the retry finishes the same pod
     (claim,) = _claims(dra_cluster)
     assert claim["status"]["reservedFor"][0]["uid"] == dra_cluster.pod("tessera", "tessera-r42-1")["metadata"]["uid"]
+
+
+def test_the_portal_refuses_to_start_with_an_unknown_sharing_setting(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    env.update(TESSERA_KUBERNETES_SHARING="claims", DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    r = subprocess.run([sys.executable, "manage.py", "check"], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    assert "TESSERA_KUBERNETES_SHARING must be 'auto', 'deviceplugin' or 'dra', got 'claims'" in r.stderr
