@@ -13,13 +13,13 @@ leaves the room counted as used, never as free.
 from __future__ import annotations
 
 import logging
-import math
 
 from django.core.cache import cache
 
-from portal.fleet.models import Gpu
 from scheduler import core
 from scheduler.backends import Backend, BackendError
+
+from . import fleet_cache
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,13 @@ def observe(backend: Backend) -> int | None:
     return len(shares)
 
 
-def shares_by_gpu() -> dict[int, list[core.Share]]:
+def shares_by_gpu(fleet: fleet_cache.Fleet) -> dict[int, list[core.Share]]:
     """GPU id → the shares other schedulers' claims hold on it, as the engine counts used room."""
     observed = cache.get(CACHE_KEY) or []
     if not observed:
         return {}
-    gpus = {(node, index): (pk, memory) for pk, node, index, memory
-            in Gpu.objects.values_list("pk", "node__name", "index", "memory_mib")}
+    gpus = {(node.name, gpu.index): (pk, gpu.memory_mib) for node in fleet.nodes
+            for pk, gpu in zip(node.gpu_pks, node.blank.gpus, strict=True)}
     out: dict[int, list[core.Share]] = {}
     for node, index, milli, memory_mib, claim in observed:
         if (node, index) not in gpus:
@@ -58,6 +58,6 @@ def shares_by_gpu() -> dict[int, list[core.Share]]:
         pk, card_mib = gpus[(node, index)]
         out.setdefault(pk, []).append(core.Share(
             reservation_id=f"claim {claim}", gpu_request=min(1.0, max(milli, 1) / MILLI),
-            gpu_memory_mib=min(card_mib, math.ceil(memory_mib)) if memory_mib is not None else card_mib,
+            gpu_memory_mib=min(card_mib, memory_mib) if memory_mib is not None else card_mib,
             priority=PRIORITY, team="", admission="guaranteed"))
     return out

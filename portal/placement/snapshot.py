@@ -119,10 +119,10 @@ def build(booked: tuple[core.Booking, ...] | None = None) -> core.Snapshot:
             group=group or None, admission=admission, since=placed_at.timestamp() if placed_at else 0.0,
             reclaim_at=reclaim_at.timestamp() if reclaim_at else None,
         ))
-    for gpu_id, held in foreign_claims.shares_by_gpu().items():  # the kube-scheduler's DRA allocations
-        shares[gpu_id].extend(held)
     pods = _pods_per_node()
     fleet = fleet_cache.fleet()
+    for gpu_id, held in foreign_claims.shares_by_gpu(fleet).items():  # the kube-scheduler's DRA allocations
+        shares[gpu_id].extend(held)
     # Most nodes hold nothing: they stay the fleet's blank ones; only those with shares or pods change.
     nodes = list(fleet.blanks)
     touched = {fleet.position_of_gpu[pk] for pk in shares if pk in fleet.position_of_gpu}
