@@ -22,6 +22,7 @@ from ..base import (
     RESERVATION_LABEL,
     BackendError,
     ClusterEvent,
+    ExternalBinding,
     ExternalPod,
     GpuShare,
     NodeCondition,
@@ -335,6 +336,23 @@ class KubernetesBackend:
             # Bound meanwhile: by our own earlier try (answer lost) or by someone else.
             after = self._read_external(pod)
             self._check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
+
+    def bind_external_many(self, bindings: Sequence[ExternalBinding]) -> list[BackendError | None]:
+        """`bind_external` for each, side by side (at most bind_concurrency pods in flight): a pod's
+        own writes stay in their order (its claims' allocation before its Binding), while one pod's
+        Binding and the next one's claim write overlap instead of waiting on each other."""
+        def one(b: ExternalBinding) -> BackendError | None:
+            try:
+                self.bind_external(b.pod, b.node, b.labels, b.annotations)
+            except BackendError as exc:
+                return exc
+            return None
+
+        workers = min(self.bind_concurrency, len(bindings))
+        if workers <= 1:
+            return [one(b) for b in bindings]
+        with ThreadPoolExecutor(workers, thread_name_prefix="bind-external") as pool:
+            return list(pool.map(one, bindings))
 
     def _beside(self, first: Callable[[], Any], second: Callable[[], Any]) -> None:
         """Both calls at once (`second` in another thread); the first failure is raised once both ended."""

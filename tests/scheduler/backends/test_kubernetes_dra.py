@@ -249,3 +249,27 @@ def test_a_claim_status_write_the_server_fails_is_retried_and_written_once(clust
     (claim,) = cluster.objects("ResourceClaim")
     assert len(claim["status"]["reservedFor"]) == 1
     assert cluster.pod("team-vision", "notebook")["spec"]["nodeName"] == NODE
+
+
+def test_many_kubectl_pods_are_bound_side_by_side_each_with_its_own_outcome(cluster, backend):
+    from scheduler.backends import ExternalBinding
+
+    template, pod = example("share.yaml")
+    cluster.put_object(template)
+    names = [f"notebook-{i}" for i in range(6)]
+    for name in names:
+        cluster.create_pod({**pod, "metadata": {**pod["metadata"], "name": name}})
+        cluster.make_template_claims("team-vision", name)
+    backend.list_pending_external()
+    cluster.remove_pod("team-vision", "notebook-3")  # gone before its turn
+    cluster.answer_delay_s = 0.05  # a busy server: side by side or not shows
+    share = GpuShare(uuid=GPUS[1].uuid, index=0, gpu_request=0.1, gpu_limit=0.1, gpu_memory_mib=1024)
+    outcomes = backend.bind_external_many([
+        ExternalBinding(PodRef("team-vision", n), NODE, *external_binding(str(i), "vision", (share,), 60))
+        for i, n in enumerate(names)])
+    assert [type(o).__name__ if o else None for o in outcomes] == [None, None, None, "PodConflict", None, None]
+    assert cluster.max_in_flight > 1
+    for name in names[:3] + names[4:]:
+        assert cluster.pod("team-vision", name)["spec"]["nodeName"] == NODE
+    held = [c for c in cluster.objects("ResourceClaim") if c["status"].get("allocation")]
+    assert len(held) == 5 and all(len(c["status"]["reservedFor"]) == 1 for c in held)
