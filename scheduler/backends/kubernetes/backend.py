@@ -120,6 +120,7 @@ class KubernetesBackend:
         self.claims = dra.ClaimAllocator(self.api)
         self.portal_claims = portal_claims.PortalClaims(self)
         self._slices: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> index, from its ResourceSlice
+        self._slice_reads: dict[str, threading.Lock] = {}  # node -> held while its slice is read
         # Claims as the last listing read them: binding starts from them (a stale one costs a 409 and a read).
         self._claims: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self._claim_pods: OrderedDict[tuple[str, str], dict] = OrderedDict()  # DRA pods as last listed
@@ -395,12 +396,17 @@ class KubernetesBackend:
         node, again when it lacks a GPU: the node's GPUs changed)."""
         index = self._slices.get(node) or {}
         if any(g.uuid not in index for g in gpus):
-            try:
-                index = dra.devices_by_uuid(self.claims.read_slice(node))
-            except NotFound as exc:
-                raise PermanentBackendError(f"node {node} publishes no ResourceSlice of {dra.DRIVER}") from exc
             with self._memory_lock:
-                self._slices[node] = index
+                reading = self._slice_reads.setdefault(node, threading.Lock())
+            with reading:  # pods bound side by side on one node: one of them reads its slice
+                index = self._slices.get(node) or {}
+                if any(g.uuid not in index for g in gpus):
+                    try:
+                        index = dra.devices_by_uuid(self.claims.read_slice(node))
+                    except NotFound as exc:
+                        raise PermanentBackendError(f"node {node} publishes no ResourceSlice of {dra.DRIVER}") from exc
+                    with self._memory_lock:
+                        self._slices[node] = index
         missing = [g.uuid for g in gpus if g.uuid not in index]
         if missing:
             raise PodConflict(f"node {node}'s ResourceSlice has no GPU {', '.join(missing)}")

@@ -269,6 +269,7 @@ def test_many_kubectl_pods_are_bound_side_by_side_each_with_its_own_outcome(clus
         for i, n in enumerate(names)])
     assert [type(o).__name__ if o else None for o in outcomes] == [None, None, None, "PodConflict", None, None]
     assert cluster.max_in_flight > 1
+    assert len(cluster.calls("GET", r"/resourceslices/")) == 1  # one of them read the node's slice
     for name in names[:3] + names[4:]:
         assert cluster.pod("team-vision", name)["spec"]["nodeName"] == NODE
     held = [c for c in cluster.objects("ResourceClaim") if c["status"].get("allocation")]
