@@ -271,6 +271,13 @@ TESSERA_REMOTE_TOKEN_TTL_S = int(os.environ.get("TESSERA_REMOTE_TOKEN_TTL_S", st
 # the kubectl path takes (comma-separated; "" for the defaults, scheduler.backends.kubernetes).
 TESSERA_RUNTIME_CLASS = os.environ.get("TESSERA_RUNTIME_CLASS", "nvidia")
 TESSERA_SCHEDULER_NAMES = os.environ.get("TESSERA_SCHEDULER_NAMES", "")
+# How portal pods get their GPU share (scheduler/backends/kubernetes/portal_claims.py): "dra", a
+# ResourceClaim of gpu-share.tessera.io; "deviceplugin", the device plugin's slot; "auto", DRA where
+# the API server serves resource.k8s.io/v1 and has that DeviceClass (read once per process).
+TESSERA_KUBERNETES_SHARING = os.environ.get("TESSERA_KUBERNETES_SHARING", "auto").strip().lower()
+if TESSERA_KUBERNETES_SHARING not in ("auto", "deviceplugin", "dra"):
+    raise ImproperlyConfigured("TESSERA_KUBERNETES_SHARING must be 'auto', 'deviceplugin' or 'dra', got "
+                               f"{os.environ.get('TESSERA_KUBERNETES_SHARING')!r}")
 # A finished portal pod is kept this long for the reservation page's log, then deleted.
 TESSERA_KEEP_FINISHED_PODS_S = int(os.environ.get("TESSERA_KEEP_FINISHED_PODS_S", "3600"))
 # Celery workers keep their database connection between tasks this long (DB_CONN_MAX_AGE wins).

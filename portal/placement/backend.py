@@ -2,8 +2,8 @@
 
 TESSERA_BACKEND=local: simulated cluster whose state file (TESSERA_LOCAL_STATE) web, workers and
 beat share; its nodes are the database's nodes. TESSERA_BACKEND=kubernetes:
-`scheduler.backends.kubernetes`, pods in TESSERA_NAMESPACE with TESSERA_RUNTIME_CLASS, kubectl pods
-of TESSERA_SCHEDULER_NAMES. (All read in settings.py.)
+`scheduler.backends.kubernetes`, pods in TESSERA_NAMESPACE with TESSERA_RUNTIME_CLASS and their
+share through TESSERA_KUBERNETES_SHARING, kubectl pods of TESSERA_SCHEDULER_NAMES. (All read in settings.py.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _key() -> tuple:
     name = settings.TESSERA_BACKEND
     if name == "local":
         return (os.getpid(), name, settings.TESSERA_LOCAL_STATE, float(settings.TESSERA_LOCAL_START_S))
-    return (os.getpid(), name, settings.TESSERA_NAMESPACE)
+    return (os.getpid(), name, settings.TESSERA_NAMESPACE, settings.TESSERA_KUBERNETES_SHARING)
 
 
 def get_backend() -> Backend:
@@ -48,7 +48,8 @@ def get_backend() -> Backend:
         return backend
     if key not in _cache:
         _cache[key] = create(name, namespace=settings.TESSERA_NAMESPACE, runtime_class=settings.TESSERA_RUNTIME_CLASS,
-                             scheduler_names=settings.TESSERA_SCHEDULER_NAMES)
+                             scheduler_names=settings.TESSERA_SCHEDULER_NAMES,
+                             sharing=settings.TESSERA_KUBERNETES_SHARING)
     return _cache[key]
 
 

@@ -25,6 +25,7 @@ from portal.reservations.states import State
 from scheduler.backends import (
     Backend,
     BackendError,
+    ExternalBinding,
     GpuShare,
     PermanentBackendError,
     PodRef,
@@ -130,7 +131,7 @@ class BindReport:
 def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
     """`bind` for many reservations with a constant number of queries: the rows and their shares
     are read at once, the pods go to `backend.bind_many` together (the kubectl ones, already
-    existing, are bound one by one), and the pod uids are written in one statement. The caller
+    existing, to `backend.bind_external_many`), and the pod uids are written in one statement. The caller
     announces `report.nodes` to their agents."""
     report = BindReport()
     rows = {r.pk: r for r in map(BindRow._make, _BIND_ROWS.all(ids=list(reservation_ids)))}
@@ -147,14 +148,11 @@ def bind_batch(backend: Backend, reservation_ids: Iterable[int]) -> BindReport:
             outcomes.append((r, exc))
     if specs:
         outcomes += zip([r for r, _ in specs], backend.bind_many([spec for _, spec in specs]), strict=True)
-    for r, gpus in work:
-        if r.source == Source.KUBECTL:
-            labels, annotations = external_binding(str(r.pk), r.team_slug, gpus, r.priority)
-            try:
-                backend.bind_external(PodRef(r.pod_namespace, r.pod_name), r.pod_node, labels, annotations)
-                outcomes.append((r, None))
-            except BackendError as exc:
-                outcomes.append((r, exc))
+    kubectl = [(r, ExternalBinding(PodRef(r.pod_namespace, r.pod_name), r.pod_node,
+                                   *external_binding(str(r.pk), r.team_slug, gpus, r.priority)))
+               for r, gpus in work if r.source == Source.KUBECTL]
+    if kubectl:  # side by side: one pod's Binding need not wait for the next one's claim write
+        outcomes += zip([r for r, _ in kubectl], backend.bind_external_many([b for _, b in kubectl]), strict=True)
 
     created: list[tuple[BindRow, PodStatus]] = []
     for r, outcome in outcomes:

@@ -23,7 +23,7 @@ from scheduler import core
 from scheduler.core.fairqueue import EVICTION_WINDOW_S
 from scheduler.core.remote import Link
 
-from . import bookings_feed, fleet_cache
+from . import bookings_feed, fleet_cache, foreign_claims
 
 
 class Pending(NamedTuple):
@@ -121,6 +121,8 @@ def build(booked: tuple[core.Booking, ...] | None = None) -> core.Snapshot:
         ))
     pods = _pods_per_node()
     fleet = fleet_cache.fleet()
+    for gpu_id, held in foreign_claims.shares_by_gpu(fleet).items():  # the kube-scheduler's DRA allocations
+        shares[gpu_id].extend(held)
     # Most nodes hold nothing: they stay the fleet's blank ones; only those with shares or pods change.
     nodes = list(fleet.blanks)
     touched = {fleet.position_of_gpu[pk] for pk in shares if pk in fleet.position_of_gpu}

@@ -24,7 +24,7 @@ from django.conf import settings
 
 from scheduler.backends import TransientBackendError
 
-from . import admission, binding, cluster_events, expiry, idle, pods
+from . import admission, binding, cluster_events, expiry, foreign_claims, idle, pods
 from . import bookings as booking_checks
 from . import reconcile as reconciling
 from .backend import get_backend
@@ -128,8 +128,9 @@ def bind_many(self, reservation_ids: list[int], evicted: list[list[str]] | None 
 
 @shared_task(name="placement.housekeeping", **CLUSTER_TASK)
 def housekeeping() -> dict:
-    """Free on the cluster what the database already freed (pods of ended reservations), and turn
-    new kubectl pods into reservations. Skipped while another runs."""
+    """Free on the cluster what the database already freed (pods of ended reservations), turn new
+    kubectl pods into reservations, and read what other schedulers' DRA claims hold of our GPUs
+    (foreign_claims). Skipped while another runs."""
     lock = cluster_lock()
     if isinstance(lock, RedisLock):
         lock.client.delete(HOUSEKEEPING_QUEUED_KEY)
@@ -139,7 +140,8 @@ def housekeeping() -> dict:
         backend = get_backend()
         deleted = pods.release_ended_pods(backend)
         admitted, rejected = admission.ingest(backend)
-    return {"deleted": deleted, "admitted": admitted, "rejected": rejected}
+        foreign = foreign_claims.observe(backend)
+    return {"deleted": deleted, "admitted": admitted, "rejected": rejected, "foreign_claims": foreign}
 
 
 @shared_task(name="placement.sync", **CLUSTER_TASK, **RETRY)

@@ -57,6 +57,9 @@ Pods created with kubectl (KubeShare 2.0 labels, `schedulerName: tessera`)
   server puts a Binding's annotations on the pod with its node); a pod the webhook did not mark
   gets its labels and annotations patched first. Idempotent: a pod already bound to `node` is
   success; bound elsewhere or gone raises `PodConflict`.
+- `bind_external_many(bindings)`: `bind_external` for each `ExternalBinding`, side by side (the
+  kubernetes backend: at most `bind_concurrency` pods in flight, each pod's own writes still in their
+  order), each outcome in order: None or the `BackendError` it met.
 - `reject_external(pod, reason)`: record a Warning Event (reason `FailedScheduling`, message
   `reason`) on the pod, which stays pending. The same message again counts up on that event.
 
@@ -192,6 +195,16 @@ class PodStatus:
 
 
 @dataclass(frozen=True)
+class ExternalBinding:
+    """One kubectl pod's binding: `bind_external`'s arguments, for `bind_external_many`."""
+
+    pod: PodRef
+    node: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class NodeCondition:
     name: str
     ready: bool
@@ -273,6 +286,10 @@ class Backend(Protocol):
 
     def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
                       annotations: Mapping[str, str]) -> None: ...
+
+    # `bind_external` for many pods (side by side where the cluster is remote), each outcome in
+    # order: None (bound) or the BackendError it met (one failing pod does not stop the others).
+    def bind_external_many(self, bindings: Sequence[ExternalBinding]) -> list[BackendError | None]: ...
 
     def reject_external(self, pod: PodRef, reason: str) -> None: ...
 

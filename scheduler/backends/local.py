@@ -33,6 +33,7 @@ from .base import (
     RESERVATION_LABEL,
     BackendError,
     ClusterEvent,
+    ExternalBinding,
     ExternalPod,
     NodeCondition,
     NodeEvent,
@@ -287,6 +288,16 @@ class LocalBackend:
         return [ExternalPod(namespace=ns, name=name, uid=uid, labels=json.loads(labels),
                             annotations=json.loads(annotations), image=image, created_at=created)
                 for ns, name, uid, labels, annotations, image, created in rows]
+
+    def bind_external_many(self, bindings: Sequence[ExternalBinding]) -> list[BackendError | None]:
+        out: list[BackendError | None] = []
+        for b in bindings:
+            try:
+                self.bind_external(b.pod, b.node, b.labels, b.annotations)
+                out.append(None)
+            except BackendError as exc:
+                out.append(exc)
+        return out
 
     def bind_external(self, pod: PodRef, node: str, labels: Mapping[str, str],
                       annotations: Mapping[str, str]) -> None:

@@ -22,6 +22,7 @@ from ..base import (
     RESERVATION_LABEL,
     BackendError,
     ClusterEvent,
+    ExternalBinding,
     ExternalPod,
     GpuShare,
     NodeCondition,
@@ -33,7 +34,7 @@ from ..base import (
     Terminal,
     TransientBackendError,
 )
-from . import dra
+from . import dra, portal_claims
 from .api import BIND_CONCURRENCY, Conflict, KubeApi, NotFound, RetryPolicy, make_api_client
 from .manifests import (
     DEFAULT_CLIENT_IMAGE,
@@ -83,6 +84,8 @@ class KubernetesBackend:
       (default: $TESSERA_REMOTE_CLIENT_IMAGE, else the agent image `tessera/agent:0.1.0`)
     - `namespace`: where the portal puts reservation pods (each `PodSpec` carries its own; kept for
       reference). Lists and watches are cluster-wide: kubectl pods live in the teams' namespaces.
+    - `sharing`: how portal pods get their share, "auto" (default: $TESSERA_KUBERNETES_SHARING, else
+      auto), "deviceplugin" or "dra" (portal_claims.py)
     """
 
     name = "kubernetes"
@@ -97,7 +100,7 @@ class KubernetesBackend:
                  retry: RetryPolicy | Mapping[str, Any] | None = None, watch_timeout_s: int = 60,
                  runtime_class: str | None = None, namespace: str = "tessera",
                  scheduler_names: Sequence[str] | str | None = None, client_image: str | None = None,
-                 api_client: client.ApiClient | None = None) -> None:
+                 sharing: str | None = None, api_client: client.ApiClient | None = None) -> None:
         policy = retry if isinstance(retry, RetryPolicy) else RetryPolicy(**dict(retry or {}))
         api_client = api_client or make_api_client(host=host, token=token, kubeconfig=kubeconfig,
                                                    context=context, in_cluster=in_cluster,
@@ -109,12 +112,15 @@ class KubernetesBackend:
         self.client_image = (client_image or os.environ.get("TESSERA_REMOTE_CLIENT_IMAGE")
                              or DEFAULT_CLIENT_IMAGE).strip()
         self.scheduler_names = scheduler_names_option(scheduler_names)
+        self.sharing = portal_claims.sharing_option(sharing or os.environ.get("TESSERA_KUBERNETES_SHARING") or "auto")
         self.namespace = namespace
         self._memory_lock = threading.Lock()
         self._deleted: OrderedDict[tuple[str, str], float] = OrderedDict()  # pod -> when we deleted it
         self._events: OrderedDict[tuple[str, str], list] = OrderedDict()  # event -> [count, sent at, uid]
         self.claims = dra.ClaimAllocator(self.api)
+        self.portal_claims = portal_claims.PortalClaims(self)
         self._slices: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> index, from its ResourceSlice
+        self._slice_reads: dict[str, threading.Lock] = {}  # node -> held while its slice is read
         # Claims as the last listing read them: binding starts from them (a stale one costs a 409 and a read).
         self._claims: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self._claim_pods: OrderedDict[tuple[str, str], dict] = OrderedDict()  # DRA pods as last listed
@@ -135,6 +141,8 @@ class KubernetesBackend:
 
     def _create(self, spec: PodSpec) -> PodStatus:
         manifest = pod_manifest(spec, runtime_class=self.runtime_class, client_image=self.client_image)
+        if not spec.remote and self.portal_claims.in_use():
+            return self.portal_claims.create(spec, manifest)
         try:
             created = self.api.call_json("create pod", self.api.core.create_namespaced_pod, spec.namespace, manifest)
             return pod_status(created)
@@ -330,6 +338,23 @@ class KubernetesBackend:
             after = self._read_external(pod)
             self._check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
 
+    def bind_external_many(self, bindings: Sequence[ExternalBinding]) -> list[BackendError | None]:
+        """`bind_external` for each, side by side (at most bind_concurrency pods in flight): a pod's
+        own writes stay in their order (its claims' allocation before its Binding), while one pod's
+        Binding and the next one's claim write overlap instead of waiting on each other."""
+        def one(b: ExternalBinding) -> BackendError | None:
+            try:
+                self.bind_external(b.pod, b.node, b.labels, b.annotations)
+            except BackendError as exc:
+                return exc
+            return None
+
+        workers = min(self.bind_concurrency, len(bindings))
+        if workers <= 1:
+            return [one(b) for b in bindings]
+        with ThreadPoolExecutor(workers, thread_name_prefix="bind-external") as pool:
+            return list(pool.map(one, bindings))
+
     def _beside(self, first: Callable[[], Any], second: Callable[[], Any]) -> None:
         """Both calls at once (`second` in another thread); the first failure is raised once both ended."""
         with ThreadPoolExecutor(1, thread_name_prefix="beside") as pool:
@@ -343,19 +368,9 @@ class KubernetesBackend:
         """Before the Binding: allocate the pod's claims of our classes to the placed GPUs (one status
         write each), so the kubelet finds them allocated and reserved when the pod reaches it."""
         placement = json.loads(annotations[PLACEMENT_ANNOTATION])
-        index = self._slices.get(node) or {}
-        if any(u not in index for u in placement["gpus"]):  # first time, or the node's GPUs changed
-            try:
-                index = dra.devices_by_uuid(self.claims.read_slice(node))
-            except NotFound as exc:
-                raise PermanentBackendError(f"node {node} publishes no ResourceSlice of {dra.DRIVER}") from exc
-            with self._memory_lock:
-                self._slices[node] = index
-        missing = [u for u in placement["gpus"] if u not in index]
-        if missing:
-            raise PodConflict(f"node {node}'s ResourceSlice has no GPU {', '.join(missing)}")
-        gpus = [GpuShare(uuid=u, index=index[u], gpu_request=placement["request"], gpu_limit=placement["limit"],
-                         gpu_memory_mib=placement["memory_mib"]) for u in placement["gpus"]]
+        gpus = self._on_slice(node, [GpuShare(uuid=u, index=-1, gpu_request=placement["request"],
+                                              gpu_limit=placement["limit"], gpu_memory_mib=placement["memory_mib"])
+                                     for u in placement["gpus"]])
         for name in dra.pod_claim_names(obj):
             with self._memory_lock:
                 claim = self._claims.pop((pod.namespace, name), None)
@@ -363,8 +378,39 @@ class KubernetesBackend:
                 claim = claim or self.claims.read_claim(pod.namespace, name)
             except NotFound as exc:
                 raise PodConflict(f"claim {pod.namespace}/{name} of pod {pod.name} is gone") from exc
-            if dra.claim_terms([claim]) is not None:
+            if dra.names_our_class(claim):
                 self.claims.allocate(claim, pod, obj["metadata"]["uid"], node, gpus)
+
+    def foreign_shares(self) -> list[dra.ForeignShare]:
+        """What claims allocated by another scheduler (pods left to the default kube-scheduler that
+        name our DeviceClasses) hold of our GPUs: one list of the claims. Empty where the cluster
+        serves no resource.k8s.io/v1 (nothing can be held through it)."""
+        try:
+            claims = self.claims.list_claims()
+        except NotFound:
+            return []
+        return dra.foreign_shares(list(claims.values()))
+
+    def _on_slice(self, node: str, gpus: Sequence[GpuShare]) -> list[GpuShare]:
+        """The shares with each GPU's index as the node's ResourceSlice names its device (read once per
+        node, again when it lacks a GPU: the node's GPUs changed)."""
+        index = self._slices.get(node) or {}
+        if any(g.uuid not in index for g in gpus):
+            with self._memory_lock:
+                reading = self._slice_reads.setdefault(node, threading.Lock())
+            with reading:  # pods bound side by side on one node: one of them reads its slice
+                index = self._slices.get(node) or {}
+                if any(g.uuid not in index for g in gpus):
+                    try:
+                        index = dra.devices_by_uuid(self.claims.read_slice(node))
+                    except NotFound as exc:
+                        raise PermanentBackendError(f"node {node} publishes no ResourceSlice of {dra.DRIVER}") from exc
+                    with self._memory_lock:
+                        self._slices[node] = index
+        missing = [g.uuid for g in gpus if g.uuid not in index]
+        if missing:
+            raise PodConflict(f"node {node}'s ResourceSlice has no GPU {', '.join(missing)}")
+        return [replace(g, index=index[g.uuid]) for g in gpus]
 
     def reject_external(self, pod: PodRef, reason: str) -> None:
         """A Warning Event on the pod, posted once; the same refusal again only counts up (the count

@@ -9,9 +9,9 @@ plugin, the claim gets its allocation, which the node's DRA driver (`agents/dra`
   the node's pool, `consumedCapacity` on the grid the slice's request policy sets (compute in
   milli-GPUs rounded up to a multiple of 10, at least 10; memory in whole MiB), a `shareID` derived
   from the claim and the device (so a retried write is the same write), and the node selector.
-- `ClaimAllocator.allocate_and_bind`: one status write per claim (a PUT with the claim's
-  resourceVersion as read with the pod's claims; a 409 reads it once and tries again), then the
-  Binding. A claim already allocated to exactly this placement (our earlier try whose answer was
+- `ClaimAllocator.allocate` (then the backend's Binding): one status write per claim (a PUT
+  on the claim's resourceVersion as read with the pod's claims; a 409 reads it once and tries
+  again). A claim already allocated to exactly this placement (our earlier try whose answer was
   lost) only gets the pod added to `reservedFor`; allocated otherwise (the kube-scheduler was first)
   raises `PodConflict`. The placement annotation rides on the Binding as on the device-plugin path;
   the node's driver reads it from the pod the claim is reserved for (reservation, limit, priority).
@@ -19,7 +19,6 @@ plugin, the claim gets its allocation, which the node's DRA driver (`agents/dra`
 
 from __future__ import annotations
 
-import copy
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from kubernetes.utils import parse_quantity
 from ..base import GpuShare, PodConflict, PodRef
 from .api import Conflict, KubeApi, NotFound
 
+API_VERSION = "resource.k8s.io/v1"
 DRIVER = "gpu.tessera.io"
 SHARE_CLASS = "gpu-share.tessera.io"
 WHOLE_CLASS = "gpu-whole.tessera.io"
@@ -75,6 +75,11 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
 def _ours(request: Mapping[str, Any]) -> Mapping[str, Any] | None:
     exactly = request.get("exactly") or {}
     return exactly if exactly.get("deviceClassName") in OUR_CLASSES else None
+
+
+def names_our_class(claim: Mapping[str, Any]) -> bool:
+    """Whether one of the claim's requests names one of our classes (no capacity parsed)."""
+    return any(_ours(r) is not None for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ())
 
 
 def claim_terms(claims: Sequence[Mapping[str, Any]]) -> ClaimTerms | None:
@@ -141,12 +146,55 @@ def allocation(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuShare]) ->
     uid = claim["metadata"]["uid"]
     results = [{
         "request": request["name"], "driver": DRIVER, "pool": node, "device": f"gpu-{g.index}",
-        "shareID": str(uuid.uuid5(SHARE_IDS, f"{uid}/{node}/{g.index}")),
+        "shareID": share_id(uid, node, g.index),
         "consumedCapacity": {"compute": str(consumed_milli(g.gpu_request)), "memory": str(g.gpu_memory_mib * MIB)},
     } for g in gpus]
     return {"devices": {"results": results},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+
+
+@dataclass(frozen=True)
+class ForeignShare:
+    """What another allocator (the default kube-scheduler, for a pod left to it) took of one of our
+    devices: the portal counts it as used, so that our cycle never places into that room."""
+
+    node: str
+    gpu_index: int
+    milli: int  # compute consumed, milli-GPUs
+    memory_mib: int | None  # None: the whole card's (a result that consumed no stated memory)
+    claim: str  # namespace/name, for the reasons the portal gives
+
+
+def share_id(claim_uid: str, node: str, index: int) -> str:
+    """The shareID our allocations carry (derived, so a retried write is the same write)."""
+    return str(uuid.uuid5(SHARE_IDS, f"{claim_uid}/{node}/{index}"))
+
+
+def foreign_shares(claims: Sequence[Mapping[str, Any]]) -> list[ForeignShare]:
+    """The devices of our driver that claims hold without our allocation (their shareID is not the one
+    `allocation` derives). A result without consumedCapacity took the whole device (a whole-GPU class,
+    or the request policy's defaults); an unreadable amount counts as the whole device, never less."""
+    out = []
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        for result in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ():
+            device = str(result.get("device", ""))
+            if result.get("driver") != DRIVER or not device.startswith("gpu-") or not device[4:].isdigit():
+                continue
+            node, index = str(result.get("pool", "")), int(device[4:])
+            if result.get("shareID") == share_id(meta.get("uid", ""), node, index):
+                continue  # ours: the portal holds it as a reservation already
+            consumed = result.get("consumedCapacity") or {}
+            try:
+                milli = int(parse_quantity(consumed["compute"])) if "compute" in consumed else WHOLE_GPU_MILLI
+                mib = math.ceil(parse_quantity(consumed["memory"]) / MIB) if "memory" in consumed else None
+            except ValueError:
+                milli, mib = WHOLE_GPU_MILLI, None
+            out.append(ForeignShare(node=node, gpu_index=index, memory_mib=mib,
+                                    milli=min(max(milli, STEP_MILLI), WHOLE_GPU_MILLI),
+                                    claim=f"{meta.get('namespace', '')}/{meta.get('name', '')}"))
+    return out
 
 
 class ClaimAllocator:
@@ -165,27 +213,40 @@ class ClaimAllocator:
     def read_slice(self, node: str) -> dict:
         return self.api.call_json("read slice", self.resource.read_resource_slice, f"{node}-{DRIVER}")
 
+    def read_device_class(self, name: str) -> dict:
+        return self.api.call_json("read device class", self.resource.read_device_class, name)
+
+    def create_claim(self, namespace: str, manifest: dict) -> dict:
+        return self.api.call_json("create claim", self.resource.create_namespaced_resource_claim, namespace, manifest)
+
     def read_claim(self, namespace: str, name: str) -> dict:
         return self.api.call_json("read claim", self.resource.read_namespaced_resource_claim, name, namespace)
 
-    def allocate(self, claim: dict, pod: PodRef, pod_uid: str, node: str, gpus: Sequence[GpuShare]) -> dict:
+    def allocate(self, claim: dict, pod: PodRef, pod_uid: str, node: str, gpus: Sequence[GpuShare]) -> None:
         """Write the claim's allocation for this placement and reserve it for the pod: one status
-        write (idempotent; a 409 reads the claim once and tries again)."""
+        write (a PUT of the status on the claim's resourceVersion as read: idempotent; a 409 reads
+        the claim once and tries again)."""
         wanted = allocation(claim, node, gpus)
         consumer = {"resource": "pods", "name": pod.name, "uid": pod_uid}
         name = claim["metadata"]["name"]
+        path = f"/apis/resource.k8s.io/v1/namespaces/{pod.namespace}/resourceclaims/{name}/status"
         for attempt in range(2):
             status = claim.get("status") or {}
             if status.get("allocation") and status["allocation"] != wanted:
                 raise PodConflict(f"claim {pod.namespace}/{name} is allocated elsewhere (by another scheduler)")
             reserved = list(status.get("reservedFor") or ())
             if status.get("allocation") and any(r.get("uid") == pod_uid for r in reserved):
-                return claim  # done before (an answer lost on the way back)
-            body = copy.deepcopy(claim)
-            body["status"] = {**status, "allocation": wanted, "reservedFor": [*reserved, consumer]}
+                return  # done before (an answer lost on the way back)
+            # The status subresource takes the status alone (the server keeps the stored spec and
+            # metadata): the claim's identity, the resourceVersion it was read at, the new status.
+            meta = claim["metadata"]
+            body = {"apiVersion": API_VERSION, "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": pod.namespace, "uid": meta.get("uid"),
+                                 "resourceVersion": meta.get("resourceVersion")},
+                    "status": {**status, "allocation": wanted, "reservedFor": [*reserved, consumer]}}
             try:
-                return self.api.call_json("allocate claim", self.resource.replace_namespaced_resource_claim_status,
-                                 name, pod.namespace, body)
+                self.api.send_json("allocate claim", "PUT", path, body, answer=False)
+                return
             except Conflict:
                 if attempt:
                     raise

@@ -232,6 +232,7 @@ class FakeApiServer:
         self.authorizer_syncs_at = 0.0  # monotonic time until which RBAC refuses everyone (a restart)
         # resource.k8s.io/v1: refuse claim status writes that over-commit a device (fake_resource_api.py)
         self.check_allocations = True
+        self.serves_dra = True  # False: a server before Kubernetes 1.34, without resource.k8s.io/v1
         self._server = _Server(("127.0.0.1", 0), self._handler_class())
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
@@ -387,6 +388,16 @@ class FakeApiServer:
         with self.lock:
             obj = self.store.objects.pop(("Pod", namespace, name))
             self._record("Pod", "DELETED", obj)
+            self._collect_owned(obj)
+
+    def _collect_owned(self, owner: dict) -> None:
+        """What the garbage collector does once an object is gone: the objects its uid owns (a pod's
+        ResourceClaims) are deleted too."""
+        uid = owner["metadata"].get("uid")
+        for key, obj in list(self.store.objects.items()):
+            if uid and any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ()):
+                del self.store.objects[key]
+                self._record(key[0], "DELETED", obj)
 
     def begin_deletion(self, namespace: str, name: str) -> None:
         """`kubectl delete` of a pod whose containers are still stopping: deletionTimestamp set (a
@@ -398,6 +409,7 @@ class FakeApiServer:
             if not self._stays_terminating(obj, 30, kubelet_slow=True):
                 self.store.objects.pop(("Pod", namespace, name))
                 self._record("Pod", "DELETED", obj)
+                self._collect_owned(obj)
 
     def finish_deletion(self, namespace: str, name: str) -> None:
         self.remove_pod(namespace, name)
@@ -730,6 +742,8 @@ class FakeApiServer:
         if path == "/api/v1/nodes" and req.method == "GET":
             return 200, self._list("Node", "", req.query)
         if (where := resource_api.route(path)) is not None:
+            if not self.serves_dra:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
             return self._resource(req, *where)
         if (m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path)) and req.method == "GET":
             return 200, self._get("Node", "", m[1])
@@ -812,10 +826,12 @@ class FakeApiServer:
                     raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {plural}.resource.k8s.io '
                                    f'"{name}": the object has been modified; please apply your changes to the '
                                    "latest version and try again")
-                new = copy.deepcopy(old)
                 if sub == "status":
-                    new["status"] = copy.deepcopy(body.get("status") or {})
+                    # Only the status is new: the rest is shared with the stored object this replaces
+                    # (stored objects are never changed in place), so a status write copies no spec.
+                    new = {**old, "metadata": dict(old["metadata"]), "status": copy.deepcopy(body.get("status") or {})}
                 else:
+                    new = copy.deepcopy(old)
                     new.update({k: copy.deepcopy(v) for k, v in body.items() if k not in ("metadata", "status")})
                     for key in ("labels", "annotations", "ownerReferences", "finalizers"):
                         if key in (body.get("metadata") or {}):
@@ -917,6 +933,7 @@ class FakeApiServer:
             if not self._stays_terminating(obj, grace, kubelet_slow=self.hold_deletions):
                 self.store.objects.pop(("Pod", ns, name))
                 self._record("Pod", "DELETED", obj)
+                self._collect_owned(obj)
             return out
 
     @staticmethod

@@ -13,8 +13,10 @@ a user's kubectl pod, a controller's ServiceAccount) go in with the admin token 
 
 The kubelet is played as far as the tests need it: a deleted pod that is bound to a node is
 finished (deleted with grace 0) unless `hold_deletions` is set, since without a kubelet it would
-stay terminating forever. Anything else the fake offers (faults, pausing watches, tokens, pod logs,
-mutating webhooks) has no real counterpart here: a test that reaches for it is skipped.
+stay terminating forever; the resourceclaim controller's and the garbage collector's parts for
+claims are played too (`make_template_claims`; a deleted pod's claims go). Anything else the fake
+offers (faults, pausing watches, tokens, pod logs, mutating webhooks, a server without
+resource.k8s.io) has no real counterpart here: a test that reaches for it is skipped.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import socket
 import ssl
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,6 +260,7 @@ class RealApiServer:
                     if pod.metadata.deletion_timestamp is not None:
                         self._ignore_404(self.core.delete_namespaced_pod, pod.metadata.name,
                                          pod.metadata.namespace, grace_period_seconds=0)
+                self._collect_claims()
 
     def __getattr__(self, name: str) -> Any:
         # What only the fake can do (faults, tokens, pod logs, webhooks, watch control).
@@ -291,12 +295,62 @@ class RealApiServer:
         return (self._raw(plural) or {}).get("items") or []
 
     def put_object(self, obj: dict) -> dict:
-        """Create an object as a user's kubectl would (resource.k8s.io/v1 kinds)."""
+        """Create or replace an object as a user's kubectl would (resource.k8s.io/v1 kinds); a claim's
+        `status`, where given, is written through its status subresource (as the kube-scheduler
+        writes an allocation), as the fake stores it."""
         meta = obj["metadata"]
         plural = obj["kind"].lower() + ("es" if obj["kind"].endswith("s") else "s")
         where = f"/namespaces/{meta['namespace']}" if meta.get("namespace") else ""
-        answer = self.api.call_api(f"/apis/resource.k8s.io/v1{where}/{plural}", "POST", body=obj,
-                                   auth_settings=["BearerToken"], _preload_content=False)[0]
+        path = f"/apis/resource.k8s.io/v1{where}/{plural}"
+        body = {k: v for k, v in obj.items() if k != "status"}
+        try:
+            stored = self._send("POST", path, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            current = self._raw(f"{path}/{meta['name']}")
+            body["metadata"] = {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+            stored = self._send("PUT", f"{path}/{meta['name']}", body)
+        if obj["kind"] == "ResourceClaim" and obj.get("status"):
+            stored = self._send("PUT", f"{path}/{meta['name']}/status", {**stored, "status": obj["status"]})
+        return stored
+
+    def make_template_claims(self, namespace: str, pod_name: str) -> list[dict]:
+        """What the resourceclaim controller (not running here) does for a new pod: a claim from each
+        ResourceClaimTemplate it names, owned by the pod, recorded in its status.resourceClaimStatuses."""
+        pod = self.pod(namespace, pod_name)
+        made, statuses = [], []
+        for ref in pod["spec"].get("resourceClaims") or ():
+            if not ref.get("resourceClaimTemplateName"):
+                continue
+            template = self._raw(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/"
+                                 f"{ref['resourceClaimTemplateName']}")
+            claim = self.put_object({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {**(template["spec"].get("metadata") or {}),
+                             "name": f"{pod_name}-{ref['name']}-{uuid.uuid4().hex[:5]}", "namespace": namespace,
+                             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
+                                                  "uid": pod["metadata"]["uid"], "controller": True}]},
+                "spec": template["spec"]["spec"]})
+            made.append(claim)
+            statuses.append({"name": ref["name"], "resourceClaimName": claim["metadata"]["name"]})
+        self.core.patch_namespaced_pod_status(pod_name, namespace, {"status": {"resourceClaimStatuses": statuses}})
+        return made
+
+    def _collect_claims(self) -> None:
+        """What the garbage collector (not running here) does: claims whose owning pod is gone go too."""
+        pods = {p.metadata.uid for p in self.core.list_pod_for_all_namespaces().items}
+        for claim in self.objects("ResourceClaim"):
+            owners = [r for r in claim["metadata"].get("ownerReferences") or () if r.get("kind") == "Pod"]
+            if owners and not any(r.get("uid") in pods for r in owners):
+                path = (f"/apis/resource.k8s.io/v1/namespaces/{claim['metadata']['namespace']}/resourceclaims/"
+                        f"{claim['metadata']['name']}")
+                self._ignore_404(self.api.call_api, path, "DELETE", auth_settings=["BearerToken"],
+                                 _preload_content=False)
+
+    def _send(self, method: str, path: str, body: dict) -> dict:
+        answer = self.api.call_api(path, method, body=body, auth_settings=["BearerToken"],
+                                   _preload_content=False)[0]
         return json.loads(answer.data)
 
     def set_node_ready(self, name: str, ready: bool) -> dict:

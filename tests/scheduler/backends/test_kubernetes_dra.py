@@ -154,30 +154,41 @@ def test_shares_are_consumed_on_the_slices_grid():
     assert [consumed_milli(s) for s in (0.001, 0.01, 0.25, 0.255, 0.4, 1.0)] == [10, 10, 250, 260, 400, 1000]
 
 
-def test_the_portal_may_do_exactly_the_dra_calls_it_makes(cluster, backend, make_backend):
+def test_the_portal_may_do_exactly_the_dra_calls_it_makes(cluster, backend, make_backend, pod_spec):
     import re
 
+    for doc in yaml.safe_load_all((EXAMPLES.parents[0] / "deviceclasses.yaml").read_text()):
+        if doc:
+            cluster.put_object(doc)
     pod = _share_pod(cluster)
     before = len(cluster.requests)
     backend.list_pending_external()
     _bind(make_backend(), pod, GPUS[1].uuid, 0.4, 12288)  # another worker: it did not list the claim
-    used = set()
+    # A portal reservation's pod, with a claim of its own (TESSERA_KUBERNETES_SHARING=auto finds our class).
+    share = GpuShare(uuid=GPUS[0].uuid, index=0, gpu_request=0.4, gpu_limit=0.4, gpu_memory_mib=12288)
+    backend.bind(pod_spec(node=NODE, namespace="team-vision", gpus=(share,)))
+    used: dict[str, set] = {"": set(), "team-vision": set()}
     for r in cluster.requests[before:]:
-        m = re.fullmatch(r"/apis/resource\.k8s\.io/v1/(?:namespaces/[^/]+/)?(\w+)(?:/([^/]+))?(?:/(\w+))?", r.path)
+        m = re.fullmatch(r"/apis/resource\.k8s\.io/v1/(?:namespaces/([^/]+)/)?(\w+)(?:/([^/]+))?(?:/(\w+))?", r.path)
         if m:
-            resource, name, sub = m.groups()
+            namespace, resource, name, sub = m.groups()
             verb = ("get" if name else "list") if r.method == "GET" else {"PUT": "update", "POST": "create"}[r.method]
-            used.add((f"{resource}/{sub}" if sub else resource, verb))
-    roles = {d["metadata"]["name"]: d for d in yaml.safe_load_all((EXAMPLES.parents[1] / "portal" / "rbac.yaml")
-                                                                  .read_text()) if d and d["kind"] == "ClusterRole"}
+            used[namespace or ""].add((f"{resource}/{sub}" if sub else resource, verb))
+    docs = [d for d in yaml.safe_load_all((EXAMPLES.parents[1] / "portal" / "rbac.yaml").read_text()) if d]
 
-    def granted(role: str) -> set[tuple[str, str]]:
-        return {(res, verb) for rule in roles[role]["rules"] if rule["apiGroups"] == ["resource.k8s.io"]
+    def granted(kind: str, name: str) -> set[tuple[str, str]]:
+        (role,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+        return {(res, verb) for rule in role["rules"] if rule["apiGroups"] == ["resource.k8s.io"]
                 for res in rule["resources"] for verb in rule["verbs"]}
 
-    assert used == granted("tessera-scheduler") | granted("tessera-team-namespace")
-    # Cluster-wide only reads; the claim's status write only where a team namespace's RoleBinding grants it.
-    assert granted("tessera-team-namespace") == {("resourceclaims/status", "update")}
+    cluster_wide = granted("ClusterRole", "tessera-scheduler")
+    # Cluster-wide only reads; the claim's status write only where a team namespace's RoleBinding grants
+    # it, like the pods' writes; claims are made only where portal pods are (the workloads' Role).
+    assert used[""] <= cluster_wide and {v for _, v in cluster_wide} == {"get", "list"}
+    assert granted("ClusterRole", "tessera-team-namespace") == {("resourceclaims/status", "update")}
+    assert granted("Role", "tessera-workloads") == {("resourceclaims", "create")}
+    assert used[""] | used["team-vision"] == (cluster_wide | granted("ClusterRole", "tessera-team-namespace")
+                                              | granted("Role", "tessera-workloads"))
 
 
 def test_claims_tessera_cannot_place_are_refused_in_words_and_other_vendors_claims_pass(cluster, backend):
@@ -228,3 +239,39 @@ def test_binding_from_the_listing_without_reading_the_pod_still_holds_when_it_mo
     cluster.remove_pod("team-vision", "notebook-2")
     with pytest.raises(PodConflict, match="gone"):
         _bind(backend, {"metadata": {"name": "notebook-2"}}, GPUS[0].uuid, 0.4, 12288)
+
+
+def test_a_claim_status_write_the_server_fails_is_retried_and_written_once(cluster, backend):
+    pod = _share_pod(cluster)
+    cluster.inject("PUT", r"/resourceclaims/[^/]+/status$", status=503)
+    _bind(backend, pod, GPUS[1].uuid, 0.4, 12288)
+    assert len(cluster.calls("PUT", r"/resourceclaims/[^/]+/status$")) == 2  # the 503, then the write
+    (claim,) = cluster.objects("ResourceClaim")
+    assert len(claim["status"]["reservedFor"]) == 1
+    assert cluster.pod("team-vision", "notebook")["spec"]["nodeName"] == NODE
+
+
+def test_many_kubectl_pods_are_bound_side_by_side_each_with_its_own_outcome(cluster, backend):
+    from scheduler.backends import ExternalBinding
+
+    template, pod = example("share.yaml")
+    cluster.put_object(template)
+    names = [f"notebook-{i}" for i in range(6)]
+    for name in names:
+        cluster.create_pod({**pod, "metadata": {**pod["metadata"], "name": name}})
+        cluster.make_template_claims("team-vision", name)
+    backend.list_pending_external()
+    cluster.remove_pod("team-vision", "notebook-3")  # gone before its turn
+    cluster.answer_delay_s = 0.05  # a busy server: side by side or not shows
+    share = GpuShare(uuid=GPUS[1].uuid, index=0, gpu_request=0.1, gpu_limit=0.1, gpu_memory_mib=1024)
+    slice_reads = len(cluster.calls("GET", r"/resourceslices/"))
+    outcomes = backend.bind_external_many([
+        ExternalBinding(PodRef("team-vision", n), NODE, *external_binding(str(i), "vision", (share,), 60))
+        for i, n in enumerate(names)])
+    assert [type(o).__name__ if o else None for o in outcomes] == [None, None, None, "PodConflict", None, None]
+    assert cluster.max_in_flight > 1
+    assert len(cluster.calls("GET", r"/resourceslices/")) == slice_reads + 1  # one of them read the node's slice
+    for name in names[:3] + names[4:]:
+        assert cluster.pod("team-vision", name)["spec"]["nodeName"] == NODE
+    held = [c for c in cluster.objects("ResourceClaim") if c["status"].get("allocation")]
+    assert len(held) == 5 and all(len(c["status"]["reservedFor"]) == 1 for c in held)
