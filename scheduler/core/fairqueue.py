@@ -110,6 +110,27 @@ class Fair:
                 self._losing[key] = _add(self._losing[key], held_by(h.share, len(h.gpus)))
         self.held = np.zeros(len(state.node_names), dtype=bool)  # nodes held this cycle (`hold`)
         self._held_models: set[str] = set()
+        self._counted_takeable()
+
+    def _counted_takeable(self) -> None:
+        """What the snapshot's shares that a reclaim by fair share might take hold in the ledger
+        (counted use only: giving back opportunistic work changes no verdict): `_givable`, per GPU
+        slot (nodes x slots x 3), all that the borrowed and warned shares of every team hold there
+        (a share counts on every slot it holds); `_own_counted`, per team its other counted shares
+        as (priority, node, slots, amount). This cycle's placements are never victims and victims
+        only leave, so these bound what a search can give back all cycle (`_reclaim_could_admit`)."""
+        self._givable = np.zeros((*self.state.free.shape, 3), dtype=np.int64)
+        self._own_counted: dict[str, list[tuple[int, int, tuple[int, ...], Vec]]] = defaultdict(list)
+        for rid, h in self.state.placed.items():
+            entry = self.ledger.holdings.get(rid)
+            if entry is None or entry[3] not in COUNTED or not h.gpus:
+                continue
+            s = h.share
+            if s.admission == Admission.BORROWED or s.reclaim_at is not None:
+                for j in h.gpus:
+                    self._givable[h.node, j] += entry[2]
+            else:
+                self._own_counted[s.team].append((s.priority, h.node, h.gpus, entry[2]))
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -488,7 +509,7 @@ class Fair:
         amount = demand_of(req)
         models = [m for m in self.models_of(req) if self.below_share(req.team, m, amount)
                   and not self.ledger.verdict(req.team, m, amount, req.priority).never]
-        if not models:
+        if not models or not self._reclaim_could_admit(req, models):
             return None
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
         found = find_preemption(self.state, target, self._may_take_by_share, self._rank(req), nodes=self._open_nodes(),
@@ -496,6 +517,41 @@ class Fair:
         if found is None:
             return None
         return self._admit_by_share(req, *found)
+
+    def _reclaim_could_admit(self, req: Request, models: list[str]) -> bool:
+        """False when no victims a reclaim by fair share could find on `models` would leave `req`
+        admitted (borrowed or better) once refunded, so that its search cannot end in a reclaim
+        (`_admit_by_share` would refuse whatever it found). Victims lie on the GPUs the request
+        takes: one GPU for a one-GPU request, one node for more, so what they give back is at most
+        what the counted shares that may be taken hold there (`_counted_takeable`, with the team's
+        own lower priorities); `Ledger.could_admit` bounds the verdict on the taken GPU's model
+        with that."""
+        state = self.state
+        givable = self._givable
+        own = [(node, gpus, amount) for priority, node, gpus, amount in self._own_counted.get(req.team, ())
+               if priority < req.priority]
+        if own:
+            givable = givable.copy()
+            for node, gpus, amount in own:
+                for j in gpus:
+                    givable[node, j] += amount
+        usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
+        whole_node = req.gpu_count > 1
+        if whole_node:  # one node's usable GPUs, any model: the taken GPU's model is one of them
+            usable &= (usable & state.model_mask(frozenset(models))).sum(axis=1)[:, None] >= req.gpu_count
+            per_node = givable.sum(axis=1)
+        amount = demand_of(req)
+        for m in models:
+            at = usable & (state.gpu_model == state.model_id[m])
+            rows = per_node[at.any(axis=1)] if whole_node else givable[at]
+            if not len(rows):
+                continue
+            # Monotone in what is given back: the most on any of them first, each only if that could.
+            if not self.ledger.could_admit(req.team, m, amount, rows.max(axis=0)[None, :])[0]:
+                continue
+            if self.ledger.could_admit(req.team, m, amount, rows).any():
+                return True
+        return False
 
     def _takeable_by_share(self, req: Request) -> Iterable[Holding]:
         """The only shares `_may_take_by_share` can let go: the team's own, borrowed or opportunistic

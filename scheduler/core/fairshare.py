@@ -42,6 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
 from .model import MILLI, Request, Share
 
 WILDCARD = "*"
@@ -387,6 +389,48 @@ class Ledger:
         if opportunistic:
             return Verdict(Admission.OPPORTUNISTIC)
         return Verdict(None, self._wait_reason(path, model, amount, room))
+
+    def could_admit(self, team: str, model: str, amount: Vec, refund: np.ndarray) -> np.ndarray:
+        """Per row of `refund` (k x 3: compute, memory, GPUs), False where `team` could not be admitted
+        for `amount` of `model` as guaranteed without `reclaim`, nor as borrowed, even after counted
+        use is given back such that no unit's use of any bucket and no model's use fall by more than
+        that row (and nothing is charged). An upper bound of `verdict` after such refunds: the
+        verdict's room is monotone in those uses (less use, more room), and the siblings' reserve it
+        subtracts only grows when their use falls, so it is taken as it stands now. Used to rule out
+        a preemption search whose every outcome would then fail the admission check."""
+        unit = self.tree.units.get(team)
+        out = np.zeros(len(refund), dtype=bool)
+        if unit is None or not unit.team:
+            return ~out  # a team the tree does not know: always guaranteed
+        r = refund.astype(np.float64)
+        need = np.array(amount, dtype=np.float64)
+        path = self.tree.path(team, model)
+        t_unit, t_bucket = path[0]
+        # Guaranteed: within its quota, and no unit above it beyond its limit (else `reclaim`).
+        quota = np.array(self.tree.quota(t_unit, t_bucket).vec(), dtype=np.float64)
+        guaranteed = (np.array(self.used[(t_unit, t_bucket)], dtype=np.float64) - r + need <= quota).all(axis=1)
+        hard = False
+        for i, (u, b) in enumerate(path):
+            q = self.tree.quota(u, b)
+            cap = np.array(_add(q.vec(), q.borrowing.vec()), dtype=np.float64)
+            hard = hard or not _le(amount, tuple(cap.tolist()))
+            if i > 0:
+                guaranteed &= (np.array(self.used[(u, b)], dtype=np.float64) - r + need <= cap).all(axis=1)
+        out |= guaranteed
+        if hard:  # beyond a hard limit: opportunistic or never, whatever is given back
+            return out
+        # Borrowed: as `_room`, with each use less by the row.
+        room = np.maximum(np.array(self.capacity.get(model, ZERO), dtype=np.float64)
+                          - np.array(self.root_used[model], dtype=np.float64) + r, 0.0)
+        parent = ROOT
+        for u, b in reversed(path):
+            keep = _sub(self._kept.get((parent, model), ZERO), self._kept_of.get((u, model), ZERO))
+            room = room - np.array(keep, dtype=np.float64)
+            q = self.tree.quota(u, b)
+            limit = np.array(_sub(_add(q.vec(), q.borrowing.vec()), self.used[(u, b)]), dtype=np.float64)
+            room = np.minimum(room, limit + r)
+            parent = u
+        return out | (need <= room).all(axis=1)
 
     def beyond_limit(self, path: tuple[tuple[str, str], ...], amount: Vec) -> tuple[str, str, int] | None:
         """The first unit above the team on `path` that `amount` more would take beyond its quota +
