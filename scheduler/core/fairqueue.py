@@ -111,6 +111,14 @@ class Fair:
         self.held = np.zeros(len(state.node_names), dtype=bool)  # nodes held this cycle (`hold`)
         self._held_models: set[str] = set()
         self._counted_takeable()
+        self._protected_now: dict[str, bool] = {}  # `_protected`, per reservation
+        # The snapshot's shares a reclaim by fair share may take from another team: borrowed,
+        # opportunistic or warned (what this cycle places is never a victim).
+        self._snapshot_takeable: dict[str, list[Holding]] = defaultdict(list)  # by each model of its GPUs
+        for h in state.placed.values():
+            if h.share.reclaim_at is not None or h.share.admission in (Admission.BORROWED, Admission.OPPORTUNISTIC):
+                for m in {state.model_at(h.node, j) for j in h.gpus}:
+                    self._snapshot_takeable[m].append(h)
 
     def _counted_takeable(self) -> None:
         """What the snapshot's shares that a reclaim by fair share might take hold in the ledger
@@ -246,7 +254,14 @@ class Fair:
     def _protected(self, share: Share) -> bool:
         """Whether another team's `share` is kept from takers that are not guaranteed: it started
         less than `min_run_s` ago, or it was evicted `EVICTION_CAP` times within a window that
-        ended less than a window ago (the same job evicted again and again is the worst wait)."""
+        ended less than a window ago (the same job evicted again and again is the worst wait).
+        Fixed for the cycle (its clock and evictions are), so answered once per share."""
+        found = self._protected_now.get(share.reservation_id)
+        if found is None:
+            found = self._protected_now[share.reservation_id] = self._protected_by_rule(share)
+        return found
+
+    def _protected_by_rule(self, share: Share) -> bool:
         if self.now - share.since < self.min_run_s:
             return True
         times = sorted(self.evictions.get(share.reservation_id, ()))
@@ -513,7 +528,7 @@ class Fair:
             return None
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
         found = find_preemption(self.state, target, self._may_take_by_share, self._rank(req), nodes=self._open_nodes(),
-                                among=self._takeable_by_share(req))
+                                among=self._takeable_by_share(req, models))
         if found is None:
             return None
         return self._admit_by_share(req, *found)
@@ -553,13 +568,15 @@ class Fair:
                 return True
         return False
 
-    def _takeable_by_share(self, req: Request) -> Iterable[Holding]:
-        """The only shares `_may_take_by_share` can let go: the team's own, borrowed or opportunistic
-        ones, and those warned before the cycle (another team's guaranteed work never)."""
-        placed = self.state.placed
-        out = self.state.holdings_of(teams=(req.team,), admissions=(Admission.BORROWED, Admission.OPPORTUNISTIC))
-        out.update((rid, placed[rid]) for rid in self._warned if rid in placed)
-        return out.values()
+    def _takeable_by_share(self, req: Request, models: Iterable[str]) -> Iterable[Holding]:
+        """The only shares `_may_take_by_share` can let go on `models`: the team's own, borrowed or
+        opportunistic ones, and those warned before the cycle (another team's guaranteed work
+        never). Those of the snapshot, some of which may have gone since: the search passes over
+        those (what this cycle places is never a victim)."""
+        out = list(self.state.by_team.get(req.team, {}).values())
+        for m in models:
+            out.extend(self._snapshot_takeable.get(m, ()))
+        return out
 
     def _may_take_by_share(self, share: Share, r: Request) -> bool:
         """What a reclaim by fair share may take (the taker's team is below its share there)."""
