@@ -34,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from .engine import Choice, choose
-from .fairshare import COUNTED, INF, Admission, Ledger, QuotaTree, Vec, _add, _scale, demand_of, held_by
+from .fairshare import COUNTED, INF, Admission, Ledger, QuotaTree, Vec, _add, _le, _scale, demand_of, held_by
 from .filters import explain, feasible
 from .model import Reason, ReasonCode, Request, Share
 from .preemption import find_preemption
@@ -139,6 +139,12 @@ class Fair:
                     self._givable[h.node, j] += entry[2]
             else:
                 self._own_counted[s.team].append((s.priority, h.node, h.gpus, entry[2]))
+        # The most on one GPU and on one node, per model: a first, looser bound.
+        per_node = self._givable.sum(axis=1)
+        self._givable_most: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for m, model in enumerate(self.state.models):
+            at = self.state.gpu_model == m
+            self._givable_most[model] = (self._givable[at].max(axis=0), per_node[at.any(axis=1)].max(axis=0))
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -539,32 +545,36 @@ class Fair:
         (`_admit_by_share` would refuse whatever it found). Victims lie on the GPUs the request
         takes: one GPU for a one-GPU request, one node for more, so what they give back is at most
         what the counted shares that may be taken hold there (`_counted_takeable`, with the team's
-        own lower priorities); `Ledger.could_admit` bounds the verdict on the taken GPU's model
-        with that."""
-        state = self.state
-        givable = self._givable
+        own lower priorities); `Ledger.refund_needed` says what the verdict on the taken GPU's
+        model needs given back."""
         own = [(node, gpus, amount) for priority, node, gpus, amount in self._own_counted.get(req.team, ())
                if priority < req.priority]
+        demand = demand_of(req)
+        whole_node = req.gpu_count > 1
+        own_total = tuple(sum(a[r] * len(gpus) for _, gpus, a in own) for r in range(3))
+        needed = {}
+        for m in models:  # first against the most there is on one GPU (node) of the model, and all of its own
+            most = _add(tuple(self._givable_most[m][whole_node].tolist()), own_total)
+            thresholds = [t for t in self.ledger.refund_needed(req.team, m, demand) if t is not None]
+            if any(_le(t, most) for t in thresholds):
+                needed[m] = thresholds
+        if not needed:
+            return False
+        state = self.state
+        givable = self._givable
         if own:
             givable = givable.copy()
             for node, gpus, amount in own:
                 for j in gpus:
                     givable[node, j] += amount
         usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
-        whole_node = req.gpu_count > 1
         if whole_node:  # one node's usable GPUs, any model: the taken GPU's model is one of them
             usable &= (usable & state.model_mask(frozenset(models))).sum(axis=1)[:, None] >= req.gpu_count
             per_node = givable.sum(axis=1)
-        amount = demand_of(req)
-        for m in models:
+        for m, thresholds in needed.items():
             at = usable & (state.gpu_model == state.model_id[m])
             rows = per_node[at.any(axis=1)] if whole_node else givable[at]
-            if not len(rows):
-                continue
-            # Monotone in what is given back: the most on any of them first, each only if that could.
-            if not self.ledger.could_admit(req.team, m, amount, rows.max(axis=0)[None, :])[0]:
-                continue
-            if self.ledger.could_admit(req.team, m, amount, rows).any():
+            if any((rows >= np.array(t)).all(axis=1).any() for t in thresholds):
                 return True
         return False
 

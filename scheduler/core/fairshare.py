@@ -42,8 +42,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import numpy as np
-
 from .model import MILLI, Request, Share
 
 WILDCARD = "*"
@@ -126,6 +124,10 @@ def _add(a: Vec, b: Vec) -> Vec:
 
 def _sub(a: Vec, b: Vec) -> Vec:
     return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
+
+
+def _max(a: Vec, b: Vec) -> Vec:
+    return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
 
 
 def _min(a: Vec, b: Vec) -> Vec:
@@ -390,47 +392,46 @@ class Ledger:
             return Verdict(Admission.OPPORTUNISTIC)
         return Verdict(None, self._wait_reason(path, model, amount, room))
 
-    def could_admit(self, team: str, model: str, amount: Vec, refund: np.ndarray) -> np.ndarray:
-        """Per row of `refund` (k x 3: compute, memory, GPUs), False where `team` could not be admitted
-        for `amount` of `model` as guaranteed without `reclaim`, nor as borrowed, even after counted
-        use is given back such that no unit's use of any bucket and no model's use fall by more than
-        that row (and nothing is charged). An upper bound of `verdict` after such refunds: the
-        verdict's room is monotone in those uses (less use, more room), and the siblings' reserve it
-        subtracts only grows when their use falls, so it is taken as it stands now. Used to rule out
-        a preemption search whose every outcome would then fail the admission check."""
+    def refund_needed(self, team: str, model: str, amount: Vec) -> tuple[Vec, Vec | None]:
+        """What must be given back before `team` could be admitted for `amount` of `model` as
+        guaranteed without `reclaim` (the first vector), or as borrowed (the second; None: never, a
+        hard limit): a refund of r, where no unit's use of any bucket and no model's use falls by
+        more than r per resource (and nothing is charged), can only admit it where r is at least
+        one of them in every resource. A bound of `verdict` after such refunds: its room grows by
+        at most r at each term, and the siblings' reserve it subtracts only grows when their use
+        falls, so it is taken as it stands now. Rules out a preemption search whose every outcome
+        would fail its admission check."""
         unit = self.tree.units.get(team)
-        out = np.zeros(len(refund), dtype=bool)
         if unit is None or not unit.team:
-            return ~out  # a team the tree does not know: always guaranteed
-        r = refund.astype(np.float64)
-        need = np.array(amount, dtype=np.float64)
+            return (-INF, -INF, -INF), (-INF, -INF, -INF)  # a team the tree does not know: guaranteed
         path = self.tree.path(team, model)
         t_unit, t_bucket = path[0]
-        # Guaranteed: within its quota, and no unit above it beyond its limit (else `reclaim`).
-        quota = np.array(self.tree.quota(t_unit, t_bucket).vec(), dtype=np.float64)
-        guaranteed = (np.array(self.used[(t_unit, t_bucket)], dtype=np.float64) - r + need <= quota).all(axis=1)
-        hard = False
-        for i, (u, b) in enumerate(path):
+        # Guaranteed: used - r + amount within the team's quota and every limit above it.
+        guaranteed = _sub(_add(self.used[(t_unit, t_bucket)], amount), self.tree.quota(t_unit, t_bucket).vec())
+        caps = []
+        for u, b in path:
             q = self.tree.quota(u, b)
-            cap = np.array(_add(q.vec(), q.borrowing.vec()), dtype=np.float64)
-            hard = hard or not _le(amount, tuple(cap.tolist()))
-            if i > 0:
-                guaranteed &= (np.array(self.used[(u, b)], dtype=np.float64) - r + need <= cap).all(axis=1)
-        out |= guaranteed
-        if hard:  # beyond a hard limit: opportunistic or never, whatever is given back
-            return out
-        # Borrowed: as `_room`, with each use less by the row.
-        room = np.maximum(np.array(self.capacity.get(model, ZERO), dtype=np.float64)
-                          - np.array(self.root_used[model], dtype=np.float64) + r, 0.0)
+            caps.append(_add(q.vec(), q.borrowing.vec()))
+        for (u, b), cap in zip(path[1:], caps[1:], strict=True):
+            guaranteed = _max(guaranteed, _sub(_add(self.used[(u, b)], amount), cap))
+        if not all(_le(amount, cap) for cap in caps):
+            return guaranteed, None  # beyond a hard limit: opportunistic or never, whatever is given back
+        # Borrowed: `_room` + r at least amount. Top down, room = min(max(A + r, 0) - all siblings'
+        # reserve, each unit's limit + r - the reserve below it).
+        keeps: list[Vec] = []
         parent = ROOT
-        for u, b in reversed(path):
-            keep = _sub(self._kept.get((parent, model), ZERO), self._kept_of.get((u, model), ZERO))
-            room = room - np.array(keep, dtype=np.float64)
-            q = self.tree.quota(u, b)
-            limit = np.array(_sub(_add(q.vec(), q.borrowing.vec()), self.used[(u, b)]), dtype=np.float64)
-            room = np.minimum(room, limit + r)
+        for u, _ in reversed(path):
+            keeps.append(_sub(self._kept.get((parent, model), ZERO), self._kept_of.get((u, model), ZERO)))
             parent = u
-        return out | (need <= room).all(axis=1)
+        below = ZERO
+        borrowed = (-INF, -INF, -INF)
+        for (u, b), cap, keep in zip(path, caps, reversed(keeps), strict=True):  # bottom up
+            borrowed = _max(borrowed, _add(_sub(amount, _sub(cap, self.used[(u, b)])), below))
+            below = _add(below, keep)
+        top = _sub(_add(amount, below), _sub(self.capacity.get(model, ZERO), self.root_used[model]))
+        at_least = _add(amount, below)
+        borrowed = _max(borrowed, tuple(top[r] if at_least[r] > 0 else -INF for r in range(3)))
+        return guaranteed, borrowed
 
     def beyond_limit(self, path: tuple[tuple[str, str], ...], amount: Vec) -> tuple[str, str, int] | None:
         """The first unit above the team on `path` that `amount` more would take beyond its quota +
