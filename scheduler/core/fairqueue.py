@@ -41,6 +41,7 @@ from .preemption import find_preemption
 from .queue import DEFAULT_AGING_S, effective_priority
 from .scorers import BestFitScorer, Scorer
 from .state import ClusterState, Holding
+from .takeable import TakeableIndex
 
 ORDER = (Admission.GUARANTEED, Admission.BORROWED, Admission.OPPORTUNISTIC)
 GivenBack = dict[str, tuple[str, str, Vec, Admission]]  # victim → what the ledger held: team, model, amount, how
@@ -110,41 +111,8 @@ class Fair:
                 self._losing[key] = _add(self._losing[key], held_by(h.share, len(h.gpus)))
         self.held = np.zeros(len(state.node_names), dtype=bool)  # nodes held this cycle (`hold`)
         self._held_models: set[str] = set()
-        self._counted_takeable()
         self._protected_now: dict[str, bool] = {}  # `_protected`, per reservation
-        # The snapshot's shares a reclaim by fair share may take from another team: borrowed,
-        # opportunistic or warned (what this cycle places is never a victim).
-        self._snapshot_takeable: dict[str, list[Holding]] = defaultdict(list)  # by each model of its GPUs
-        for h in state.placed.values():
-            if h.share.reclaim_at is not None or h.share.admission in (Admission.BORROWED, Admission.OPPORTUNISTIC):
-                for m in {state.model_at(h.node, j) for j in h.gpus}:
-                    self._snapshot_takeable[m].append(h)
-
-    def _counted_takeable(self) -> None:
-        """What the snapshot's shares that a reclaim by fair share might take hold in the ledger
-        (counted use only: giving back opportunistic work changes no verdict): `_givable`, per GPU
-        slot (nodes x slots x 3), all that the borrowed and warned shares of every team hold there
-        (a share counts on every slot it holds); `_own_counted`, per team its other counted shares
-        as (priority, node, slots, amount). This cycle's placements are never victims and victims
-        only leave, so these bound what a search can give back all cycle (`_reclaim_could_admit`)."""
-        self._givable = np.zeros((*self.state.free.shape, 3), dtype=np.int64)
-        self._own_counted: dict[str, list[tuple[int, int, tuple[int, ...], Vec]]] = defaultdict(list)
-        for rid, h in self.state.placed.items():
-            entry = self.ledger.holdings.get(rid)
-            if entry is None or entry[3] not in COUNTED or not h.gpus:
-                continue
-            s = h.share
-            if s.admission == Admission.BORROWED or s.reclaim_at is not None:
-                for j in h.gpus:
-                    self._givable[h.node, j] += entry[2]
-            else:
-                self._own_counted[s.team].append((s.priority, h.node, h.gpus, entry[2]))
-        # The most on one GPU and on one node, per model: a first, looser bound.
-        per_node = self._givable.sum(axis=1)
-        self._givable_most: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for m, model in enumerate(self.state.models):
-            at = self.state.gpu_model == m
-            self._givable_most[model] = (self._givable[at].max(axis=0), per_node[at.any(axis=1)].max(axis=0))
+        self._takeable: TakeableIndex | None = None  # built by the first reclaim by fair share
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -544,24 +512,26 @@ class Fair:
         admitted (borrowed or better) once refunded, so that its search cannot end in a reclaim
         (`_admit_by_share` would refuse whatever it found). Victims lie on the GPUs the request
         takes: one GPU for a one-GPU request, one node for more, so what they give back is at most
-        what the counted shares that may be taken hold there (`_counted_takeable`, with the team's
+        what the counted shares that may be taken hold there (`TakeableIndex`, with the team's
         own lower priorities); `Ledger.refund_needed` says what the verdict on the taken GPU's
-        model needs given back."""
-        own = [(node, gpus, amount) for priority, node, gpus, amount in self._own_counted.get(req.team, ())
+        model needs given back. In a full cycle most such searches found victims whose refund left
+        the request waiting: the room one borrowed share frees goes to the quota its siblings keep."""
+        index = self._takeable_index()
+        own = [(node, gpus, amount) for priority, node, gpus, amount in index.own.get(req.team, ())
                if priority < req.priority]
         demand = demand_of(req)
         whole_node = req.gpu_count > 1
         own_total = tuple(sum(a[r] * len(gpus) for _, gpus, a in own) for r in range(3))
         needed = {}
-        for m in models:  # first against the most there is on one GPU (node) of the model, and all of its own
-            most = _add(tuple(self._givable_most[m][whole_node].tolist()), own_total)
+        for m in models:  # first against the most on one GPU (node) of the model, plus all of the team's own
+            most = _add(index.most[m][whole_node], own_total)
             thresholds = [t for t in self.ledger.refund_needed(req.team, m, demand) if t is not None]
             if any(_le(t, most) for t in thresholds):
                 needed[m] = thresholds
         if not needed:
             return False
         state = self.state
-        givable = self._givable
+        givable = index.givable
         if own:
             givable = givable.copy()
             for node, gpus, amount in own:
@@ -578,14 +548,20 @@ class Fair:
                 return True
         return False
 
+    def _takeable_index(self) -> TakeableIndex:
+        if self._takeable is None:
+            self._takeable = TakeableIndex(self.state, self.ledger)
+        return self._takeable
+
     def _takeable_by_share(self, req: Request, models: Iterable[str]) -> Iterable[Holding]:
         """The only shares `_may_take_by_share` can let go on `models`: the team's own, borrowed or
         opportunistic ones, and those warned before the cycle (another team's guaranteed work
         never). Those of the snapshot, some of which may have gone since: the search passes over
         those (what this cycle places is never a victim)."""
         out = list(self.state.by_team.get(req.team, {}).values())
+        by_model = self._takeable_index().by_model
         for m in models:
-            out.extend(self._snapshot_takeable.get(m, ()))
+            out.extend(by_model.get(m, ()))
         return out
 
     def _may_take_by_share(self, share: Share, r: Request) -> bool:

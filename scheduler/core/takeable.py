@@ -1,0 +1,50 @@
+"""What a reclaim by fair share might take in one cycle, indexed once (`fairqueue.Fair`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from .fairshare import COUNTED, Admission, Ledger, Vec
+from .state import ClusterState, Holding
+
+
+class TakeableIndex:
+    """What a reclaim by fair share might take, indexed once a cycle (at its first reclaim by fair
+    share) from the shares running then (this cycle's placements are never victims, and victims
+    only leave, so it bounds what later searches find):
+    - `by_model`: the borrowed, opportunistic and warned shares, per model of their GPUs: with the
+      team's own, the only shares `Fair._may_take_by_share` lets go (`Fair._takeable_by_share`);
+    - `givable`: per GPU slot (nodes x slots x 3), the counted use (what the ledger would refund)
+      that the borrowed and warned shares of every team hold there (a share counts on each slot
+      it holds; opportunistic work is not counted); `most`, per model, the most of that on one
+      slot and on one node; `own`, per team, its other counted shares as (priority, node, slots,
+      amount), which only the team's own higher priorities may take."""
+
+    def __init__(self, state: ClusterState, ledger: Ledger) -> None:
+        self.by_model: dict[str, list[Holding]] = defaultdict(list)
+        self.givable = np.zeros((*state.free.shape, 3), dtype=np.int64)
+        self.own: dict[str, list[tuple[int, int, tuple[int, ...], Vec]]] = defaultdict(list)
+        for rid, h in state.placed.items():
+            s = h.share
+            if rid in state.reserved_now or not h.gpus:
+                continue
+            warned = s.reclaim_at is not None
+            if warned or s.admission in (Admission.BORROWED, Admission.OPPORTUNISTIC):
+                for m in {state.model_at(h.node, j) for j in h.gpus}:
+                    self.by_model[m].append(h)
+            entry = ledger.holdings.get(rid)
+            if entry is None or entry[3] not in COUNTED:
+                continue
+            if warned or s.admission == Admission.BORROWED:
+                for j in h.gpus:
+                    self.givable[h.node, j] += entry[2]
+            else:
+                self.own[s.team].append((s.priority, h.node, h.gpus, entry[2]))
+        per_node = self.givable.sum(axis=1)
+        self.most: dict[str, tuple[Vec, Vec]] = {}
+        for m, model in enumerate(state.models):
+            at = state.gpu_model == m
+            self.most[model] = (tuple(self.givable[at].max(axis=0).tolist()),
+                                tuple(per_node[at.any(axis=1)].max(axis=0).tolist()))
