@@ -34,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from .engine import Choice, choose
-from .fairshare import COUNTED, INF, Admission, Ledger, QuotaTree, Vec, _add, _le, _scale, demand_of, held_by
+from .fairshare import COUNTED, INF, ZERO, Admission, Ledger, QuotaTree, Vec, _add, _le, _scale, demand_of, held_by
 from .filters import explain, feasible
 from .model import Reason, ReasonCode, Request, Share
 from .preemption import find_preemption
@@ -112,6 +112,9 @@ class Fair:
         self.held = np.zeros(len(state.node_names), dtype=bool)  # nodes held this cycle (`hold`)
         self._held_models: set[str] = set()
         self._protected_now: dict[str, bool] = {}  # `_protected`, per reservation
+        self._rank_tails: dict[str, tuple] = {}  # `_rank`'s parts fixed for the cycle, per reservation
+        # `above_share`'s answers: (team, model, losing) → (the team's use, its losing then, answer)
+        self._above: dict[tuple[str, str, Vec], tuple[Vec, Vec, bool]] = {}
         self._takeable: TakeableIndex | None = None  # built by the first reclaim by fair share
 
     # ---- order --------------------------------------------------------------------------------
@@ -263,6 +266,8 @@ class Fair:
         return may
 
     def _rank(self, req: Request):
+        saturation, model_of, tails = self.ledger.saturation, self._model_of, self._rank_tails
+
         def rank(h: Holding) -> tuple:
             s = h.share
             if s.team != req.team and s.reclaim_at is not None:
@@ -273,10 +278,16 @@ class Fair:
                 kind = 1
             else:
                 kind = 2
-            model = self.state.model_at(h.node, h.gpus[0]) if h.gpus else ""
+            rid = s.reservation_id
+            model = model_of.get(rid) if h.gpus else ""
+            if model is None:
+                model = self.state.model_at(h.node, h.gpus[0])
             # Most saturated team first, then lowest priority, then newest (placed later, or in the
             # same commit submitted later: a higher id).
-            return (kind, -self.ledger.saturation(s.team, model), s.priority, -s.since, _newer(s.reservation_id))
+            tail = tails.get(rid)
+            if tail is None:
+                tail = tails[rid] = (s.priority, -s.since, _newer(rid))
+            return (kind, -saturation(s.team, model), *tail)
 
         return rank
 
@@ -484,8 +495,14 @@ class Fair:
         """Whether `team` stays at or above its fair share of `model` after losing `losing` (and
         what earlier reclaims this cycle take from it): only then may a reclaim take it, so the
         victim is never pushed below its share (from where it would take it back)."""
-        gone = _add(self._losing[(team, model)], losing)
-        return self.ledger.saturation(team, model, _scale(gone, -1)) >= 1
+        key = (team, model, losing)
+        used, before = self.ledger.team_used.get((team, model), ZERO), self._losing.get((team, model), ZERO)
+        found = self._above.get(key)
+        if found is not None and found[0] == used and found[1] == before:
+            return found[2]
+        above = self.ledger.saturation(team, model, _scale(_add(before, losing), -1)) >= 1
+        self._above[key] = (used, before, above)
+        return above
 
     def _take_by_share(self, req: Request
                        ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:

@@ -259,6 +259,7 @@ class Ledger:
         self._version: dict[str, int] = defaultdict(int)
         self._verdicts: dict[tuple[str, str, Vec, bool], tuple[int, Verdict]] = {}
         self._saturations: dict[tuple[str, str], dict[Vec, float]] = {}  # (team, model) → extra → saturation
+        self._refunds: dict[tuple[str, str, Vec], tuple[int, tuple[Vec, Vec | None]]] = {}  # refund_needed's
         for share, model, gpus in shares:
             if share.team in tree.units and model in self.capacity:
                 self._take(share.reservation_id, share.team, model, held_by(share, gpus), Admission(share.admission))
@@ -401,6 +402,16 @@ class Ledger:
         at most r at each term, and the siblings' reserve it subtracts only grows when their use
         falls, so it is taken as it stands now. Rules out a preemption search whose every outcome
         would fail its admission check."""
+        key = (team, model, amount)
+        version = self._version[model]  # it reads what a verdict on `model` reads
+        found = self._refunds.get(key)
+        if found is not None and found[0] == version:
+            return found[1]
+        needed = self._refund_needed(team, model, amount)
+        self._refunds[key] = (version, needed)
+        return needed
+
+    def _refund_needed(self, team: str, model: str, amount: Vec) -> tuple[Vec, Vec | None]:
         unit = self.tree.units.get(team)
         if unit is None or not unit.team:
             return (-INF, -INF, -INF), (-INF, -INF, -INF)  # a team the tree does not know: guaranteed
