@@ -573,12 +573,13 @@ class Fair:
     def _takeable_by_share(self, req: Request, models: Iterable[str]) -> Iterable[Holding]:
         """The only shares `_may_take_by_share` can let go on `models`: the team's own, borrowed or
         opportunistic ones, and those warned before the cycle (another team's guaranteed work
-        never). Those of the snapshot, some of which may have gone since: the search passes over
-        those (what this cycle places is never a victim)."""
-        out = list(self.state.by_team.get(req.team, {}).values())
-        by_model = self._takeable_index().by_model
+        never), the team's own only below its priority. Those running when the cycle's first reclaim
+        by fair share was searched (`TakeableIndex`; what this cycle places is never a victim),
+        some of which may have gone since: the search passes over those."""
+        index = self._takeable_index()
+        out = index.lower(req.team, req.priority)
         for m in models:
-            out.extend(by_model.get(m, ()))
+            out.extend(index.by_model.get(m, ()))
         return out
 
     def _may_take_by_share(self, share: Share, r: Request) -> bool:

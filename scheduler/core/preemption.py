@@ -154,9 +154,10 @@ def find_preemption(
         wanted_at = wanted.tolist()
         placed = state.placed
         for h in among:
+            if not wanted_at[h.node]:
+                continue
             rid = h.share.reservation_id
-            if (wanted_at[h.node] and rid not in exclude and rid not in protected and placed.get(rid) is h
-                    and may_evict(h.share, req)):
+            if rid not in exclude and rid not in protected and placed.get(rid) is h and may_evict(h.share, req):
                 evictable.setdefault(h.node, {})[rid] = h
     ranks: dict[str, tuple] = {}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 
 import numpy as np
@@ -20,16 +21,19 @@ class TakeableIndex:
       that the borrowed and warned shares of every team hold there (a share counts on each slot
       it holds; opportunistic work is not counted); `most`, per model, the most of that on one
       slot and on one node; `own`, per team, its other counted shares as (priority, node, slots,
-      amount), which only the team's own higher priorities may take."""
+      amount), which only the team's own higher priorities may take; `by_team`, per team its
+      shares, lowest priority first, and their priorities (`lower`: those below a priority)."""
 
     def __init__(self, state: ClusterState, ledger: Ledger) -> None:
         self.by_model: dict[str, list[Holding]] = defaultdict(list)
         self.givable = np.zeros((*state.free.shape, 3), dtype=np.int64)
         self.own: dict[str, list[tuple[int, int, tuple[int, ...], Vec]]] = defaultdict(list)
+        team_shares: dict[str, list[Holding]] = defaultdict(list)
         for rid, h in state.placed.items():
             s = h.share
             if rid in state.reserved_now or not h.gpus:
                 continue
+            team_shares[s.team].append(h)
             warned = s.reclaim_at is not None
             if warned or s.admission in (Admission.BORROWED, Admission.OPPORTUNISTIC):
                 for m in {state.model_at(h.node, j) for j in h.gpus}:
@@ -42,9 +46,16 @@ class TakeableIndex:
                     self.givable[h.node, j] += entry[2]
             else:
                 self.own[s.team].append((s.priority, h.node, h.gpus, entry[2]))
+        self.by_team = {team: sorted(hs, key=lambda h: h.share.priority) for team, hs in team_shares.items()}
+        self._priorities = {team: [h.share.priority for h in hs] for team, hs in self.by_team.items()}
         per_node = self.givable.sum(axis=1)
         self.most: dict[str, tuple[Vec, Vec]] = {}
         for m, model in enumerate(state.models):
             at = state.gpu_model == m
             self.most[model] = (tuple(self.givable[at].max(axis=0).tolist()),
                                 tuple(per_node[at.any(axis=1)].max(axis=0).tolist()))
+
+    def lower(self, team: str, priority: int) -> list[Holding]:
+        """The team's shares below `priority` (some may have gone since)."""
+        found = self.by_team.get(team)
+        return found[: bisect_left(self._priorities[team], priority)] if found else []
