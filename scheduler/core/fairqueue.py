@@ -548,21 +548,28 @@ class Fair:
         if not needed:
             return False
         state = self.state
-        givable = index.givable
-        if own:
-            givable = givable.copy()
-            for node, gpus, amount in own:
-                for j in gpus:
-                    givable[node, j] += amount
+        # Per GPU (per node), whether the counted shares there could give back enough; then the
+        # GPUs (nodes) where the team's own shares add to that, one by one.
+        extra: dict[tuple[int, int], Vec] = defaultdict(lambda: ZERO)
+        for node, gpus, amount in own:
+            for j in gpus:
+                key = (node, -1 if whole_node else j)
+                extra[key] = _add(extra[key], amount)
         usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
         if whole_node:  # one node's usable GPUs, any model: the taken GPU's model is one of them
-            usable &= (usable & state.model_mask(frozenset(models))).sum(axis=1)[:, None] >= req.gpu_count
-            per_node = givable.sum(axis=1)
+            enough = (usable & state.model_mask(frozenset(models))).sum(axis=1) >= req.gpu_count
         for m, thresholds in needed.items():
-            at = usable & (state.gpu_model == state.model_id[m])
-            rows = per_node[at.any(axis=1)] if whole_node else givable[at]
-            if any((rows >= np.array(t)).all(axis=1).any() for t in thresholds):
-                return True
+            at = usable & state.model_mask(frozenset((m,)))
+            if whole_node:
+                at = at.any(axis=1) & enough
+            givable = index.per_node if whole_node else index.givable
+            for t in thresholds:
+                if ((givable >= np.array(t)).all(axis=-1) & at).any():
+                    return True
+                for (node, j), more in extra.items():
+                    where = node if whole_node else (node, j)
+                    if at[where] and _le(t, _add(tuple(givable[where].tolist()), more)):
+                        return True
         return False
 
     def _takeable_index(self) -> TakeableIndex:

@@ -48,7 +48,7 @@ class TakeableIndex:
                 self.own[s.team].append((s.priority, h.node, h.gpus, entry[2]))
         self.by_team = {team: sorted(hs, key=lambda h: h.share.priority) for team, hs in team_shares.items()}
         self._priorities = {team: [h.share.priority for h in hs] for team, hs in self.by_team.items()}
-        per_node = self.givable.sum(axis=1)
+        per_node = self.per_node = self.givable.sum(axis=1)  # (nodes x 3)
         self.most: dict[str, tuple[Vec, Vec]] = {}
         for m, model in enumerate(state.models):
             at = state.gpu_model == m
