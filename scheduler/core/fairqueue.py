@@ -534,11 +534,9 @@ class Fair:
         model needs given back. In a full cycle most such searches found victims whose refund left
         the request waiting: the room one borrowed share frees goes to the quota its siblings keep."""
         index = self._takeable_index()
-        own = [(node, gpus, amount) for priority, node, gpus, amount in index.own.get(req.team, ())
-               if priority < req.priority]
+        own, own_total = index.own_below(req.team, req.priority)
         demand = demand_of(req)
         whole_node = req.gpu_count > 1
-        own_total = tuple(sum(a[r] * len(gpus) for _, gpus, a in own) for r in range(3))
         needed = {}
         for m in models:  # first against the most on one GPU (node) of the model, plus all of the team's own
             most = _add(index.most[m][whole_node], own_total)
@@ -548,27 +546,36 @@ class Fair:
         if not needed:
             return False
         state = self.state
-        # Per GPU (per node), whether the counted shares there could give back enough; then the
-        # GPUs (nodes) where the team's own shares add to that, one by one.
+        # Whether the counted shares on some GPU (node) could give back enough; then the GPUs
+        # (nodes) where the team's own shares add to that, one by one.
         extra: dict[tuple[int, int], Vec] = defaultdict(lambda: ZERO)
-        for node, gpus, amount in own:
+        for _, node, gpus, amount in own:
             for j in gpus:
                 key = (node, -1 if whole_node else j)
                 extra[key] = _add(extra[key], amount)
-        usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
-        if whole_node:  # one node's usable GPUs, any model: the taken GPU's model is one of them
-            enough = (usable & state.model_mask(frozenset(models))).sum(axis=1) >= req.gpu_count
-        for m, thresholds in needed.items():
-            at = usable & state.model_mask(frozenset((m,)))
-            if whole_node:
-                at = at.any(axis=1) & enough
-            givable = index.per_node if whole_node else index.givable
-            for t in thresholds:
-                if ((givable >= np.array(t)).all(axis=-1) & at).any():
+        if not whole_node:  # the few distinct rows of the model's GPUs, then the team's own GPUs
+            for m, thresholds in needed.items():
+                rows = [row for row, memory in index.slot_rows.get(m, {}).items() if memory >= req.gpu_memory_mib]
+                if any(_le(t, row) for row in rows for t in thresholds):
                     return True
+                model = state.model_id[m]
                 for (node, j), more in extra.items():
-                    where = node if whole_node else (node, j)
-                    if at[where] and _le(t, _add(tuple(givable[where].tolist()), more)):
+                    if (state.valid[node, j] and state.ready[node] and state.gpu_model[node, j] == model
+                            and state.mem_total[node, j] >= req.gpu_memory_mib):
+                        row = _add(tuple(index.givable[node, j].tolist()), more)
+                        if any(_le(t, row) for t in thresholds):
+                            return True
+            return False
+        # One node's usable GPUs, any model: the taken GPU's model is one of them.
+        usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
+        enough = (usable & state.model_mask(frozenset(models))).sum(axis=1) >= req.gpu_count
+        for m, thresholds in needed.items():
+            at = (usable & state.model_mask(frozenset((m,)))).any(axis=1) & enough
+            for t in thresholds:
+                if ((index.per_node >= np.array(t)).all(axis=-1) & at).any():
+                    return True
+                for (node, _), more in extra.items():
+                    if at[node] and _le(t, _add(tuple(index.per_node[node].tolist()), more)):
                         return True
         return False
 
