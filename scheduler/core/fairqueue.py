@@ -34,13 +34,14 @@ from dataclasses import replace
 import numpy as np
 
 from .engine import Choice, choose
-from .fairshare import COUNTED, INF, Admission, Ledger, QuotaTree, Vec, _add, _scale, demand_of, held_by
+from .fairshare import COUNTED, INF, ZERO, Admission, Ledger, QuotaTree, Vec, _add, _le, _scale, demand_of, held_by
 from .filters import explain, feasible
 from .model import Reason, ReasonCode, Request, Share
 from .preemption import find_preemption
 from .queue import DEFAULT_AGING_S, effective_priority
 from .scorers import BestFitScorer, Scorer
 from .state import ClusterState, Holding
+from .takeable import TakeableIndex
 
 ORDER = (Admission.GUARANTEED, Admission.BORROWED, Admission.OPPORTUNISTIC)
 GivenBack = dict[str, tuple[str, str, Vec, Admission]]  # victim → what the ledger held: team, model, amount, how
@@ -110,6 +111,11 @@ class Fair:
                 self._losing[key] = _add(self._losing[key], held_by(h.share, len(h.gpus)))
         self.held = np.zeros(len(state.node_names), dtype=bool)  # nodes held this cycle (`hold`)
         self._held_models: set[str] = set()
+        self._protected_now: dict[str, bool] = {}  # `_protected`, per reservation
+        self._rank_tails: dict[str, tuple] = {}  # `_rank`'s parts fixed for the cycle, per reservation
+        # `above_share`'s answers: (team, model, losing) → (the team's use, its losing then, answer)
+        self._above: dict[tuple[str, str, Vec], tuple[Vec, Vec, bool]] = {}
+        self._takeable: TakeableIndex | None = None  # built by the first reclaim by fair share
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -225,7 +231,14 @@ class Fair:
     def _protected(self, share: Share) -> bool:
         """Whether another team's `share` is kept from takers that are not guaranteed: it started
         less than `min_run_s` ago, or it was evicted `EVICTION_CAP` times within a window that
-        ended less than a window ago (the same job evicted again and again is the worst wait)."""
+        ended less than a window ago (the same job evicted again and again is the worst wait).
+        Fixed for the cycle (its clock and evictions are), so answered once per share."""
+        found = self._protected_now.get(share.reservation_id)
+        if found is None:
+            found = self._protected_now[share.reservation_id] = self._protected_by_rule(share)
+        return found
+
+    def _protected_by_rule(self, share: Share) -> bool:
         if self.now - share.since < self.min_run_s:
             return True
         times = sorted(self.evictions.get(share.reservation_id, ()))
@@ -253,6 +266,8 @@ class Fair:
         return may
 
     def _rank(self, req: Request):
+        saturation, model_of, tails = self.ledger.saturation, self._model_of, self._rank_tails
+
         def rank(h: Holding) -> tuple:
             s = h.share
             if s.team != req.team and s.reclaim_at is not None:
@@ -263,10 +278,16 @@ class Fair:
                 kind = 1
             else:
                 kind = 2
-            model = self.state.model_at(h.node, h.gpus[0]) if h.gpus else ""
+            rid = s.reservation_id
+            model = model_of.get(rid) if h.gpus else ""
+            if model is None:
+                model = self.state.model_at(h.node, h.gpus[0])
             # Most saturated team first, then lowest priority, then newest (placed later, or in the
             # same commit submitted later: a higher id).
-            return (kind, -self.ledger.saturation(s.team, model), s.priority, -s.since, _newer(s.reservation_id))
+            tail = tails.get(rid)
+            if tail is None:
+                tail = tails[rid] = (s.priority, -s.since, _newer(rid))
+            return (kind, -saturation(s.team, model), *tail)
 
         return rank
 
@@ -474,8 +495,14 @@ class Fair:
         """Whether `team` stays at or above its fair share of `model` after losing `losing` (and
         what earlier reclaims this cycle take from it): only then may a reclaim take it, so the
         victim is never pushed below its share (from where it would take it back)."""
-        gone = _add(self._losing[(team, model)], losing)
-        return self.ledger.saturation(team, model, _scale(gone, -1)) >= 1
+        key = (team, model, losing)
+        used, before = self.ledger.team_used.get((team, model), ZERO), self._losing.get((team, model), ZERO)
+        found = self._above.get(key)
+        if found is not None and found[0] == used and found[1] == before:
+            return found[2]
+        above = self.ledger.saturation(team, model, _scale(_add(before, losing), -1)) >= 1
+        self._above[key] = (used, before, above)
+        return above
 
     def _take_by_share(self, req: Request
                        ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
@@ -488,22 +515,86 @@ class Fair:
         amount = demand_of(req)
         models = [m for m in self.models_of(req) if self.below_share(req.team, m, amount)
                   and not self.ledger.verdict(req.team, m, amount, req.priority).never]
-        if not models:
+        if not models or not self._reclaim_could_admit(req, models):
             return None
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
         found = find_preemption(self.state, target, self._may_take_by_share, self._rank(req), nodes=self._open_nodes(),
-                                among=self._takeable_by_share(req))
+                                among=self._takeable_by_share(req, models))
         if found is None:
             return None
         return self._admit_by_share(req, *found)
 
-    def _takeable_by_share(self, req: Request) -> Iterable[Holding]:
-        """The only shares `_may_take_by_share` can let go: the team's own, borrowed or opportunistic
-        ones, and those warned before the cycle (another team's guaranteed work never)."""
-        placed = self.state.placed
-        out = self.state.holdings_of(teams=(req.team,), admissions=(Admission.BORROWED, Admission.OPPORTUNISTIC))
-        out.update((rid, placed[rid]) for rid in self._warned if rid in placed)
-        return out.values()
+    def _reclaim_could_admit(self, req: Request, models: list[str]) -> bool:
+        """False when no victims a reclaim by fair share could find on `models` would leave `req`
+        admitted (borrowed or better) once refunded, so that its search cannot end in a reclaim
+        (`_admit_by_share` would refuse whatever it found). Victims lie on the GPUs the request
+        takes: one GPU for a one-GPU request, one node for more, so what they give back is at most
+        what the counted shares that may be taken hold there (`TakeableIndex`, with the team's
+        own lower priorities); `Ledger.refund_needed` says what the verdict on the taken GPU's
+        model needs given back. In a full cycle most such searches found victims whose refund left
+        the request waiting: the room one borrowed share frees goes to the quota its siblings keep."""
+        index = self._takeable_index()
+        own, own_total = index.own_below(req.team, req.priority)
+        demand = demand_of(req)
+        whole_node = req.gpu_count > 1
+        needed = {}
+        for m in models:  # first against the most on one GPU (node) of the model, plus all of the team's own
+            most = _add(index.most[m][whole_node], own_total)
+            thresholds = [t for t in self.ledger.refund_needed(req.team, m, demand) if t is not None]
+            if any(_le(t, most) for t in thresholds):
+                needed[m] = thresholds
+        if not needed:
+            return False
+        state = self.state
+        # Whether the counted shares on some GPU (node) could give back enough; then the GPUs
+        # (nodes) where the team's own shares add to that, one by one.
+        extra: dict[tuple[int, int], Vec] = defaultdict(lambda: ZERO)
+        for _, node, gpus, amount in own:
+            for j in gpus:
+                key = (node, -1 if whole_node else j)
+                extra[key] = _add(extra[key], amount)
+        if not whole_node:  # the few distinct rows of the model's GPUs, then the team's own GPUs
+            for m, thresholds in needed.items():
+                rows = [row for row, memory in index.slot_rows.get(m, {}).items() if memory >= req.gpu_memory_mib]
+                if any(_le(t, row) for row in rows for t in thresholds):
+                    return True
+                model = state.model_id[m]
+                for (node, j), more in extra.items():
+                    if (state.valid[node, j] and state.ready[node] and state.gpu_model[node, j] == model
+                            and state.mem_total[node, j] >= req.gpu_memory_mib):
+                        row = _add(tuple(index.givable[node, j].tolist()), more)
+                        if any(_le(t, row) for t in thresholds):
+                            return True
+            return False
+        # One node's usable GPUs, any model: the taken GPU's model is one of them.
+        usable = state.valid & state.ready[:, None] & (state.mem_total >= req.gpu_memory_mib)
+        enough = (usable & state.model_mask(frozenset(models))).sum(axis=1) >= req.gpu_count
+        for m, thresholds in needed.items():
+            at = (usable & state.model_mask(frozenset((m,)))).any(axis=1) & enough
+            for t in thresholds:
+                if ((index.per_node >= np.array(t)).all(axis=-1) & at).any():
+                    return True
+                for (node, _), more in extra.items():
+                    if at[node] and _le(t, _add(tuple(index.per_node[node].tolist()), more)):
+                        return True
+        return False
+
+    def _takeable_index(self) -> TakeableIndex:
+        if self._takeable is None:
+            self._takeable = TakeableIndex(self.state, self.ledger)
+        return self._takeable
+
+    def _takeable_by_share(self, req: Request, models: Iterable[str]) -> Iterable[Holding]:
+        """The only shares `_may_take_by_share` can let go on `models`: the team's own, borrowed or
+        opportunistic ones, and those warned before the cycle (another team's guaranteed work
+        never), the team's own only below its priority. Those running when the cycle's first reclaim
+        by fair share was searched (`TakeableIndex`; what this cycle places is never a victim),
+        some of which may have gone since: the search passes over those."""
+        index = self._takeable_index()
+        out = index.lower(req.team, req.priority)
+        for m in models:
+            out.extend(index.by_model.get(m, ()))
+        return out
 
     def _may_take_by_share(self, share: Share, r: Request) -> bool:
         """What a reclaim by fair share may take (the taker's team is below its share there)."""

@@ -126,6 +126,10 @@ def _sub(a: Vec, b: Vec) -> Vec:
     return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
 
 
+def _max(a: Vec, b: Vec) -> Vec:
+    return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
+
+
 def _min(a: Vec, b: Vec) -> Vec:
     return (min(a[0], b[0]), min(a[1], b[1]), min(a[2], b[2]))
 
@@ -255,6 +259,7 @@ class Ledger:
         self._version: dict[str, int] = defaultdict(int)
         self._verdicts: dict[tuple[str, str, Vec, bool], tuple[int, Verdict]] = {}
         self._saturations: dict[tuple[str, str], dict[Vec, float]] = {}  # (team, model) → extra → saturation
+        self._refunds: dict[tuple[str, str, Vec], tuple[int, tuple[Vec, Vec | None]]] = {}  # refund_needed's
         for share, model, gpus in shares:
             if share.team in tree.units and model in self.capacity:
                 self._take(share.reservation_id, share.team, model, held_by(share, gpus), Admission(share.admission))
@@ -387,6 +392,57 @@ class Ledger:
         if opportunistic:
             return Verdict(Admission.OPPORTUNISTIC)
         return Verdict(None, self._wait_reason(path, model, amount, room))
+
+    def refund_needed(self, team: str, model: str, amount: Vec) -> tuple[Vec, Vec | None]:
+        """What must be given back before `team` could be admitted for `amount` of `model` as
+        guaranteed without `reclaim` (the first vector), or as borrowed (the second; None: never, a
+        hard limit): a refund of r, where no unit's use of any bucket and no model's use falls by
+        more than r per resource (and nothing is charged), can only admit it where r is at least
+        one of them in every resource. A bound of `verdict` after such refunds: its room grows by
+        at most r at each term, and the siblings' reserve it subtracts only grows when their use
+        falls, so it is taken as it stands now. Rules out a preemption search whose every outcome
+        would fail its admission check."""
+        key = (team, model, amount)
+        version = self._version[model]  # it reads what a verdict on `model` reads
+        found = self._refunds.get(key)
+        if found is not None and found[0] == version:
+            return found[1]
+        needed = self._refund_needed(team, model, amount)
+        self._refunds[key] = (version, needed)
+        return needed
+
+    def _refund_needed(self, team: str, model: str, amount: Vec) -> tuple[Vec, Vec | None]:
+        unit = self.tree.units.get(team)
+        if unit is None or not unit.team:
+            return (-INF, -INF, -INF), (-INF, -INF, -INF)  # a team the tree does not know: guaranteed
+        path = self.tree.path(team, model)
+        t_unit, t_bucket = path[0]
+        # Guaranteed: used - r + amount within the team's quota and every limit above it.
+        guaranteed = _sub(_add(self.used[(t_unit, t_bucket)], amount), self.tree.quota(t_unit, t_bucket).vec())
+        caps = []
+        for u, b in path:
+            q = self.tree.quota(u, b)
+            caps.append(_add(q.vec(), q.borrowing.vec()))
+        for (u, b), cap in zip(path[1:], caps[1:], strict=True):
+            guaranteed = _max(guaranteed, _sub(_add(self.used[(u, b)], amount), cap))
+        if not all(_le(amount, cap) for cap in caps):
+            return guaranteed, None  # beyond a hard limit: opportunistic or never, whatever is given back
+        # Borrowed: `_room` + r at least amount. Top down, room = min(max(A + r, 0) - all siblings'
+        # reserve, each unit's limit + r - the reserve below it).
+        keeps: list[Vec] = []
+        parent = ROOT
+        for u, _ in reversed(path):
+            keeps.append(_sub(self._kept.get((parent, model), ZERO), self._kept_of.get((u, model), ZERO)))
+            parent = u
+        below = ZERO
+        borrowed = (-INF, -INF, -INF)
+        for (u, b), cap, keep in zip(path, caps, reversed(keeps), strict=True):  # bottom up
+            borrowed = _max(borrowed, _add(_sub(amount, _sub(cap, self.used[(u, b)])), below))
+            below = _add(below, keep)
+        top = _sub(_add(amount, below), _sub(self.capacity.get(model, ZERO), self.root_used[model]))
+        at_least = _add(amount, below)
+        borrowed = _max(borrowed, tuple(top[r] if at_least[r] > 0 else -INF for r in range(3)))
+        return guaranteed, borrowed
 
     def beyond_limit(self, path: tuple[tuple[str, str], ...], amount: Vec) -> tuple[str, str, int] | None:
         """The first unit above the team on `path` that `amount` more would take beyond its quota +

@@ -11,6 +11,7 @@ placed (`Holding.order`), which a rolled-back candidate does not change.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Container, Iterable, Sequence
 
 import numpy as np
@@ -107,7 +108,7 @@ def find_preemption(
     `exclude`: reservations that are never victims (None: `state.reserved_now`, this cycle's
     decisions, which are not running yet); `among`: the only shares `may_evict` may allow (None:
     any; `may_evict` itself: those of the request's team and of priority 0, `state.holdings_of`),
-    so that the rule is asked about those alone.
+    so that the rule is asked about those alone (holdings no longer in `state` are passed over).
 
     Only nodes with enough GPUs of the request's model and GPU memory, holding a share `may_evict`
     lets it take, are searched: elsewhere no slot has a victim, so no option (an option has some).
@@ -151,9 +152,12 @@ def find_preemption(
                     evictable.setdefault(node, {})[rid] = h
     else:
         wanted_at = wanted.tolist()
+        placed = state.placed
         for h in among:
+            if not wanted_at[h.node]:
+                continue
             rid = h.share.reservation_id
-            if wanted_at[h.node] and rid not in exclude and rid not in protected and may_evict(h.share, req):
+            if rid not in exclude and rid not in protected and placed.get(rid) is h and may_evict(h.share, req):
                 evictable.setdefault(h.node, {})[rid] = h
     ranks: dict[str, tuple] = {}
 
@@ -164,22 +168,20 @@ def find_preemption(
         return key
 
     cpu_free, mem_free = state.cpu_free.tolist(), state.node_mem_free.tolist()
-    # The searched nodes' rows, read from the arrays at once.
-    searched = list(evictable)
-    rows = zip(searched, usable[searched].tolist(), state.free[searched].tolist(), state.mem_free[searched].tolist(),
-               strict=True)
-    options: list[tuple[tuple[int, tuple, int], int, tuple[int, ...], tuple[str, ...]]] = []
-    for node, usable_at, free, mem in rows:
+
+    def option_at(node: int) -> tuple[tuple[int, tuple, int], tuple[int, ...], tuple[str, ...]] | None:
+        """The node's option: its key (victims, worst victim's rank, node order), slots, victims."""
         victims_here = evictable[node]
         if _short_without(req, cpu_free[node], mem_free[node], victims_here.values()):
-            continue  # no eviction here frees the CPU or memory it needs
+            return None  # no eviction here frees the CPU or memory it needs
         by_slot: dict[int, list[Holding]] = {}
         for rid, h in state.on_node[node].items():
             if rid not in exclude:
                 for j in h.gpus:
                     by_slot.setdefault(j, []).append(h)
+        free, mem = state.free[node].tolist(), state.mem_free[node].tolist()
         per_slot = []
-        for slot, use in enumerate(usable_at):
+        for slot, use in enumerate(usable[node].tolist()):
             if not use:
                 continue
             victims = _slot_victims(req, by_slot.get(slot, ()), free[slot], mem[slot], need, victims_here, rank_of)
@@ -187,7 +189,7 @@ def find_preemption(
                 top = max([rank_of(p) for p in victims]) if victims else ()
                 per_slot.append((len(victims), top, slot, victims))
         if len(per_slot) < req.gpu_count:
-            continue
+            return None
         if req.gpu_count == 1:
             picked = [min(per_slot, key=lambda x: x[:3])]
         else:
@@ -195,13 +197,27 @@ def find_preemption(
             picked = per_slot[: req.gpu_count]
         gone = {p.share.reservation_id: p for *_, vs in picked for p in vs}
         if not gone:
-            continue  # fits without eviction: the filters refused it for another reason
+            return None  # fits without eviction: the filters refused it for another reason
         if _short_without(req, cpu_free[node], mem_free[node], gone.values()):
-            continue  # these victims leave it short of CPU or memory: it would fail the filters
+            return None  # these victims leave it short of CPU or memory: it would fail the filters
         ids = tuple(sorted(gone))
         top = max(rank_of(p) for p in gone.values())
-        options.append(((len(ids), top, int(state.tie_rank[node])), node, tuple(x[2] for x in picked), ids))
-    for _, node, slots, ids in sorted(options):
+        return (len(ids), top, int(state.tie_rank[node])), tuple(x[2] for x in picked), ids
+
+    # Options are tried best first. A node's option is worked out only when no other can come
+    # before it: until then it stands in the queue at a bound of its key (one victim, the best
+    # rank of those it may take there), which no option of that node is below.
+    queue: list[tuple[tuple[int, tuple, int], int, bool, tuple[int, ...], tuple[str, ...]]] = [
+        ((1, min(rank_of(h) for h in here.values()), int(state.tie_rank[node])), node, False, (), ())
+        for node, here in evictable.items()]
+    heapq.heapify(queue)
+    while queue:
+        _, node, known, slots, ids = heapq.heappop(queue)
+        if not known:
+            option = option_at(node)
+            if option is not None:
+                heapq.heappush(queue, (option[0], node, True, option[1], option[2]))
+            continue
         released = [state.release(i) for i in ids]
         if fits_on(state, req, node, slots):
             return Choice(node, tuple(sorted(slots)), 0.0), ids, released
