@@ -26,7 +26,7 @@ def kind_of(obj) -> str:
     return "exclusion" if isinstance(obj, ExclusionGroup) else "affinity"
 
 
-def _clean_label(team: Team, kind: str, label: str, *, instance=None) -> str:
+def clean_label(team: Team, kind: str, label: str, *, instance=None) -> str:
     import re
 
     label = (label or "").strip()
@@ -49,7 +49,7 @@ def _clean_description(description: str) -> str:
 def create(team: Team, by: audit.Actor, kind: str, label: str, description: str = ""):
     if kind not in KINDS:
         raise Refused({"kind": ["must be 'exclusion' or 'affinity'"]})
-    label = _clean_label(team, kind, label)
+    label = clean_label(team, kind, label)
     description = _clean_description(description)
     try:
         with transaction.atomic():
@@ -66,7 +66,7 @@ def update(obj, by: audit.Actor, *, label: str | None = None, description: str |
     """Rename and/or describe. A rename leaves the shares placed under the old name where they
     are, still carrying it: new requests under the new name do not join them."""
     kind = kind_of(obj)
-    new_label = _clean_label(obj.team, kind, label, instance=obj) if label is not None else obj.label
+    new_label = clean_label(obj.team, kind, label, instance=obj) if label is not None else obj.label
     new_description = _clean_description(description) if description is not None else obj.description
     before = {"label": obj.label, "description": obj.description}
     after = {"label": new_label, "description": new_description}

@@ -199,7 +199,7 @@ def group_preview(request, slug: str):
         existing = groups.KINDS[kind].objects.filter(team=team, label=label).first() \
             if re.match(LABEL_RE, label) else None
         try:
-            groups._clean_label(team, kind, label, instance=existing)
+            groups.clean_label(team, kind, label, instance=existing)
         except Refused as exc:
             problem = exc.errors["label"][0]
         else:

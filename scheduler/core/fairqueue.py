@@ -34,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from .engine import Choice, choose
-from .fairshare import COUNTED, INF, Admission, Ledger, QuotaTree, Vec, _add, _scale, demand_of, held_by
+from .fairshare import COUNTED, INF, Admission, Ledger, QuotaTree, Vec, demand_of, held_by, vec_add, vec_scale
 from .filters import explain, feasible
 from .model import Reason, ReasonCode, Request, Share
 from .preemption import find_preemption
@@ -107,7 +107,7 @@ class Fair:
         for h, m in self._borrowed:  # warned before: they go, whoever takes their place
             if h.share.reclaim_at is not None:
                 key = (h.share.team, m)
-                self._losing[key] = _add(self._losing[key], held_by(h.share, len(h.gpus)))
+                self._losing[key] = vec_add(self._losing[key], held_by(h.share, len(h.gpus)))
         self.held = np.zeros(len(state.node_names), dtype=bool)  # nodes held this cycle (`hold`)
         self._held_models: set[str] = set()
 
@@ -418,10 +418,10 @@ class Fair:
             for rid, (team, model, amount_, adm) in given_back.items():  # they run until then
                 self.ledger.charge(rid, team, model, amount_, adm)
                 if adm in COUNTED and team != req.team and self.state.placed[rid].share.reclaim_at is None:
-                    self._losing[(team, model)] = _add(self._losing[(team, model)], amount_)
+                    self._losing[(team, model)] = vec_add(self._losing[(team, model)], amount_)
             if admission == Admission.BORROWED:
                 model = self.state.model_at(choice.node, choice.slots[0])
-                self._promised[(req.team, model)] = _add(self._promised[(req.team, model)], demand_of(req))
+                self._promised[(req.team, model)] = vec_add(self._promised[(req.team, model)], demand_of(req))
             self.claimed.update(victims)
             return choice, victims, admission, {v: due.get(v, self.now) for v in victims}
         for v in victims:
@@ -467,15 +467,15 @@ class Fair:
         earlier reclaims this cycle promised it) its saturation is at most 1. Whole GPUs come in
         units: a team takes one when that leaves it nearer its share than it was, never to stand
         further above its share than it stood below (hysteresis: it cannot then be taken back)."""
-        extra = _add(self._promised[(team, model)], _scale(amount, 0.5))
+        extra = vec_add(self._promised[(team, model)], vec_scale(amount, 0.5))
         return self.ledger.saturation(team, model, extra) <= 1
 
     def above_share(self, team: str, model: str, losing: Vec) -> bool:
         """Whether `team` stays at or above its fair share of `model` after losing `losing` (and
         what earlier reclaims this cycle take from it): only then may a reclaim take it, so the
         victim is never pushed below its share (from where it would take it back)."""
-        gone = _add(self._losing[(team, model)], losing)
-        return self.ledger.saturation(team, model, _scale(gone, -1)) >= 1
+        gone = vec_add(self._losing[(team, model)], losing)
+        return self.ledger.saturation(team, model, vec_scale(gone, -1)) >= 1
 
     def _take_by_share(self, req: Request
                        ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
@@ -532,7 +532,7 @@ class Fair:
         for h in released:  # together, too, each victim team stays at or above its share
             s = h.share
             if s.team != req.team and s.admission == Admission.BORROWED and s.reclaim_at is None:
-                losing[s.team] = _add(losing[s.team], held_by(s, len(h.gpus)))
+                losing[s.team] = vec_add(losing[s.team], held_by(s, len(h.gpus)))
         given_back = None
         if all(self.above_share(team, model, v) for team, v in losing.items()):
             given_back = self._refund_if_it_makes_room(req, choice, Admission.BORROWED, victims)
