@@ -25,6 +25,8 @@ import psycopg
 from django.db import connections, router
 from django.db.models import Model
 
+from portal import internals
+
 BATCH = 500
 
 
@@ -123,5 +125,5 @@ def _cursor(connection):
         if connection.vendor != "postgresql":
             yield checked
             return
-        with psycopg.Cursor(connection.connection) as raw:
-            yield connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+        with psycopg.Cursor(internals.dbapi_connection(connection)) as raw:
+            yield internals.wrap_cursor(connection, raw)

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from django.db import connection
 
+from portal import internals
 from portal.precompiled import Precompiled, array_literal, param_in
 from portal.reservations.models import Allocation
 
@@ -121,5 +122,6 @@ class SampleRows:
                 continue
             table = connection.ops.quote_name(model._meta.db_table)
             names = ", ".join(connection.ops.quote_name(c) for c in columns)
-            with connection.cursor() as cursor, cursor.cursor.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
+            with connection.cursor() as cursor, \
+                    internals.dbapi_cursor(cursor).copy(f"COPY {table} ({names}) FROM STDIN") as copy:
                 copy.write("".join(rows))
