@@ -36,7 +36,7 @@ from django.db import connections, router
 from django.db.models import F, Field, Lookup, QuerySet
 from django.db.transaction import TransactionManagementError
 
-from portal import internals
+from portal import db_vendor, internals
 
 # Where Django's SQLite backend finds the placeholders it turns into `?`.
 _PLACEHOLDER = re.compile(r"(?<!%)%s")
@@ -53,16 +53,7 @@ class _Slot(NamedTuple):
         prep = self.field.get_db_prep_value
         if not self.many:
             return prep(value, connection, prepared=False)
-        values = [prep(v, connection, prepared=False) for v in value]
-        if connection.vendor == "postgresql" and all(type(v) is int for v in values):
-            # psycopg adapts a list element by element, which cost more than the rest of a one-id query.
-            return array_literal(values)
-        return values
-
-
-def array_literal(numbers) -> str:
-    """A PostgreSQL array literal of numbers: one text parameter instead of one per element."""
-    return "{" + ",".join(map(str, numbers)) + "}"
+        return db_vendor.of(connection).list_param([prep(v, connection, prepared=False) for v in value])
 
 
 class _Param(Lookup):
@@ -79,10 +70,8 @@ class _Param(Lookup):
         slot = _Slot(self.rhs, self.lhs.output_field, self.many)
         if not self.many:
             return f"{lhs} = %s", (*params, slot)
-        if connection.vendor == "postgresql":
-            cast = internals.cast_type(self.lhs.output_field, connection)
-            return f"{lhs} = ANY(%s{f'::{cast}[]' if cast else ''})", (*params, slot)
-        return f"{lhs} IN (%s)", (*params, slot)  # expanded to one placeholder per value when run
+        # SQLite's `IN (%s)` is expanded to one placeholder per value when run
+        return db_vendor.of(connection).in_list_sql(lhs, self.lhs.output_field, connection), (*params, slot)
 
 
 class _ParamIn(_Param):
@@ -158,7 +147,7 @@ class Precompiled:
         sql, params = select.sql, select.params
         slots = tuple((pos, p) for pos, p in enumerate(params) if isinstance(p, _Slot))
         pieces = None
-        if connection.vendor != "postgresql" and any(slot.many for _, slot in slots):
+        if db_vendor.of(connection).expands_in_lists and any(slot.many for _, slot in slots):
             pieces = tuple(_PLACEHOLDER.split(sql))
             if len(pieces) != len(params) + 1:
                 raise TypeError("Precompiled could not find each parameter's placeholder in the SQL")

@@ -16,7 +16,7 @@ import time
 
 from django.db import transaction
 
-from .locking import RedisLock, cluster_lock
+from .locking import cluster_lock
 
 EPOCH_KEY = "tessera:placement:capacity-epoch"
 MEMO_KEY = "tessera:placement:unschedulable"
@@ -24,8 +24,7 @@ MAX_AGE_S = 300.0  # a full look at a long queue costs seconds: not more often t
 
 
 def _client():
-    lock = cluster_lock()
-    return lock.client if isinstance(lock, RedisLock) else None
+    return cluster_lock().shared
 
 
 def bump() -> None:
