@@ -41,7 +41,6 @@ RESULTS = ROOT / "bench" / "results" / "telemetry"
 def _setup(nodes: int, shares: int) -> list:
     """The fleet, `shares` running reservations per node, and one hello per node (as the
     consumer registers it); returns (StreamInfo, Sampler, stream id) per node."""
-    from decimal import Decimal
 
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
@@ -66,8 +65,7 @@ def _setup(nodes: int, shares: int) -> list:
                   "        memory_mib: 81920", "        count: 8"]
     path.write_text("\n".join(lines) + "\n")
     fleet_inventory.load(path)
-    team = Team.objects.create(slug="bench", name="Bench", quota_gpu_share=Decimal(10_000),
-                               quota_memory_mib=10**9, quota_max_gpus=10_000)
+    team = Team.objects.create(slug="bench", name="Bench")  # shares are held directly: no quota needed
     user = get_user_model().objects.create_user("bench", password="x")
     out = []
     for spec in load_inventory(path):
