@@ -312,6 +312,10 @@ def _store(team: Team, row: TeamPolicy, values: dict, by: audit.Actor, before: d
         if f in values:
             setattr(row, f, values[f])
     row.save()
+    from portal.reservations.events import request_cycle  # reservations imports tenancy at import time
+
+    # A policy may now let waiting requests in (remote shares, over-quota use): look at all of them.
+    request_cycle(f"policy of team {team.slug} changed", freed=True)
     old, new = audit.changed(before, _snapshot(team, row))
     if new:
         audit.record(by, object_type="policy", object_id=team.pk, object_repr=f"policy of {team.slug}", team=team,
