@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Field, Max, QuerySet
@@ -25,6 +26,15 @@ from portal import internals
 def array_literal(numbers) -> str:
     """A PostgreSQL array literal of numbers: one text parameter instead of one per element."""
     return "{" + ",".join(map(str, numbers)) + "}"
+
+
+def _array_item(value) -> str:
+    """An element of a PostgreSQL array literal: a number, a timestamp (quoted) or NULL."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, datetime):
+        return f'"{value.isoformat()}"'
+    return str(value)
 
 
 class PostgreSQL:
@@ -67,6 +77,19 @@ class PostgreSQL:
 
         with connection.cursor(), psycopg.Cursor(internals.dbapi_connection(connection)) as raw:
             yield internals.wrap_cursor(connection, raw)
+
+    @staticmethod
+    def update_by_id(connection, table: str, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence]) -> None:
+        """Set `columns` ((name, SQL type) of numbers and timestamps) of each row by id (each row:
+        id, then the columns' values): one statement over one text array per column, cheaper
+        here than portal.bulk's prepared binary arrays for a few dozen rows of plain values."""
+        qn = connection.ops.quote_name
+        names = ", ".join(["id", *(qn(c) for c, _ in columns)])
+        source = "unnest(" + ", ".join(f"%s::{t}[]" for t in ("bigint", *(t for _, t in columns))) + f") AS v({names})"
+        sets = ", ".join(f"{qn(c)} = v.{qn(c)}" for c, _ in columns)
+        arrays = ["{" + ",".join(map(_array_item, column)) + "}" for column in zip(*rows, strict=True)]
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {qn(table)} AS s SET {sets} FROM {source} WHERE s.id = v.id", arrays)  # noqa: S608
 
     @staticmethod
     def copy_text(connection, table: str, columns: Sequence[str], text: str) -> None:
@@ -128,6 +151,15 @@ class SQLite:
     def write_cursor(connection) -> Iterator[Any]:
         with connection.cursor() as cursor:
             yield cursor
+
+    @staticmethod
+    def update_by_id(connection, table: str, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence]) -> None:
+        """executemany of one prepared UPDATE per row."""
+        qn = connection.ops.quote_name
+        sets = ", ".join(f"{qn(c)} = %s" for c, _ in columns)
+        with connection.cursor() as cursor:
+            cursor.executemany(f"UPDATE {qn(table)} SET {sets} WHERE id = %s",  # noqa: S608
+                               [(*row[1:], row[0]) for row in rows])
 
     @staticmethod
     def copy_text(connection, table: str, columns: Sequence[str], text: str) -> None:

@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.scratch_db import ScratchDatabase  # noqa: E402
 
-DB = ScratchDatabase("tessera_bench_ingest_cpu")
+# Two runs side by side (other work on the machine) need two databases: TESSERA_BENCH_DB names this one.
+DB = ScratchDatabase(os.environ.get("TESSERA_BENCH_DB", "tessera_bench_ingest_cpu"))
 RESULTS = ROOT / "bench" / "results" / "telemetry"
 
 

@@ -4,7 +4,7 @@ writing raw rows, moving the streams on.
 At 500 batches a second, the ORM's per-value preparation of `IN` lists and psycopg's per-value
 dumping (`write_row`) cost more CPU than everything else the live process does for a batch. So
 the two reads are compiled once (portal.precompiled: one array parameter on PostgreSQL), the
-streams move on in one statement (portal.bulk), and where the database takes COPY (PostgreSQL,
+streams move on in one statement over text arrays (portal.db_vendor), and where the database takes COPY (PostgreSQL,
 portal.db_vendor) the raw rows go as one block of COPY text per commit; elsewhere (the SQLite
 quickstart) through the ORM.
 """
@@ -16,7 +16,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from portal import bulk, db_vendor
+from portal import db_vendor
 from portal.precompiled import Precompiled, param_in
 from portal.reservations.models import Allocation
 
@@ -61,10 +61,13 @@ def live_allocations(reservations: set[int], gpus: set[int]) -> dict[tuple[int, 
 
 
 def update_streams(streams: dict[int, StreamState]) -> None:
-    # bulk_update builds one CASE per column in Python, slower than the rows it writes: one
-    # statement over the rows instead (portal.bulk).
-    bulk.update_values(AgentStream, ["last_seq", "dropped", "last_sample_at"],
-                       [(pk, s.last_seq, s.dropped, s.last_sample_at) for pk, s in streams.items()])
+    if not streams:
+        return
+    # bulk_update builds one CASE per column in Python, slower than the rows it writes.
+    db_vendor.of(connection).update_by_id(
+        connection, AgentStream._meta.db_table,
+        [("last_seq", "bigint"), ("dropped", "bigint"), ("last_sample_at", "timestamptz")],
+        [(pk, s.last_seq, s.dropped, s.last_sample_at) for pk, s in streams.items()])
 
 
 class SampleRows:
