@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from bench.load.run import TEAMS, _write_inventory  # noqa: E402
+from bench.load.run import TEAMS, write_inventory  # noqa: E402
 from bench.scratch_db import ScratchDatabase  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "orchestration"
@@ -116,7 +116,7 @@ def _people(users: int) -> list:
 
     call_command("migrate", verbosity=0)
     inventory = Path(tempfile.mkdtemp(prefix="tessera-bench-worker-")) / "inventory.yaml"
-    _write_inventory(inventory, 500)
+    write_inventory(inventory, 500)
     fleet_inventory.load(inventory)
     from tests.teams import make_team  # the team with its `*` quota row, as the tests make it
 
