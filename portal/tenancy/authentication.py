@@ -17,7 +17,7 @@ from django.db import connections, router
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from portal import internals
+from portal import db_vendor, internals
 from portal.security import demo
 
 from . import roles
@@ -98,7 +98,7 @@ _queries_lock = threading.Lock()
 
 
 def token_query(connection) -> TokenQuery:
-    key = (connection.alias, connection.vendor)
+    key = (connection.alias, db_vendor.of(connection).name)
     query = _queries.get(key)
     if query is None:
         with _queries_lock:
