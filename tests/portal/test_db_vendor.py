@@ -69,3 +69,28 @@ def test_a_vendor_the_portal_does_not_run_on_is_refused():
 
     with pytest.raises(NotImplementedError, match="PostgreSQL or SQLite, not oracle"):
         db_vendor.of(Oracle())
+
+
+def authenticated() -> list[str]:
+    """What token authentication reads back by its own SQL, as text (run on either database)."""
+    from django.contrib.auth import get_user_model
+
+    from portal.tenancy.authentication import HashedTokenAuthentication
+    from portal.tenancy.services import create_token
+
+    user = get_user_model().objects.create_user("dana", email="dana@example.org")
+    token, secret = create_token(user, "laptop")
+    found, by = HashedTokenAuthentication().authenticate_credentials(secret)
+    return [repr((found.username, found.email, found.is_active, found.is_staff, found.date_joined == user.date_joined,
+                  by.name, by.created_at == token.created_at, by.revoked_at))]
+
+
+def test_token_authentication_reads_the_same_on_both(db, on_sqlite):
+    """Booleans and datetimes come back converted as the ORM would (SQLite needs converters)."""
+    here = authenticated()
+    assert here == [repr(("dana", "dana@example.org", True, False, True, "laptop", True, None))]
+    lines = on_sqlite("""
+        from tests.portal.test_db_vendor import authenticated
+        print("\\n".join(authenticated()))
+    """)
+    assert lines[-1:] == here
