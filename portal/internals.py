@@ -170,9 +170,13 @@ def hands_out_pk_only(field) -> bool:
     return isinstance(field, RelatedField) and field.use_pk_only_optimization()
 
 
+# DRF's pk-only stand-in for a related object (what a related field's get_attribute may give).
+PK_ONLY_OBJECT = PKOnlyObject
+
+
 def is_missing_pk_only(value) -> bool:
     """Whether `value` is DRF's pk-only stand-in for a related object that is not there."""
-    return isinstance(value, PKOnlyObject) and value.pk is None
+    return isinstance(value, PK_ONLY_OBJECT) and value.pk is None
 
 
 def default_datetime_output(field) -> bool:

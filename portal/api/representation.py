@@ -34,6 +34,7 @@ from rest_framework.settings import api_settings
 from portal import internals
 
 _lock = threading.Lock()
+_PK_ONLY = internals.PK_ONLY_OBJECT  # a missing related object renders as None
 _plans: dict[type, tuple] = {}  # serializer class → its shared fields' plan (see _plan)
 _UNSET = object()
 
@@ -99,7 +100,7 @@ def represent(serializer_class, instance, zone=_UNSET) -> dict:
                 attribute = get_attribute(instance)
             except SkipField:
                 continue
-        if attribute is None or internals.is_missing_pk_only(attribute):
+        if attribute is None or (isinstance(attribute, _PK_ONLY) and attribute.pk is None):
             ret[name] = None
         elif plain_datetime and (zone := output_zone() if zone is _UNSET else zone) is not None \
                 and (text := _iso(attribute, zone)) is not None:
