@@ -134,15 +134,17 @@ def column_converters(field: Field, alias: str, connection) -> list[Callable[[An
 
 # --- related objects (api/reservation_related.py) --------------------------------------------------
 
-def relation_cached(field: Field, instance) -> bool:
-    """Whether `instance` already holds the object of its relation `field` (select_related, or set)."""
-    return field.is_cached(instance)
+class RelationCache(NamedTuple):
+    """A relation field's cache on its model's instances, without the descriptor's checks (the
+    foreign key column already holds the object's id): per row, as cheap as the field's own
+    methods (these are they)."""
+
+    holds: Callable[[Any], bool]  # holds(instance): the related object is there (select_related, or set)
+    put: Callable[[Any, Any], None]  # put(instance, obj)
 
 
-def cache_relation(field: Field, instance, obj) -> None:
-    """Give `instance` the object of its relation `field` without the descriptor's checks (the
-    foreign key column already holds obj's id)."""
-    field.set_cached_value(instance, obj)
+def relation_cache(field: Field) -> RelationCache:
+    return RelationCache(field.is_cached, field.set_cached_value)
 
 
 # --- cursors (portal.bulk, telemetry/sample_rows.py) -----------------------------------------------

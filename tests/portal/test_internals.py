@@ -111,12 +111,12 @@ def test_column_converters_decode_as_the_orm_does(fleet):
 
 def test_cached_relations_are_what_the_descriptor_reads(fleet, teams, people):
     made = _reservation(people["alice"], teams["vision"])
-    field = Reservation._meta.get_field("team")
+    cache = internals.relation_cache(Reservation._meta.get_field("team"))
     plain = Reservation.objects.get(pk=made.pk)
-    assert not internals.relation_cached(field, plain)
-    assert internals.relation_cached(field, Reservation.objects.select_related("team").get(pk=made.pk))
-    internals.cache_relation(field, plain, teams["vision"])
-    assert internals.relation_cached(field, plain)
+    assert not cache.holds(plain)
+    assert cache.holds(Reservation.objects.select_related("team").get(pk=made.pk))
+    cache.put(plain, teams["vision"])
+    assert cache.holds(plain)
     with CaptureQueriesContext(connection) as queries:
         assert plain.team is teams["vision"]
     assert not queries
