@@ -9,8 +9,8 @@ What they need from the frameworks beyond the documented API (`Model._meta`, `Mo
 is here, each behind a function named for what it gives, and nowhere else.
 
 tests/portal/test_internals.py checks each against what the public API gives for the same
-query, field or object, and names the internal that broke: an upgrade that changes one fails
-there, not in production.
+query, field or object, a test per function: an upgrade that changes an internal fails there,
+named, not somewhere in production.
 """
 
 from __future__ import annotations
