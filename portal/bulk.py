@@ -12,18 +12,18 @@ decisions at once, so it writes them with these instead:
 Only the columns whose values differ between rows travel as arrays; the ones the same for every
 row (`same`) are one parameter each. On PostgreSQL the statement's text is the same whatever the
 number of rows, so psycopg parses it once. Values go through each field's `get_db_prep_save`, as
-`save()` would.
+`save()` would. What differs between the two databases is portal.db_vendor's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 from django.db import connections, router
 from django.db.models import Model
+
+from portal import db_vendor
 
 BATCH = 500
 
@@ -70,29 +70,19 @@ def _write(model: type[Model], verb: str, columns: list, rows: Sequence[Sequence
            batch_size: int, matched: int = 0) -> int:
     """`matched`: how many of the last columns are compared in the WHERE clause, not written."""
     connection = connections[router.db_for_write(model)]
-    if connection.vendor not in ("postgresql", "sqlite"):
-        raise NotImplementedError(f"portal.bulk: {connection.vendor} is not supported")
+    vendor = db_vendor.of(connection)
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
     names = [qn(f"c{i}") for i in range(len(columns))]
-    postgres = connection.vendor == "postgresql"
     const_params = [f.get_db_prep_save(value, connection=connection) for f, value in constants]
-    const_sql = [f"%s::{f.db_type(connection)}" if postgres else "%s" for f, _ in constants]
+    const_sql = [vendor.typed_param(f, connection) for f, _ in constants]
     done = 0
-    with _cursor(connection) as cursor:
+    with vendor.write_cursor(connection) as cursor:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
             values = [[f.get_db_prep_save(v, connection=connection) for f, v in zip(columns, row, strict=True)]
                       for row in batch]
-            if postgres:
-                source = "unnest(" + ", ".join(f"%b::{f.db_type(connection)}[]" for f in columns) + \
-                         f") AS v({', '.join(names)})"
-                source_params = [list(column) for column in zip(*values, strict=True)]
-                prefix = ""
-            else:
-                row = "(" + ", ".join("%s" for _ in columns) + ")"
-                prefix = f"WITH v({', '.join(names)}) AS (VALUES {', '.join([row] * len(batch))}) "
-                source, source_params = "v", [value for vals in values for value in vals]
+            prefix, prefix_params, source, source_params = vendor.rows_source(columns, names, values, connection)
             if verb == "update":
                 key = qn(columns[0].column)
                 written = len(columns) - matched
@@ -101,27 +91,12 @@ def _write(model: type[Model], verb: str, columns: list, rows: Sequence[Sequence
                 where = [f"{table}.{key} = v.{names[0]}"]
                 where += [f"{table}.{qn(f.column)} = v.{names[written + i]}" for i, f in enumerate(columns[written:])]
                 sql = f"{prefix}UPDATE {table} SET {', '.join(sets)} FROM {source} WHERE {' AND '.join(where)}"  # noqa: S608
-                params = [*const_params, *source_params] if postgres else [*source_params, *const_params]
             else:
                 targets = [qn(f.column) for f in columns] + [qn(f.column) for f, _ in constants]
                 picks = [f"v.{n}" for n in names] + const_sql
                 sql = f"{prefix}INSERT INTO {table} ({', '.join(targets)}) SELECT {', '.join(picks)} FROM {source}"  # noqa: S608
-                params = [*const_params, *source_params] if postgres else [*source_params, *const_params]
-            # Table and column names above are the model's own; every value is a parameter.
-            cursor.execute(sql, params)
+            # Table and column names above are the model's own; every value is a parameter, in the
+            # order of the text: the prefix's (SQLite's WITH), the constants, the source's (unnest).
+            cursor.execute(sql, [*prefix_params, *const_params, *source_params])
             done += cursor.rowcount
     return done
-
-
-@contextmanager
-def _cursor(connection):
-    """Django's cursor, except that on PostgreSQL the statement is bound server-side with binary
-    parameters: Django's psycopg cursor binds client-side, quoting every array element into the
-    SQL text, which PostgreSQL then parses back (a third more time per statement here). Django
-    still wraps it (execute wrappers, query log, its own exception classes)."""
-    with connection.cursor() as checked:  # health check, thread check, connection as for any query
-        if connection.vendor != "postgresql":
-            yield checked
-            return
-        with psycopg.Cursor(connection.connection) as raw:
-            yield connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)

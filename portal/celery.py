@@ -61,7 +61,9 @@ def send_tasks_to(broker_url: str, *, eager: bool = False) -> dict:
     previous = {"broker_url": app.conf.broker_url, "eager": app.conf.task_always_eager}
     # Keys with the CELERY_ namespace: the app reads them from the Django settings.
     app.conf.update(CELERY_BROKER_URL=broker_url, CELERY_TASK_ALWAYS_EAGER=eager)
-    app._after_fork()
+    from portal import internals  # not at the top: this module loads before Django's settings
+
+    internals.drop_broker_connections(app)
     return previous
 
 

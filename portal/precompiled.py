@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 
 from django.db import connections, router
 from django.db.models import F, Field, Lookup, QuerySet
-from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable, get_related_populators
-from django.db.models.sql.where import AND, WhereNode
 from django.db.transaction import TransactionManagementError
+
+from portal import db_vendor, internals
 
 # Where Django's SQLite backend finds the placeholders it turns into `?`.
 _PLACEHOLDER = re.compile(r"(?<!%)%s")
@@ -53,16 +53,7 @@ class _Slot(NamedTuple):
         prep = self.field.get_db_prep_value
         if not self.many:
             return prep(value, connection, prepared=False)
-        values = [prep(v, connection, prepared=False) for v in value]
-        if connection.vendor == "postgresql" and all(type(v) is int for v in values):
-            # psycopg adapts a list element by element, which cost more than the rest of a one-id query.
-            return array_literal(values)
-        return values
-
-
-def array_literal(numbers) -> str:
-    """A PostgreSQL array literal of numbers: one text parameter instead of one per element."""
-    return "{" + ",".join(map(str, numbers)) + "}"
+        return db_vendor.of(connection).list_param([prep(v, connection, prepared=False) for v in value])
 
 
 class _Param(Lookup):
@@ -79,10 +70,8 @@ class _Param(Lookup):
         slot = _Slot(self.rhs, self.lhs.output_field, self.many)
         if not self.many:
             return f"{lhs} = %s", (*params, slot)
-        if connection.vendor == "postgresql":
-            cast = self.lhs.output_field.cast_db_type(connection)
-            return f"{lhs} = ANY(%s{f'::{cast}[]' if cast else ''})", (*params, slot)
-        return f"{lhs} IN (%s)", (*params, slot)  # expanded to one placeholder per value when run
+        # SQLite's `IN (%s)` is expanded to one placeholder per value when run
+        return db_vendor.of(connection).in_list_sql(lhs, self.lhs.output_field, connection), (*params, slot)
 
 
 class _ParamIn(_Param):
@@ -102,17 +91,6 @@ def param_in(field: str, name: str) -> Lookup:
     return _ParamIn(field, name)
 
 
-class _Instances(NamedTuple):
-    """How ModelIterable builds a row's model instance and its select_related ones."""
-
-    model: type
-    fields: list[str]  # the attnames of the model's selected columns
-    start: int
-    end: int
-    related: list  # RelatedPopulator per select_related model
-    annotations: dict[str, int]
-
-
 class _Compiled(NamedTuple):
     sql: str
     params: tuple  # the constant parameters, a _Slot where a named one goes
@@ -124,7 +102,7 @@ class _Compiled(NamedTuple):
     columns: int  # the queryset's own columns (the compiler may select more, e.g. for ordering)
     converters: list[tuple[int, list, Any]]  # (column, converters, expression), as the ORM applies them
     flat: bool
-    instances: _Instances | None
+    instances: internals.Instances | None
 
     def bind(self, values: dict[str, Any], connection) -> tuple[str, list]:
         if values.keys() != self.names:
@@ -146,9 +124,6 @@ class _Compiled(NamedTuple):
         return "".join(sql), flat
 
 
-_ITERABLES = (ValuesListIterable, FlatValuesListIterable, ModelIterable)
-
-
 class Precompiled:
     """`make()` returns a queryset of model instances or a `values_list` one (flat or not) whose
     filters are constants or named parameters (`param_eq`, `param_in`)."""
@@ -162,44 +137,31 @@ class Precompiled:
 
     def _compile(self, alias: str) -> _Compiled:
         qs = self._make().using(alias)
-        if qs._iterable_class not in _ITERABLES:
+        rows = internals.rows_of(qs)
+        if rows is None:
             raise TypeError("Precompiled takes a queryset of model instances or a values_list one")
-        if qs._prefetch_related_lookups or qs._known_related_objects:
+        if not internals.plain_rows(qs):
             raise TypeError("Precompiled takes no prefetch_related nor a related manager's queryset")
         connection = connections[alias]
-        compiler = qs.query.get_compiler(using=alias)
-        sql, params = compiler.as_sql()  # also sets compiler.select, klass_info, annotation_col_map
-        columns = compiler.col_count
-        selected = [s[0] for s in compiler.select[:columns]]
-        if compiler.has_composite_fields(selected):
-            raise TypeError("Precompiled takes no composite fields")
-        converters = compiler.get_converters(selected)
+        select = internals.compile_select(qs, alias)
+        sql, params = select.sql, select.params
         slots = tuple((pos, p) for pos, p in enumerate(params) if isinstance(p, _Slot))
         pieces = None
-        if connection.vendor != "postgresql" and any(slot.many for _, slot in slots):
+        if db_vendor.of(connection).expands_in_lists and any(slot.many for _, slot in slots):
             pieces = tuple(_PLACEHOLDER.split(sql))
             if len(pieces) != len(params) + 1:
                 raise TypeError("Precompiled could not find each parameter's placeholder in the SQL")
-        instances = None
-        if qs._iterable_class is ModelIterable:
-            info = compiler.klass_info
-            start, end = info["select_fields"][0], info["select_fields"][-1] + 1
-            instances = _Instances(info["model"], [s[0].target.attname for s in compiler.select[start:end]], start, end,
-                                   get_related_populators(info, compiler.select, alias),
-                                   dict(compiler.annotation_col_map or {}))
-        for_update = bool(qs.query.select_for_update and connection.features.has_select_for_update
-                          and connection.features.supports_transactions)
+        for_update = internals.locks_rows(qs, connection)
         names = frozenset(slot.name for _, slot in slots)
-        return _Compiled(sql, tuple(params), slots, names, frozenset(_required(qs.query.where)), pieces, for_update,
-                         columns,
-                         [(pos, convs, expression) for pos, (convs, expression) in converters.items()],
-                         qs._iterable_class is FlatValuesListIterable, instances)
+        required = frozenset(lookup.rhs for lookup in internals.required_lookups(qs) if isinstance(lookup, _ParamIn))
+        return _Compiled(sql, tuple(params), slots, names, required, pieces, for_update, select.columns,
+                         select.converters, rows == internals.ROWS_FLAT, select.instances)
 
     def all(self, **params: Any) -> list[Any]:
         """The rows, as `list(make())` would give them, with these values for its parameters."""
         if self._model is None:
             qs = self._make()
-            self._for_write = qs._for_write  # select_for_update reads where it writes, as QuerySet.db does
+            self._for_write = internals.reads_for_write(qs)
             self._model = qs.model
         alias = (router.db_for_write if self._for_write else router.db_for_read)(self._model)
         compiled = self._compiled.get(alias)
@@ -228,34 +190,8 @@ class Precompiled:
                 converted.append(row)
             rows = converted
         if compiled.instances is not None:
-            return _build(compiled.instances, alias, rows)
+            return internals.build_instances(compiled.instances, alias, rows)
         if compiled.flat:
             return [row[0] for row in rows]
         return [tuple(row[:compiled.columns]) if len(row) != compiled.columns or compiled.converters else row
                 for row in rows]
-
-
-def _required(where) -> list[str]:
-    """The list parameters that every row must match (in the WHERE clause's top-level AND)."""
-    if where.connector != AND or where.negated:
-        return []
-    names = []
-    for child in where.children:
-        if isinstance(child, _ParamIn):
-            names.append(child.rhs)
-        elif isinstance(child, WhereNode):
-            names += _required(child)
-    return names
-
-
-def _build(how: _Instances, alias: str, rows: list) -> list:
-    """Model instances from rows, as ModelIterable makes them."""
-    objs = []
-    for row in rows:
-        obj = how.model.from_db(alias, how.fields, row[how.start:how.end])
-        for populator in how.related:
-            populator.populate(row, obj)
-        for name, pos in how.annotations.items():
-            setattr(obj, name, row[pos])
-        objs.append(obj)
-    return objs

@@ -405,12 +405,12 @@ def parse(raw: str | bytes, allowed: dict[str, type[_Message]]) -> _Message:
         except (ValidationError, RecursionError):
             pass
     try:
-        return _parse_slow(raw, allowed)
+        return parse_slow(raw, allowed)
     except RecursionError:  # "[[[[…" within the size limit: refused like any other bad frame
         raise ProtocolError("bad_json", "not valid JSON: nested too deeply") from None
 
 
-def _parse_slow(raw: str, allowed: dict[str, type[_Message]]) -> _Message:
+def parse_slow(raw: str, allowed: dict[str, type[_Message]]) -> _Message:
     try:
         data: Any = json.loads(raw)
     except ValueError as exc:

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> GpuSource:
+def gpu_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> GpuSource:
     if args.simulate is not None:
         from agents.gpus.simulated import SimulatedSource
         from agents.placements import PlacementTable
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    source = _source(args, parser)
+    source = gpu_source(args, parser)
     cfg = PluginConfig(node=args.node, gpus=source.devices(), plugin_dir=str(args.plugin_dir),
                        resource_name=args.resource_name, slots_per_gpu=args.slots_per_gpu,
                        paths=NodePaths(preload_dir=args.preload_dir, broker_dir=args.broker_dir),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kubernetes.config import ConfigException
 
-from agents.deviceplugin.__main__ import _source
+from agents.deviceplugin.__main__ import gpu_source
 
 from .cdi import CDI_DIR
 from .plugin import PLUGINS_DIR, REGISTRY_DIR, DraService, KubernetesClaims, PluginRunner
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    source = _source(args, parser)
+    source = gpu_source(args, parser)
     try:
         slices, claims = SliceApi(host=args.api_server), KubernetesClaims(host=args.api_server)
     except ConfigException as exc:

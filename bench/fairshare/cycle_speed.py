@@ -261,7 +261,7 @@ def queue(n: int, teams: list[str], demand: np.ndarray, pods: list[TracePod], se
 
 # ---- engines -----------------------------------------------------------------------------------
 class _TempDirs:
-    """What tests' `_engine_at` asks of pytest's tmp_path_factory."""
+    """What tests' `engine_at` asks of pytest's tmp_path_factory."""
 
     def mktemp(self, name: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"{name}-"))
@@ -272,8 +272,8 @@ def engine_of(name: str):
     that commit, from git: a baseline measured in the same run)."""
     if "@" not in name:
         return decide
-    from tests.scheduler.test_fairshare_properties import _engine_at
-    return _engine_at(name.split("@", 1)[1], _TempDirs()).decide
+    from tests.scheduler.test_fairshare_properties import engine_at
+    return engine_at(name.split("@", 1)[1], _TempDirs()).decide
 
 
 # ---- timing ------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def bench_bind(fake, n: int, batch: int, latency_s: float) -> dict:
             lat += [server.created_at[("tessera", s.name)] - t_wall for s in specs]
             del t
         wall = time.perf_counter() - started
-        requests = Counter(f"{r.method} {_kind(r.path)}" for r in server.requests
+        requests = Counter(f"{r.method} {request_kind(r.path)}" for r in server.requests
                            if "/namespaces/baseline/" not in r.path)
     finally:
         backend.close()
@@ -96,7 +96,7 @@ def bench_bind(fake, n: int, batch: int, latency_s: float) -> dict:
             "requests": dict(requests)}
 
 
-def _kind(path: str) -> str:
+def request_kind(path: str) -> str:
     """A request path without the names in it: /api/v1/namespaces/NS/pods/NAME/binding → pods/binding."""
     path = re.sub(r"^/api/v1/(namespaces/[^/]+/)?", "", path)
     parts = path.split("/")
@@ -116,7 +116,7 @@ def bench_requests(fake, latency_s: float) -> dict:
         def counted(label: str, steps) -> None:
             before = len(server.requests)
             steps()
-            out[label] = dict(Counter(f"{r.method} {_kind(r.path)}" for r in server.requests[before:]
+            out[label] = dict(Counter(f"{r.method} {request_kind(r.path)}" for r in server.requests[before:]
                                       if not r.query.get("watch")))
 
         def portal_pod() -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "kubernetes"))
-from bind_throughput import _kind  # noqa: E402
+from bind_throughput import request_kind  # noqa: E402
 
 from bench.kubernetes.fake_cluster import fake_apiserver_module  # noqa: E402
 from bench.orchestration import bound_latency as orch  # noqa: E402
@@ -112,7 +112,7 @@ def burst(fake, n_workers: int, team, user, logdir: Path, size: int, latency_s: 
             times[rid] = min(at, times.get(rid, at))
         result = orch.latencies(ids, times, pending_at=committed[0]) | orch.cycle_stats(logs) | {
             "wall_s": round(wall, 2)}
-        kinds = Counter(f"{r.method} {_kind(r.path)}" for r in server.requests if not r.query.get("watch"))
+        kinds = Counter(f"{r.method} {request_kind(r.path)}" for r in server.requests if not r.query.get("watch"))
         result["requests_per_reservation"] = {k: round(v / size, 3) for k, v in sorted(kinds.items())}
         result["max_in_flight"] = server.max_in_flight
     finally:

@@ -62,7 +62,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_inventory(path: Path, nodes: int) -> None:
+def write_inventory(path: Path, nodes: int) -> None:
     lines = ["version: 1", "nodes:"]
     for i in range(nodes):
         lines += [f"  - name: load-node-{i:04d}", "    gpus:", "      - model: A100-80GB", "        memory_mib: 81920",
@@ -333,7 +333,7 @@ def run(users: int, agents: int, seconds: float, warmup: float, think_s: float, 
     django.setup()
     tmp = Path(tempfile.mkdtemp(prefix="tessera-bench-load-"))
     inventory, tokens = tmp / "inventory.yaml", tmp / "tokens.yaml"
-    _write_inventory(inventory, max(agents, 50))
+    write_inventory(inventory, max(agents, 50))
     people = _setup(inventory, tokens, users)
     from django.db import connection
 

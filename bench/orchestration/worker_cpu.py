@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from bench.load.run import TEAMS, _write_inventory  # noqa: E402
+from bench.load.run import TEAMS, write_inventory  # noqa: E402
 from bench.scratch_db import ScratchDatabase  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "orchestration"
@@ -112,14 +112,16 @@ def _people(users: int) -> list:
     from django.core.management import call_command
 
     from portal.fleet import inventory as fleet_inventory
-    from portal.tenancy.models import Membership, Role, Team
+    from portal.tenancy.models import Membership, Role
 
     call_command("migrate", verbosity=0)
     inventory = Path(tempfile.mkdtemp(prefix="tessera-bench-worker-")) / "inventory.yaml"
-    _write_inventory(inventory, 500)
+    write_inventory(inventory, 500)
     fleet_inventory.load(inventory)
-    teams = [Team.objects.create(slug=f"team{i}", name=f"Team {i}", quota_gpu_share=Decimal(1000),
-                                 quota_memory_mib=10**9, quota_max_gpus=10_000) for i in range(TEAMS)]
+    from tests.teams import make_team  # the team with its `*` quota row, as the tests make it
+
+    teams = [make_team(f"team{i}", f"Team {i}", quota_gpu_share=Decimal(1000), quota_memory_mib=10**9,
+                       quota_max_gpus=10_000) for i in range(TEAMS)]
     User = get_user_model()
     people = []
     for i in range(users):

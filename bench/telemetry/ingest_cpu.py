@@ -34,14 +34,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.scratch_db import ScratchDatabase  # noqa: E402
 
-DB = ScratchDatabase("tessera_bench_ingest_cpu")
+# Two runs side by side (other work on the machine) need two databases: TESSERA_BENCH_DB names this one.
+DB = ScratchDatabase(os.environ.get("TESSERA_BENCH_DB", "tessera_bench_ingest_cpu"))
 RESULTS = ROOT / "bench" / "results" / "telemetry"
 
 
 def _setup(nodes: int, shares: int) -> list:
     """The fleet, `shares` running reservations per node, and one hello per node (as the
     consumer registers it); returns (StreamInfo, Sampler, stream id) per node."""
-    from decimal import Decimal
 
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
@@ -50,12 +50,11 @@ def _setup(nodes: int, shares: int) -> list:
     from agents.placements import PlacementTable
     from agents.sampling import Sampler
     from bench.telemetry.running_shares import hold_shares
-    from portal.audit import services as audit
     from portal.fleet import inventory as fleet_inventory
     from portal.fleet.models import Node
-    from portal.telemetry import streams
+    from portal.telemetry import ingest
     from portal.telemetry.services import placements_for_node
-    from portal.tenancy import teams
+    from portal.tenancy.models import Team
     from wire.agent_portal import Hello, Placements
     from wire.inventory import load_inventory
 
@@ -67,9 +66,7 @@ def _setup(nodes: int, shares: int) -> list:
                   "        memory_mib: 81920", "        count: 8"]
     path.write_text("\n".join(lines) + "\n")
     fleet_inventory.load(path)
-    # Through the tenancy writer: the quota fields are the team's `*` quota row now, not columns.
-    team = teams.create_team(audit.cli("bench"), "bench", "Bench", quota_gpu_share=Decimal(10_000),
-                             quota_memory_mib=10**9, quota_max_gpus=10_000)
+    team = Team.objects.create(slug="bench", name="Bench")  # shares are held directly: no quota needed
     user = get_user_model().objects.create_user("bench", password="x")
     out = []
     for spec in load_inventory(path):
@@ -82,7 +79,7 @@ def _setup(nodes: int, shares: int) -> list:
             "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib,
                       "numa_node": g.numa_node, "nvlink_peers": list(g.nvlink_peers), "mig_mode": "disabled"}
                      for g in spec.gpus]})
-        info = streams.register_hello(node, hello)
+        info = ingest.register_hello(node, hello)
         table = PlacementTable({g.uuid for g in spec.gpus})
         table.apply(Placements.model_validate(placements_for_node(node.pk)))
         out.append((info, Sampler(SimulatedSource(spec, table, seed=node.pk), table), stream))

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.scratch_db import ScratchDatabase  # noqa: E402
-from bench.telemetry.run import _cpu_seconds, _free_port, _setup, _write_inventory  # noqa: E402
+from bench.telemetry.run import cpu_seconds, free_port, setup_fleet, write_inventory  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "telemetry"
 
@@ -106,7 +106,7 @@ def _gc_totals(path: Path) -> tuple[float, list[int]]:
 
 def _round(tree: Path, env: dict, files: dict, nodes: int, seconds: float, warmup: float,
            profile: Path | None) -> dict:
-    port = _free_port()
+    port = free_port()
     gc_file = files["tmp"] / f"gc-{port}.json"
     env = {**env, "PYTHONPATH": str(ROOT / "bench" / "telemetry" / "gc_probe"), "TESSERA_GC_PROBE": str(gc_file)}
     live = subprocess.Popen([sys.executable, "-m", "portal.serve", "-b", "127.0.0.1", "-p", str(port),
@@ -128,9 +128,9 @@ def _round(tree: Path, env: dict, files: dict, nodes: int, seconds: float, warmu
             spy = subprocess.Popen([str(ROOT / ".venv" / "bin" / "py-spy"), "record", "--gil", "-r", "50", "-d",
                                     str(int(seconds)), "-f", "raw", "-o", str(profile), "-p", str(live.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        messages0, cpu0, gc0, t0 = _stored_messages(), _cpu_seconds(live.pid), _gc_totals(gc_file), time.monotonic()
+        messages0, cpu0, gc0, t0 = _stored_messages(), cpu_seconds(live.pid), _gc_totals(gc_file), time.monotonic()
         time.sleep(seconds)
-        messages1, cpu1, gc1, t1 = _stored_messages(), _cpu_seconds(live.pid), _gc_totals(gc_file), time.monotonic()
+        messages1, cpu1, gc1, t1 = _stored_messages(), cpu_seconds(live.pid), _gc_totals(gc_file), time.monotonic()
         if spy is not None:
             spy.wait(30)
         messages = messages1 - messages0
@@ -167,8 +167,8 @@ def main() -> int:
     django.setup()
     tmp = Path(tempfile.mkdtemp(prefix="tessera-live-cpu-"))
     files = {"tmp": tmp, "inventory": tmp / "inventory.yaml", "tokens": tmp / "tokens.yaml"}
-    _write_inventory(files["inventory"], args.nodes)
-    _setup(files["inventory"], files["tokens"], 2)
+    write_inventory(files["inventory"], args.nodes)
+    setup_fleet(files["inventory"], files["tokens"], 2)
     import redis
 
     env = {**os.environ, "DATABASE_URL": db.url, "REDIS_URL": args.redis, "TESSERA_TELEMETRY_TICKER": "0",

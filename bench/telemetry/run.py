@@ -37,18 +37,18 @@ REDIS_URL = "redis://127.0.0.1:6379/9"
 RESULTS = ROOT / "bench" / "results" / "telemetry"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _write_inventory(path: Path, nodes: int) -> list[str]:
+def write_inventory(path: Path, nodes: int) -> list[str]:
     names = [f"bench-node-{i:04d}" for i in range(nodes)]
     lines = ["version: 1", "nodes:"]
     for name in names:
@@ -58,7 +58,7 @@ def _write_inventory(path: Path, nodes: int) -> list[str]:
     return names
 
 
-def _setup(inventory: Path, tokens: Path, shares_per_node: int) -> dict:
+def setup_fleet(inventory: Path, tokens: Path, shares_per_node: int) -> dict:
     """Fleet, one team and user, `shares_per_node` running reservations per node (so the agents
     report shares and the team group has traffic); node tokens into the tokens file."""
     from decimal import Decimal
@@ -163,12 +163,12 @@ def _measure(nodes: int, seconds: float, warmup: float, shares: int, watch_gpus:
         django.setup()
     tmp = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
     inventory, tokens = tmp / "inventory.yaml", tmp / "tokens.yaml"
-    _write_inventory(inventory, nodes)
-    setup = _setup(inventory, tokens, shares)
+    write_inventory(inventory, nodes)
+    setup = setup_fleet(inventory, tokens, shares)
     import redis
 
     redis.Redis.from_url(REDIS_URL).flushdb()
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DATABASE_URL": DB.url, "REDIS_URL": REDIS_URL, "TESSERA_TELEMETRY_TICKER": "0",
            "CELERY_TASK_ALWAYS_EAGER": "1", "LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "portal.settings"}
     portal = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
@@ -229,11 +229,11 @@ async def _drive(port: int, session: str, groups: list[str], portal_pid: int, fl
     latencies.clear()
     gaps.clear()
     rows0, t0 = await asyncio.to_thread(_stored_rows), time.monotonic()
-    cpu0 = (_cpu_seconds(portal_pid), _cpu_seconds(fleet_pid))
+    cpu0 = (cpu_seconds(portal_pid), cpu_seconds(fleet_pid))
     await asyncio.sleep(seconds)
     rows1, t1 = await asyncio.to_thread(_stored_rows), time.monotonic()
     _, lag_end, _ = await asyncio.to_thread(_lag)
-    cpu1 = (_cpu_seconds(portal_pid), _cpu_seconds(fleet_pid))
+    cpu1 = (cpu_seconds(portal_pid), cpu_seconds(fleet_pid))
     stop.set()
     await asyncio.wait_for(browser, 5)
     elapsed = t1 - t0

@@ -28,26 +28,23 @@ from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
 from rest_framework import ISO_8601
-from rest_framework.fields import DateTimeField, DecimalField, SkipField
-from rest_framework.relations import PKOnlyObject, RelatedField
+from rest_framework.fields import DecimalField, SkipField
 from rest_framework.settings import api_settings
 
+from portal import internals
+
 _lock = threading.Lock()
+_PK_ONLY = internals.PK_ONLY_OBJECT  # a missing related object renders as None
+_plans: dict[type, tuple] = {}  # serializer class → its shared fields' plan (see _plan)
 _UNSET = object()
 
 
 def _fast_getter(field):
     """attrgetter for a plain dotted source; None where DRF's own lookup must run (the whole
     object, a related field that may hand out a pk-only stand-in)."""
-    if field.source == "*" or (isinstance(field, RelatedField) and field.use_pk_only_optimization()):
+    if field.source == "*" or internals.hands_out_pk_only(field):
         return None
     return attrgetter(field.source)
-
-
-def _plain_datetime(field) -> bool:
-    """A DateTimeField with the default output format and time zone (DRF's `format` and
-    `timezone` attributes exist only when given)."""
-    return type(field) is DateTimeField and not hasattr(field, "format") and not hasattr(field, "timezone")
 
 
 def _exact_decimal(field) -> tuple[int, int] | None:
@@ -61,16 +58,16 @@ def _exact_decimal(field) -> tuple[int, int] | None:
 
 
 def _plan(serializer_class) -> tuple:
-    plan = serializer_class.__dict__.get("_shared_plan")
+    plan = _plans.get(serializer_class)
     if plan is None:
         with _lock:
-            plan = serializer_class.__dict__.get("_shared_plan")
+            plan = _plans.get(serializer_class)
             if plan is None:
                 shared = serializer_class()  # no instance, no context: what every field renders with
                 plan = tuple((name, _fast_getter(field), field.get_attribute, field.to_representation,
-                              _plain_datetime(field), _exact_decimal(field))
+                              internals.default_datetime_output(field), _exact_decimal(field))
                              for name, field in shared.fields.items() if not field.write_only)
-                serializer_class._shared_plan = plan
+                _plans[serializer_class] = plan
     return plan
 
 
@@ -103,7 +100,7 @@ def represent(serializer_class, instance, zone=_UNSET) -> dict:
                 attribute = get_attribute(instance)
             except SkipField:
                 continue
-        if attribute is None or (isinstance(attribute, PKOnlyObject) and attribute.pk is None):
+        if attribute is None or (isinstance(attribute, _PK_ONLY) and attribute.pk is None):
             ret[name] = None
         elif plain_datetime and (zone := output_zone() if zone is _UNSET else zone) is not None \
                 and (text := _iso(attribute, zone)) is not None:

@@ -17,6 +17,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.db import connections, router
 
+from portal import internals
 from portal.fleet.models import Gpu, Node
 from portal.reservations.models import Allocation, Reservation
 from portal.tenancy.models import Team
@@ -55,11 +56,12 @@ def attach(reservations) -> None:
     db = todo[0]._state.db or router.db_for_read(Reservation)
     user_model = get_user_model()
     fields = {name: Reservation._meta.get_field(name) for name in ("team", "owner", "node", "client_node")}
+    caches = {name: internals.relation_cache(field) for name, field in fields.items()}
     wanted: dict[int, set[int]] = {_TEAM: set(), _USER: set(), _NODE: set()}
     for r in todo:
         for name, kind in (("team", _TEAM), ("owner", _USER), ("node", _NODE), ("client_node", _NODE)):
             key = getattr(r, fields[name].attname)
-            if key is not None and not fields[name].is_cached(r):
+            if key is not None and not caches[name].holds(r):
                 wanted[kind].add(key)
     # The allocations first: their columns give the union its types (the names' NULLs have none).
     ids = sorted({r.pk for r in todo})
@@ -90,24 +92,26 @@ def attach(reservations) -> None:
         for name, kind in (("team", _TEAM), ("owner", _USER), ("node", _NODE), ("client_node", _NODE)):
             field = fields[name]
             obj = related[kind].get(getattr(r, field.attname))
-            if obj is not None and not field.is_cached(r):
-                field.set_cached_value(r, obj)
+            if obj is not None and not caches[name].holds(r):
+                caches[name].put(r, obj)
         r.__dict__[ATTACHED] = []
 
     by_pk: dict[int, list] = {}
     for r in todo:
         by_pk.setdefault(r.pk, []).append(r)
     gpu_nodes: dict[int, Node] = {}
+    gpu_node = internals.relation_cache(Gpu._meta.get_field("node"))
+    allocation_gpu = internals.relation_cache(Allocation._meta.get_field("gpu"))
     allocations.sort(key=lambda row: (row[1], row[5]))  # Allocation's Meta: reservation, GPU
     for _kind, reservation_id, node_name, uuid, index, gpu_id, node_id, pk, request, limit, memory in allocations:
         node = gpu_nodes.get(node_id)
         if node is None:
             node = gpu_nodes[node_id] = _partial(Node, db, id=node_id, name=node_name)
         gpu = _partial(Gpu, db, id=gpu_id, node_id=node_id, uuid=uuid, index=index)
-        Gpu._meta.get_field("node").set_cached_value(gpu, node)
+        gpu_node.put(gpu, node)
         allocation = _partial(Allocation, db, id=pk, reservation_id=reservation_id, gpu_id=gpu_id,
                               gpu_request=_decimal(request), gpu_limit=_decimal(limit), gpu_memory_mib=memory,
                               released_at=None)
-        Allocation._meta.get_field("gpu").set_cached_value(allocation, gpu)
+        allocation_gpu.put(allocation, gpu)
         for r in by_pk[reservation_id]:
             r.__dict__[ATTACHED].append(allocation)

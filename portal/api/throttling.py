@@ -5,6 +5,7 @@ from django.core.cache import cache as default_cache
 from django.core.cache.backends.redis import RedisCache
 from rest_framework.throttling import BaseThrottle, UserRateThrottle
 
+from portal import internals
 from portal.security import throttle, unavailable
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class WriteRateThrottle(UserRateThrottle):
         if self.key is None:
             return True
         key = backend.make_and_validate_key(self.key)
-        client = backend._cache.get_client(key, write=True)  # Django's own client and connection pool
+        client = internals.redis_client(backend, key)  # Django's own client and connection pool
         cls = type(self)
         if cls._window is None:
             cls._window = client.register_script(WINDOW)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from django.db import transaction
 
+from portal.cycle_requests import request_cycle
 from scheduler.backends.base import REMOTE_SERVER_PORT
 from wire.agent_portal import MAX_LINKS, Links
 
@@ -60,9 +61,7 @@ def store_links(node: Node, report: Links) -> int:
         NodeLink.objects.filter(client_id=node.pk).delete()
         NodeLink.objects.bulk_create(rows)
         if _may_place_more(before, {r.gpu_node_id: (r.rtt_ms, r.bandwidth_mbps) for r in rows}):
-            from portal.placement import memo
-
-            memo.bump_on_commit()
+            request_cycle(f"links of node {node.name} improved", freed=True)
     return len(rows)
 
 

@@ -35,7 +35,7 @@ def _set_status(node_id: int, status: str, reason: str, by: audit.Actor, action:
             node.save(update_fields=["status", "status_reason"])
             audit.record(by, object_type="node", object_id=node.pk, object_repr=node.name,
                          action=action, before=before, after={"status": status, "status_reason": node.status_reason})
-            request_cycle(f"node {node.name} {status}")
+            request_cycle(f"node {node.name} {status}", freed=True)
             announce_nodes([node.pk])
     return node
 
@@ -74,7 +74,7 @@ def set_cordon(gpu_id: int, by: audit.Actor, cordoned: bool, reason: str = "") -
             audit.record(by, object_type="gpu", object_id=gpu.pk, object_repr=f"GPU {gpu.index} on {gpu.node.name}",
                          action="cordoned" if cordoned else "uncordoned", before=before,
                          after={"cordoned": cordoned, "cordon_reason": reason})
-            request_cycle(f"GPU {gpu.uuid} {'cordoned' if cordoned else 'uncordoned'}")
+            request_cycle(f"GPU {gpu.uuid} {'cordoned' if cordoned else 'uncordoned'}", freed=True)
             announce_nodes([gpu.node_id])
     return gpu
 
@@ -137,7 +137,7 @@ def apply_inventory(nodes: list[dict]) -> tuple[int, int]:
                           "numa_node": gpu["numa_node"]},
             )
             gpu_total += 1
-    request_cycle("inventory changed")
+    request_cycle("inventory changed", freed=True)
     return len(nodes), gpu_total
 
 
@@ -165,7 +165,7 @@ def record_resources(node_id: int, cpu_milli: int, memory_mib: int) -> bool:
         updated = Node.objects.filter(pk=node_id).exclude(cpu_milli=cpu_milli, memory_mib=memory_mib) \
             .update(cpu_milli=cpu_milli, memory_mib=memory_mib)
         if updated:
-            request_cycle(f"node {node_id} reported {cpu_milli}m CPU and {memory_mib} MiB allocatable")
+            request_cycle(f"node {node_id} reported {cpu_milli}m CPU and {memory_mib} MiB allocatable", freed=True)
     return bool(updated)
 
 
@@ -201,7 +201,7 @@ def mark_back(node_id: int, cause: str = LostCause.AGENT_SILENT) -> bool:
             return False
         node.status, node.status_reason, node.lost_cause = NodeStatus.READY, "", ""
         node.save(update_fields=["status", "status_reason", "lost_cause"])
-        request_cycle(f"node {node.name} back")
+        request_cycle(f"node {node.name} back", freed=True)
         announce_nodes([node.pk])
     return True
 
@@ -267,4 +267,4 @@ def reconcile_gpus(node: Node, reported_gpus) -> dict[str, int]:
 
 def gpus_changed(node: Node) -> None:
     """The agent's GPU list differs from ours (a GPU gone or new): placements must look again."""
-    request_cycle(f"GPUs of node {node.name} changed")
+    request_cycle(f"GPUs of node {node.name} changed", freed=True)

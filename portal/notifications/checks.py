@@ -14,7 +14,7 @@ from portal.reservations.states import HOLDS_GPU, State
 from . import preferences
 from .models import Event, Notification
 from .services import Occurrence, notify
-from .subscribers import _COLUMNS, model_named, models_of
+from .subscribers import RESERVATION_COLUMNS, model_named, models_of
 
 EXPIRING_WITHIN = timedelta(minutes=15)
 
@@ -31,7 +31,7 @@ def waiting_long(now: datetime) -> int:
     shortest = timedelta(minutes=preferences.WAITING_AFTER_RANGE[0])
     rows = list(Reservation.objects.filter(state=State.PENDING)
                 .annotate(waiting_since=Max("transitions__at", filter=Q(transitions__to_state=State.PENDING)))
-                .filter(waiting_since__lte=now - shortest).only(*_COLUMNS[:-1]))
+                .filter(waiting_since__lte=now - shortest).only(*RESERVATION_COLUMNS[:-1]))
     prefs = preferences.of({r.owner_id for r in rows})
     found = []
     for r in rows:
@@ -48,7 +48,7 @@ def expiring_soon(now: datetime) -> int:
     rows = list(Reservation.objects.filter(state__in=HOLDS_GPU, expires_at__gt=now,
                                            expires_at__lte=now + EXPIRING_WITHIN,
                                            placed_at__lte=F("expires_at") - EXPIRING_WITHIN)
-                .select_related("node").only(*_COLUMNS))
+                .select_related("node").only(*RESERVATION_COLUMNS))
     held = models_of([r.pk for r in rows])
     found = [Occurrence(f"r{r.pk}:expiring:{int(r.expires_at.timestamp())}", Event.EXPIRING, r,
                         model_named(r, held), r.node.name if r.node_id else "") for r in rows]

@@ -22,8 +22,8 @@ from .services import Occurrence, notify
 
 log = logging.getLogger(__name__)
 
-_COLUMNS = ("id", "owner_id", "team_id", "name", "state", "state_reason", "attempt", "gpu_request", "gpu_count",
-            "gpu_model", "reclaim_at", "idle_since", "expires_at", "node__name")
+RESERVATION_COLUMNS = ("id", "owner_id", "team_id", "name", "state", "state_reason", "attempt", "gpu_request",
+                       "gpu_count", "gpu_model", "reclaim_at", "idle_since", "expires_at", "node__name")
 
 
 def models_of(reservation_ids) -> dict[int, str]:
@@ -75,7 +75,7 @@ def _notify_changes(changes: dict[int, int]) -> None:
     # one indexed query that finds nothing.
     rows = list(Reservation.objects.filter(pk__in=list(changes)).filter(
         Q(state__in=(State.RUNNING, State.SUCCEEDED, State.FAILED))
-        | Q(state__in=HOLDS_GPU, reclaim_at__isnull=False)).select_related("node").only(*_COLUMNS))
+        | Q(state__in=HOLDS_GPU, reclaim_at__isnull=False)).select_related("node").only(*RESERVATION_COLUMNS))
     if rows:
         notify(occurrences_of(rows))
 
@@ -89,7 +89,7 @@ def on_node_lost(sender, reservation_id: int, why: str, **kwargs) -> None:
 
 
 def _notify_node_lost(reservation_id: int, why: str) -> None:
-    r = Reservation.objects.filter(pk=reservation_id).select_related("node").only(*_COLUMNS).first()
+    r = Reservation.objects.filter(pk=reservation_id).select_related("node").only(*RESERVATION_COLUMNS).first()
     if r is None:
         return
     held = models_of([r.pk])

@@ -32,17 +32,6 @@ def _reconcile_on_start(sender=None, **kwargs) -> None:
     reconcile.delay()
 
 
-def _capacity_maybe_freed(sender, instance=None, created=False, **kwargs) -> None:
-    from portal.reservations.models import StateTransition
-    from portal.reservations.states import HOLDS_GPU
-
-    from . import memo
-
-    if sender is StateTransition and not (instance.from_state in HOLDS_GPU and instance.to_state not in HOLDS_GPU):
-        return  # only a reservation that stops holding GPUs frees capacity
-    memo.bump_on_commit()
-
-
 class PlacementConfig(AppConfig):
     name = "portal.placement"
     label = "placement"
@@ -55,13 +44,4 @@ class PlacementConfig(AppConfig):
 
         cycle_requested.connect(_on_cycle_requested, dispatch_uid="placement-cycle-on-request")
         pod_ended.connect(_enqueue_housekeeping, dispatch_uid="placement-housekeeping-on-pod-ended")
-        from django.db.models.signals import post_save
-
-        from portal.fleet.models import Gpu, Node
-        from portal.reservations.models import StateTransition
-        from portal.tenancy.models import Team, TeamPolicy
-
-        # A team policy may now allow remote shares: what waits may go remote.
-        for model in (StateTransition, Node, Gpu, Team, TeamPolicy):
-            post_save.connect(_capacity_maybe_freed, sender=model, dispatch_uid=f"placement-capacity-{model.__name__}")
         worker_ready.connect(_reconcile_on_start, dispatch_uid="placement-reconcile-on-start", weak=False)

@@ -18,7 +18,6 @@ from portal.reservations.models import Reservation, Source
 from portal.reservations.states import HOLDS_GPU, State
 from scheduler.backends import Backend, ClusterEvent, NodeCondition, NodeEvent, Phase, PodEvent, PodStatus
 
-from . import memo
 from .pods import delete_pod, delete_quietly
 
 log = logging.getLogger(__name__)
@@ -117,5 +116,4 @@ def apply_node(backend: Backend, cond: NodeCondition) -> None:
         fleet.mark_lost(node.pk, LostCause.CLUSTER_NOT_READY, reason)
         lose_node_reservations(backend, node, f"node {node.name} is not ready")
     elif node.status == NodeStatus.LOST and node.lost_cause == LostCause.CLUSTER_NOT_READY:
-        if fleet.mark_back(node.pk, LostCause.CLUSTER_NOT_READY):
-            memo.bump_on_commit()
+        fleet.mark_back(node.pk, LostCause.CLUSTER_NOT_READY)  # requests a cycle that looks at every request

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from django.db import connection
 
+from portal import db_vendor
 from portal.fleet.models import Gpu, Node
 from scheduler import core
 
@@ -53,11 +54,7 @@ _cached: tuple[tuple, Fleet] | None = None
 
 
 def _version() -> tuple | None:
-    if connection.vendor != "postgresql":
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute(VERSION_SQL)
-        return cursor.fetchone()
+    return db_vendor.of(connection).versioned_row(connection, VERSION_SQL)
 
 
 def _read() -> Fleet:

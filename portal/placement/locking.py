@@ -1,9 +1,13 @@
-"""One placement cycle at a time per cluster, however many workers run.
+"""One placement cycle at a time per cluster, however many workers run; and the seam between the
+two ways tasks run: with Redis (REDIS_URL: workers apart) or in-process (the quickstart).
+`cluster_lock()` gives a RedisLock or a ProcessLock, and both answer every question the rest
+asks (the lease, claims that dedupe queued tasks, single-flight sections, the store the memo
+shares between processes), so nothing else asks which one it is.
 
-With Redis (REDIS_URL): a lease key set with NX and an expiry holds a fencing token (INCR of a
-counter); the holder renews it between decisions and deletes it only if it still holds it. If a
-holder dies the lease expires and the next cycle takes over. Without Redis (quickstart: tasks run
-in-process) a process-wide lock stands in, and tokens come from the database.
+With Redis: a lease key set with NX and an expiry holds a fencing token (INCR of a counter); the
+holder renews it between decisions and deletes it only if it still holds it. If a holder dies
+the lease expires and the next cycle takes over. In-process a process-wide lock stands in, and
+tokens come from the database.
 
 Whoever asks for a cycle first marks the cluster "dirty", then enqueues a cycle task unless one is
 already queued and not yet started (`claim_queued`); the task clears that mark when it starts and
@@ -116,12 +120,41 @@ class RedisLock:
     def clear_queued(self) -> None:
         self.client.delete(QUEUED_KEY)
 
+    # Workers apart: a holder runs one cycle, then queues the next behind the binds it sent.
+    one_cycle_per_task = True
+
+    @property
+    def shared(self):
+        """A store every process sees (the memo's): this Redis."""
+        return self.client
+
+    def claim(self, key: str, ttl_s: int) -> bool:
+        """Whether this caller is the first to claim `key` in the last `ttl_s` (e.g. to queue a task once)."""
+        return bool(self.client.set(key, "1", nx=True, ex=ttl_s))
+
+    def unclaim(self, key: str) -> None:
+        self.client.delete(key)
+
+    @contextmanager
+    def single_flight(self, name: str, ttl_s: float) -> Iterator[bool]:
+        key, value = f"tessera:single-flight:{name}", uuid.uuid4().hex
+        held = bool(self.client.set(key, value, nx=True, px=int(ttl_s * 1000)))
+        try:
+            yield held
+        finally:
+            if held:
+                self._release(keys=[key], args=[value])
+
+    def close(self) -> None:
+        self.client.close()
+
 
 class ProcessLock:
     """Stand-in without Redis: one cycle at a time in this process; tokens from the database."""
 
     _mutex = threading.Lock()
     _dirty = threading.Event()
+    _mutexes: dict[str, threading.Lock] = {}  # single-flight sections by name
 
     def acquire(self) -> Lease | None:
         if not self._mutex.acquire(blocking=False):
@@ -153,6 +186,28 @@ class ProcessLock:
     def clear_queued(self) -> None:
         pass
 
+    one_cycle_per_task = False  # in-process: the holder loops while more is asked
+    shared = None  # no store other processes see: the memo is off
+
+    def claim(self, key: str, ttl_s: int) -> bool:
+        return True  # in-process: each request runs its task itself
+
+    def unclaim(self, key: str) -> None:
+        pass
+
+    @contextmanager
+    def single_flight(self, name: str, ttl_s: float) -> Iterator[bool]:
+        mutex = self._mutexes.setdefault(name, threading.Lock())
+        held = mutex.acquire(blocking=False)
+        try:
+            yield held
+        finally:
+            if held:
+                mutex.release()
+
+    def close(self) -> None:
+        self._dirty.clear()
+
 
 _locks: dict[str, RedisLock | ProcessLock] = {}
 
@@ -161,10 +216,9 @@ def forget_locks() -> None:
     """Close and drop the cached locks, and forget an in-process request for a cycle (tests that
     switch Redis databases or start from a clean slate)."""
     for lock in _locks.values():
-        if isinstance(lock, RedisLock):
-            lock.client.close()
+        lock.close()
     _locks.clear()
-    ProcessLock._dirty.clear()
+    ProcessLock().close()
 
 
 def cluster_lock() -> RedisLock | ProcessLock:
@@ -174,28 +228,8 @@ def cluster_lock() -> RedisLock | ProcessLock:
     return _locks[url]
 
 
-_task_mutexes: dict[str, threading.Lock] = {}
-
-
-@contextmanager
-def single_flight(name: str, ttl_s: float) -> Iterator[bool]:
+def single_flight(name: str, ttl_s: float):
     """At most one holder of `name` at a time, across workers with Redis (a key that expires after
     `ttl_s`, so a holder that died frees it), in this process without. Yields whether this caller
     holds it; one that does not should skip its work: the holder is doing it."""
-    lock = cluster_lock()
-    if isinstance(lock, RedisLock):
-        key, value = f"tessera:single-flight:{name}", uuid.uuid4().hex
-        held = bool(lock.client.set(key, value, nx=True, px=int(ttl_s * 1000)))
-        try:
-            yield held
-        finally:
-            if held:
-                lock.client.eval(_RELEASE, 1, key, value)
-        return
-    mutex = _task_mutexes.setdefault(name, threading.Lock())
-    held = mutex.acquire(blocking=False)
-    try:
-        yield held
-    finally:
-        if held:
-            mutex.release()
+    return cluster_lock().single_flight(name, ttl_s)

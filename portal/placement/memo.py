@@ -2,11 +2,17 @@
 nothing has freed capacity since (kube-scheduler's "unschedulable queue", simplified).
 
 Placing more only takes capacity away, so a request that did not fit still does not fit until
-something frees capacity or changes the fleet: a reservation stops holding GPUs, a node or GPU
-changes, a team's quota changes. Those bump a capacity epoch (after commit); a memo from an older
-epoch, or older than MAX_AGE_S (a safety net for changes made behind the ORM's back), is ignored.
-Only with Redis: without it each process would see only its own bumps, so every cycle looks at
-everything.
+something frees capacity or changes the rules: a reservation stops holding GPUs, a node or GPU
+changes, a team's quota, the quota tree or a team's policy changes. The one writer of each of
+those rows says so after its commit, `cycle_requests.request_cycle(..., freed=True)`
+(reservation services, fleet services and links, tenancy quotas, departments and policy), and
+the placement app bumps a capacity epoch on it (apps.py): one mechanism, explicit, so a bulk
+write or an `.update()` inside a service is covered as well as a `save()`. A memo from an older
+epoch is ignored, and so is one older than MAX_AGE_S: time alone changes what fits (the
+minimum run before a share may be evicted, the eviction cap's window, a booking's lead time),
+and a row changed outside the services (the Django admin, a shell) sends no notice.
+Only with Redis (`cluster_lock().shared`): without it each process would see only its own
+bumps, so every cycle looks at everything.
 """
 
 from __future__ import annotations
@@ -14,9 +20,7 @@ from __future__ import annotations
 import json
 import time
 
-from django.db import transaction
-
-from .locking import RedisLock, cluster_lock
+from .locking import cluster_lock
 
 EPOCH_KEY = "tessera:placement:capacity-epoch"
 MEMO_KEY = "tessera:placement:unschedulable"
@@ -24,8 +28,7 @@ MAX_AGE_S = 300.0  # a full look at a long queue costs seconds: not more often t
 
 
 def _client():
-    lock = cluster_lock()
-    return lock.client if isinstance(lock, RedisLock) else None
+    return cluster_lock().shared
 
 
 def bump() -> None:
@@ -33,10 +36,6 @@ def bump() -> None:
     client = _client()
     if client is not None:
         client.incr(EPOCH_KEY)
-
-
-def bump_on_commit() -> None:
-    transaction.on_commit(bump)
 
 
 def load() -> tuple[int | None, set[str], float]:

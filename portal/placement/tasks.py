@@ -30,7 +30,7 @@ from . import reconcile as reconciling
 from .backend import get_backend
 from .commit import Eviction
 from .cycle import run_cycle
-from .locking import FencedOut, ProcessLock, RedisLock, cluster_lock, single_flight
+from .locking import FencedOut, cluster_lock, single_flight
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 20  # cycles one holder runs back to back before it lets the next task take over
@@ -52,7 +52,6 @@ def run_cycles(reason: str = "") -> int:
     behind the bind tasks it just sent (so one worker alone still binds between cycles). In
     process (no Redis) it loops, at most MAX_ROUNDS times."""
     lock = cluster_lock()
-    in_process = isinstance(lock, ProcessLock)
     lock.mark_dirty()
     ran = 0
     while ran < MAX_ROUNDS:
@@ -75,7 +74,7 @@ def run_cycles(reason: str = "") -> int:
         if not lock.take_dirty():
             return ran
         lock.mark_dirty()
-        if not in_process:
+        if lock.one_cycle_per_task:
             break
     if lock.claim_queued():
         cycle.delay(reason="continued")
@@ -97,8 +96,7 @@ def enqueue_cycle(reason: str) -> bool:
 def request_housekeeping() -> bool:
     """Ask for housekeeping soon (a reservation ended: its pod goes). One queued task serves any
     number of requests; beat sends one every few seconds anyway."""
-    lock = cluster_lock()
-    if isinstance(lock, RedisLock) and not lock.client.set(HOUSEKEEPING_QUEUED_KEY, "1", nx=True, ex=30):
+    if not cluster_lock().claim(HOUSEKEEPING_QUEUED_KEY, 30):
         return False
     housekeeping.delay()
     return True
@@ -131,9 +129,7 @@ def housekeeping() -> dict:
     """Free on the cluster what the database already freed (pods of ended reservations), turn new
     kubectl pods into reservations, and read what other schedulers' DRA claims hold of our GPUs
     (foreign_claims). Skipped while another runs."""
-    lock = cluster_lock()
-    if isinstance(lock, RedisLock):
-        lock.client.delete(HOUSEKEEPING_QUEUED_KEY)
+    cluster_lock().unclaim(HOUSEKEEPING_QUEUED_KEY)
     with single_flight("housekeeping", LIMIT_S + 15) as held:
         if not held:
             return {"skipped": True}

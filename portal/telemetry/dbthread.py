@@ -17,6 +17,8 @@ from typing import TypeVar
 
 from django.db import connection
 
+from portal import internals
+
 T = TypeVar("T")
 
 
@@ -62,7 +64,7 @@ def close_connections(executor: ThreadPoolExecutor | None = None) -> None:
     default), e.g. before a test database is dropped. Each thread runs one close: a barrier
     keeps a thread from taking two."""
     executor = executor or _executor
-    threads = len(executor._threads)
+    threads = internals.pool_threads(executor)
     if not threads:
         return
     barrier = threading.Barrier(threads, timeout=5)

@@ -3,9 +3,10 @@ writing raw rows, moving the streams on.
 
 At 500 batches a second, the ORM's per-value preparation of `IN` lists and psycopg's per-value
 dumping (`write_row`) cost more CPU than everything else the live process does for a batch. So
-the two reads are compiled once (portal.precompiled: one array parameter on PostgreSQL), and on
-PostgreSQL the streams move on in one statement over arrays and the raw rows go as one block of
-COPY text per commit. Other databases (the SQLite quickstart) write through the ORM.
+the two reads are compiled once (portal.precompiled: one array parameter on PostgreSQL), the
+streams move on in one statement over text arrays (portal.db_vendor), and where the database takes COPY (PostgreSQL,
+portal.db_vendor) the raw rows go as one block of COPY text per commit; elsewhere (the SQLite
+quickstart) through the ORM.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from datetime import datetime
 
 from django.db import connection
 
-from portal.precompiled import Precompiled, array_literal, param_in
+from portal import db_vendor
+from portal.precompiled import Precompiled, param_in
 from portal.reservations.models import Allocation
 
 from .models import AgentStream, GpuSample, ShareSample
@@ -28,10 +30,6 @@ NULL = "\\N"
 _GPU_COLUMNS = ("stream_id", "seq", "ts", "gpu_id", "sm_util_pct", "mem_util_pct", "mem_used_mib", "power_w",
                 "temp_c")
 _SHARE_COLUMNS = ("reservation_id", "gpu_id", "ts", "used_frac", "mem_used_mib")
-
-
-def _postgres() -> bool:
-    return connection.vendor == "postgresql"
 
 
 @dataclass
@@ -66,36 +64,25 @@ def update_streams(streams: dict[int, StreamState]) -> None:
     if not streams:
         return
     # bulk_update builds one CASE per column in Python, slower than the rows it writes.
-    # PostgreSQL: one statement over arrays (one round trip, one plan for hundreds of rows);
-    # elsewhere executemany of one prepared statement.
-    table = connection.ops.quote_name(AgentStream._meta.db_table)
-    with connection.cursor() as cursor:
-        if _postgres():
-            cursor.execute(
-                f"UPDATE {table} AS s SET last_seq = v.last_seq, dropped = v.dropped, "  # noqa: S608 (our table name)
-                "last_sample_at = v.last_sample_at FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], "
-                "%s::timestamptz[]) AS v(id, last_seq, dropped, last_sample_at) WHERE s.id = v.id",
-                [array_literal(streams), array_literal(s.last_seq for s in streams.values()),
-                 array_literal(s.dropped for s in streams.values()),
-                 "{" + ",".join(f'"{s.last_sample_at.isoformat()}"' for s in streams.values()) + "}"])
-        else:
-            cursor.executemany(
-                f"UPDATE {table} SET last_seq = %s, dropped = %s, last_sample_at = %s WHERE id = %s",  # noqa: S608 (our table name)
-                [(s.last_seq, s.dropped, s.last_sample_at, pk) for pk, s in streams.items()])
+    db_vendor.of(connection).update_by_id(
+        connection, AgentStream._meta.db_table,
+        [("last_seq", "bigint"), ("dropped", "bigint"), ("last_sample_at", "timestamptz")],
+        [(pk, s.last_seq, s.dropped, s.last_sample_at) for pk, s in streams.items()])
 
 
 class SampleRows:
     """The raw rows of one commit, collected and then written at once (write)."""
 
     def __init__(self) -> None:
-        self._postgres = _postgres()
+        self._vendor = db_vendor.of(connection)
+        self._copy = self._vendor.copies_text
         self._gpus: list[str] | list[GpuSample] = []
         self._shares: list[str] | list[ShareSample] = []
 
     def add(self, stream_pk: int, seq: int, ts: datetime, gpus: list[tuple], shares: list[tuple]) -> None:
         """One sample's rows: its GPU readings (gpu id, sm_util_pct, mem_util_pct, mem_used_mib,
         power_w, temp_c) and share readings (reservation id, gpu id, used_frac, mem_used_mib)."""
-        if not self._postgres:
+        if not self._copy:
             self._gpus += [GpuSample(stream_id=stream_pk, seq=seq, ts=ts, gpu_id=g, sm_util_pct=sm, mem_util_pct=mu,
                                      mem_used_mib=mem, power_w=pw, temp_c=tc) for g, sm, mu, mem, pw, tc in gpus]
             self._shares += [ShareSample(reservation_id=r, gpu_id=g, ts=ts, used_frac=used, mem_used_mib=mem)
@@ -116,10 +103,7 @@ class SampleRows:
         for model, columns, rows in tables:
             if not rows:
                 continue
-            if not self._postgres:
+            if self._copy:
+                self._vendor.copy_text(connection, model._meta.db_table, columns, "".join(rows))
+            else:
                 model.objects.bulk_create(rows, batch_size=500)
-                continue
-            table = connection.ops.quote_name(model._meta.db_table)
-            names = ", ".join(connection.ops.quote_name(c) for c in columns)
-            with connection.cursor() as cursor, cursor.cursor.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
-                copy.write("".join(rows))

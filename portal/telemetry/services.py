@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import Count, Exists, Max, OuterRef, Q, Sum
 from django.utils import timezone
 
+from portal import db_vendor
 from portal.placement.share_tokens import EXPIRY_SLACK_S
 from portal.reservations.models import Allocation, Sharing
 from portal.reservations.states import ACTIVE, TERMINAL
@@ -116,11 +117,7 @@ def latest_gpu_readings(gpu_ids: Iterable[int] | None = None) -> dict[int, dict]
     if gpu_ids is not None:
         qs = qs.filter(gpu_id__in=list(gpu_ids))
     fields = ("gpu_id", "ts", "sm_util_pct", "mem_util_pct", "mem_used_mib", "power_w", "temp_c")
-    if connection.vendor == "postgresql":
-        rows = qs.order_by("gpu_id", "-ts").distinct("gpu_id").values(*fields)
-    else:
-        newest = dict(qs.values("gpu_id").annotate(ts=Max("ts")).values_list("gpu_id", "ts"))
-        rows = [r for r in qs.values(*fields) if newest.get(r["gpu_id"]) == r["ts"]]
+    rows = db_vendor.of(connection).newest_per(qs, ["gpu_id"], "ts", fields)
     return {r["gpu_id"]: _reading(r) for r in rows}
 
 
@@ -136,12 +133,7 @@ def latest_share_readings(reservation_ids: Iterable[int] | None = None) -> dict[
     if reservation_ids is not None:
         qs = qs.filter(reservation_id__in=list(reservation_ids))
     fields = ("reservation_id", "gpu_id", "ts", "used_frac", "mem_used_mib", "reservation__team_id")
-    if connection.vendor == "postgresql":
-        rows = qs.order_by("reservation_id", "gpu_id", "-ts").distinct("reservation_id", "gpu_id").values(*fields)
-    else:
-        newest = {(r["reservation_id"], r["gpu_id"]): r["ts"]
-                  for r in qs.values("reservation_id", "gpu_id").annotate(ts=Max("ts"))}
-        rows = [r for r in qs.values(*fields) if newest.get((r["reservation_id"], r["gpu_id"])) == r["ts"]]
+    rows = db_vendor.of(connection).newest_per(qs, ["reservation_id", "gpu_id"], "ts", fields)
     return {
         (r["reservation_id"], r["gpu_id"]): {
             "reservation": r["reservation_id"], "team": r["reservation__team_id"], "gpu": r["gpu_id"],

@@ -17,6 +17,7 @@ from django.db import connections, router
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from portal import db_vendor, internals
 from portal.security import demo
 
 from . import roles
@@ -57,17 +58,16 @@ class TokenQuery:
             f" LEFT JOIN {membership} m ON m.{m_user} = t.{t_user}"
             f" WHERE t.{t_key_hash} = %s AND t.{t_revoked_at} IS NULL ORDER BY m.{m_team}")
         t_pk = qn(ApiToken._meta.pk.column)
+        self.last_used_at = ApiToken._meta.get_field("last_used_at")
         self.touch_sql = f"UPDATE {token} SET {t_last_used_at} = %s WHERE {t_pk} = %s"  # noqa: S608
-        # (position in the row, its converters, the column they are given): what
-        # SQLCompiler.apply_converters does for the same fields (none on PostgreSQL; SQLite's
-        # datetimes and booleans need them).
+        # (position in the row, its converters): what the ORM applies to the same columns (none
+        # on PostgreSQL; SQLite's datetimes and booleans need them).
         self.converters = []
         for offset, alias, fields in ((0, "t", self.token_fields), (len(self.token_fields), "u", self.user_fields)):
             for i, field in enumerate(fields):
-                col = field.get_col(alias)
-                found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+                found = internals.column_converters(field, alias, connection)
                 if found:
-                    self.converters.append((offset + i, found, col))
+                    self.converters.append((offset + i, found))
 
     def fetch(self, connection, key_hash: str) -> tuple[ApiToken, bool, dict[int, str]] | None:
         """(token with its user, whether the user is a demo user, team id → role) or None."""
@@ -77,9 +77,9 @@ class TokenQuery:
         if not rows:
             return None
         values = list(rows[0])
-        for i, found, col in self.converters:
+        for i, found in self.converters:
             for convert in found:
-                values[i] = convert(values[i], col, connection)
+                values[i] = convert(values[i], connection)
         n_token, n_user = len(self.token_fields), len(self.user_fields)
         token = ApiToken.from_db(connection.alias, [f.attname for f in self.token_fields], values[:n_token])
         user = get_user_model().from_db(connection.alias, [f.attname for f in self.user_fields],
@@ -90,7 +90,7 @@ class TokenQuery:
 
     def touch(self, connection, token: ApiToken, now) -> None:
         with connection.cursor() as cursor:
-            cursor.execute(self.touch_sql, [connection.ops.adapt_datetimefield_value(now), token.pk])
+            cursor.execute(self.touch_sql, [self.last_used_at.get_db_prep_value(now, connection), token.pk])
 
 
 _queries: dict[tuple[str, str], TokenQuery] = {}
@@ -98,7 +98,7 @@ _queries_lock = threading.Lock()
 
 
 def token_query(connection) -> TokenQuery:
-    key = (connection.alias, connection.vendor)
+    key = (connection.alias, db_vendor.of(connection).name)
     query = _queries.get(key)
     if query is None:
         with _queries_lock:

@@ -15,6 +15,7 @@ from decimal import Decimal, InvalidOperation
 from django.db import transaction
 
 from portal.audit import services as audit
+from portal.cycle_requests import request_cycle
 from portal.errors import RuleViolation
 
 from .models import LONGEST_DURATION_S, Role, Team, TeamPolicy
@@ -312,6 +313,8 @@ def _store(team: Team, row: TeamPolicy, values: dict, by: audit.Actor, before: d
         if f in values:
             setattr(row, f, values[f])
     row.save()
+    # A policy may now let waiting requests in (remote shares, over-quota use): look at all of them.
+    request_cycle(f"policy of team {team.slug} changed", freed=True)
     old, new = audit.changed(before, _snapshot(team, row))
     if new:
         audit.record(by, object_type="policy", object_id=team.pk, object_repr=f"policy of {team.slug}", team=team,

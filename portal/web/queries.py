@@ -16,6 +16,7 @@ from django.db.models import Count, Max, Prefetch, Q, Sum
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from portal import db_vendor
 from portal.fleet.models import Gpu, NodeStatus
 from portal.reservations import quota
 from portal.reservations.models import COUNTED, Allocation, Reservation
@@ -157,11 +158,7 @@ def timeline(reservation: Reservation) -> list:
 
 
 def _bucket_expr(column: str, bucket_s: int) -> RawSQL:
-    if connection.vendor == "postgresql":
-        # date_bin on the timestamp: no numeric division per row (extract(epoch) is numeric).
-        return RawSQL(f"extract(epoch from date_bin(make_interval(secs => %s), {column}, "  # noqa: S611
-                      "'1970-01-01 00:00:00+00'))::bigint", (bucket_s,))
-    return RawSQL(f"(cast(strftime('%%s', {column}) as integer) / %s) * %s", (bucket_s, bucket_s))  # noqa: S611
+    return db_vendor.of(connection).epoch_bucket(column, bucket_s)
 
 
 def _add_buckets(buckets: dict[int, list], rows) -> None:

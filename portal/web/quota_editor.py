@@ -57,7 +57,7 @@ def _staff(request) -> None:
 def _text(value) -> str:
     if value is None:
         return ""
-    return quota_lines._num(value) if not isinstance(value, int) else str(value)
+    return quota_lines.quota_number(value) if not isinstance(value, int) else str(value)
 
 
 def form_rows(unit_rows: list[quota_lines.QuotaRow]) -> list[dict]:

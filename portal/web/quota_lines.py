@@ -197,12 +197,12 @@ def limit_text(values: tuple) -> str:
     if all(v is None for v in values):
         return "unlimited"
     share, gib, gpus = values
-    parts = [f"{_num(share)} GPU" if share is not None else "", f"{_num(gib)} GiB" if gib is not None else "",
-             f"{gpus} GPUs" if gpus is not None else ""]
+    parts = [f"{quota_number(share)} GPU" if share is not None else "",
+             f"{quota_number(gib)} GiB" if gib is not None else "", f"{gpus} GPUs" if gpus is not None else ""]
     return ", ".join(p for p in parts if p) + " (the rest unlimited)" * any(v is None for v in values)
 
 
-def _num(value) -> str:
+def quota_number(value) -> str:
     text = f"{Decimal(value):.3f}".rstrip("0").rstrip(".")
     return text or "0"
 

@@ -37,7 +37,7 @@ from .state import ClusterState
 ZONE_LABELS = ("topology.kubernetes.io/rack", "rack", "topology.kubernetes.io/zone", "zone")
 
 
-def _workload(snapshot: Snapshot, pending: Iterable[Request]) -> list[Request]:
+def cycle_workload(snapshot: Snapshot, pending: Iterable[Request]) -> list[Request]:
     """The requests FGD-style policies plan for (typical_pods counts their shapes): what runs now
     plus what waits. A running share is one entry per share, one Request per shape: building and
     validating a Request per share cost more than the rest of a capacity preview."""
@@ -147,7 +147,7 @@ def decide(
         raise ValueError("pending requests repeat an id")
     state = ClusterState.from_snapshot(snapshot)
     scorer = make_scorer(
-        policy, state, typical if typical is not None else typical_pods(_workload(snapshot, pending)), seed
+        policy, state, typical if typical is not None else typical_pods(cycle_workload(snapshot, pending)), seed
     )
     running = set(state.placed)
     for req in pending:
@@ -183,7 +183,7 @@ def decide(
             members = queue_order([r for r in gangs[req.group.name] if r.id not in decided],
                                   snapshot.teams, snapshot.now, aging_s)
             decided.update(r.id for r in members)
-            gang_placed, gang_refused = _place_gang(state, scorer, members, fair)
+            gang_placed, gang_refused = place_gang(state, scorer, members, fair)
             if gang_placed:
                 yield tuple(gang_placed)
             yield from gang_refused
@@ -240,7 +240,7 @@ def _decide_fair(state: ClusterState, scorer: Scorer, fair: Fair, req: Request, 
         reasons = (Reason(ReasonCode.NO_FIT, text, borrowed), *reasons)
     return Reclaim(req.id, victims, due, reasons, kind)
 
-def _place_gang(
+def place_gang(
     state: ClusterState, scorer: Scorer, members: list[Request], fair: Fair | None = None
 ) -> tuple[list[Placement], list[Unschedulable]]:
     """Place a pod group's members close together; keep them only if enough fit, else roll back."""
@@ -346,7 +346,7 @@ def _best(snapshot: Snapshot, state: ClusterState, request: Request, limit: int 
     if not room.any() or limit == 0:
         return [], 0, reasons
     scorer = make_scorer(
-        policy, state, typical if typical is not None else typical_pods(_workload(snapshot, [request]))
+        policy, state, typical if typical is not None else typical_pods(cycle_workload(snapshot, [request]))
     )
     scores, _ = scorer.score(state, request, ok, room)
     nodes = np.flatnonzero(room)

@@ -34,7 +34,20 @@ from dataclasses import replace
 import numpy as np
 
 from .engine import Choice, choose
-from .fairshare import COUNTED, INF, ZERO, Admission, Ledger, QuotaTree, Vec, _add, _le, _scale, demand_of, held_by
+from .fairshare import (
+    COUNTED,
+    INF,
+    ZERO,
+    Admission,
+    Ledger,
+    QuotaTree,
+    Vec,
+    demand_of,
+    held_by,
+    vec_add,
+    vec_le,
+    vec_scale,
+)
 from .filters import explain, feasible
 from .model import Reason, ReasonCode, Request, Share
 from .preemption import find_preemption
@@ -108,7 +121,7 @@ class Fair:
         for h, m in self._borrowed:  # warned before: they go, whoever takes their place
             if h.share.reclaim_at is not None:
                 key = (h.share.team, m)
-                self._losing[key] = _add(self._losing[key], held_by(h.share, len(h.gpus)))
+                self._losing[key] = vec_add(self._losing[key], held_by(h.share, len(h.gpus)))
         self.held = np.zeros(len(state.node_names), dtype=bool)  # nodes held this cycle (`hold`)
         self._held_models: set[str] = set()
         self._protected_now: dict[str, bool] = {}  # `_protected`, per reservation
@@ -439,10 +452,10 @@ class Fair:
             for rid, (team, model, amount_, adm) in given_back.items():  # they run until then
                 self.ledger.charge(rid, team, model, amount_, adm)
                 if adm in COUNTED and team != req.team and self.state.placed[rid].share.reclaim_at is None:
-                    self._losing[(team, model)] = _add(self._losing[(team, model)], amount_)
+                    self._losing[(team, model)] = vec_add(self._losing[(team, model)], amount_)
             if admission == Admission.BORROWED:
                 model = self.state.model_at(choice.node, choice.slots[0])
-                self._promised[(req.team, model)] = _add(self._promised[(req.team, model)], demand_of(req))
+                self._promised[(req.team, model)] = vec_add(self._promised[(req.team, model)], demand_of(req))
             self.claimed.update(victims)
             return choice, victims, admission, {v: due.get(v, self.now) for v in victims}
         for v in victims:
@@ -488,7 +501,7 @@ class Fair:
         earlier reclaims this cycle promised it) its saturation is at most 1. Whole GPUs come in
         units: a team takes one when that leaves it nearer its share than it was, never to stand
         further above its share than it stood below (hysteresis: it cannot then be taken back)."""
-        extra = _add(self._promised[(team, model)], _scale(amount, 0.5))
+        extra = vec_add(self._promised[(team, model)], vec_scale(amount, 0.5))
         return self.ledger.saturation(team, model, extra) <= 1
 
     def above_share(self, team: str, model: str, losing: Vec) -> bool:
@@ -500,7 +513,7 @@ class Fair:
         found = self._above.get(key)
         if found is not None and found[0] == used and found[1] == before:
             return found[2]
-        above = self.ledger.saturation(team, model, _scale(_add(before, losing), -1)) >= 1
+        above = self.ledger.saturation(team, model, vec_scale(vec_add(before, losing), -1)) >= 1
         self._above[key] = (used, before, above)
         return above
 
@@ -539,9 +552,9 @@ class Fair:
         whole_node = req.gpu_count > 1
         needed = {}
         for m in models:  # first against the most on one GPU (node) of the model, plus all of the team's own
-            most = _add(index.most[m][whole_node], own_total)
+            most = vec_add(index.most[m][whole_node], own_total)
             thresholds = [t for t in self.ledger.refund_needed(req.team, m, demand) if t is not None]
-            if any(_le(t, most) for t in thresholds):
+            if any(vec_le(t, most) for t in thresholds):
                 needed[m] = thresholds
         if not needed:
             return False
@@ -552,18 +565,18 @@ class Fair:
         for _, node, gpus, amount in own:
             for j in gpus:
                 key = (node, -1 if whole_node else j)
-                extra[key] = _add(extra[key], amount)
+                extra[key] = vec_add(extra[key], amount)
         if not whole_node:  # the few distinct rows of the model's GPUs, then the team's own GPUs
             for m, thresholds in needed.items():
                 rows = [row for row, memory in index.slot_rows.get(m, {}).items() if memory >= req.gpu_memory_mib]
-                if any(_le(t, row) for row in rows for t in thresholds):
+                if any(vec_le(t, row) for row in rows for t in thresholds):
                     return True
                 model = state.model_id[m]
                 for (node, j), more in extra.items():
                     if (state.valid[node, j] and state.ready[node] and state.gpu_model[node, j] == model
                             and state.mem_total[node, j] >= req.gpu_memory_mib):
-                        row = _add(tuple(index.givable[node, j].tolist()), more)
-                        if any(_le(t, row) for t in thresholds):
+                        row = vec_add(tuple(index.givable[node, j].tolist()), more)
+                        if any(vec_le(t, row) for t in thresholds):
                             return True
             return False
         # One node's usable GPUs, any model: the taken GPU's model is one of them.
@@ -575,7 +588,7 @@ class Fair:
                 if ((index.per_node >= np.array(t)).all(axis=-1) & at).any():
                     return True
                 for (node, _), more in extra.items():
-                    if at[node] and _le(t, _add(tuple(index.per_node[node].tolist()), more)):
+                    if at[node] and vec_le(t, vec_add(tuple(index.per_node[node].tolist()), more)):
                         return True
         return False
 
@@ -623,7 +636,7 @@ class Fair:
         for h in released:  # together, too, each victim team stays at or above its share
             s = h.share
             if s.team != req.team and s.admission == Admission.BORROWED and s.reclaim_at is None:
-                losing[s.team] = _add(losing[s.team], held_by(s, len(h.gpus)))
+                losing[s.team] = vec_add(losing[s.team], held_by(s, len(h.gpus)))
         given_back = None
         if all(self.above_share(team, model, v) for team, v in losing.items()):
             given_back = self._refund_if_it_makes_room(req, choice, Admission.BORROWED, victims)

@@ -118,7 +118,7 @@ def held_by(share: Share, gpus: int = 1) -> Vec:
     return (to_milli(share.gpu_request) * gpus, share.gpu_memory_mib * gpus, gpus)
 
 
-def _add(a: Vec, b: Vec) -> Vec:
+def vec_add(a: Vec, b: Vec) -> Vec:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
@@ -138,11 +138,11 @@ def _pos(a: Vec) -> Vec:
     return (max(a[0], 0), max(a[1], 0), max(a[2], 0))
 
 
-def _le(a: Vec, b: Vec) -> bool:
+def vec_le(a: Vec, b: Vec) -> bool:
     return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
 
 
-def _scale(a: Vec, f: float) -> Vec:
+def vec_scale(a: Vec, f: float) -> Vec:
     return (a[0] * f, a[1] * f, a[2] * f)
 
 
@@ -270,15 +270,15 @@ class Ledger:
     def _take(self, rid: str, team: str, model: str, amount: Vec, admission: Admission) -> None:
         if rid in self.holdings:  # a multi-GPU reservation: one entry per GPU, summed
             t, m, before, adm = self.holdings[rid]
-            self.holdings[rid] = (t, m, _add(before, amount), adm)
+            self.holdings[rid] = (t, m, vec_add(before, amount), adm)
         else:
             self.holdings[rid] = (team, model, amount, admission)
         if admission not in COUNTED:
             return
         for unit, bucket in self.tree.path(team, model):
-            self.used[(unit, bucket)] = _add(self.used[(unit, bucket)], amount)
-        self.root_used[model] = _add(self.root_used[model], amount)
-        self.team_used[(team, model)] = _add(self.team_used[(team, model)], amount)
+            self.used[(unit, bucket)] = vec_add(self.used[(unit, bucket)], amount)
+        self.root_used[model] = vec_add(self.root_used[model], amount)
+        self.team_used[(team, model)] = vec_add(self.team_used[(team, model)], amount)
         self._saturations.pop((team, model), None)
 
     def _init_kept(self) -> None:
@@ -305,7 +305,7 @@ class Ledger:
         old = self._kept_of.get((unit, model), ZERO)
         if new != old:
             self._kept_of[(unit, model)] = new
-            self._kept[key] = _add(_sub(self._kept.get(key, ZERO), old), new)
+            self._kept[key] = vec_add(_sub(self._kept.get(key, ZERO), old), new)
 
     def charge(self, rid: str, team: str, model: str, amount: Vec, admission: Admission) -> None:
         if team not in self.tree.units:
@@ -321,11 +321,11 @@ class Ledger:
         team, model, amount, admission = found
         if admission not in COUNTED:
             return
-        neg = _scale(amount, -1)
+        neg = vec_scale(amount, -1)
         for unit, bucket in self.tree.path(team, model):
-            self.used[(unit, bucket)] = _add(self.used[(unit, bucket)], neg)
-        self.root_used[model] = _add(self.root_used[model], neg)
-        self.team_used[(team, model)] = _add(self.team_used[(team, model)], neg)
+            self.used[(unit, bucket)] = vec_add(self.used[(unit, bucket)], neg)
+        self.root_used[model] = vec_add(self.root_used[model], neg)
+        self.team_used[(team, model)] = vec_add(self.team_used[(team, model)], neg)
         self._saturations.pop((team, model), None)
         self._touch(team, model)
 
@@ -359,7 +359,7 @@ class Ledger:
         t_unit, t_bucket = path[0]
         quota = self.tree.quota(t_unit, t_bucket)
         used = self.used[(t_unit, t_bucket)]
-        if _le(_add(used, amount), quota.vec()):
+        if vec_le(vec_add(used, amount), quota.vec()):
             # Within its own quota; but when others below a department borrowed what it lent, taking
             # free GPUs would pass that department's borrowing limit: then it takes its quota back.
             over = self.beyond_limit(path, amount)
@@ -367,7 +367,7 @@ class Ledger:
                 return Verdict(Admission.GUARANTEED)
             u, b, r = over
             cap, held = self.tree.quota(u, b), self.used[(u, b)]
-            cap_vec = _add(cap.vec(), cap.borrowing.vec())
+            cap_vec = vec_add(cap.vec(), cap.borrowing.vec())
             why = (f"{team} holds {amount_text(used, r)} of its {amount_text(quota.vec(), r)} "
                    f"{model if t_bucket == model else f'any-model ({WILDCARD})'} quota, lent to others now: "
                    f"{self._who(u)} is at its borrowing limit ({amount_text(held, r)} of {amount_text(cap_vec, r)}) "
@@ -377,8 +377,8 @@ class Ledger:
         # A hard limit: the request alone is beyond quota + borrowing limit somewhere on its path.
         for u, b in path:
             q = self.tree.quota(u, b)
-            cap = _add(q.vec(), q.borrowing.vec())
-            if not _le(amount, cap):
+            cap = vec_add(q.vec(), q.borrowing.vec())
+            if not vec_le(amount, cap):
                 r = next(i for i in range(3) if amount[i] > cap[i])
                 why = (f"it needs {amount_text(amount, r)} {RESOURCE_WORDS[r]} of {model}; {self._who(u)} may hold "
                        f"at most {amount_text(cap, r)} (quota {amount_text(q.vec(), r)} + borrowing limit "
@@ -387,7 +387,7 @@ class Ledger:
                     return Verdict(Admission.OPPORTUNISTIC, why)
                 return Verdict(None, why, never=True)
         room = self._room(path, model)
-        if _le(amount, room):
+        if vec_le(amount, room):
             return Verdict(Admission.BORROWED)
         if opportunistic:
             return Verdict(Admission.OPPORTUNISTIC)
@@ -418,14 +418,14 @@ class Ledger:
         path = self.tree.path(team, model)
         t_unit, t_bucket = path[0]
         # Guaranteed: used - r + amount within the team's quota and every limit above it.
-        guaranteed = _sub(_add(self.used[(t_unit, t_bucket)], amount), self.tree.quota(t_unit, t_bucket).vec())
+        guaranteed = _sub(vec_add(self.used[(t_unit, t_bucket)], amount), self.tree.quota(t_unit, t_bucket).vec())
         caps = []
         for u, b in path:
             q = self.tree.quota(u, b)
-            caps.append(_add(q.vec(), q.borrowing.vec()))
+            caps.append(vec_add(q.vec(), q.borrowing.vec()))
         for (u, b), cap in zip(path[1:], caps[1:], strict=True):
-            guaranteed = _max(guaranteed, _sub(_add(self.used[(u, b)], amount), cap))
-        if not all(_le(amount, cap) for cap in caps):
+            guaranteed = _max(guaranteed, _sub(vec_add(self.used[(u, b)], amount), cap))
+        if not all(vec_le(amount, cap) for cap in caps):
             return guaranteed, None  # beyond a hard limit: opportunistic or never, whatever is given back
         # Borrowed: `_room` + r at least amount. Top down, room = min(max(A + r, 0) - all siblings'
         # reserve, each unit's limit + r - the reserve below it).
@@ -437,10 +437,10 @@ class Ledger:
         below = ZERO
         borrowed = (-INF, -INF, -INF)
         for (u, b), cap, keep in zip(path, caps, reversed(keeps), strict=True):  # bottom up
-            borrowed = _max(borrowed, _add(_sub(amount, _sub(cap, self.used[(u, b)])), below))
-            below = _add(below, keep)
-        top = _sub(_add(amount, below), _sub(self.capacity.get(model, ZERO), self.root_used[model]))
-        at_least = _add(amount, below)
+            borrowed = _max(borrowed, vec_add(_sub(amount, _sub(cap, self.used[(u, b)])), below))
+            below = vec_add(below, keep)
+        top = _sub(vec_add(amount, below), _sub(self.capacity.get(model, ZERO), self.root_used[model]))
+        at_least = vec_add(amount, below)
         borrowed = _max(borrowed, tuple(top[r] if at_least[r] > 0 else -INF for r in range(3)))
         return guaranteed, borrowed
 
@@ -449,9 +449,9 @@ class Ledger:
         borrowing limit, its bucket and the resource; None when none."""
         for u, b in path[1:]:
             q = self.tree.quota(u, b)
-            after = _add(self.used[(u, b)], amount)
-            cap = _add(q.vec(), q.borrowing.vec())
-            if not _le(after, cap):
+            after = vec_add(self.used[(u, b)], amount)
+            cap = vec_add(q.vec(), q.borrowing.vec())
+            if not vec_le(after, cap):
                 return u, b, next(i for i in range(3) if after[i] > cap[i])
         return None
 
@@ -461,7 +461,7 @@ class Ledger:
         out: list[float] = []
         for u, b in path[1:]:
             q = self.tree.quota(u, b)
-            after, cap = _add(self.used[(u, b)], amount), _add(q.vec(), q.borrowing.vec())
+            after, cap = vec_add(self.used[(u, b)], amount), vec_add(q.vec(), q.borrowing.vec())
             out.extend(max(0, after[r] - cap[r]) for r in range(3))
         return out
 
@@ -473,7 +473,7 @@ class Ledger:
             siblings_keep = _sub(self._kept.get((parent, model), ZERO), self._kept_of.get((unit, model), ZERO))
             room = _sub(room, siblings_keep)
             q = self.tree.quota(unit, bucket)
-            room = _min(room, _sub(_add(q.vec(), q.borrowing.vec()), self.used[(unit, bucket)]))
+            room = _min(room, _sub(vec_add(q.vec(), q.borrowing.vec()), self.used[(unit, bucket)]))
             parent = unit
         return room
 
@@ -491,7 +491,7 @@ class Ledger:
         r2 = next((i for i in range(3) if amount[i] > room[i]), r)
         for u, b in path:
             qq = self.tree.quota(u, b)
-            cap = _add(qq.vec(), qq.borrowing.vec())
+            cap = vec_add(qq.vec(), qq.borrowing.vec())
             if self.used[(u, b)][r2] + amount[r2] > cap[r2]:
                 return (f"{head}; {self._who(u)} is at its borrowing limit "
                         f"({amount_text(self.used[(u, b)], r2)} of {amount_text(cap, r2)})")
@@ -515,14 +515,14 @@ class Ledger:
     def _deserve(self, pending: Sequence[Request]) -> dict[tuple[str, str], Vec]:
         demand: dict[tuple[str, str], Vec] = defaultdict(lambda: ZERO)
         for (team, model), v in self.team_used.items():
-            demand[(team, model)] = _add(demand[(team, model)], v)
+            demand[(team, model)] = vec_add(demand[(team, model)], v)
         for req in pending:
             if req.team not in self.tree.units:
                 continue
             models = [m for m in self.models if req.gpu_model is None or m in req.gpu_model]
             amount = demand_of(req)
             for m, part in self._split(req.team, models).items():
-                demand[(req.team, m)] = _add(demand[(req.team, m)], _scale(amount, part))
+                demand[(req.team, m)] = vec_add(demand[(req.team, m)], vec_scale(amount, part))
         out: dict[tuple[str, str], Vec] = {}
         children: dict[tuple[str, str], list[str]] = defaultdict(list)
         for model in self.models:
@@ -535,7 +535,7 @@ class Ledger:
                 if m != model:
                     continue
                 for unit, _ in self.tree.path(team, model):
-                    subtree[unit] = _add(subtree[unit], v)
+                    subtree[unit] = vec_add(subtree[unit], v)
             self._fill(ROOT, model, self.capacity[model], children, subtree, out)
         return out
 
@@ -563,9 +563,10 @@ class Ledger:
         unmet = {c: _pos(_sub(subtree[c], first[c])) for c in kids}
         extra = _water_fill(left, {c: v for c, v in unmet.items() if v != ZERO},
                             {c: quotas[c].weight for c in kids},
-                            {c: _pos(_sub(_add(quotas[c].vec(), quotas[c].borrowing.vec()), first[c])) for c in kids})
+                            {c: _pos(_sub(vec_add(quotas[c].vec(), quotas[c].borrowing.vec()), first[c]))
+                             for c in kids})
         for c in kids:
-            got = _add(first[c], extra.get(c, ZERO))
+            got = vec_add(first[c], extra.get(c, ZERO))
             if self.tree.units[c].team:
                 out[(c, model)] = got
             else:
@@ -580,7 +581,7 @@ class Ledger:
         return found
 
     def _saturation(self, team: str, model: str, extra: Vec) -> float:
-        used = _add(self.team_used[(team, model)], extra)
+        used = vec_add(self.team_used[(team, model)], extra)
         deserved = self.deserved.get((team, model), ZERO)
         past = self.past.get(team, 0.0)
         worst = 0.0
@@ -595,7 +596,7 @@ class Ledger:
 def _sum(vs: Iterable[Vec]) -> Vec:
     out = ZERO
     for v in vs:
-        out = _add(out, v)
+        out = vec_add(out, v)
     return out
 
 
@@ -624,23 +625,23 @@ def _water_fill(left: Vec, unmet: Mapping[str, Vec], weight: Mapping[str, float]
         total = ZERO
         for c, u in unmet.items():
             f = top[c] if dom[c] == 0 else min(top[c], level * weight[c] / dom[c])
-            total = _add(total, _scale(u, f))
+            total = vec_add(total, vec_scale(u, f))
         return total
 
-    if _le(taken(1e12), left):  # everyone's unmet demand fits
+    if vec_le(taken(1e12), left):  # everyone's unmet demand fits
         level = 1e12
     else:
         lo, hi = 0.0, 1.0
-        while _le(taken(hi), left) and hi < 1e12:
+        while vec_le(taken(hi), left) and hi < 1e12:
             hi *= 2
         for _ in range(50):
             mid = (lo + hi) / 2
-            if _le(taken(mid), left):
+            if vec_le(taken(mid), left):
                 lo = mid
             else:
                 hi = mid
         level = lo
-    return {c: _scale(u, top[c] if dom[c] == 0 else min(top[c], level * weight[c] / dom[c]))
+    return {c: vec_scale(u, top[c] if dom[c] == 0 else min(top[c], level * weight[c] / dom[c]))
             for c, u in unmet.items()}
 
 

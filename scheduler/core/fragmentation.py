@@ -68,7 +68,7 @@ def typical_pods(requests: Iterable[Request], coverage: float = 0.95) -> list[Ty
 _PLENTY = np.int64(1 << 50)
 
 
-def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
+def sigmoid_score(delta: np.ndarray) -> np.ndarray:
     """The reference's int64(sigmoid(delta / 1000) * 100): integers 0..100, ties are common."""
     return np.floor(100.0 / (1.0 + np.exp(-delta / 1000.0)))
 
@@ -206,7 +206,7 @@ class FgdScorer:
         return before - self.frag.after_whole(nodes, req.gpu_count, cpu)
 
     def node_values(self, req: Request, nodes: np.ndarray) -> np.ndarray:
-        return _sigmoid_score(self.deltas(req, nodes))
+        return sigmoid_score(self.deltas(req, nodes))
 
     def score(self, state: ClusterState, req: Request, ok: np.ndarray, room: np.ndarray):
         entry = self._scores(req)

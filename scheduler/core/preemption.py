@@ -43,7 +43,7 @@ def _may_evict_among(state: ClusterState, req: Request) -> Iterable[Holding]:
 _CANDIDATES: dict[MayEvict, Callable[[ClusterState, Request], Iterable[Holding]]] = {may_evict: _may_evict_among}
 
 
-def _by_priority(p: Holding) -> tuple:
+def priority_order(p: Holding) -> tuple:
     return (p.share.priority,)
 
 
@@ -98,7 +98,7 @@ def _clashes(p: Holding, req: Request) -> bool:
 
 
 def find_preemption(
-    state: ClusterState, req: Request, may_evict: MayEvict = may_evict, rank: Rank = _by_priority, *,
+    state: ClusterState, req: Request, may_evict: MayEvict = may_evict, rank: Rank = priority_order, *,
     nodes: Iterable[int] | None = None, exclude: Container[str] | None = None,
     among: Iterable[Holding] | None = None,
 ) -> tuple[Choice, tuple[str, ...], list[Holding]] | None:

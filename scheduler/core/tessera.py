@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .fragmentation import FgdScorer, TypicalPod, _sigmoid_score
+from .fragmentation import FgdScorer, TypicalPod, sigmoid_score
 from .model import MILLI, Request
 from .scorers import pod_cpu
 from .state import UNTRACKED, ClusterState
@@ -56,10 +56,10 @@ class TesseraScorer(FgdScorer):
         if req.gpu_count == 0:
             # CPU-only pods keep FGD's rule: charging them for stranding pushed them onto the
             # CPU-rich nodes that GPU pods also need, and lost on the CPU-heavy traces.
-            return _sigmoid_score(self.deltas(req, nodes))
+            return sigmoid_score(self.deltas(req, nodes))
         growth = STRANDING_WEIGHT * self.stranding_growth(req, nodes)
         delta = self.deltas(req, nodes) - (growth[:, None] if one_gpu else growth)
-        score = _sigmoid_score(delta)
+        score = sigmoid_score(delta)
         if one_gpu:
             left = (self.state.free[nodes] - req.milli) / MILLI
             score = score + BEST_FIT_WEIGHT * (1.0 - left)

@@ -21,9 +21,9 @@ from wire.agent_portal import (
     Placements,
     ProtocolError,
     Samples,
-    _parse_slow,
     error_message,
     parse,
+    parse_slow,
 )
 from wire.inventory import load_inventory, pick_node
 
@@ -254,7 +254,7 @@ def test_the_fast_and_the_careful_validation_agree(data):
         del target[path[-1]]
     raw = json.dumps(message)
     try:
-        slow = _parse_slow(raw, allowed)
+        slow = parse_slow(raw, allowed)
     except ProtocolError:
         slow = None
     try:

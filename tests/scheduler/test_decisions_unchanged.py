@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from scheduler import core
-from tests.scheduler.test_fairshare_properties import _engine_at
+from tests.scheduler.test_fairshare_properties import engine_at
 
 FAIR_BEFORE = "6f72d0a"  # rationed evictions: the latest change of fair-share decisions
 FLAT_BEFORE = "aa9af83"  # before the label indexes and the pruned preemption search
@@ -106,12 +106,12 @@ def plain(decisions: list) -> list:
 
 @pytest.fixture(scope="module")
 def before(tmp_path_factory):
-    return _engine_at(FAIR_BEFORE, tmp_path_factory)
+    return engine_at(FAIR_BEFORE, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def flat_before(tmp_path_factory):
-    return _engine_at(FLAT_BEFORE, tmp_path_factory)
+    return engine_at(FLAT_BEFORE, tmp_path_factory)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from scheduler.core import Snapshot, decide
 from scheduler.core.fairqueue import Fair, ledger_of
-from scheduler.core.fairshare import COUNTED, ZERO, Admission, _add, _le, demand_of
+from scheduler.core.fairshare import COUNTED, ZERO, Admission, demand_of, vec_add, vec_le
 from scheduler.core.state import ClusterState
 from tests.scheduler.test_fairshare_properties import (
     FIRST,
@@ -91,10 +91,10 @@ def test_nothing_given_back_below_refund_needed_admits_the_request(case, data):
         for rid, (_, _, amount, admission) in entries.items():
             ledger.refund(rid)
             if admission in COUNTED:
-                total = _add(total, amount)
+                total = vec_add(total, amount)
         v = ledger.verdict(team, model, req_amount, priority)
         if v.admission in (Admission.GUARANTEED, Admission.BORROWED) and not v.reclaim:
-            assert any(_le(t, total) for t in thresholds), (team, model, req_amount, total, thresholds, v)
+            assert any(vec_le(t, total) for t in thresholds), (team, model, req_amount, total, thresholds, v)
         for rid, entry in entries.items():
             ledger.charge(rid, *entry)
 

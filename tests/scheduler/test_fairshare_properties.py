@@ -609,7 +609,7 @@ def test_a_sibling_that_lends_nothing_gets_its_quota_back_from_the_borrower():
 
 
 # ---- without a tree: the engine before fair share -----------------------------------------------
-def _engine_at(commit: str, tmp_path_factory):
+def engine_at(commit: str, tmp_path_factory):
     """scheduler/core as it was at `commit`, imported under its own name beside today's."""
     name = f"core_{commit}"
     if name in sys.modules:
@@ -632,7 +632,7 @@ def _engine_at(commit: str, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def old_engine(tmp_path_factory):
-    return _engine_at(BEFORE_FAIR_SHARE, tmp_path_factory)
+    return engine_at(BEFORE_FAIR_SHARE, tmp_path_factory)
 
 
 def to_old(value, old):

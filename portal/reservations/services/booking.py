@@ -22,6 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from portal import db_vendor
 from portal.fleet.model_names import fleet_model_names
 from portal.fleet.models import Gpu, NodeStatus
 from portal.reservations import actors, booking_fit, engine_quotas, rules
@@ -255,9 +256,7 @@ def _refuse_never_fits(team: Team, spec: rules.ReservationSpec) -> None:
 
 def _lock_model(model: str) -> None:
     """Bookings of one model are checked one at a time (the check reads every other booking of it)."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(2024, hashtext(%s))", [f"booking:{model}"])
+    db_vendor.of(connection).lock_for_transaction(connection, f"booking:{model}")
 
 
 def _check_fits(team: Team, model: str, terms, start: datetime, end: datetime, exclude: int | None) -> None:

@@ -121,4 +121,4 @@ def _apply(reservation: Reservation, target: str, actor, reason: str) -> None:
     record(reservation, current, target, actor, reason)
     announce_reservations({reservation.pk: reservation.team_id})
     if current in HOLDS_GPU or target == State.PENDING:
-        request_cycle(f"{reservation.pk} {current}→{target}")
+        request_cycle(f"{reservation.pk} {current}→{target}", freed=current in HOLDS_GPU and target not in HOLDS_GPU)

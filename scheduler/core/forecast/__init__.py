@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from ..cycle import _workload
+from ..cycle import cycle_workload
 from ..engine import make_scorer
 from ..fragmentation import FgdScorer, TypicalPod, typical_pods
 from ..model import Request, Snapshot
@@ -145,7 +145,9 @@ def estimate_starts(
     if len(set(ids)) != len(ids):
         raise ValueError("queue repeats a request id")
     state = ClusterState.from_snapshot(snapshot)
-    scorer = make_scorer(policy, state, typical if typical is not None else typical_pods(_workload(snapshot, queue)))
+    if typical is None:
+        typical = typical_pods(cycle_workload(snapshot, queue))
+    scorer = make_scorer(policy, state, typical)
     if isinstance(scorer, FgdScorer):
         scorer = RoomScorer(scorer)
     if arrivals:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..engine import Choice
 from ..model import Request
-from ..preemption import _by_priority, find_preemption, may_evict
+from ..preemption import find_preemption, may_evict, priority_order
 from ..state import ClusterState, Holding
 
 
@@ -84,7 +84,7 @@ def preempt_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> tuple
     own placements included). Leaves the state as it found it."""
     if req.priority <= 0 or req.gpu_count == 0:
         return None
-    found = find_preemption(state, req, may_evict, _by_priority, nodes=nodes, exclude=())
+    found = find_preemption(state, req, may_evict, priority_order, nodes=nodes, exclude=())
     if found is None:
         return None
     choice, victims, released = found

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cycle import _place_gang
+from ..cycle import place_gang
 from ..engine import choose
 from ..model import MILLI, Request
 from ..scorers import BestFitScorer, Scorer
@@ -202,7 +202,7 @@ class Walk:
         members = [use for _, req in line.waiting if (use := self.narrow(line, req)) is not None]
         if not members:
             return []
-        done, _ = _place_gang(self.state, self.scorer, members)  # the cycle's own rule for pod groups
+        done, _ = place_gang(self.state, self.scorer, members)  # the cycle's own rule for pod groups
         if not done:
             return []
         ids = {p.request_id for p in done}

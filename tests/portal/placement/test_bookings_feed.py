@@ -13,7 +13,15 @@ from portal.reservations.models import Reservation
 from portal.reservations.states import State
 from portal.tenancy import policy
 from scheduler.core import Booking
-from tests.portal.placement.test_fair_share import ADMIN, NO_LENDING, T4, _get, _post, _quota, _row
+from tests.portal.placement.test_fair_share import (
+    ADMIN,
+    NO_LENDING,
+    T4,
+    get_reservation,
+    post_reservation,
+    quota_row,
+    set_quotas,
+)
 
 
 def test_without_bookings_the_snapshot_has_none(db, fleet):
@@ -41,13 +49,13 @@ def test_borrowed_work_in_a_booked_windows_way_is_warned_ahead(
     """nlp borrows both T4s; vision booked one T4 from in 10 minutes (its lead, 15 minutes, has
     begun). With nobody waiting, the cycle warns one of nlp's reservations, due at the window's
     start, saying whose booking it is."""
-    _quota(teams["vision"], _row("T4", 2))
-    _quota(teams["nlp"], _row("T4", 0))
+    set_quotas(teams["vision"], quota_row("T4", 2))
+    set_quotas(teams["nlp"], quota_row("T4", 0))
     policy.set_policy(teams["nlp"], ADMIN, {"reclaim_grace_s": 60})
     bob = client_for("bob")
-    borrowed = [_post(bob, reservation_body(team="nlp", **T4))["id"] for _ in range(2)]
+    borrowed = [post_reservation(bob, reservation_body(team="nlp", **T4))["id"] for _ in range(2)]
     placement_loop()
-    assert [_get(bob, b)["admission"] for b in borrowed] == ["borrowed", "borrowed"]
+    assert [get_reservation(bob, b)["admission"] for b in borrowed] == ["borrowed", "borrowed"]
     starts = timezone.now() + timedelta(minutes=10)
     window = Booking("999999", "vision", "T4", 1.0, 15_000, 1, starts.timestamp(),
                      (starts + timedelta(hours=2)).timestamp(), 900.0)
@@ -70,13 +78,13 @@ def test_opportunistic_work_in_a_booked_windows_way_is_warned_with_its_teams_gra
     from portal.notifications.models import Event, Notification
     from portal.placement import pods
 
-    _quota(teams["vision"], _row("T4", 2))
-    _quota(teams["nlp"], _row("T4", 0, borrow=NO_LENDING))
+    set_quotas(teams["vision"], quota_row("T4", 2))
+    set_quotas(teams["nlp"], quota_row("T4", 0, borrow=NO_LENDING))
     policy.set_policy(teams["nlp"], ADMIN, {"reclaim_grace_s": 60, "allow_over_quota": True})
     bob = client_for("bob")
-    idle = [_post(bob, reservation_body(team="nlp", priority=0, **T4))["id"] for _ in range(2)]
+    idle = [post_reservation(bob, reservation_body(team="nlp", priority=0, **T4))["id"] for _ in range(2)]
     placement_loop()
-    assert [_get(bob, r)["admission"] for r in idle] == ["opportunistic", "opportunistic"]
+    assert [get_reservation(bob, r)["admission"] for r in idle] == ["opportunistic", "opportunistic"]
     graces: dict[str, int] = {}
     real_delete = pods.delete_quietly
 

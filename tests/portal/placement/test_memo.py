@@ -3,6 +3,8 @@ look at them again as soon as something does."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from portal.placement import cycle as cycle_module
@@ -70,3 +72,42 @@ def test_a_request_waiting_for_quota_is_looked_at_again_when_quotas_change(
     placement_loop()
     second = Reservation.objects.get(pk=ids[1])
     assert second.state == State.RUNNING and second.admission == "borrowed"
+
+
+def _remembered() -> set[str]:
+    epoch, _, _ = memo.load()
+    memo.save(epoch, {"42"}, time.time())
+    return memo.load()[1]
+
+
+def test_writes_through_updates_not_saves_clear_the_memo_too(redis_memo, teams, people,
+                                                             django_capture_on_commit_callbacks):
+    """The fleet's services write a node's resources and a GPU's health with `.update()` (no
+    post_save): their notice after commit still makes the next cycle look at everything."""
+    from portal.audit import services as audit
+    from portal.fleet import services as fleet_services
+    from portal.fleet.models import Node
+    from portal.tenancy import policy
+
+    node = Node.objects.order_by("pk").first()
+    changes = [
+        lambda: fleet_services.record_resources(node.pk, (node.cpu_milli or 0) + 1000, (node.memory_mib or 0) + 1024),
+        lambda: policy.set_policy(teams["vision"], audit.cli("test"), {"allow_remote": True}),
+    ]
+    for change in changes:
+        assert _remembered() == {"42"}
+        with django_capture_on_commit_callbacks(execute=True):
+            change()
+        assert memo.load()[1] == set()
+
+
+def test_a_submission_or_a_placement_frees_nothing(redis_memo, client_for, reservation_body, placement_loop,
+                                                   django_capture_on_commit_callbacks):
+    """Taking capacity (a new request, its placement written in bulk, its pod running) cannot make
+    a waiting one fit: the capacity epoch stays, so the memo a cycle writes stays valid."""
+    epoch = memo.load()[0]
+    with django_capture_on_commit_callbacks(execute=True):
+        client_for("alice").post("/api/v1/reservations/", reservation_body(gpu_request=0.25), format="json")
+    placement_loop()
+    assert Reservation.objects.get().state == State.RUNNING
+    assert memo.load()[0] == epoch
