@@ -258,6 +258,18 @@ def read_reply(sock: socket.socket) -> tuple[int, bytes]:
     return result, recv_exact(sock, length)
 
 
+def closed_by_server(sock: socket.socket, wait_s: float = 30) -> bool:
+    """Whether the server closes this connection (end of stream or reset) within wait_s (a bound
+    never reached when the server does its job)."""
+    sock.settimeout(wait_s)
+    try:
+        return sock.recv(4096) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
 def image(kind: str) -> str:
     return str(PROGS / f"kernels.{kind}")
 

@@ -15,7 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REMOTE, Client, GpuHost, MiB, base_env, hello_bytes, image, parse_kv, read_reply, signed_claims
+from .conftest import (
+    REMOTE,
+    Client,
+    GpuHost,
+    MiB,
+    base_env,
+    closed_by_server,
+    hello_bytes,
+    image,
+    parse_kv,
+    read_reply,
+    signed_claims,
+)
 
 WAIT_S = 30  # how long to wait for the server to act; never reached when it works
 
@@ -25,17 +37,6 @@ def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
     s.bind((source, 0))
     s.connect(("127.0.0.1", port))
     return s
-
-
-def _closed_by_server(sock: socket.socket, wait_s: float = WAIT_S) -> bool:
-    """Whether the server closes this connection (end of stream or reset) within wait_s."""
-    sock.settimeout(wait_s)
-    try:
-        return sock.recv(4096) == b""
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
 
 
 def _still_open(sock: socket.socket) -> bool:
@@ -90,7 +91,7 @@ def test_each_client_runs_on_its_tokens_gpu_and_sees_no_other(built, tmp_path) -
         for gpu in ("GPU-cccc", "GPU-aaaa"):
             with _connect(host.port) as s:
                 s.sendall(hello_bytes(host.token(share=f"res-{gpu}", gpu=gpu)))
-                assert _closed_by_server(s)  # the stand-in worker exits at once
+                assert closed_by_server(s)  # the stand-in worker exits at once
         with _connect(host.port) as s:
             s.sendall(hello_bytes(host.token(gpu="GPU-dddd")))
             result, why = read_reply(s)
@@ -138,7 +139,7 @@ def test_a_trickled_hello_is_cut_at_its_deadline_however_steady_the_trickle(buil
                 except (ConnectionResetError, BrokenPipeError):
                     break
                 sent += 1
-                if _closed_by_server(s, 0.2):
+                if closed_by_server(s, 0.2):
                     break
         assert sent < len(hello), "the trickled hello was served"
         assert "hello not complete within 1500 ms of the connection" in host.log
@@ -176,7 +177,7 @@ def test_an_address_holds_at_most_its_cap_of_unauthenticated_connections_and_the
         neighbour = _connect(host.port, source="127.0.0.4")
         mine = [_connect(host.port, source="127.0.0.3") for _ in range(7)]
         try:
-            assert all(_closed_by_server(s) for s in mine[:4])  # the four oldest made room
+            assert all(closed_by_server(s) for s in mine[:4])  # the four oldest made room
             assert all(_still_open(s) for s in mine[4:])
             assert _still_open(neighbour)  # another address's connection is not theirs to take
             assert "3 from this address already" in host.log
@@ -189,7 +190,7 @@ def test_all_unauthenticated_connections_together_are_capped_and_the_oldest_go(b
     with _host(tmp_path, "--max-unauthenticated", "4") as host:
         conns = [_connect(host.port, source=f"127.0.0.{10 + i}") for i in range(6)]
         try:
-            assert all(_closed_by_server(s) for s in conns[:2])
+            assert all(closed_by_server(s) for s in conns[:2])
             assert all(_still_open(s) for s in conns[2:])
         finally:
             for s in conns:
@@ -213,7 +214,7 @@ def test_a_revoked_share_is_refused_and_its_running_worker_ended(built, tmp_path
         ended.sendall(hello_bytes(host.token(share="res-ended")))
         assert read_reply(kept)[0] == 0 and read_reply(ended)[0] == 0  # both have workers
         _write_revoked(revoked, "res-ended")
-        assert _closed_by_server(ended)  # its worker is killed, though its token has not expired
+        assert closed_by_server(ended)  # its worker is killed, though its token has not expired
         assert _still_open(kept)
         with _connect(host.port) as again:
             again.sendall(hello_bytes(host.token(share="res-ended")))
@@ -268,7 +269,7 @@ def test_what_the_agent_writes_from_the_portals_list_is_what_the_server_refuses(
         kept.sendall(hello_bytes(host.token(share="813")))
         assert read_reply(ended)[0] == 0 and read_reply(kept)[0] == 0
         agent_file.write(portal_says("812", "700"))
-        assert _closed_by_server(ended)
+        assert closed_by_server(ended)
         assert _still_open(kept)
         with _connect(host.port) as again:
             again.sendall(hello_bytes(host.token(share="812")))

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import GpuHost, hello_bytes, read_reply
+from .conftest import GpuHost, closed_by_server, hello_bytes, read_reply
 
 pytestmark = pytest.mark.django_db
 
-WAIT_S = 30  # how long to wait for the server to end a worker; never reached when it works
 DEMO_INVENTORY = Path(__file__).resolve().parents[2] / "deploy" / "inventory" / "demo.yaml"
 NODE = "t4-node-1"
 
@@ -77,12 +76,12 @@ def _requeue_and_place_again(reservation_id: int, gpu) -> None:
     from django.db import transaction
 
     from portal.reservations import services
-    from portal.reservations.states import State
+    from portal.reservations.states import HOLDS_GPU, State
     from tests.reservations import SYSTEM
 
     with transaction.atomic():
-        services.transition(reservation_id, State.PREEMPTED, SYSTEM, "reclaimed")
-        services.transition(reservation_id, State.PENDING, SYSTEM, "requeued")
+        assert services.move(reservation_id, HOLDS_GPU, State.PREEMPTED, "reclaimed", SYSTEM)
+        assert services.move(reservation_id, State.PREEMPTED, State.PENDING, "requeued", SYSTEM)
         services.place(reservation_id, gpu.node_id, [services.NewAllocation(gpu.pk, Decimal("0.25"), 1024)])
 
 
@@ -103,16 +102,6 @@ def _hello(host: GpuHost, token: str) -> Iterator[tuple[socket.socket, int, byte
         yield s, *read_reply(s)
 
 
-def _closed_by_server(sock: socket.socket) -> bool:
-    sock.settimeout(WAIT_S)
-    try:
-        return sock.recv(4096) == b""
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
-
-
 def test_a_share_placed_again_on_the_same_node_is_served_only_with_its_new_token(gpu_host, share, tmp_path):
     from portal.reservations.models import Reservation, Sharing
 
@@ -128,7 +117,7 @@ def test_a_share_placed_again_on_the_same_node_is_served_only_with_its_new_token
         second = _token(reservation.pk, gpu)
         _agent_writes_what_the_portal_sends(revoked_file)
 
-        assert _closed_by_server(old_pod)  # the old pod's running worker is ended
+        assert closed_by_server(old_pod)  # the old pod's running worker is ended
     with _hello(gpu_host, first) as (_s, result, message):
         assert result != 0 and f"share {reservation.pk} was revoked".encode() in message
     with _hello(gpu_host, second) as (_s, result, _message):
