@@ -81,12 +81,13 @@ def _setup(inventory: Path, tokens_file: Path, users: int) -> list[tuple[str, st
     from portal.fleet import inventory as fleet_inventory
     from portal.fleet.models import Node
     from portal.fleet.services import issue_node_token
-    from portal.tenancy.models import Membership, Role, Team
+    from portal.tenancy.models import Membership, Role
     from portal.tenancy.services import create_token
+    from tests.teams import make_team  # the team with its `*` quota row
 
     call_command("migrate", verbosity=0)
     fleet_inventory.load(inventory)
-    teams = [Team.objects.create(slug=f"team{i}", name=f"Team {i}", quota_gpu_share=Decimal(1000),
+    teams = [make_team(slug=f"team{i}", name=f"Team {i}", quota_gpu_share=Decimal(1000),
                                  quota_memory_mib=10**9, quota_max_gpus=10_000) for i in range(TEAMS)]
     people = []
     User = get_user_model()

@@ -325,13 +325,14 @@ def main() -> None:
     from django.contrib.auth import get_user_model
 
     from portal.fleet import inventory as fleet_inventory
-    from portal.tenancy.models import Membership, Team
+    from portal.tenancy.models import Membership
+    from tests.teams import make_team  # the team with its `*` quota row
 
     with tempfile.TemporaryDirectory() as tmp:
         inv = Path(tmp) / "fleet.yaml"
         inventory(inv, args.gpus)
         fleet_inventory.load(inv)
-        team = Team.objects.create(slug="bench", name="Bench", quota_gpu_share=Decimal(90_000),
+        team = make_team(slug="bench", name="Bench", quota_gpu_share=Decimal(90_000),
                                    quota_memory_mib=10**12, quota_max_gpus=100_000)
         user = get_user_model().objects.create_user("bench", password="bench-not-secret")
         Membership.objects.create(user=user, team=team)

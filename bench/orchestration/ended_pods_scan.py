@@ -42,11 +42,12 @@ def _setup(live: int) -> None:
     from portal.fleet import inventory
     from portal.reservations import rules, services
     from portal.reservations.models import Reservation
-    from portal.tenancy.models import Membership, Role, Team
+    from portal.tenancy.models import Membership, Role
+    from tests.teams import make_team  # the team with its `*` quota row
 
     call_command("migrate", verbosity=0)
     inventory.load(ROOT / "deploy" / "inventory" / "demo.yaml")
-    team = Team.objects.create(slug="bench", name="Bench", quota_gpu_share=Decimal(10_000),
+    team = make_team(slug="bench", name="Bench", quota_gpu_share=Decimal(10_000),
                                quota_memory_mib=10**9, quota_max_gpus=10_000, allow_over_quota=True)
     user = get_user_model().objects.create_user("bench", password="pw-bench")
     Membership.objects.create(user=user, team=team, role=Role.MEMBER)

@@ -70,11 +70,12 @@ def setup_fleet(inventory: Path, tokens: Path, shares_per_node: int) -> dict:
     from portal.fleet import inventory as fleet_inventory
     from portal.fleet.models import Gpu, Node
     from portal.fleet.services import issue_node_token
-    from portal.tenancy.models import Membership, Role, Team
+    from portal.tenancy.models import Membership, Role
+    from tests.teams import make_team  # the team with its `*` quota row
 
     call_command("migrate", verbosity=0)
     fleet_inventory.load(inventory)
-    team = Team.objects.create(slug="bench", name="Bench", quota_gpu_share=Decimal(10_000),
+    team = make_team(slug="bench", name="Bench", quota_gpu_share=Decimal(10_000),
                                quota_memory_mib=10**9, quota_max_gpus=10_000)
     # Staff: GPU groups (a card's whole load) are for site admins; the team group for members.
     user = get_user_model().objects.create_user("watcher", password="x", is_staff=True)

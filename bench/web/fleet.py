@@ -57,7 +57,8 @@ def populate(nodes: int, shares_per_gpu: int = 3) -> dict:
 
     from portal.fleet.models import Gpu, Node
     from portal.reservations.models import Allocation, Reservation
-    from portal.tenancy.models import Membership, Role, Team
+    from portal.tenancy.models import Membership, Role
+    from tests.teams import make_team  # the team with its `*` quota row
 
     with transaction.atomic():
         with connection.cursor() as c:
@@ -65,8 +66,8 @@ def populate(nodes: int, shares_per_gpu: int = 3) -> dict:
                       "fleet_gpu, fleet_node, tenancy_membership, tenancy_team CASCADE")
         users = get_user_model().objects
         admin = users.filter(username="admin").first() or users.create_user("admin", password="x", is_staff=True)
-        teams = Team.objects.bulk_create([Team(slug=f"team-{i}", name=f"Team {i}", quota_gpu_share=Decimal(10**4),
-                                               quota_memory_mib=10**12, quota_max_gpus=10**6) for i in range(12)])
+        teams = [make_team(slug=f"team-{i}", name=f"Team {i}", quota_gpu_share=Decimal(10**4),
+                           quota_memory_mib=10**12, quota_max_gpus=10**6) for i in range(12)]
         people = [users.filter(username=f"user-{i}").first() or users.create_user(f"user-{i}", password="x")
                   for i in range(24)]
         Membership.objects.bulk_create([Membership(user=p, team=teams[i % len(teams)], role=Role.MEMBER)

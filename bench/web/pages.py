@@ -64,12 +64,13 @@ def seed() -> dict:
     from portal.fleet.models import Gpu
     from portal.reservations.models import Allocation, Reservation, StateTransition
     from portal.telemetry.models import RollupState
-    from portal.tenancy.models import Membership, Preset, Role, Team
+    from portal.tenancy.models import Membership, Preset, Role
+    from tests.teams import make_team  # the team with its `*` quota row
 
     inventory.load(ROOT / "deploy" / "inventory" / "demo.yaml")
-    vision = Team.objects.create(slug="vision", name="Vision", quota_gpu_share=Decimal(40), quota_memory_mib=10**7,
+    vision = make_team(slug="vision", name="Vision", quota_gpu_share=Decimal(40), quota_memory_mib=10**7,
                                  quota_max_gpus=100)
-    nlp = Team.objects.create(slug="nlp", name="NLP", quota_gpu_share=Decimal(4))
+    nlp = make_team(slug="nlp", name="NLP", quota_gpu_share=Decimal(4))
     users = get_user_model().objects
     alice, bob = users.create_user("alice"), users.create_user("bob")
     Membership.objects.create(user=alice, team=vision, role=Role.MEMBER)
