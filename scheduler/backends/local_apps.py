@@ -52,7 +52,8 @@ def start(env: Mapping[str, str], workdir: Path) -> tuple[int, int] | None:
                "--ServerApp.terminals_enabled=False"]
     if os.geteuid() == 0:  # a container's root (the tests' machine): the pod's process runs as it would there
         command.append("--allow-root")
-    with (workdir / "app.log").open("ab") as log:
+    # A dot file: the notebook's file browser (rooted here, hidden files not shown) lists only the user's files.
+    with (workdir / ".app.log").open("ab") as log:
         proc = subprocess.Popen(command, env=process_env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     threading.Thread(target=proc.wait, name=f"reap-app-{proc.pid}", daemon=True).start()  # no zombie left
