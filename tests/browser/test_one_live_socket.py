@@ -73,6 +73,8 @@ def test_the_bell_and_the_page_share_one_live_socket(chromium, stack):
     # The page's live update: a request she made elsewhere (the API, another tab) shows up.
     fresh = _request(alice, vision, "eval-vit")
     until(page, lambda: page.locator(f"#reservation-{fresh.pk}").count() == 1, "the new card, live")
+    # The team quota beside it follows to the last change (two 0.5 shares of its 2 GPUs held).
+    until(page, lambda: "1 left" in page.locator("#home-side").inner_text(), "the team quota, live")
     # The bell's: a notification of the first one.
     notify([Occurrence(key=f"idle:{held.pk}", event="idle", reservation=held, model="T4", node="t4-node-1")])
     until(page, lambda: _bell(page) == 1, "the bell to count the notification")
