@@ -51,6 +51,8 @@ def share_usage(wants: list[float], requests: list[float], limits: list[float]) 
     spare = max(0.0, 1.0 - sum(base))
     excess = [w - b for w, b in zip(want, base, strict=True)]
     total_excess = sum(excess)
+    if total_excess <= 0.0:  # the requests alone fill the GPU (their sum above 1 by rounding only)
+        return base
     return [b + spare * e / total_excess for b, e in zip(base, excess, strict=True)]
 
 

@@ -23,9 +23,9 @@ from scheduler.core.state import ClusterState
 from tests.scheduler.test_fairshare_properties import (
     FIRST,
     SECOND,
-    _engine_at,
     after,
     cases,
+    engine_at,
     seeded_cycle,
     to_old,
 )
@@ -37,7 +37,7 @@ SLOW = settings(max_examples=150, deadline=None,
 
 @pytest.fixture(scope="module")
 def main_engine(tmp_path_factory):
-    return _engine_at(BEFORE_SPEEDUPS, tmp_path_factory)
+    return engine_at(BEFORE_SPEEDUPS, tmp_path_factory)
 
 
 def two_cycles(case, engine=None) -> tuple[list, list]:

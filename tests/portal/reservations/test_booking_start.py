@@ -36,7 +36,7 @@ def _samples(r, gpu, at, used: float, memory: int | None):
 
 def test_the_tick_starts_a_due_booking_and_asks_for_a_cycle(fleet, people, teams, booked, day, monkeypatch):
     asked = []
-    monkeypatch.setattr("portal.reservations.services.moving.request_cycle", asked.append)
+    monkeypatch.setattr("portal.reservations.services.moving.request_cycle", lambda reason, **how: asked.append(reason))
     [r] = booked(people["alice"], teams["vision"], day, 1, gpu_request=Decimal("0.5"))
     with clock_at(day + timedelta(seconds=9)):
         assert bookings.tick()["started"] == 1
