@@ -44,6 +44,17 @@ def _fresh_learnt_forecast():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_preview_snapshot():
+    # the request preview keeps the fleet snapshot for two seconds per process: the test before
+    # (another fleet, other reservations) must not answer this one's preview
+    from portal.web import preview
+
+    preview.forget_snapshot()
+    yield
+    preview.forget_snapshot()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_throttle_cache():
     cache.clear()
     yield
