@@ -1,11 +1,18 @@
-"""`python -m portal.serve [daphne's options] portal.asgi:application`: Daphne with a size limit
-on WebSocket frames and messages, enforced by its WebSocket layer (autobahn) as a frame's header
-arrives, before the payload is buffered. Daphne itself offers no such option, and a consumer only
-sees a message once it is whole in memory: a client could make the server hold 128 MiB per frame.
+"""`python -m portal.serve [daphne's options] portal.asgi:application`: Daphne with flow control on
+streamed responses and a size limit on WebSocket frames and messages, enforced by its WebSocket
+layer (autobahn) as a frame's header arrives, before the payload is buffered. Daphne itself
+offers no such option, and a consumer only sees a message once it is whole in memory: a client
+could make the server hold 128 MiB per frame.
 
 The limit is settings.TESSERA_WS_MAX_MESSAGE_BYTES (default: the wire protocol's 1 MiB, the largest
 message an agent may send; browsers send a few hundred bytes). Over it the connection is closed
 with 1009.
+
+Flow control: Daphne hands each response chunk to Twisted, which buffers whatever the client has
+not read yet without bound, so a slow client downloading a large file through /connect/ made the
+process hold the file. FlowControlledServer makes the application's `send` of a body chunk wait
+while the connection's send buffer is over Twisted's high-water mark (Twisted's push-producer
+interface), so the proxy reads from the app only as fast as the client reads from us.
 
 Each serving process runs with the cyclic collector's young threshold raised (GC_YOUNG_THRESHOLD).
 
@@ -18,16 +25,21 @@ its own database pool (so N × DB_POOL_MAX_SIZE must stay under PostgreSQL's max
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import signal
 import socket
 import subprocess
 import sys
 import time
+import weakref
 
 import daphne.server
 from daphne.cli import CommandLineInterface
+from daphne.http_protocol import WebRequest
 from daphne.ws_protocol import WebSocketFactory
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
 
 
 def max_message_bytes() -> int:
@@ -43,6 +55,55 @@ class BoundedWebSocketFactory(WebSocketFactory):
         options.setdefault("maxFramePayloadSize", limit)
         options.setdefault("maxMessagePayloadSize", limit)
         super().setProtocolOptions(**options)
+
+
+@implementer(IPushProducer)
+class SendBuffer:
+    """Registered on a response's connection: Twisted pauses it when the connection's send buffer
+    is over its high-water mark and resumes it once the buffer drained."""
+
+    def __init__(self) -> None:
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def pauseProducing(self) -> None:  # Twisted's names
+        self.room.clear()
+
+    def resumeProducing(self) -> None:
+        self.room.set()
+
+    def stopProducing(self) -> None:
+        self.room.set()  # the connection is going: whatever waits goes on, and Daphne drops its sends
+
+
+class FlowControlledServer(daphne.server.Server):
+    """Daphne whose HTTP `send` of a body chunk returns once the client has room for more."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.send_buffers: weakref.WeakKeyDictionary[WebRequest, SendBuffer] = weakref.WeakKeyDictionary()
+
+    async def handle_reply(self, protocol, message) -> None:
+        if not isinstance(protocol, WebRequest) or message["type"] != "http.response.body":
+            await super().handle_reply(protocol, message)
+            if message["type"] == "http.response.start" and isinstance(protocol, WebRequest):
+                self.send_buffers[protocol] = buffer = SendBuffer()
+                protocol.registerProducer(buffer, True)
+            return
+        buffer = self.send_buffers.get(protocol)
+        if buffer is not None and not message.get("more_body", False):
+            # Twisted wants the producer gone before the request finishes, which the last chunk does.
+            del self.send_buffers[protocol]
+            protocol.unregisterProducer()
+        await super().handle_reply(protocol, message)
+        if buffer is not None and message.get("more_body", False):
+            await buffer.room.wait()
+
+    def protocol_disconnected(self, protocol) -> None:
+        buffer = self.send_buffers.pop(protocol, None)
+        if buffer is not None:
+            buffer.stopProducing()
+        super().protocol_disconnected(protocol)
 
 
 def _pop_option(args: list[str], *names: str) -> str | None:
@@ -135,7 +196,9 @@ def main() -> None:
     tune_gc()
     # Daphne builds its factory from this module-level name in Server.run.
     daphne.server.WebSocketFactory = BoundedWebSocketFactory
-    CommandLineInterface().run(args)
+    cli = CommandLineInterface()
+    cli.server_class = FlowControlledServer
+    cli.run(args)
 
 
 if __name__ == "__main__":

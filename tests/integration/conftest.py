@@ -52,7 +52,7 @@ def _database_url() -> str:
 
 
 class Portal:
-    """Daphne serving portal.asgi on a free port; restartable on the same port."""
+    """Daphne as deployed (portal.serve) serving portal.asgi on a free port; restartable on the same port."""
 
     def __init__(self, tmp: Path) -> None:
         self.port = _free_port()
@@ -69,7 +69,7 @@ class Portal:
     def start(self) -> None:
         log = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "portal.asgi:application"],
+            [sys.executable, "-m", "portal.serve", "-b", "127.0.0.1", "-p", str(self.port), "portal.asgi:application"],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         _wait_port(self.port)
 

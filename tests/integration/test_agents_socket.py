@@ -131,7 +131,9 @@ def test_an_oversized_frame_closes_the_connection(portal, world):
                 message = json.loads(ws.recv(timeout=10))
                 if message["type"] == "error":
                     assert (message["code"], message["fatal"]) == ("too_large", True)
-        assert closed.value.rcvd.code in (1009, 4009)
+        # Daphne as deployed (portal.serve) refuses the frame at its header: 1009 when the agent
+        # reads the close before the reset, none (1006) when it was still writing.
+        assert closed.value.rcvd is None or closed.value.rcvd.code in (1009, 4009)
 
 
 def test_a_flood_closes_the_connection(portal, world):
