@@ -40,6 +40,19 @@ def collect(ws, seconds: float) -> list[dict]:
     return out
 
 
+def collect_until(ws, done, limit: float = 120.0) -> list[dict]:
+    """The messages read until done(messages) holds; the limit only ends a test that would hang."""
+    out, deadline = [], time.monotonic() + limit
+    while not done(out):
+        assert time.monotonic() < deadline, f"still waiting after {limit} s; got {out[-5:]}"
+        out.append(json.loads(ws.recv(timeout=max(0.05, deadline - time.monotonic()))))
+    return out
+
+
+def _share_ids(messages: list[dict]) -> set[int]:
+    return {s["reservation"] for m in messages if m.get("type") == "shares" for s in m["data"]["shares"]}
+
+
 def subscribe(ws, names: list[str]) -> dict:
     ws.send(json.dumps({"subscribe": names}))
     while True:
@@ -71,7 +84,13 @@ def test_each_user_receives_only_what_their_team_may_see(portal, agents, world):
                                        f"gpu:{gpu1.pk}", "gpu:0", "team:x"}
         assert set(subscribe(bob, everything)["groups"]) == {f"team:{nlp.pk}", f"reservation:{r_nlp.pk}"}
         assert len(subscribe(admin, everything)["groups"]) == 6
-        seen = {name: collect(ws, 3.0) for name, ws in (("alice", alice), ("bob", bob), ("admin", admin))}
+        # Each socket is read until what its user may see has come at least once (the agent sends
+        # every 0.2 s; a busy machine only makes that slower), then for one more moment.
+        seen = {"alice": collect_until(alice, lambda got: _share_ids(got) >= {r_vision.pk}),
+                "bob": collect_until(bob, lambda got: _share_ids(got) >= {r_nlp.pk}),
+                "admin": collect_until(admin, lambda got: _share_ids(got) >= {r_vision.pk, r_nlp.pk}
+                                       and any(m.get("type") == "gpu" for m in got))}
+        seen = {name: got + collect(ws, 0.5) for (name, got), ws in zip(seen.items(), (alice, bob, admin), strict=True)}
 
     def shares(messages):
         return [s for m in messages if m.get("type") == "shares" for s in m["data"]["shares"]]
