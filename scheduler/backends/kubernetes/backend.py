@@ -61,6 +61,9 @@ DELETED_MEMORY_S = 600.0
 # A refused kubectl pod's Warning Event: its count is brought up to date at most this often.
 EVENT_REFRESH_S = 60.0
 MEMORY_ENTRIES = 10_000
+# A cluster that answered that it serves no resource.k8s.io/v1 is asked again this rarely (an
+# upgrade to 1.34+ brings DRA in; until then housekeeping's list of claims would be a 404 each run).
+DRA_RECHECK_S = 3600.0
 
 
 def scheduler_names_option(value: Sequence[str] | str | None) -> tuple[str, ...]:
@@ -124,6 +127,8 @@ class KubernetesBackend:
         # Claims as the last listing read them: binding starts from them (a stale one costs a 409 and a read).
         self._claims: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self._claim_pods: OrderedDict[tuple[str, str], dict] = OrderedDict()  # DRA pods as last listed
+        self.dra_recheck_s = DRA_RECHECK_S
+        self._no_dra_since: float | None = None  # monotonic: when the cluster said it serves no resource.k8s.io/v1
         self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
                                   backoff_max_s=policy.max_s)
 
@@ -384,11 +389,17 @@ class KubernetesBackend:
     def foreign_shares(self) -> list[dra.ForeignShare]:
         """What claims allocated by another scheduler (pods left to the default kube-scheduler that
         name our DeviceClasses) hold of our GPUs: one list of the claims. Empty where the cluster
-        serves no resource.k8s.io/v1 (nothing can be held through it)."""
+        serves no resource.k8s.io/v1 (nothing can be held through it): once it answered so, it is
+        not asked again for `dra_recheck_s`."""
+        if self._no_dra_since is not None and time.monotonic() - self._no_dra_since < self.dra_recheck_s:
+            return []
         try:
             claims = self.claims.list_claims()
         except NotFound:
+            log.info("the cluster serves no resource.k8s.io/v1: no claims are read for %g s", self.dra_recheck_s)
+            self._no_dra_since = time.monotonic()
             return []
+        self._no_dra_since = None
         return dra.foreign_shares(list(claims.values()))
 
     def _on_slice(self, node: str, gpus: Sequence[GpuShare]) -> list[GpuShare]:
