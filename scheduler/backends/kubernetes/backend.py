@@ -333,9 +333,7 @@ class KubernetesBackend:
                 self._allocate_claims(pod, current, node, annotations)
             # The placement rides on the Binding: the API server puts it on the pod with its node, in
             # one write, so the device plugin finds it as soon as the kubelet sees the pod.
-            # Read as raw JSON: the client's model for Binding cannot parse the Status the server answers.
-            self.api.call_json("bind pod", self.api.core.create_namespaced_pod_binding, pod.name, pod.namespace,
-                      binding_manifest(pod.namespace, pod.name, node, annotations))
+            self.api.bind(pod.namespace, pod.name, binding_manifest(pod.namespace, pod.name, node, annotations))
         except NotFound as exc:
             raise PodConflict(f"pod {pod.namespace}/{pod.name} is gone") from exc
         except Conflict:
