@@ -355,8 +355,29 @@ class KubernetesBackend:
         workers = min(self.bind_concurrency, len(bindings))
         if workers <= 1:
             return [one(b) for b in bindings]
+        # The ResourceSlices of the DRA pods' nodes not read yet, all at once first: else the pods
+        # placed on one node wait, side by side, for the one of them that reads its slice, node after node.
+        with self._memory_lock:
+            cold = sorted({b.node for b in bindings if (b.pod.namespace, b.pod.name) in self._claim_pods}
+                          - set(self._slices))
         with ThreadPoolExecutor(workers, thread_name_prefix="bind-external") as pool:
+            list(pool.map(self._warm_slice, cold))
             return list(pool.map(one, bindings))
+
+    def _warm_slice(self, node: str) -> None:
+        """Read the node's slice into the index `_on_slice` keeps, if nobody has (a failure is left to
+        the bind that needs it, which says what is wrong)."""
+        with self._memory_lock:
+            reading = self._slice_reads.setdefault(node, threading.Lock())
+        with reading:
+            if node in self._slices:
+                return
+            try:
+                index = dra.devices_by_uuid(self.claims.read_slice(node))
+            except BackendError:
+                return
+            with self._memory_lock:
+                self._slices[node] = index
 
     def _beside(self, first: Callable[[], Any], second: Callable[[], Any]) -> None:
         """Both calls at once (`second` in another thread); the first failure is raised once both ended."""
