@@ -8,6 +8,12 @@ GPU or reservation, for the teams a user may see (see scope.py).
   without measurements are not idle, as the lifecycle's idle detection judges). Burst: use above
   the share's request, which a share may reach (up to its limit) while the GPU has spare time; it
   is why used can exceed allocated.
+- Pods left to the default kube-scheduler that name our DeviceClasses hold GPUs through claims it
+  allocated (placement/foreign_claims.py keeps each as a `ForeignHold`, from the housekeeping run
+  that first saw it to the first that no longer did): their share × that time counts as allocated
+  GPU-hours (and `kube_scheduler_gpu_hours`) of the claim's namespace's team, or, where the
+  namespace belongs to no team, of the "(unattributed)" row site admins see. They are not
+  reservations: the reservation grouping leaves them out, and no telemetry is matched to them.
 - Borrowed GPU-hours: the allocated time of reservations admitted as borrowed (beyond their team's
   quota, on what others lend; reclaimable). Opportunistic GPU-hours: of those that ran on idle
   capacity at priority 0, counted in no quota.
@@ -27,6 +33,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.fleet.models import Gpu, gpus_name
+from portal.placement.models import ForeignHold
 from portal.reservations import engine_quotas
 from portal.reservations.models import Admission, Allocation, Reservation
 from portal.tenancy.models import Team
@@ -38,6 +45,9 @@ from .window import Window, spread
 GROUPS = ("team", "department", "user", "node", "gpu_model", "gpu", "reservation")
 DEVICE_GROUPS = ("node", "gpu_model", "gpu")
 TOP_IDLE = 10
+UNATTRIBUTED = "(unattributed)"  # the row of kube-scheduler claims in namespaces of no team (no slug has brackets)
+UNATTRIBUTED_LABEL = "unattributed (kube-scheduler pods in namespaces of no team)"
+KUBE_SCHEDULER = "(kube-scheduler)"  # grouped by user: those pods have no portal user
 
 
 @dataclass
@@ -50,6 +60,7 @@ class Row:
     burst_gpu_hours: float = 0.0
     borrowed_gpu_hours: float = 0.0  # held beyond the team's quota, from what others lent
     opportunistic_gpu_hours: float = 0.0
+    kube_scheduler_gpu_hours: float = 0.0  # of the allocated: held by kube-scheduler pods' claims
     device_busy_hours: float | None = None
     # Per team and department only (None on the other groupings): fairshare.py.
     quota_gpu_hours: float | None = None
@@ -61,7 +72,7 @@ class Row:
 
     def add(self, other: Row) -> None:
         for name in ("allocated_gpu_hours", "used_gpu_hours", "idle_allocated_gpu_hours", "burst_gpu_hours",
-                     "borrowed_gpu_hours", "opportunistic_gpu_hours"):
+                     "borrowed_gpu_hours", "opportunistic_gpu_hours", "kube_scheduler_gpu_hours"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("device_busy_hours", "quota_gpu_hours", "lent_gpu_hours"):
             if getattr(other, name) is not None:
@@ -87,6 +98,7 @@ class Row:
                 "burst_gpu_hours": _r(self.burst_gpu_hours),
                 "borrowed_gpu_hours": _r(self.borrowed_gpu_hours),
                 "opportunistic_gpu_hours": _r(self.opportunistic_gpu_hours),
+                "kube_scheduler_gpu_hours": _r(self.kube_scheduler_gpu_hours),
                 "quota_gpu_hours": None if self.quota_gpu_hours is None else _r(self.quota_gpu_hours),
                 "lent_gpu_hours": None if self.lent_gpu_hours is None else _r(self.lent_gpu_hours),
                 "department": self.department,
@@ -199,18 +211,21 @@ def _department_rows(report: Report, tree: fairshare.Tree, hours: float, lent: d
     teams directly under the organisation. Departments nest: their rows overlap, the total does not."""
     rows: dict[str, Row] = {}
     for team in report.rows:
-        for unit in tree.ancestors(team.key) or [""]:
+        for unit in ([UNATTRIBUTED] if team.key == UNATTRIBUTED else tree.ancestors(team.key) or [""]):
             if unit not in rows:
-                label = tree.labels.get(unit, unit) if unit else NO_DEPARTMENT
+                label = (team.label if unit == UNATTRIBUTED else tree.labels.get(unit, unit) if unit
+                         else NO_DEPARTMENT)
                 rows[unit] = Row(key=unit.removeprefix(engine_quotas.DEPARTMENT) if unit else "",
-                                 label=label, quota_gpu_hours=0.0 if not unit else tree.quota_share(unit) * hours,
-                                 lent_gpu_hours=0.0 if not unit else tree.lent(unit, lent),
+                                 label=label, quota_gpu_hours=0.0 if unit in ("", UNATTRIBUTED)
+                                 else tree.quota_share(unit) * hours,
+                                 lent_gpu_hours=0.0 if unit in ("", UNATTRIBUTED) else tree.lent(unit, lent),
                                  department=tree.path_label(unit) if unit else "")
             rows[unit].add(Row(key=team.key, allocated_gpu_hours=team.allocated_gpu_hours,
                                used_gpu_hours=team.used_gpu_hours,
                                idle_allocated_gpu_hours=team.idle_allocated_gpu_hours,
                                burst_gpu_hours=team.burst_gpu_hours, borrowed_gpu_hours=team.borrowed_gpu_hours,
                                opportunistic_gpu_hours=team.opportunistic_gpu_hours,
+                               kube_scheduler_gpu_hours=team.kube_scheduler_gpu_hours,
                                quota_gpu_hours=0.0 if unit else team.quota_gpu_hours,
                                lent_gpu_hours=0.0 if unit else team.lent_gpu_hours))
 
@@ -239,7 +254,13 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
         .values_list("reservation_id", "gpu_id", "gpu_request", "created_at", "released_at"))
     shares = sources.share_sums(window.since, window.until, team_ids, ("reservation_id", "gpu_id"))
     rids = {a[0] for a in allocations} | {k[0] for k in shares}
-    gpu_ids = {a[1] for a in allocations} | {k[1] for k in shares}
+    # Not reservations: left out of a report by reservation. No team's: only site admins see them.
+    holds = [] if group_by == "reservation" else list(
+        ForeignHold.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=window.since),
+                                   (Q(team_id__in=team_ids) | Q(team__isnull=True)) if user.is_staff
+                                   else Q(team_id__in=team_ids), created_at__lt=window.until)
+        .values_list("team_id", "gpu_id", "gpu_request", "created_at", "released_at", "node_name", "gpu_index"))
+    gpu_ids = {a[1] for a in allocations} | {k[1] for k in shares} | {h[1] for h in holds if h[1] is not None}
     info = _reservations(rids, slugs)
     gpus = {}
     if group_by in DEVICE_GROUPS:  # only these rows are keyed by the GPU
@@ -262,6 +283,26 @@ def _usage(user, group_by: str, window: Window, teams: list[Team]) -> Report:
             r.borrowed_gpu_hours += float(share) * held
         for i, v in enumerate(spread(edges, start, end, float(share))):
             series[res.team]["allocated"][i] += v
+
+    for team_id, gpu_id, share, created, released, node, index in holds:
+        start, end = max(created, window.since), min(released or now, window.until, now)
+        held = max(0.0, (end - start).total_seconds()) / 3600.0
+        if held <= 0:
+            continue
+        team = slugs.get(team_id)
+        if group_by == "team":
+            key, label = (team, team) if team else (UNATTRIBUTED, UNATTRIBUTED_LABEL)
+        elif group_by == "user":
+            key, label = KUBE_SCHEDULER, "kube-scheduler pods (DRA claims)"
+        else:
+            key, label = _reservation_key(group_by, _Res(team=team or "", owner="", name="", admission="", state=""),
+                                          0, gpus.get(gpu_id) or (node, "?", f"{node}/gpu-{index}", index))
+        r = row(key, label)
+        r.allocated_gpu_hours += float(share) * held
+        r.kube_scheduler_gpu_hours += float(share) * held
+        if team:
+            for i, v in enumerate(spread(edges, start, end, float(share))):
+                series[team]["allocated"][i] += v
 
     for (rid, gpu_id), m in shares.items():
         res = info[rid]

@@ -61,6 +61,9 @@ DELETED_MEMORY_S = 600.0
 # A refused kubectl pod's Warning Event: its count is brought up to date at most this often.
 EVENT_REFRESH_S = 60.0
 MEMORY_ENTRIES = 10_000
+# A cluster that answered that it serves no resource.k8s.io/v1 is asked again this rarely (an
+# upgrade to 1.34+ brings DRA in; until then housekeeping's list of claims would be a 404 each run).
+DRA_RECHECK_S = 3600.0
 
 
 def scheduler_names_option(value: Sequence[str] | str | None) -> tuple[str, ...]:
@@ -124,6 +127,8 @@ class KubernetesBackend:
         # Claims as the last listing read them: binding starts from them (a stale one costs a 409 and a read).
         self._claims: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self._claim_pods: OrderedDict[tuple[str, str], dict] = OrderedDict()  # DRA pods as last listed
+        self.dra_recheck_s = DRA_RECHECK_S
+        self._no_dra_since: float | None = None  # monotonic: when the cluster said it serves no resource.k8s.io/v1
         self.watch = ClusterWatch(self.api, pod_selector=RESERVATION_LABEL, timeout_s=watch_timeout_s,
                                   backoff_max_s=policy.max_s)
 
@@ -328,9 +333,7 @@ class KubernetesBackend:
                 self._allocate_claims(pod, current, node, annotations)
             # The placement rides on the Binding: the API server puts it on the pod with its node, in
             # one write, so the device plugin finds it as soon as the kubelet sees the pod.
-            # Read as raw JSON: the client's model for Binding cannot parse the Status the server answers.
-            self.api.call_json("bind pod", self.api.core.create_namespaced_pod_binding, pod.name, pod.namespace,
-                      binding_manifest(pod.namespace, pod.name, node, annotations))
+            self.api.bind(pod.namespace, pod.name, binding_manifest(pod.namespace, pod.name, node, annotations))
         except NotFound as exc:
             raise PodConflict(f"pod {pod.namespace}/{pod.name} is gone") from exc
         except Conflict:
@@ -352,8 +355,29 @@ class KubernetesBackend:
         workers = min(self.bind_concurrency, len(bindings))
         if workers <= 1:
             return [one(b) for b in bindings]
+        # The ResourceSlices of the DRA pods' nodes not read yet, all at once first: else the pods
+        # placed on one node wait, side by side, for the one of them that reads its slice, node after node.
+        with self._memory_lock:
+            cold = sorted({b.node for b in bindings if (b.pod.namespace, b.pod.name) in self._claim_pods}
+                          - set(self._slices))
         with ThreadPoolExecutor(workers, thread_name_prefix="bind-external") as pool:
+            list(pool.map(self._warm_slice, cold))
             return list(pool.map(one, bindings))
+
+    def _warm_slice(self, node: str) -> None:
+        """Read the node's slice into the index `_on_slice` keeps, if nobody has (a failure is left to
+        the bind that needs it, which says what is wrong)."""
+        with self._memory_lock:
+            reading = self._slice_reads.setdefault(node, threading.Lock())
+        with reading:
+            if node in self._slices:
+                return
+            try:
+                index = dra.devices_by_uuid(self.claims.read_slice(node))
+            except BackendError:
+                return
+            with self._memory_lock:
+                self._slices[node] = index
 
     def _beside(self, first: Callable[[], Any], second: Callable[[], Any]) -> None:
         """Both calls at once (`second` in another thread); the first failure is raised once both ended."""
@@ -384,11 +408,17 @@ class KubernetesBackend:
     def foreign_shares(self) -> list[dra.ForeignShare]:
         """What claims allocated by another scheduler (pods left to the default kube-scheduler that
         name our DeviceClasses) hold of our GPUs: one list of the claims. Empty where the cluster
-        serves no resource.k8s.io/v1 (nothing can be held through it)."""
+        serves no resource.k8s.io/v1 (nothing can be held through it): once it answered so, it is
+        not asked again for `dra_recheck_s`."""
+        if self._no_dra_since is not None and time.monotonic() - self._no_dra_since < self.dra_recheck_s:
+            return []
         try:
             claims = self.claims.list_claims()
         except NotFound:
+            log.info("the cluster serves no resource.k8s.io/v1: no claims are read for %g s", self.dra_recheck_s)
+            self._no_dra_since = time.monotonic()
             return []
+        self._no_dra_since = None
         return dra.foreign_shares(list(claims.values()))
 
     def _on_slice(self, node: str, gpus: Sequence[GpuShare]) -> list[GpuShare]:

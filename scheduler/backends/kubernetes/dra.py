@@ -163,7 +163,8 @@ class ForeignShare:
     gpu_index: int
     milli: int  # compute consumed, milli-GPUs
     memory_mib: int | None  # None: the whole card's (a result that consumed no stated memory)
-    claim: str  # namespace/name, for the reasons the portal gives
+    claim: str  # namespace/name, for the reasons the portal gives; its namespace names the team
+    claim_uid: str = ""  # tells a claim from a later one of the same name
 
 
 def share_id(claim_uid: str, node: str, index: int) -> str:
@@ -193,7 +194,8 @@ def foreign_shares(claims: Sequence[Mapping[str, Any]]) -> list[ForeignShare]:
                 milli, mib = WHOLE_GPU_MILLI, None
             out.append(ForeignShare(node=node, gpu_index=index, memory_mib=mib,
                                     milli=min(max(milli, STEP_MILLI), WHOLE_GPU_MILLI),
-                                    claim=f"{meta.get('namespace', '')}/{meta.get('name', '')}"))
+                                    claim=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+                                    claim_uid=str(meta.get("uid", ""))))
     return out
 
 

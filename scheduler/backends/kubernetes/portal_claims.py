@@ -140,8 +140,7 @@ class PortalClaims:
                                             f"{spec.name}; the garbage collector deletes it") from None
         backend.claims.allocate(claim, spec.ref, status.uid, spec.node, backend._on_slice(spec.node, spec.gpus))
         try:
-            api.call_json("bind pod", api.core.create_namespaced_pod_binding, spec.name, spec.namespace,
-                          binding_manifest(spec.namespace, spec.name, spec.node))
+            api.bind(spec.namespace, spec.name, binding_manifest(spec.namespace, spec.name, spec.node))
         except NotFound as exc:
             raise PodConflict(f"pod {spec.namespace}/{spec.name} is gone") from exc
         except Conflict:

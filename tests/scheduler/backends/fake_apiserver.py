@@ -46,7 +46,6 @@ gives a connection back without reading the body then reuses it and fails its ne
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import json
 import random
@@ -80,6 +79,7 @@ def _sibling(name: str, filename: str):
 
 
 resource_api = _sibling("tessera_tests_fake_resource_api", "fake_resource_api.py")
+deep_copy = resource_api.deep_copy
 
 K8S_VERSION = "1.34.0"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -134,7 +134,7 @@ class ApiError(Exception):
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386; for the label and annotation maps we patch, strategic merge means the same."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return deep_copy(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -146,7 +146,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
     """RFC 6902 "add" operations (what mutating webhooks send us), applied as the API server does."""
-    doc = copy.deepcopy(doc)
+    doc = deep_copy(doc)
     for op in ops:
         if op.get("op") != "add":
             raise ApiError(500, "InternalError", f"the fake applies only 'add' patches, not {op}")
@@ -299,7 +299,7 @@ class FakeApiServer:
     def add_policy(self, policy: dict) -> None:
         assert policy["kind"] == "ValidatingAdmissionPolicy"
         with self.lock:
-            self.policies.append(copy.deepcopy(policy))
+            self.policies.append(deep_copy(policy))
 
     def add_service_account(self, namespace: str, name: str = "default") -> None:
         with self.lock:
@@ -320,7 +320,7 @@ class FakeApiServer:
     def objects(self, kind: str) -> list[dict]:
         """Every stored object of a kind (e.g. "ResourceSlice", "ResourceClaim")."""
         with self.lock:
-            return [copy.deepcopy(o) for (k, _, _), o in self.store.objects.items() if k == kind]
+            return [deep_copy(o) for (k, _, _), o in self.store.objects.items() if k == kind]
 
     def put_object(self, obj: dict) -> dict:
         """Create or replace an object from outside (a user's kubectl apply), validated as a request is."""
@@ -329,7 +329,7 @@ class FakeApiServer:
         with self.lock:
             key = (kind, meta.get("namespace", ""), meta["name"])
             old = self.store.objects.get(key)
-            new = copy.deepcopy(obj)
+            new = deep_copy(obj)
             if old is None:
                 new = resource_api.new_object(kind, key[1], new) if obj["apiVersion"] == resource_api.API_VERSION \
                     else new
@@ -341,7 +341,7 @@ class FakeApiServer:
         """What the resourceclaim controller does for a new pod: a claim from each ResourceClaimTemplate
         it names (owned by the pod), recorded in the pod's status.resourceClaimStatuses."""
         with self.lock:
-            pod = copy.deepcopy(self.store.objects[("Pod", namespace, pod_name)])
+            pod = deep_copy(self.store.objects[("Pod", namespace, pod_name)])
             made, statuses = [], []
             for ref in pod["spec"].get("resourceClaims") or ():
                 if not ref.get("resourceClaimTemplateName"):
@@ -350,10 +350,10 @@ class FakeApiServer:
                 name = f"{pod_name}-{ref['name']}-{uuid.uuid4().hex[:5]}"
                 claim = resource_api.new_object("ResourceClaim", namespace, {
                     "apiVersion": resource_api.API_VERSION, "kind": "ResourceClaim",
-                    "metadata": {**copy.deepcopy(template["spec"].get("metadata") or {}), "name": name,
+                    "metadata": {**deep_copy(template["spec"].get("metadata") or {}), "name": name,
                                  "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
                                                       "uid": pod["metadata"]["uid"], "controller": True}]},
-                    "spec": copy.deepcopy(template["spec"]["spec"])})
+                    "spec": deep_copy(template["spec"]["spec"])})
                 made.append(self._put("ResourceClaim", namespace, name, claim, "ADDED"))
                 statuses.append({"name": ref["name"], "resourceClaimName": name})
             pod.setdefault("status", {})["resourceClaimStatuses"] = statuses
@@ -362,19 +362,19 @@ class FakeApiServer:
 
     def set_node_ready(self, name: str, ready: bool) -> None:
         with self.lock:
-            obj = copy.deepcopy(self.store.objects[("Node", "", name)])
+            obj = deep_copy(self.store.objects[("Node", "", name)])
             obj["status"]["conditions"] = [self._ready_condition(ready)]
             self._put("Node", "", name, obj, "MODIFIED")
 
     def create_pod(self, manifest: dict) -> dict:
         """A pod as a user would make it with kubectl (not validated as ours are)."""
         with self.lock:
-            return self._create_pod(manifest["metadata"]["namespace"], copy.deepcopy(manifest))
+            return self._create_pod(manifest["metadata"]["namespace"], deep_copy(manifest))
 
     def set_pod_phase(self, namespace: str, name: str, phase: str, reason: str = "",
                       container_reason: str = "") -> None:
         with self.lock:
-            obj = copy.deepcopy(self.store.objects[("Pod", namespace, name)])
+            obj = deep_copy(self.store.objects[("Pod", namespace, name)])
             obj["status"]["phase"] = phase
             if reason:
                 obj["status"]["reason"] = reason
@@ -403,7 +403,7 @@ class FakeApiServer:
         """`kubectl delete` of a pod whose containers are still stopping: deletionTimestamp set (a
         pod on no node and without finalizers is gone at once instead, as on a real server)."""
         with self.lock:
-            obj = copy.deepcopy(self.store.objects[("Pod", namespace, name)])
+            obj = deep_copy(self.store.objects[("Pod", namespace, name)])
             obj["metadata"]["deletionTimestamp"] = _now()
             self._put("Pod", namespace, name, obj, "MODIFIED")
             if not self._stays_terminating(obj, 30, kubelet_slow=True):
@@ -417,15 +417,15 @@ class FakeApiServer:
     def pod(self, namespace: str, name: str) -> dict | None:
         with self.lock:
             obj = self.store.objects.get(("Pod", namespace, name))
-            return copy.deepcopy(obj) if obj else None
+            return deep_copy(obj) if obj else None
 
     def pods(self) -> list[dict]:
         with self.lock:
-            return [copy.deepcopy(o) for (k, _, _), o in self.store.objects.items() if k == "Pod"]
+            return [deep_copy(o) for (k, _, _), o in self.store.objects.items() if k == "Pod"]
 
     def events(self) -> list[dict]:
         with self.lock:
-            return [copy.deepcopy(o) for (k, _, _), o in self.store.objects.items() if k == "Event"]
+            return [deep_copy(o) for (k, _, _), o in self.store.objects.items() if k == "Event"]
 
     def compact(self) -> None:
         """Forget the watch history, as etcd compaction does: older watches get 410 Gone."""
@@ -470,13 +470,13 @@ class FakeApiServer:
     def _record(self, kind: str, typ: str, obj: dict) -> None:
         rv = next(self._rv)
         obj["metadata"]["resourceVersion"] = str(rv)
-        self.store.history.append((rv, kind, typ, copy.deepcopy(obj)))
+        self.store.history.append((rv, kind, typ, deep_copy(obj)))
         self.lock.notify_all()
 
     def _put(self, kind: str, ns: str, name: str, obj: dict, typ: str) -> dict:
         self._record(kind, typ, obj)
         self.store.objects[(kind, ns, name)] = obj
-        return copy.deepcopy(obj)
+        return deep_copy(obj)
 
     def _create_pod(self, ns: str, body: dict) -> dict:
         meta = body.setdefault("metadata", {})
@@ -725,7 +725,7 @@ class FakeApiServer:
             items = sorted(((n, name), o) for (k, n, name), o in self.store.objects.items()
                            if k == kind and (not ns or n == ns))
             rv = str(self.store.history[-1][0] if self.store.history else 0)
-        items = [copy.deepcopy(o) for _, o in items
+        items = [deep_copy(o) for _, o in items
                  if self._visible(kind, o, query.get("labelSelector", ""), query.get("fieldSelector", ""))]
         start = int(query.get("continue") or 0)
         limit = int(query.get("limit") or 0) or len(items) or 1
@@ -755,7 +755,7 @@ class FakeApiServer:
             if req.method == "POST":
                 self._validate(req.body)
                 with self.lock:
-                    return 201, self._create_pod(m[1], copy.deepcopy(req.body))
+                    return 201, self._create_pod(m[1], deep_copy(req.body))
         if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", path):
             ns, name = m[1], m[2]
             if req.method == "GET":
@@ -829,13 +829,13 @@ class FakeApiServer:
                 if sub == "status":
                     # Only the status is new: the rest is shared with the stored object this replaces
                     # (stored objects are never changed in place), so a status write copies no spec.
-                    new = {**old, "metadata": dict(old["metadata"]), "status": copy.deepcopy(body.get("status") or {})}
+                    new = {**old, "metadata": dict(old["metadata"]), "status": deep_copy(body.get("status") or {})}
                 else:
-                    new = copy.deepcopy(old)
-                    new.update({k: copy.deepcopy(v) for k, v in body.items() if k not in ("metadata", "status")})
+                    new = deep_copy(old)
+                    new.update({k: deep_copy(v) for k, v in body.items() if k not in ("metadata", "status")})
                     for key in ("labels", "annotations", "ownerReferences", "finalizers"):
                         if key in (body.get("metadata") or {}):
-                            new["metadata"][key] = copy.deepcopy(body["metadata"][key])
+                            new["metadata"][key] = deep_copy(body["metadata"][key])
                     if new.get("spec") != old.get("spec"):
                         new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
                 self._validate(new)
@@ -850,7 +850,7 @@ class FakeApiServer:
                 self._admit(req, "DELETE", plural, None, obj)
                 del self.store.objects[(kind, ns, name)]
                 self._record(kind, "DELETED", obj)
-                return 200, copy.deepcopy(obj)
+                return 200, deep_copy(obj)
         raise ApiError(405, "MethodNotAllowed", f"the fake has no {req.method} for {plural}")
 
     def _admit(self, req: Request, operation: str, plural: str, obj: dict | None, old: dict | None) -> None:
@@ -895,7 +895,7 @@ class FakeApiServer:
             obj = self.store.objects.get((kind, ns, name))
             if obj is None:
                 raise ApiError(404, "NotFound", f'{kind.lower()}s "{name}" not found')
-            return copy.deepcopy(obj)
+            return deep_copy(obj)
 
     def _patch_pod(self, ns: str, name: str, req: Request) -> dict:
         if "merge-patch" not in req.content_type:
@@ -926,7 +926,7 @@ class FakeApiServer:
             if obj is None:
                 raise ApiError(404, "NotFound", f'pods "{name}" not found')
             grace = int(req.query.get("gracePeriodSeconds") or 30)
-            obj = copy.deepcopy(obj)
+            obj = deep_copy(obj)
             obj["metadata"]["deletionTimestamp"] = _now()
             obj["metadata"]["deletionGracePeriodSeconds"] = grace
             out = self._put("Pod", ns, name, obj, "MODIFIED")
@@ -964,7 +964,7 @@ class FakeApiServer:
             bound = obj.get("spec", {}).get("nodeName")
             if bound:
                 raise ApiError(409, "Conflict", f"pod {name} is already assigned to node {bound!r}")
-            obj = copy.deepcopy(obj)
+            obj = deep_copy(obj)
             obj["spec"]["nodeName"] = body["target"]["name"]
             # As setPodHostAndAnnotations does: the Binding's annotations go onto the pod.
             obj["metadata"].setdefault("annotations", {}).update((body.get("metadata") or {}).get("annotations") or {})
@@ -979,7 +979,7 @@ class FakeApiServer:
             name = body["metadata"]["name"]
             if ("Event", ns, name) in self.store.objects:
                 raise ApiError(409, "AlreadyExists", f'events "{name}" already exists')
-            body = copy.deepcopy(body)
+            body = deep_copy(body)
             body["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
             return self._put("Event", ns, name, body, "ADDED")
 

@@ -254,6 +254,9 @@ def test_a_claim_status_write_the_server_fails_is_retried_and_written_once(clust
 def test_many_kubectl_pods_are_bound_side_by_side_each_with_its_own_outcome(cluster, backend):
     from scheduler.backends import ExternalBinding
 
+    other = [GpuDevice(index=0, uuid="GPU-00000000-0000-4000-8000-0000000000b0", model="NVIDIA A100-SXM4-40GB",
+                       memory_mib=40960, numa_node=0, nvlink_peers=(), mig_mode="disabled")]
+    SlicePublisher(SliceApi(host=cluster.url), "gpu-node-2").sync(other)
     template, pod = example("share.yaml")
     cluster.put_object(template)
     names = [f"notebook-{i}" for i in range(6)]
@@ -263,15 +266,22 @@ def test_many_kubectl_pods_are_bound_side_by_side_each_with_its_own_outcome(clus
     backend.list_pending_external()
     cluster.remove_pod("team-vision", "notebook-3")  # gone before its turn
     cluster.answer_delay_s = 0.05  # a busy server: side by side or not shows
-    share = GpuShare(uuid=GPUS[1].uuid, index=0, gpu_request=0.1, gpu_limit=0.1, gpu_memory_mib=1024)
+    placed = [(NODE, GPUS[1].uuid)] * 3 + [("gpu-node-2", other[0].uuid)] * 3  # the last three on node 2
     slice_reads = len(cluster.calls("GET", r"/resourceslices/"))
+    before = len(cluster.requests)
+    backend.bind_concurrency = 2  # fewer in flight than pods on node 1: node 2's pods come later
     outcomes = backend.bind_external_many([
-        ExternalBinding(PodRef("team-vision", n), NODE, *external_binding(str(i), "vision", (share,), 60))
-        for i, n in enumerate(names)])
+        ExternalBinding(PodRef("team-vision", n), node, *external_binding(str(i), "vision", (GpuShare(
+            uuid=uuid, index=0, gpu_request=0.1, gpu_limit=0.1, gpu_memory_mib=1024),), 60))
+        for i, (n, (node, uuid)) in enumerate(zip(names, placed, strict=True))])
     assert [type(o).__name__ if o else None for o in outcomes] == [None, None, None, "PodConflict", None, None]
     assert cluster.max_in_flight > 1
-    assert len(cluster.calls("GET", r"/resourceslices/")) == slice_reads + 1  # one of them read the node's slice
-    for name in names[:3] + names[4:]:
-        assert cluster.pod("team-vision", name)["spec"]["nodeName"] == NODE
+    assert len(cluster.calls("GET", r"/resourceslices/")) == slice_reads + 2  # each node's slice read once,
+    # both before any pod's claim write: no pod waits on another's read of its node's slice
+    order = [r.method for r in cluster.requests[before:] if r.method == "PUT" or "/resourceslices/" in r.path]
+    assert order[:2] == ["GET", "GET"] and set(order[2:]) == {"PUT"}
+    for name, (node, _) in zip(names, placed, strict=True):
+        if name != "notebook-3":
+            assert cluster.pod("team-vision", name)["spec"]["nodeName"] == node
     held = [c for c in cluster.objects("ResourceClaim") if c["status"].get("allocation")]
     assert len(held) == 5 and all(len(c["status"]["reservedFor"]) == 1 for c in held)
