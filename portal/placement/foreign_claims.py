@@ -12,8 +12,8 @@ by our cycle. Housekeeping reads those allocations (`observe`: one list of the c
 - each is kept as a `ForeignHold` row from the first observation that saw it to the first that did
   not, which the usage reports count as allocated GPU-hours (its team's row, or "unattributed").
 
-Such a share is nobody's reservation: it has the highest priority and a guaranteed admission, so no
-rule of the engine may evict or reclaim it (scheduler/core: preemption.may_evict, fairqueue). What
+Such a share is nobody's reservation: it is marked external (the engine's ClusterState.protected:
+never a victim, a booking's included), with the highest priority and a guaranteed admission. What
 was last observed stays until the next observation: a cluster that stops answering leaves the room
 counted as used, never as free, and its holds open.
 """
@@ -108,5 +108,5 @@ def shares_by_gpu(fleet: fleet_cache.Fleet) -> dict[int, list[core.Share]]:
         out.setdefault(pk, []).append(core.Share(
             reservation_id=f"claim {claim}", gpu_request=min(1.0, max(milli, 1) / MILLI),
             gpu_memory_mib=min(card_mib, memory_mib) if memory_mib is not None else card_mib,
-            priority=PRIORITY, team=team[0] if team else "", admission="guaranteed"))
+            priority=PRIORITY, team=team[0] if team else "", admission="guaranteed", external=True))
     return out

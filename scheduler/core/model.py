@@ -86,6 +86,9 @@ class Share:
     admission: str = "guaranteed"
     since: float = 0.0
     reclaim_at: float | None = None
+    # Held by another scheduler (a kube-scheduler's DRA claim): it counts as used room and in its
+    # team's quota, but it is nobody's reservation here, so no rule may evict it (ClusterState.protected).
+    external: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_request <= 1.0:

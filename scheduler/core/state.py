@@ -126,7 +126,8 @@ class ClusterState:
         self.on_node: dict[int, dict[str, Holding]] = {}  # per node, its entries of `placed`
         self._index_holders()
         self.reserved_now: set[str] = set()  # reserved by this cycle (not in the snapshot)
-        self.protected: set[str] = set()  # never a victim: booked windows that run (bookings.plan)
+        # Never a victim: other schedulers' shares, and booked windows that run (bookings.plan).
+        self.protected: set[str] = set()
         self._index_fresh()
         self.group_nodes: dict[str, Counter[int]] = {}
         self.group_held: Counter[str] = Counter()  # pod group -> its shares held (one per request)
@@ -333,6 +334,8 @@ class ClusterState:
         s = rec.share
         for index, key in ((self.by_team, s.team), (self.by_admission, s.admission), (self.by_priority, s.priority)):
             index.setdefault(key, {})[rid] = rec
+        if s.external:
+            self.protected.add(rid)
 
     def _apply(self, rec: Holding, sign: int) -> None:
         i = rec.node

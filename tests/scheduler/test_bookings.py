@@ -84,6 +84,20 @@ def test_a_booking_takes_its_own_teams_work_beyond_its_quota():
     assert r.victims == ("2",)
 
 
+def test_another_schedulers_share_is_never_a_victim_of_a_booking():
+    # A kube-scheduler's claim counted in team a's quota: the newest of a's work, so the own-team
+    # rule would pick it first; it is nobody's reservation here and stays. a's own share goes.
+    claim = replace(share("claim ns/x", "a", since=NOW - 60, priority=100), external=True)
+    nodes = [node("n1", "A100", 4, {0: [share("1", "a", since=NOW - HOUR)], 1: [claim],
+                                    2: [share("3", "b")], 3: [share("4", "b")]})]
+    (r,) = reclaims(cycle(nodes, QUOTAS, bookings=[booking(starts_in=60)]))
+    assert r.victims == ("1",)
+    # A whole-node booking where the claim's GPU is the only one missing: the claim is not warned.
+    nodes = [node("n1", "A100", 2, {0: [claim], 1: [share("2", "b", admission="borrowed")]})]
+    got = reclaims(cycle(nodes, research(q(2), q(2)), bookings=[booking(team="b", count=2, starts_in=600)]))
+    assert all(v != "claim ns/x" for r in got for v in r.victims)
+
+
 def test_a_whole_node_booking_clears_the_node_with_the_fewest_guaranteed_shares():
     # A 4-GPU booking needs one node. Each node has one guaranteed share and GPUs that borrowed
     # work holds: the room exists in total (6 GPUs hold no guaranteed work), on no node whole.
