@@ -45,9 +45,9 @@ def plan_drain(node: Node, by: audit.Actor, window: drain_plans.Window, force: b
         broken = _broken(node, window, models)
         if broken and not force:
             raise DrainBreaksBookings(
-                f"draining {node.name} {drain_plans.window_text(window.starts_at, window.ends_at)} takes capacity "
-                f"{len(broken)} booking(s) were promised: {'; '.join(_booking_words(r) for r in broken)}. Plan "
-                "another window, or force it: their owners are told and their bookings may not get their "
+                f"Draining {node.name} {drain_plans.window_text(window.starts_at, window.ends_at)} takes capacity "
+                f"promised to {len(broken)} booking(s): {'; '.join(_booking_words(r) for r in broken)}. Plan "
+                "another window, or plan it anyway: their owners are told and their bookings may not get their "
                 "capacity", broken)
         plan = fleet_services.plan_drain(node.pk, by, window, bookings=[
             {"id": r.pk, "team": r.team.slug, "owner": r.owner.get_username(),
