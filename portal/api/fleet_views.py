@@ -62,6 +62,10 @@ class GpuCordonView(APIView):
         return Response({"uuid": gpu.uuid, "cordoned": gpu.cordoned, "cordon_reason": gpu.cordon_reason})
 
 
+ERRORS = {400: OpenApiResponse(description="Invalid input, per field"),
+          404: OpenApiResponse(description="Not found")}
+
+
 class NodeDrainsView(APIView):
     """A node's planned drains (maintenance windows): GET lists them (anyone who sees the fleet;
     `all=true` includes ended and cancelled ones), POST plans one (site admins): the node is drained
@@ -69,7 +73,7 @@ class NodeDrainsView(APIView):
     naming them unless `force` (then their owners are told)."""
 
     @extend_schema(parameters=[OpenApiParameter("all", bool, description="include ended and cancelled plans")],
-                   responses={200: s.PlannedDrainSerializer(many=True)})
+                   responses={200: s.PlannedDrainSerializer(many=True), **ERRORS})
     def get(self, request, name: str):
         node = get_object_or_404(Node, name=name)
         rows = PlannedDrain.objects.filter(node=node).select_related("node").order_by("starts_at", "pk")
@@ -81,7 +85,7 @@ class NodeDrainsView(APIView):
         return Response(s.PlannedDrainSerializer(rows, many=True).data)
 
     @extend_schema(request=s.PlannedDrainInputSerializer,
-                   responses={201: s.PlannedDrainSerializer,
+                   responses={201: s.PlannedDrainSerializer, **ERRORS,
                               409: OpenApiResponse(s.DrainConflictSerializer,
                                                    description="The window takes capacity bookings were promised")})
     def post(self, request, name: str):
@@ -102,11 +106,11 @@ class NodeDrainView(APIView):
     def _plan(self, name: str, pk: int) -> PlannedDrain:
         return get_object_or_404(PlannedDrain.objects.select_related("node"), pk=pk, node__name=name)
 
-    @extend_schema(responses={200: s.PlannedDrainSerializer})
+    @extend_schema(responses={200: s.PlannedDrainSerializer, 404: ERRORS[404]})
     def get(self, request, name: str, pk: int):
         return Response(s.PlannedDrainSerializer(self._plan(name, pk)).data)
 
-    @extend_schema(request=None, responses={200: s.PlannedDrainSerializer})
+    @extend_schema(request=None, responses={200: s.PlannedDrainSerializer, 404: ERRORS[404]})
     def delete(self, request, name: str, pk: int):
         permissions.require_staff(request.user)
         plan = fleet_services.cancel_drain(self._plan(name, pk).pk, audit.api(request.user))
