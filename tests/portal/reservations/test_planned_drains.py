@@ -177,3 +177,32 @@ def test_a_bad_plan_is_refused_by_field(db, day, start, end, reason, field, word
         drain_plans.window_of(now + timedelta(hours=start), None if end is None else now + timedelta(hours=end),
                               reason)
     assert words in " ".join(refused.value.errors[field])
+
+
+def test_the_bookings_beat_drains_the_node_within_its_tick(people, t4, admin, day):
+    from portal.placement import bookings
+    from tests.reservations import clock_at
+
+    plan(t4, admin, day, day + timedelta(hours=1))
+    with clock_at(day + timedelta(seconds=5)):
+        assert bookings.tick()["drains_started"] == 1
+    t4.refresh_from_db()
+    assert t4.status == NodeStatus.DRAINING
+    with clock_at(day + timedelta(hours=1, seconds=5)):
+        assert bookings.tick()["drains_ended"] == 1
+    t4.refresh_from_db()
+    assert t4.status == NodeStatus.READY
+
+
+def test_a_node_lost_during_its_drain_comes_back_drained_and_is_returned_at_the_end(people, t4, admin, day):
+    from portal.fleet.models import LostCause
+
+    plan(t4, admin, day, day + timedelta(hours=2))
+    fleet_services.apply_due_drains(now=day + timedelta(seconds=10))
+    fleet_services.mark_lost(t4.pk, LostCause.AGENT_SILENT, "no agent report for 60 s")
+    fleet_services.mark_back(t4.pk)
+    t4.refresh_from_db()
+    assert t4.status == NodeStatus.DRAINING and t4.status_reason.startswith("planned drain until")
+    fleet_services.apply_due_drains(now=day + timedelta(hours=2, seconds=10))
+    t4.refresh_from_db()
+    assert t4.status == NodeStatus.READY
