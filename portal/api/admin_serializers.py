@@ -284,3 +284,42 @@ class AuditEntrySerializer(serializers.ModelSerializer):
         model = AuditEntry
         fields = ["id", "at", "actor", "via", "team", "object_type", "object_id", "object_repr", "action",
                   "before", "after", "message"]
+
+
+class PlannedDrainInputSerializer(StrictTypesMixin, serializers.Serializer):
+    starts_at = serializers.DateTimeField(help_text="When the node is drained: now or later, ≤ 90 days ahead "
+                                                    "(ISO 8601 with its time zone)")
+    ends_at = serializers.DateTimeField(required=False, allow_null=True, default=None,
+                                        help_text="When it is ready again (≤ 30 days after the start); "
+                                                  "null or absent: until a person returns it")
+    reason = serializers.CharField(max_length=1000, help_text="Why, shown on the node, the calendar and to "
+                                                              "booking owners (≤ 200 characters)")
+    force = serializers.BooleanField(required=False, default=False,
+                                     help_text="Plan it even where it breaks bookings (their owners are told)")
+
+
+class PlannedDrainSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    node = serializers.CharField(source="node.name")
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField()
+    state = serializers.CharField(help_text="planned, active (draining the node now), ended or cancelled")
+    applied = serializers.BooleanField(help_text="The plan drained the node (it was not drained already)")
+    end_note = serializers.CharField(help_text="How it ended or was cancelled")
+    created_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True)
+
+
+class DrainConflictBookingSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    team = serializers.CharField()
+    owner = serializers.CharField()
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+
+
+class DrainConflictSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="The window and the bookings it would break")
+    code = serializers.CharField()
+    bookings = DrainConflictBookingSerializer(many=True)

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.errors import RuleViolation
+from portal.reservations.drain_effects import DrainBreaksBookings
 from portal.reservations.engine_quotas import NeverFits
 from portal.reservations.services.booking import BookingConflict
 from portal.reservations.states import IllegalTransition
@@ -25,6 +26,12 @@ def exception_handler(exc, context):
         at = DateTimeField().to_representation
         windows = [{"starts_at": at(start), "ends_at": at(end)} for start, end in exc.free_windows]
         return Response({"detail": str(exc), "code": "booking_conflict", "free_windows": windows},
+                        status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, DrainBreaksBookings):
+        at = DateTimeField().to_representation
+        bookings = [{"id": r.pk, "team": r.team.slug, "owner": r.owner.get_username(), "starts_at": at(r.starts_at),
+                     "ends_at": at(r.ends_at)} for r in exc.bookings]
+        return Response({"detail": str(exc), "code": "drain_breaks_bookings", "bookings": bookings},
                         status=status.HTTP_409_CONFLICT)
     if isinstance(exc, IllegalTransition):
         return Response(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
-from django.db.models import Q, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Replace
 
 
@@ -107,3 +108,51 @@ class NodeLink(models.Model):
 
     def __str__(self) -> str:
         return f"{self.client_id} → {self.gpu_node_id}: {self.bandwidth_mbps:g} Mbit/s, {self.rtt_ms:g} ms"
+
+
+class DrainState(models.TextChoices):
+    PLANNED = "planned", "Planned"
+    ACTIVE = "active", "Draining the node"
+    ENDED = "ended", "Ended"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class PlannedDrain(models.Model):
+    """A maintenance window a site admin planned for a node: from `starts_at` the node is drained,
+    at `ends_at` (none: open-ended) it is ready again (fleet.services.apply_due_drains). Bookings
+    count the node's GPUs out over the window. `applied`: the node was drained by this plan (it was
+    ready at the start), so its end returns the node; a node a person drained or returned meanwhile
+    ends the plan (their word stands)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="planned_drains")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField(null=True, blank=True)
+    reason = models.CharField(max_length=200)
+    state = models.CharField(max_length=16, choices=DrainState.choices, default=DrainState.PLANNED)
+    applied = models.BooleanField(default=False)
+    end_note = models.CharField(max_length=200, blank=True, help_text="How the plan ended or was cancelled")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["starts_at", "pk"]
+        indexes = [models.Index(fields=["state", "starts_at"], name="planned_drain_due")]
+        constraints = [models.CheckConstraint(condition=Q(ends_at__isnull=True) | Q(ends_at__gt=F("starts_at")),
+                                              name="planned_drain_ends_after_start")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}: {self.starts_at:%Y-%m-%d %H:%M}–{self.ends_at or 'open'}"
+
+    def overlaps(self, start, end) -> bool:
+        return self.starts_at < end and (self.ends_at is None or self.ends_at > start)
+
+    def status_reason(self) -> str:
+        """What the node's status says while this plan drains it."""
+        until = f" until {self.ends_at:%Y-%m-%d %H:%M} UTC" if self.ends_at else ""
+        return f"planned drain{until}: {self.reason}"[:200]
+
+
+# Plans that still hold the node's GPUs out of some future (planned or draining now).
+OPEN_DRAINS = (DrainState.PLANNED, DrainState.ACTIVE)

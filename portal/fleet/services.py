@@ -1,6 +1,6 @@
-"""Fleet operations: drain and return nodes, cordon GPUs, node agent credentials, loading an
-inventory, what an agent's hello says of its GPUs, node seen and lost. Site admins' operations are
-audited (portal.audit) in the transaction that makes them."""
+"""Fleet operations: drain and return nodes, plan drains (maintenance windows), cordon GPUs, node
+agent credentials, loading an inventory, what an agent's hello says of its GPUs, node seen and lost.
+Site admins' operations are audited (portal.audit) in the transaction that makes them."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from django.utils import timezone
 
 from portal.audit import services as audit
 from portal.cycle_requests import request_cycle
+from portal.errors import RuleViolation
 from portal.tenancy.models import hash_secret
 from wire.agent_portal import MAX_GPUS_PER_NODE
 
 from . import demo_tokens
+from .drain_plans import Window, describe
 from .events import announce_nodes, announce_token_retired
-from .models import AWAITING_APPROVAL, Gpu, LostCause, Node, NodeStatus
+from .models import AWAITING_APPROVAL, DrainState, Gpu, LostCause, Node, NodeStatus, PlannedDrain
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 SYSTEM = audit.Actor(None)  # who issues a node token when no person does (the demo, agent_tokens)
 
 
-def _set_status(node_id: int, status: str, reason: str, by: audit.Actor, action: str) -> Node:
+def _set_status(node_id: int, status: str, reason: str, by: audit.Actor, action: str, message: str = "") -> Node:
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
         if node.status != status or node.status_reason != reason:
@@ -34,19 +36,148 @@ def _set_status(node_id: int, status: str, reason: str, by: audit.Actor, action:
             node.status_reason = reason[:200]
             node.save(update_fields=["status", "status_reason"])
             audit.record(by, object_type="node", object_id=node.pk, object_repr=node.name,
-                         action=action, before=before, after={"status": status, "status_reason": node.status_reason})
+                         action=action, before=before, after={"status": status, "status_reason": node.status_reason},
+                         message=message)
             request_cycle(f"node {node.name} {status}", freed=True)
             announce_nodes([node.pk])
     return node
 
 
 def drain(node_id: int, by: audit.Actor, reason: str = "") -> Node:
-    """No new placements on the node; what runs there keeps running."""
-    return _set_status(node_id, NodeStatus.DRAINING, reason or f"drained by {by.label}", by, "drained")
+    """No new placements on the node; what runs there keeps running. A planned drain holding the
+    node now ends: the person's drain stands, and the plan's end will not return the node."""
+    with transaction.atomic():
+        _end_active_plans(node_id, by, f"drained by hand by {by.label}: the node stays drained until a person "
+                          "returns it")
+        return _set_status(node_id, NodeStatus.DRAINING, reason or f"drained by {by.label}", by, "drained")
 
 
 def undrain(node_id: int, by: audit.Actor, reason: str = "") -> Node:
-    return _set_status(node_id, NodeStatus.READY, reason, by, "undrained")
+    """The node takes new placements again; a planned drain holding it now ends here (and is not
+    started again)."""
+    with transaction.atomic():
+        _end_active_plans(node_id, by, f"returned to service by hand by {by.label}")
+        return _set_status(node_id, NodeStatus.READY, reason, by, "undrained")
+
+
+# Planned drains. A plan's start drains a ready node (or a lost one, which comes back drained) and
+# notes that the plan did (`applied`); its end returns the node only if it is still drained for
+# that plan, so a person's drain or return meanwhile stands. Each step is a compare-and-set on the
+# plan's state under the node's row lock: a retried or doubled periodic task acts once.
+
+
+def plan_drain(node_id: int, by: audit.Actor, window: Window, bookings: list[dict] | None = None,
+               now=None) -> PlannedDrain:
+    """Store a site admin's plan (checked by drain_plans.window_of; the bookings it affects were
+    judged by reservations.drain_effects, which calls here). A plan starting now drains the node at
+    once. Refuses (RuleViolation) a plan overlapping another open plan of the node."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        clash = (PlannedDrain.objects.filter(node=node, state__in=(DrainState.PLANNED, DrainState.ACTIVE))
+                 .exclude(ends_at__lte=window.starts_at))
+        if window.ends_at is not None:
+            clash = clash.filter(starts_at__lt=window.ends_at)
+        other = clash.first()
+        if other is not None:
+            raise RuleViolation({"starts_at": [f"overlaps the drain already planned for this node: "
+                                               f"{describe(other, node.name)}; cancel or change that one first"]})
+        plan = PlannedDrain.objects.create(node=node, starts_at=window.starts_at, ends_at=window.ends_at,
+                                           reason=window.reason, created_by=by.user_obj)
+        after = {"plan": plan.pk, "starts_at": plan.starts_at.isoformat(),
+                 "ends_at": plan.ends_at.isoformat() if plan.ends_at else None, "reason": plan.reason}
+        if bookings:
+            after["bookings_affected"] = bookings
+        audit.record(by, object_type="node", object_id=node.pk, object_repr=node.name, action="drain planned",
+                     after=after, message=describe(plan, node.name)
+                     + (f"; {len(bookings)} booking(s) affected, their owners told" if bookings else ""))
+        announce_nodes([node.pk])
+        if plan.starts_at <= now:
+            _start_plan(plan.pk, now)
+            plan.refresh_from_db()
+    return plan
+
+
+def cancel_drain(plan_id: int, by: audit.Actor, now=None) -> PlannedDrain:
+    """Cancel a plan not started yet, or end one draining the node now (the node is returned if
+    the plan drained it and nobody changed it since). Ended or cancelled plans stay as they are."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        plan = PlannedDrain.objects.select_related("node").get(pk=plan_id)
+        node = Node.objects.select_for_update().get(pk=plan.node_id)
+        plan = PlannedDrain.objects.select_for_update().get(pk=plan_id)
+        if plan.state == DrainState.PLANNED:
+            _close(plan, DrainState.CANCELLED, f"cancelled by {by.label}", now)
+            audit.record(by, object_type="node", object_id=node.pk, object_repr=node.name,
+                         action="drain cancelled", before={"plan": plan.pk}, message=describe(plan, node.name))
+            announce_nodes([node.pk])
+        elif plan.state == DrainState.ACTIVE:
+            _finish(plan, node, by, f"ended early by {by.label}", now)
+    return plan
+
+
+def apply_due_drains(now=None) -> tuple[int, int]:
+    """Start the plans whose start has come and end those whose end has come (the periodic
+    housekeeping, every 10 s). Returns (started, ended)."""
+    now = now or timezone.now()
+    started = ended = 0
+    for pk in PlannedDrain.objects.filter(state=DrainState.PLANNED, starts_at__lte=now).values_list("pk", flat=True):
+        started += _start_plan(pk, now)
+    due = PlannedDrain.objects.filter(state=DrainState.ACTIVE, ends_at__lte=now).values_list("pk", "node_id")
+    for pk, node_id in due:
+        with transaction.atomic():
+            node = Node.objects.select_for_update().get(pk=node_id)
+            plan = PlannedDrain.objects.select_for_update().get(pk=pk)
+            if plan.state == DrainState.ACTIVE:
+                _finish(plan, node, SYSTEM, "its window ended", now)
+                ended += 1
+    return started, ended
+
+
+def _start_plan(plan_id: int, now) -> bool:
+    with transaction.atomic():
+        plan = PlannedDrain.objects.select_related("node").get(pk=plan_id)
+        node = Node.objects.select_for_update().get(pk=plan.node_id)
+        plan = PlannedDrain.objects.select_for_update().get(pk=plan_id)
+        if plan.state != DrainState.PLANNED:
+            return False
+        if plan.ends_at is not None and plan.ends_at <= now:
+            _close(plan, DrainState.ENDED, "its window passed before it could start", now)
+            return False
+        plan.state = DrainState.ACTIVE
+        plan.applied = node.status in (NodeStatus.READY, NodeStatus.LOST)
+        if not plan.applied:
+            plan.end_note = f"the node was already drained ({node.status_reason}); that drain stands"[:200]
+        plan.save(update_fields=["state", "applied", "end_note"])
+        if node.status == NodeStatus.READY:
+            _set_status(node.pk, NodeStatus.DRAINING, plan.status_reason(), SYSTEM, "drained",
+                        message=f"planned drain #{plan.pk} started")
+        announce_nodes([node.pk])
+    return True
+
+
+def _finish(plan: PlannedDrain, node: Node, by: audit.Actor, why: str, now) -> None:
+    """End an active plan (under the node's and the plan's row locks); return the node if the plan
+    still holds it."""
+    _close(plan, DrainState.ENDED, why, now)
+    if plan.applied and node.status == NodeStatus.DRAINING and node.status_reason == plan.status_reason():
+        _set_status(node.pk, NodeStatus.READY, "", by, "undrained", message=f"planned drain #{plan.pk} {why}")
+    else:
+        audit.record(by, object_type="node", object_id=node.pk, object_repr=node.name, action="drain ended",
+                     message=f"planned drain #{plan.pk} {why}; the node's status was left as it is")
+        announce_nodes([node.pk])
+
+
+def _close(plan: PlannedDrain, state: str, why: str, now) -> None:
+    plan.state, plan.end_note, plan.ended_at = state, why[:200], now
+    plan.save(update_fields=["state", "end_note", "ended_at"])
+
+
+def _end_active_plans(node_id: int, by: audit.Actor, why: str) -> None:
+    """A person changed the node's drain by hand: plans holding it now end without touching it."""
+    now = timezone.now()
+    for plan in PlannedDrain.objects.select_for_update().filter(node_id=node_id, state=DrainState.ACTIVE):
+        _close(plan, DrainState.ENDED, why, now)
 
 
 REASON_MAX = 200  # a node's or GPU's reason, as Node.status_reason and Gpu.cordon_reason hold it
@@ -200,6 +331,9 @@ def mark_back(node_id: int, cause: str = LostCause.AGENT_SILENT) -> bool:
         if node.status != NodeStatus.LOST or node.lost_cause != cause:
             return False
         node.status, node.status_reason, node.lost_cause = NodeStatus.READY, "", ""
+        plan = PlannedDrain.objects.filter(node=node, state=DrainState.ACTIVE, applied=True).first()
+        if plan is not None:  # back inside its maintenance window: drained, returned at the plan's end
+            node.status, node.status_reason = NodeStatus.DRAINING, plan.status_reason()
         node.save(update_fields=["status", "status_reason", "lost_cause"])
         request_cycle(f"node {node.name} back", freed=True)
         announce_nodes([node.pk])

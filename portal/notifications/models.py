@@ -14,6 +14,7 @@ class Event(models.TextChoices):
     IDLE = "idle", "Idle warning"
     RECLAIM = "reclaim", "Reclaim warning"
     NODE_LOST = "node_lost", "Node lost"
+    DRAIN = "drain", "Maintenance over a booking"
     FINISHED = "finished", "Finished"
     FAILED = "failed", "Failed"
 

@@ -1,5 +1,6 @@
 """Who wants which event on which channel. Defaults: everything in the portal; by e-mail what a
-person acts on or would miss (running, finished, failed, reclaim, node lost); no webhook."""
+person acts on or would miss (running, finished, failed, reclaim, node lost, maintenance over a
+booking); no webhook."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from .models import Channel, Event, Preferences
 
 DEFAULTS: dict[str, frozenset[str]] = {
     event: frozenset({Channel.IN_APP} | ({Channel.EMAIL} if event in (
-        Event.RUNNING, Event.FINISHED, Event.FAILED, Event.RECLAIM, Event.NODE_LOST) else set()))
+        Event.RUNNING, Event.FINISHED, Event.FAILED, Event.RECLAIM, Event.NODE_LOST, Event.DRAIN) else set()))
     for event in Event.values
 }
 DEFAULT_WAITING_AFTER_MIN = 15

@@ -13,7 +13,7 @@ import logging
 from django.db.models import Q
 from django.dispatch import receiver
 
-from portal.reservations.events import node_lost, reservations_changed
+from portal.reservations.events import booking_drained, node_lost, reservations_changed
 from portal.reservations.models import Allocation, Reservation
 from portal.reservations.states import HOLDS_GPU, State
 
@@ -99,3 +99,15 @@ def _notify_node_lost(reservation_id: int, why: str) -> None:
                 .values_list("gpu__node__name", flat=True).first() or "")
     # The attempt it lost (a requeued one is placed again with attempt + 1, which is a new run).
     notify([Occurrence(f"r{r.pk}:node_lost:{r.attempt}", Event.NODE_LOST, r, model_named(r, held), node, why)])
+
+
+@receiver(booking_drained, dispatch_uid="notifications.booking_drained")
+def on_booking_drained(sender, reservation_ids: list[int], plan_id: int, why: str, **kwargs) -> None:
+    """A forced planned drain over bookings: each owner is told once per plan."""
+    try:
+        rows = list(Reservation.objects.filter(pk__in=reservation_ids).select_related("node")
+                    .only(*RESERVATION_COLUMNS, "starts_at", "ends_at"))
+        notify([Occurrence(f"r{r.pk}:drain:{plan_id}", Event.DRAIN, r, model=model_named(r, {}), why=why)
+                for r in rows])
+    except Exception:
+        log.exception("could not tell the owners of bookings %s of planned drain %s", reservation_ids[:10], plan_id)

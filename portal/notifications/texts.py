@@ -35,6 +35,12 @@ def _at(moment: datetime | None) -> str:
     return f"{moment:%H:%M} UTC" if moment else "soon"
 
 
+def _window(r: Reservation) -> str:
+    if r.starts_at is None or r.ends_at is None:
+        return "its window"
+    return f"{r.starts_at:%Y-%m-%d %H:%M}–{r.ends_at:%H:%M} UTC"
+
+
 def compose(event: str, r: Reservation, model: str, node: str, why: str = "", minutes: int = 0) -> tuple[str, str]:
     """(subject, text) of `event` for reservation `r` on a GPU of `model` on `node`."""
     it = f"Your reservation {title(r)} ({share_words(r, model)})"
@@ -64,6 +70,11 @@ def compose(event: str, r: Reservation, model: str, node: str, why: str = "", mi
             where = f" {node}" if node else ""
             because = f" ({why})" if why else ""
             return (f"{title(r)} lost its node", f"{it} lost its node{where}{because}. {after}")
+        case "drain":
+            return (f"Maintenance over your booking {title(r)}",
+                    f"Your booking {title(r)} ({share_words(r, model)}, {_window(r)}) may not get its capacity: "
+                    f"{why}. A site admin planned it knowing this. Move the booking to another window on the "
+                    "bookings page, or keep it and it starts if capacity is free then.")
         case "finished":
             return (f"{title(r)} finished", f"{it} finished successfully.")
         case "failed":

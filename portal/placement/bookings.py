@@ -1,7 +1,10 @@
-"""Bookings over time: start those whose window has come (booked → pending, so the next cycle
-places them), and release a started booking whose owner did not show up: no process on its GPU
-for the first `booking_no_show_min` minutes of its team's policy (the owner hears of it through the
-transition's reason, its audit row and the team's live push, as for any other transition)."""
+"""Bookings and planned drains over time: drain the nodes whose planned drain starts and return
+those whose drain ends (fleet.services.apply_due_drains, first, so a booking starting in the same
+tick is not placed on a node about to drain), start the bookings whose window has come (booked →
+pending, so the next cycle places them), and release a started booking whose owner did not show
+up: no process on its GPU for the first `booking_no_show_min` minutes of its team's policy (the
+owner hears of it through the transition's reason, its audit row and the team's live push, as for
+any other transition)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
+from portal.fleet import services as fleet_services
 from portal.reservations import services
 from portal.reservations.models import Reservation
 from portal.reservations.states import HOLDS_GPU
@@ -60,5 +64,7 @@ def check_no_shows(seen: Seen = processes_seen, now: datetime | None = None) -> 
 
 
 def tick(seen: Seen = processes_seen) -> dict:
+    drained, returned = fleet_services.apply_due_drains()
     started, missed = services.start_due()
-    return {"started": started, "missed": missed, "no_shows": check_no_shows(seen)}
+    return {"drains_started": drained, "drains_ended": returned, "started": started, "missed": missed,
+            "no_shows": check_no_shows(seen)}

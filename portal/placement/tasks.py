@@ -11,7 +11,8 @@ its own time limit and (where two at once would only race) single-flight:
 - `placement.housekeeping`: delete the pods of ended reservations; admit new kubectl pods.
 - `placement.sync`: apply the cluster's events (pod phases, deletions, node readiness).
 - `placement.lifecycle`: expiry, warnings and idle reclaim.
-- `placement.bookings`: start the bookings whose window has come; release no-shows.
+- `placement.bookings`: start and end planned drains; start the bookings whose window has come;
+  release no-shows.
 - `placement.reconcile`: compare database and cluster.
 """
 

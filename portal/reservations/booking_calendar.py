@@ -1,7 +1,7 @@
 """What is booked over a span of time, as the calendar page, the bookings API and the iCal feed
 show it: the bookings a user may see (their teams' reservations: members their own team's,
-managers the teams they manage, site admins all) and, per GPU model, the fleet's cards and the
-most of them booked at once."""
+managers the teams they manage, site admins all) and, per GPU model, the fleet's cards, the most
+of them booked at once and the drains planned on them (the dips in what can be booked)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from decimal import Decimal
 
 from django.db.models import Count, Sum
 
+from portal.fleet import drain_plans
 from portal.fleet.models import Gpu
 
 from .models import Reservation
@@ -96,3 +97,35 @@ def _peak(bookings: list[Reservation], since: datetime | None = None) -> tuple[D
                  sum(r.gpu_memory_mib * r.gpu_count for r in active), sum(r.gpu_count for r in active))
         best = max(best, total)
     return best
+
+
+@dataclass(frozen=True)
+class DrainDip:
+    """A planned drain as the calendar shows it: the model's cards it takes out over its window."""
+
+    gpu_model: str
+    node: str
+    when: str
+    starts_at: datetime
+    out: int  # the model's GPUs on the node
+    of: int  # the model's GPUs in the fleet
+    reason: str
+
+    @property
+    def left(self) -> int:
+        return self.of - self.out
+
+
+def drain_dips(start: datetime, end: datetime) -> list[DrainDip]:
+    """Per GPU model, the drains planned over [start, end), earliest first."""
+    plans = list(drain_plans.overlapping(start, end).select_related("node").order_by("starts_at", "pk"))
+    if not plans:
+        return []
+    per_node = defaultdict(dict)
+    for node_id, model, n in (Gpu.objects.filter(node_id__in={p.node_id for p in plans}).order_by()
+                              .values_list("node_id", "model").annotate(n=Count("id"))):
+        per_node[node_id][model] = n
+    totals = dict(Gpu.objects.order_by().values_list("model").annotate(n=Count("id")))
+    return [DrainDip(model, p.node.name, drain_plans.window_text(p.starts_at, p.ends_at), p.starts_at, n,
+                     totals.get(model, n), p.reason)
+            for p in plans for model, n in sorted(per_node[p.node_id].items())]

@@ -2,10 +2,11 @@
 nearest windows of the same length that do. Plain data in and out, no Django, no I/O: the booking
 service reads the cards and the bookings once and asks here as often as it needs.
 
-Capacity is judged at every instant a booked window starts inside the asked window (the most that
-is booked at once is reached at one of them): the bookings active then and the new one must pack
-onto the model's cards (whole-GPU bookings of several cards on one node, fractions by compute and
-memory, first fit from the largest), which is a sufficient test, never an optimistic one.
+Capacity is judged at every instant a booked window or a planned drain starts inside the asked
+window (the most that is booked at once, on the fewest cards, is reached at one of them): the
+bookings active then and the new one must pack onto the model's cards not drained then (whole-GPU
+bookings of several cards on one node, fractions by compute and memory, first fit from the
+largest), which is a sufficient test, never an optimistic one.
 """
 
 from __future__ import annotations
@@ -40,6 +41,19 @@ class Booked:
 
     def overlaps(self, start: datetime, end: datetime) -> bool:
         return self.starts_at < end and self.ends_at > start
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A node's cards out of the count over a window (a planned drain; no end: until further notice)."""
+
+    node: str
+    starts_at: datetime
+    ends_at: datetime | None
+    text: str  # what a refused booking is told: "node a100-1 is drained for maintenance …"
+
+    def covers(self, at: datetime) -> bool:
+        return self.starts_at <= at and (self.ends_at is None or at < self.ends_at)
 
 
 @dataclass(frozen=True)
@@ -92,8 +106,16 @@ def _pack(cards: Sequence[Card], active: Iterable[Booked]) -> bool:
     return True
 
 
-def _instants(start: datetime, end: datetime, overlapping: Sequence[Booked]) -> list[datetime]:
-    return sorted({start} | {b.starts_at for b in overlapping if start < b.starts_at < end})
+def _instants(start: datetime, end: datetime, overlapping: Sequence[Booked], outages: Sequence[Outage] = ()
+              ) -> list[datetime]:
+    return sorted({start} | {b.starts_at for b in overlapping if start < b.starts_at < end}
+                  | {o.starts_at for o in outages if start < o.starts_at < end})
+
+
+def _up(cards: Sequence[Card], outages: Sequence[Outage], at: datetime) -> list[Card]:
+    """The cards not drained at `at`."""
+    down = {o.node for o in outages if o.covers(at)}
+    return [c for c in cards if c.node not in down] if down else list(cards)
 
 
 def _gpus(milli: int) -> str:
@@ -112,16 +134,27 @@ def window_text(start: datetime, end: datetime) -> str:
     return f"{start:%Y-%m-%d %H:%M}–{end_text} UTC"
 
 
-def capacity_conflict(model: str, cards: Sequence[Card], booked: Sequence[Booked], new: Booked) -> Taken | None:
-    """None when `new` fits the model's cards beside every booking overlapping its window."""
+def capacity_conflict(model: str, cards: Sequence[Card], booked: Sequence[Booked], new: Booked,
+                      outages: Sequence[Outage] = ()) -> Taken | None:
+    """None when `new` fits the model's cards beside every booking overlapping its window, on the
+    cards not drained at each instant."""
     overlapping = [b for b in booked if b.id != new.id and b.overlaps(new.starts_at, new.ends_at)]
+    outages = [o for o in outages if any(c.node == o.node for c in cards)]
     total_memory = sum(c.memory_mib for c in cards)
-    for at in _instants(new.starts_at, new.ends_at, overlapping):
+    for at in _instants(new.starts_at, new.ends_at, overlapping, outages):
         active = [b for b in overlapping if b.starts_at <= at < b.ends_at]
-        if _pack(cards, [*active, new]):
+        up = _up(cards, outages, at)
+        if _pack(up, [*active, new]):
             continue
         milli = sum(b.milli * b.gpus for b in active)
         memory = sum(b.memory_mib * b.gpus for b in active)
+        if len(up) < len(cards) and _pack(cards, [*active, new]):
+            drains = "; ".join(o.text for o in outages if o.covers(at))
+            return Taken(at, (
+                f"{model} has too little left for {window_text(new.starts_at, new.ends_at)}: {drains}, leaving "
+                f"{len(up)} of its {len(cards)} GPUs from {at_text(at)}, where {_gpus(milli)} GPUs' compute "
+                f"and {memory // 1024} GiB are booked; too little for {_gpus(new.milli * new.gpus)} GPU"
+                f"{'s' if new.milli * new.gpus != WHOLE else ''} with {new.memory_mib * new.gpus // 1024} GiB"))
         return Taken(at, (
             f"{model} is fully booked for {window_text(new.starts_at, new.ends_at)}: from {at_text(at)} "
             f"{_gpus(milli)} of its {len(cards)} GPUs' compute and {memory // 1024} of {total_memory // 1024} GiB "
@@ -150,15 +183,44 @@ def quota_conflict(model: str, quota: TeamQuota, booked: Sequence[Booked], new: 
     return None
 
 
-def conflict(model: str, cards: Sequence[Card], quota: TeamQuota, booked: Sequence[Booked], new: Booked
-             ) -> Taken | None:
+def conflict(model: str, cards: Sequence[Card], quota: TeamQuota, booked: Sequence[Booked], new: Booked,
+             outages: Sequence[Outage] = ()) -> Taken | None:
     """The team's quota first (the team can act on it), then the model's capacity."""
-    return quota_conflict(model, quota, booked, new) or capacity_conflict(model, cards, booked, new)
+    return quota_conflict(model, quota, booked, new) or capacity_conflict(model, cards, booked, new, outages)
+
+
+def broken_by(cards: Sequence[Card], booked: Sequence[Booked], outages: Sequence[Outage], new: Outage,
+              end: datetime) -> list[Booked]:
+    """The bookings that fit their model's cards beside `outages` but would not once `new` (a
+    planned drain, up to `end` when it has none) is added. The bookings made first keep their
+    place: at each instant those active are packed in booking order, and one that no longer fits
+    is broken (from then on it counts nowhere)."""
+    window_end = new.ends_at or end
+    relevant = sorted((b for b in booked if b.overlaps(new.starts_at, window_end)), key=lambda b: b.id)
+    before = _broken(cards, relevant, outages, new.starts_at, window_end)
+    after = _broken(cards, relevant, [*outages, new], new.starts_at, window_end)
+    return sorted((b for i, b in after.items() if i not in before), key=lambda b: (b.starts_at, b.id))
+
+
+def _broken(cards: Sequence[Card], relevant: Sequence[Booked], outages: Sequence[Outage], start: datetime,
+            end: datetime) -> dict[int, Booked]:
+    broken: dict[int, Booked] = {}
+    for at in _instants(start, end, relevant, outages):
+        up = _up(cards, outages, at)
+        kept: list[Booked] = []
+        for b in relevant:
+            if b.id in broken or not b.starts_at <= at < b.ends_at:
+                continue
+            if _pack(up, [*kept, b]):
+                kept.append(b)
+            else:
+                broken[b.id] = b
+    return broken
 
 
 def free_windows(model: str, cards: Sequence[Card], quota: TeamQuota, booked: Sequence[Booked], new: Booked, *,
-                 earliest: datetime, latest: datetime, step: timedelta, count: int = 3
-                 ) -> list[tuple[datetime, datetime]]:
+                 earliest: datetime, latest: datetime, step: timedelta, count: int = 3,
+                 outages: Sequence[Outage] = ()) -> list[tuple[datetime, datetime]]:
     """Up to `count` windows of `new`'s length nearest to it (moved by whole `step`s, later and
     earlier in turn), starting no earlier than `earliest` and ending no later than `latest`, where
     it would fit; nearest first."""
@@ -173,7 +235,7 @@ def free_windows(model: str, cards: Sequence[Card], quota: TeamQuota, booked: Se
         for start in (later, earlier):
             if len(found) < count and earliest <= start and start + length <= latest:
                 moved = Booked(new.id, new.team, start, start + length, new.milli, new.memory_mib, new.gpus)
-                if conflict(model, cards, quota, relevant, moved) is None:
+                if conflict(model, cards, quota, relevant, moved, outages) is None:
                     found.append((start, start + length))
         k += 1
     return found

@@ -17,6 +17,8 @@ allocations_changed = Signal()  # kwargs: node_ids (sorted list of int)
 reservations_changed = Signal()  # kwargs: changes (dict[int, int])
 # The node under a reservation was lost (it was requeued or failed): its owner is told why.
 node_lost = Signal()  # kwargs: reservation_id (int), why (str)
+# A site admin forced a planned drain over these bookings: their owners are told what it takes.
+booking_drained = Signal()  # kwargs: reservation_ids (list of int), plan_id (int), why (str)
 
 
 # The notifications below run after the change has committed, and are best effort: the periodic
@@ -30,6 +32,11 @@ def request_pod_cleanup(reservation_id: int) -> None:
 def announce_node_lost(reservation_id: int, why: str) -> None:
     """Sent after commit, before the reservation's own change is announced (noted first)."""
     transaction.on_commit(lambda: node_lost.send(sender=None, reservation_id=reservation_id, why=why), robust=True)
+
+
+def announce_bookings_drained(reservation_ids: list[int], plan_id: int, why: str) -> None:
+    transaction.on_commit(lambda: booking_drained.send(sender=None, reservation_ids=reservation_ids,
+                                                       plan_id=plan_id, why=why), robust=True)
 
 
 _pending = threading.local()

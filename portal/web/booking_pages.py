@@ -47,6 +47,7 @@ def bookings_page(request):
     return render(request, "web/bookings.html", {
         "start": start, "end": end, "overview": overview, "models": models,
         "days": booking_calendar.by_day(rows, models, start, WEEKS * 7) if overview else [],
+        "drains": booking_calendar.drain_dips(start, end) if overview else [],
         "mine": [_row(r) for r in rows if r.owner_id == request.user.pk],
         "teams": [_row(r) for r in rows],
         "has_feed": calendar_feed.has_feed(request.user),

@@ -1,8 +1,8 @@
 """The frame of the site admins' pages (/fleet/): who may see them, where an action returns, and
 their menu entries. The pages: fleet_nodes.py (every node as a row of GPUs, live), fleet_actions.py
-(drain, undrain, cordon, node agent tokens), fleet_teams.py (create teams, their department and
-the limits on their policy; their quota rows: quota_editor.py). Site admins only (everyone else:
-403), like the API."""
+(drain, undrain, cordon, node agent tokens), fleet_drains.py (a node's planned drains),
+fleet_teams.py (create teams, their department and the limits on their policy; their quota rows:
+quota_editor.py). Site admins only (everyone else: 403), like the API."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ from django.shortcuts import render
 from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET
 
+from portal.fleet import drain_plans
 from portal.fleet import services as fleet_services
-from portal.fleet.models import Gpu, Node, NodeStatus
+from portal.fleet.models import OPEN_DRAINS, Gpu, Node, NodeStatus, PlannedDrain
 from portal.reservations.models import Allocation
 from portal.telemetry import live
 from portal.telemetry.live.groups import FLEET
@@ -75,7 +76,13 @@ def _summary() -> dict:
 
 def _draw(nodes: list[dict]) -> list[dict]:
     nodes = fleet_rows(nodes)
+    drains: dict[int, list[str]] = defaultdict(list)
+    for node_id, start, end in (PlannedDrain.objects.filter(node_id__in=[n["id"] for n in nodes],
+                                                            state__in=OPEN_DRAINS)
+                                .order_by("starts_at").values_list("node_id", "starts_at", "ends_at")):
+        drains[node_id].append(drain_plans.window_text(start, end))
     for n in nodes:
+        n["drains"] = drains.get(n["id"], [])
         n["has_token"] = bool(n.pop("agent_token_hash"))
         for g in n["gpus"]:
             g["html"] = gpu_cell(g, n["name"])

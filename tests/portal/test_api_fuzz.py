@@ -40,6 +40,9 @@ DOMAIN_REFUSALS = {
     ("GET", "/api/v1/audit/"): (["400"], "since before until"),
     ("GET", "/api/v1/workloads/"): (["400"], "since before until; the team and user must be ones you may see"),
     ("GET", "/api/v1/bookings/"): (["400"], "from before to, within the calendar (90 days ahead)"),
+    ("POST", "/api/v1/nodes/{name}/drains/"): (["400", "409"], "a start now or up to 90 days ahead, an end a "
+                                               "minute to 30 days after it, a reason; no overlap with another plan "
+                                               "of the node; bookings it breaks (409) unless forced"),
     ("POST", "/api/v1/tokens/"): (["409"], "one live token per name: a name in use is refused unless replaced"),
     ("POST", "/api/v1/auth/token/"): (["409"], "as tokens: one live token per name"),
 }

@@ -23,8 +23,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal import db_vendor
+from portal.fleet import drain_plans
 from portal.fleet.model_names import fleet_model_names
-from portal.fleet.models import Gpu, NodeStatus
 from portal.reservations import actors, booking_fit, engine_quotas, rules
 from portal.reservations.events import announce_reservations
 from portal.reservations.models import Admission, Reservation
@@ -121,7 +121,7 @@ def book(user, spec: rules.ReservationSpec, window: Window) -> list[Reservation]
                 problems["ends_at"] = problems.pop("max_duration_s")
             raise rules.RuleViolation(problems)
         _refuse_never_fits(team, spec)
-        _lock_model(model)
+        lock_model(model)
         series = uuid.uuid4() if window.weeks > 1 else None
         fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "team"}
         made = []
@@ -153,7 +153,7 @@ def move_booking(reservation_id: int, actor, starts_at: datetime, ends_at: datet
         if problems:
             raise rules.RuleViolation({"ends_at": problems["max_duration_s"]})
         model = reservation.gpu_model
-        _lock_model(model)
+        lock_model(model)
         _check_fits(reservation.team, model, reservation, window.starts_at, window.ends_at, exclude=reservation.pk)
         before = booking_fit.window_text(reservation.starts_at, reservation.ends_at)
         after = booking_fit.window_text(window.starts_at, window.ends_at)
@@ -190,18 +190,19 @@ def free_windows(team: Team, terms, starts_at: datetime, ends_at: datetime, excl
     terms would fit their model and the team's quota."""
     model = terms.gpu_model
     now = timezone.now()
-    cards, booked, quota = _read(team, model, now, now + HORIZON + timedelta(days=31))
+    cards, booked, quota, outages = _read(team, model, now, now + HORIZON + timedelta(days=31))
     new = _booked(exclude or 0, team.slug, terms, starts_at, ends_at)
     return booking_fit.free_windows(model, cards, quota, booked, new, earliest=_next_step(now),
-                                    latest=now + HORIZON + (ends_at - starts_at), step=STEP, count=count)
+                                    latest=now + HORIZON + (ends_at - starts_at), step=STEP, count=count,
+                                    outages=outages)
 
 
 def window_conflict(team: Team, terms, starts_at: datetime, ends_at: datetime) -> str | None:
     """What a booking of these terms for this window would meet now (the request page's preview;
     writes nothing, takes no lock: booking checks again), or None when it fits."""
-    cards, booked, quota = _read(team, terms.gpu_model, starts_at, ends_at)
+    cards, booked, quota, outages = _read(team, terms.gpu_model, starts_at, ends_at)
     taken = booking_fit.conflict(terms.gpu_model, cards, quota, booked,
-                                 _booked(0, team.slug, terms, starts_at, ends_at))
+                                 _booked(0, team.slug, terms, starts_at, ends_at), outages)
     return None if taken is None else taken.message
 
 
@@ -254,15 +255,15 @@ def _refuse_never_fits(team: Team, spec: rules.ReservationSpec) -> None:
         raise engine_quotas.NeverFits(f"team {team.slug}: this request can never run as asked: {problem}", team)
 
 
-def _lock_model(model: str) -> None:
+def lock_model(model: str) -> None:
     """Bookings of one model are checked one at a time (the check reads every other booking of it)."""
     db_vendor.of(connection).lock_for_transaction(connection, f"booking:{model}")
 
 
 def _check_fits(team: Team, model: str, terms, start: datetime, end: datetime, exclude: int | None) -> None:
-    cards, booked, quota = _read(team, model, start, end)
+    cards, booked, quota, outages = _read(team, model, start, end)
     new = _booked(exclude or 0, team.slug, terms, start, end)
-    taken = booking_fit.conflict(model, cards, quota, booked, new)
+    taken = booking_fit.conflict(model, cards, quota, booked, new, outages)
     if taken is None:
         return
     if booking_fit.conflict(model, cards, quota, [], new) is not None:
@@ -282,18 +283,31 @@ def _booked(pk: int, team: str, terms, start: datetime, end: datetime) -> bookin
 
 
 def _read(team: Team, model: str, start: datetime, end: datetime
-          ) -> tuple[list[booking_fit.Card], list[booking_fit.Booked], booking_fit.TeamQuota]:
-    """The model's cards bookings may count on (not cordoned, on nodes neither draining nor lost),
-    the bookings of the model overlapping [start, end), and the team's quota for the model."""
+          ) -> tuple[list[booking_fit.Card], list[booking_fit.Booked], booking_fit.TeamQuota, list[booking_fit.Outage]]:
+    """The model's cards bookings may count on, the bookings of the model overlapping [start, end),
+    the team's quota for the model and the drains planned on its nodes over the span."""
+    cards, booked = read_capacity(model, start, end)
+    return cards, booked, team_quota(team, model), outages_of(model, start, end)
+
+
+def read_capacity(model: str, start: datetime, end: datetime
+                  ) -> tuple[list[booking_fit.Card], list[booking_fit.Booked]]:
+    """The model's cards bookings may count on (drain_plans.bookable_gpus) and its bookings (and the
+    reservations they became) overlapping [start, end)."""
     cards = [booking_fit.Card(node, memory) for node, memory in
-             Gpu.objects.filter(model=model, cordoned=False, node__status=NodeStatus.READY).order_by()
-             .values_list("node__name", "memory_mib")]
+             drain_plans.bookable_gpus(model).order_by().values_list("node__name", "memory_mib")]
     rows = (Reservation.objects.filter(gpu_model=model, state__in=TAKING, starts_at__lt=end, ends_at__gt=start)
             .order_by().values_list("pk", "team__slug", "starts_at", "ends_at", "gpu_request", "gpu_memory_mib",
                                     "gpu_count"))
     booked = [booking_fit.Booked(pk, slug, s, e, int(share * 1000), memory, count)
               for pk, slug, s, e, share, memory, count in rows]
-    return cards, booked, team_quota(team, model)
+    return cards, booked
+
+
+def outages_of(model: str, start: datetime, end: datetime, exclude: int | None = None) -> list[booking_fit.Outage]:
+    """The drains planned over [start, end) on nodes with GPUs of `model`, as the check counts them."""
+    return [booking_fit.Outage(name, d.starts_at, d.ends_at, drain_plans.describe(d, name))
+            for d, name in drain_plans.of_model(model, start, end) if d.pk != exclude]
 
 
 def team_quota(team: Team, model: str) -> booking_fit.TeamQuota:

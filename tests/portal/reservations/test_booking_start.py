@@ -22,7 +22,7 @@ def _started(people, teams, booked, day):
     [r] = booked(people["alice"], teams["vision"], day, 2, gpu_request=Decimal("0.5"))
     gpu = Gpu.objects.filter(model="T4").order_by("pk").first()
     with clock_at(day + timedelta(seconds=3)):
-        assert bookings.tick() == {"started": 1, "missed": 0, "no_shows": 0}
+        assert bookings.tick() == {"drains_started": 0, "drains_ended": 0, "started": 1, "missed": 0, "no_shows": 0}
     with clock_at(day + timedelta(minutes=1)):
         r = placed(r, gpu)
         assert services.move(r.pk, State.PLACED, State.RUNNING, "its pod runs", SYSTEM)
