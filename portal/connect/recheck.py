@@ -70,6 +70,11 @@ class Recheck:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = -1  # the connection's socket (libpq no longer tells it once the connection broke)
 
+    @property
+    def backend_pid(self) -> int | None:
+        """The PostgreSQL server process of its connection (None: not connected now)."""
+        return None if self._pgconn is None else self._pgconn.backend_pid
+
     async def holds(self, params: list[bytes]) -> bool:
         pgconn = self._pgconn or await self._connect()
         answer = self._loop.create_future()
