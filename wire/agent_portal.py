@@ -432,8 +432,9 @@ def parse_slow(raw: str, allowed: dict[str, type[_Message]]) -> _Message:
 
 
 def encode(message: _Message) -> str:
-    """The compact JSON text of a message, as it goes on the wire."""
-    return message.model_dump_json()
+    """The compact JSON text of a message, as it goes on the wire. An optional field the sender left
+    unset is not sent: a receiver older than the field would refuse it (unknown fields are)."""
+    return message.model_dump_json(exclude_unset=True)
 
 
 def error_message(code: str, message: str, *, fatal: bool = False, ref_seq: int | None = None) -> str:
