@@ -24,12 +24,14 @@ from django.conf import settings
 from django.db import connections
 from psycopg import pq, sql
 
+from portal import db_vendor
+
 STATEMENT = b"tessera_connect_recheck"
 
 
 def available() -> bool:
     """Only where the database is PostgreSQL and sessions are its rows (the default engine)."""
-    return (connections["default"].vendor == "postgresql"
+    return (db_vendor.of(connections["default"]).pipelines
             and settings.SESSION_ENGINE == "django.contrib.sessions.backends.db")
 
 
