@@ -45,6 +45,15 @@ class AgentSettings:
     link_check_s: float = 5.0  # how often the link table is asked whether a probe is due
 
 
+def next_tick(due: float, now: float, interval: float) -> float:
+    """When the next sample is due on the grid of `interval` through `due`: `due` itself unless it
+    has passed (a stalled read), else the first grid point after `now`, so the missed ticks are
+    skipped rather than made up in a burst."""
+    if due >= now:
+        return due
+    return now + interval - (now - due) % interval
+
+
 class StopAwareSleep:
     """Sleeps until a loop time or until `stop` is set, whichever comes first.
 
@@ -173,11 +182,7 @@ class Agent:
                     if dropped and (total == dropped or total % 100 < dropped):
                         log.warning("buffer full: %d samples dropped so far (oldest first)", total)
                     self.stream.wake()
-                next_at += interval
-                now = loop.time()
-                if next_at < now:
-                    # We fell behind (a stalled read): skip the missed ticks rather than bursting.
-                    next_at = now + interval - (now - next_at) % interval
+                next_at = next_tick(next_at + interval, loop.time(), interval)
                 await sleep.until(next_at)
         finally:
             sleep.close()

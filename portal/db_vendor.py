@@ -41,6 +41,9 @@ class PostgreSQL:
     name = "postgresql"
     expands_in_lists = False  # a list is one array parameter: the statement's text never changes
     copies_text = True  # raw rows go as one block of COPY text
+    # A libpq server: another connection (psycopg's, from an event loop) may pipeline prepared
+    # statements to it (connect/recheck.py).
+    pipelines = True
 
     @staticmethod
     def in_list_sql(lhs: str, field: Field, connection) -> str:
@@ -125,6 +128,7 @@ class SQLite:
     name = "sqlite"
     expands_in_lists = True  # `IN (%s)` becomes one placeholder per value at each call
     copies_text = False  # no COPY: raw rows go through the ORM
+    pipelines = False
 
     @staticmethod
     def in_list_sql(lhs: str, field: Field, connection) -> str:

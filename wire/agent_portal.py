@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from wire.share_tokens import MAX_ATTEMPT
+from wire.share_tokens import MAX_ATTEMPT, SHARE_ID_PATTERN
 
 PROTOCOL_VERSION = 1
 AGENT_WS_PATH = "/ws/agents/"
@@ -69,8 +69,6 @@ CONTAINER_ID_PATTERN = r"^[0-9a-f]{64}$"
 STREAM_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 VERSION_PATTERN = r"^[0-9A-Za-z.+-]{1,32}$"
 # host:port of a remote-share server: an IPv4 address or DNS name, or an IPv6 address in brackets.
-# A remote share's id as share tokens carry it (wire/share_tokens.py, preload/remote/token.c).
-SHARE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 SERVER_ADDRESS_PATTERN = r"^(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?):[0-9]{1,5}$"
 
 ERROR_CODES = (
@@ -434,8 +432,9 @@ def parse_slow(raw: str, allowed: dict[str, type[_Message]]) -> _Message:
 
 
 def encode(message: _Message) -> str:
-    """The compact JSON text of a message, as it goes on the wire."""
-    return message.model_dump_json()
+    """The compact JSON text of a message, as it goes on the wire. An optional field the sender left
+    unset is not sent: a receiver older than the field would refuse it (unknown fields are)."""
+    return message.model_dump_json(exclude_unset=True)
 
 
 def error_message(code: str, message: str, *, fatal: bool = False, ref_seq: int | None = None) -> str:

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 
 PREFIX = "tsr1."
 MAX_TOKEN_BYTES = 2048
-_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# A remote share's id and a GPU's as tokens carry them (preload/remote/token.c checks the same);
+# the `revoked_shares` message names shares by the same pattern (agent_portal.py).
+SHARE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+_ID_RE = re.compile(SHARE_ID_PATTERN)
 PRIORITIES = ("high", "normal", "low")
 VERSION = "2"  # 2: with ``attempt``; version 1 (without) is refused, see wire/PROTOCOL.md 5.5
 MAX_ATTEMPT = 2**32 - 2  # the server keeps attempts as 32-bit numbers; 2**32 - 1 voids every attempt
@@ -46,9 +49,9 @@ class ShareTerms:
     attempt: int = 1  # the placement it was issued for (Reservation.attempt)
 
     def validate(self) -> None:
-        if not _ID_RE.match(self.share):
+        if not _ID_RE.fullmatch(self.share):  # fullmatch: `$` alone would let a final newline by
             raise TokenError(f"share id {self.share!r} is not 1-128 of A-Za-z0-9._:-")
-        if not _ID_RE.match(self.gpu):
+        if not _ID_RE.fullmatch(self.gpu):
             raise TokenError(f"GPU {self.gpu!r} is not 1-128 of A-Za-z0-9._:-")
         if not isinstance(self.memory_bytes, int) or self.memory_bytes < 0:
             raise TokenError("memory must be a non-negative number of bytes")

@@ -8,7 +8,8 @@ and mounts (the preload library and the share broker's socket directory).
 
 - `api.proto` + generated `api_pb2*.py` (regenerate: ``python -m agents.deviceplugin.generate``)
 - `devices.py`: per-GPU share slots as kubelet devices
-- `placement.py`: the annotation's format and validation; env and mounts
+- `placement.py`: env and mounts from the placement (its annotation's format, validation and the
+  variables: wire/pod_placement.py)
 - `pods.py`: which pod an Allocate call is for
 - `server.py`: the gRPC service, registration, re-registration after a kubelet restart
 - `__main__.py`: the command line

@@ -21,8 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from agents.kube_client import kube_api_client
 from scheduler.backends.kubernetes.api import RETRIED_STATUSES, status_message
 from scheduler.backends.kubernetes.refusals import explain
-
-from .placement import PLACEMENT_ANNOTATION
+from wire.pod_placement import PLACEMENT_ANNOTATION
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -14,10 +14,11 @@ from pathlib import Path
 import grpc
 
 from agents.gpus.base import GpuDevice
+from wire.pod_placement import PlacementError, parse_placement
 
 from . import api_pb2, api_pb2_grpc
 from .devices import DEFAULT_SLOTS_PER_GPU, share_devices
-from .placement import NodePaths, PlacementError, container_response, parse_placement
+from .placement import NodePaths, container_response
 from .pods import NoPodForAllocation, PodFinder
 
 log = logging.getLogger(__name__)

@@ -38,10 +38,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from agents.deviceplugin.placement import PLACEMENT_ANNOTATION, PlacementError, parse_placement
 from agents.gpus.base import GpuDevice
 from agents.kube_client import kube_api_client
 from scheduler.backends.base import HIGH_PRIORITY_FROM, GpuShare
+from wire.pod_placement import PLACEMENT_ANNOTATION, PlacementError, parse_placement
 
 from . import dra_pb2, dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from .cdi import CDI_DIR, cdi_id, claim_spec, spec_path, write_atomically

@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=5.0)
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
-    signal.signal(signal.SIGTERM, orch._interrupt)
+    signal.signal(signal.SIGTERM, orch.interrupt)
     fake = fake_apiserver_module()
     orch.DB.recreate()
     os.environ.update(env())

@@ -287,7 +287,8 @@ def cpu_times() -> tuple[int, int]:
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 
-def _interrupt(*_) -> None:
+def interrupt(*_) -> None:
+    """A SIGTERM handler: stop as Ctrl-C does, so the run stops its workers on the way out."""
     raise KeyboardInterrupt
 
 
@@ -309,7 +310,7 @@ def main() -> None:
     if not scenarios <= {"burst", "steady"}:
         parser.error("--scenarios: burst, steady")
     # Stopped from outside: unwind (the scenarios stop their workers and the database is dropped).
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     if args.gpus < 16 or args.gpus % 8:
         parser.error("--gpus must be a multiple of 8, at least 16")
 

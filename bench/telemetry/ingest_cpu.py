@@ -55,7 +55,7 @@ def _setup(nodes: int, shares: int) -> list:
     from portal.telemetry import ingest
     from portal.telemetry.services import placements_for_node
     from portal.tenancy.models import Team
-    from wire.agent_portal import Hello, Placements
+    from wire.agent_portal import Hello
     from wire.inventory import load_inventory
 
     call_command("migrate", verbosity=0)
@@ -81,7 +81,7 @@ def _setup(nodes: int, shares: int) -> list:
                      for g in spec.gpus]})
         info = ingest.register_hello(node, hello)
         table = PlacementTable({g.uuid for g in spec.gpus})
-        table.apply(Placements.model_validate(placements_for_node(node.pk)))
+        table.apply(placements_for_node(node.pk))
         out.append((info, Sampler(SimulatedSource(spec, table, seed=node.pk), table), stream))
     return out
 

@@ -20,7 +20,7 @@ def require_team_admin(user, team: Team) -> None:
 
 
 def require_staff(user) -> None:
-    if not user.is_staff:
+    if not roles.is_site_admin(user):
         raise PermissionDenied("only site admins may do this")
 
 

@@ -318,8 +318,9 @@ class TeamSerializer(StrictTypesMixin, serializers.ModelSerializer):
         read_only_fields = ["created_at"]
 
     def to_representation(self, instance):
-        if "quotas" not in getattr(instance, "_prefetched_objects_cache", {}):
-            prefetch_related_objects([instance], "quotas")  # the three quota fields: one query
+        # The three quota fields: one query, none where the list's queryset prefetched them already
+        # (prefetch_related_objects skips what is fetched).
+        prefetch_related_objects([instance], "quotas")
         return super().to_representation(instance)
 
     def get_my_role(self, obj) -> str | None:

@@ -204,7 +204,7 @@ async def _resolve(session_key: str | None, reservation_id: int) -> tuple[access
     return target, address, True
 
 
-def _split_cookies(raw: bytes) -> tuple[str | None, str]:
+def split_cookies(raw: bytes) -> tuple[str | None, str]:
     """(the portal session key, the cookie header without the portal's cookies)."""
     ours = portal_cookie_names()
     session_key, kept = None, []
@@ -230,7 +230,7 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return None
 
 
-def _same_origin(headers: list[tuple[bytes, bytes]]) -> bool:
+def same_origin(headers: list[tuple[bytes, bytes]]) -> bool:
     """A browser's Origin (when it sends one) names the host it asked: a page elsewhere may not
     drive the app with the user's session."""
     origin = _header(headers, b"origin")
@@ -303,7 +303,7 @@ class ConnectProxy:
         if match["rest"] is None:  # /connect/7 → /connect/7/ (the app's links are relative to it)
             await _respond(send, 301, "", [(b"location", f"{access.PREFIX}{match['id']}/".encode())])
             return
-        session_key, cookie = _split_cookies(_header(headers, b"cookie") or b"")
+        session_key, cookie = split_cookies(_header(headers, b"cookie") or b"")
         reservation_id = int(match["id"])
         has_body = _has_body(headers)
         # A remembered "yes" for a safe request: its recheck and the request to the app go out
@@ -324,7 +324,7 @@ class ConnectProxy:
             else:
                 await _respond(send, 404, NOT_FOUND)
             return
-        if scope["method"] in UNSAFE_METHODS and not _same_origin(headers):
+        if scope["method"] in UNSAFE_METHODS and not same_origin(headers):
             await _respond(send, 403, "This request came from another site.")
             return
         if address is None:
@@ -401,8 +401,8 @@ class ConnectProxy:
             return
         headers = scope["headers"]
         target = address = None
-        if match is not None and match["rest"] is not None and _check_headers(headers) and _same_origin(headers):
-            session_key, cookie = _split_cookies(_header(headers, b"cookie") or b"")
+        if match is not None and match["rest"] is not None and _check_headers(headers) and same_origin(headers):
+            session_key, cookie = split_cookies(_header(headers, b"cookie") or b"")
             target, address, _signed_in = await _resolve(session_key, int(match["id"]))
         if target is None or address is None:
             await send({"type": "websocket.close", "code": 1008})  # refused before accept: 403

@@ -24,12 +24,14 @@ from django.conf import settings
 from django.db import connections
 from psycopg import pq, sql
 
+from portal import db_vendor
+
 STATEMENT = b"tessera_connect_recheck"
 
 
 def available() -> bool:
     """Only where the database is PostgreSQL and sessions are its rows (the default engine)."""
-    return (connections["default"].vendor == "postgresql"
+    return (db_vendor.of(connections["default"]).pipelines
             and settings.SESSION_ENGINE == "django.contrib.sessions.backends.db")
 
 
@@ -69,6 +71,11 @@ class Recheck:
         self._pending: collections.deque[tuple[asyncio.Future, list[bool]]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = -1  # the connection's socket (libpq no longer tells it once the connection broke)
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The PostgreSQL server process of its connection (None: not connected now)."""
+        return None if self._pgconn is None else self._pgconn.backend_pid
 
     async def holds(self, params: list[bytes]) -> bool:
         pgconn = self._pgconn or await self._connect()

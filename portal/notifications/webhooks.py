@@ -73,12 +73,13 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
     """HTTPS to the checked address, with the certificate checked for the URL's host name."""
 
     def __init__(self, target: Target, timeout: float) -> None:
-        super().__init__(target.host, target.port, timeout=timeout, context=ssl.create_default_context())
+        self._tls = ssl.create_default_context()
+        super().__init__(target.host, target.port, timeout=timeout, context=self._tls)
         self._address = target.address
 
     def connect(self) -> None:
         sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
 
 
 def post(url: str, text: str) -> None:

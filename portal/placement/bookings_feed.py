@@ -20,7 +20,8 @@ WINDOW_END_FIELD = "ends_at"  # the reservation's field where a booked window en
 FEED_S = 12 * 3600.0  # bookings starting this far ahead reach the engine
 
 
-def _window_end(starts_at: datetime, end: datetime | None, max_duration_s: int | None) -> datetime | None:
+def window_end(starts_at: datetime, end: datetime | None, max_duration_s: int | None) -> datetime | None:
+    """Where a booking's window ends: its end field, else its start plus its duration (None: neither)."""
     if end is not None:
         return end
     return starts_at + timedelta(seconds=max_duration_s) if max_duration_s else None
@@ -42,7 +43,7 @@ def bookings(now: datetime) -> tuple[Booking, ...]:
                          WINDOW_END_FIELD, "max_duration_s", "state", "team__policy__reclaim_grace_s"))
     out = []
     for pk, team, model, share, memory, count, starts_at, end, max_duration_s, state, grace in rows:
-        ends_at = _window_end(starts_at, end, max_duration_s)
+        ends_at = window_end(starts_at, end, max_duration_s)
         if ends_at is None or ends_at <= now or ends_at <= starts_at or not model or "|" in model:
             continue  # no window, over, or not one GPU model: nothing to hold
         if state != BOOKED and starts_at > now:

@@ -53,7 +53,8 @@ _lock = threading.Lock()
 _cached: tuple[tuple, Fleet] | None = None
 
 
-def _version() -> tuple | None:
+def version() -> tuple | None:
+    """The fleet's version as this connection sees it (None without PostgreSQL: no version)."""
     return db_vendor.of(connection).versioned_row(connection, VERSION_SQL)
 
 
@@ -91,13 +92,13 @@ def fleet() -> Fleet:
     """The fleet's nodes by name, each with its healthy, uncordoned GPUs by index, as the rows
     are now (as this connection sees them), and their layout for the engine."""
     global _cached
-    version = _version()
-    if version is not None:
+    seen = version()
+    if seen is not None:
         with _lock:
-            if _cached is not None and _cached[0] == version:
+            if _cached is not None and _cached[0] == seen:
                 return _cached[1]
     now = _read()
-    if version is not None:
+    if seen is not None:
         with _lock:
-            _cached = (version, now)
+            _cached = (seen, now)
     return now

@@ -5,3 +5,4 @@ SCHEDULER = "system:scheduler"  # the placement cycle: places, warns and reclaim
 PLACEMENT = "system:placement"  # binding pods and recording what the cluster made of them
 LIFECYCLE = "system:lifecycle"  # ends and moves: expiry, idle reclaim, lost nodes, cluster events
 RECONCILE = "system:reconcile"  # the periodic comparison of the database with the cluster
+DEMO_HISTORY = "system:demo-history"  # the demo's week of past reservations (web/demo_history.py)

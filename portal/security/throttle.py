@@ -77,9 +77,3 @@ def record_failure(request, username: str | None) -> None:
             cache.incr(key)
         except ValueError:  # expired between add and incr
             cache.set(key, 1, timeout=left)
-
-
-class SignInThrottled(Exception):
-    def __init__(self, wait_s: int):
-        super().__init__(f"too many failed sign-ins; try again in {wait_s} s")
-        self.wait_s = wait_s

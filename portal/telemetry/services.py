@@ -18,7 +18,7 @@ from portal.placement.share_tokens import EXPIRY_SLACK_S
 from portal.reservations.models import Allocation, Sharing
 from portal.reservations.states import ACTIVE, TERMINAL
 from scheduler.backends.base import broker_priority
-from wire.agent_portal import MAX_REVOKED_SHARES, POD_UID_PATTERN
+from wire.agent_portal import MAX_REVOKED_SHARES, POD_UID_PATTERN, PROTOCOL_VERSION, Placements, RevokedShares
 
 from .models import GpuSample, RollupState, ShareMinute, ShareSample
 
@@ -64,8 +64,8 @@ def recent_utilization(reservation_ids: Iterable[int], since: datetime) -> dict[
     return {k: round(v, 4) for k, v in result.items()}
 
 
-def placements_for_node(node_id: int, priorities: bool = False) -> dict:
-    """The `placements` message body for a node's agent: every live share on its GPUs (with
+def placements_for_node(node_id: int, priorities: bool = False) -> Placements:
+    """The `placements` message for a node's agent: every live share on its GPUs (with
     `priorities`, each share's broker class, for agents that asked for it in their hello)."""
     rows = (Allocation.objects.filter(gpu__node_id=node_id, released_at__isnull=True)
             .select_related("gpu").order_by("reservation_id", "gpu__index")
@@ -80,11 +80,12 @@ def placements_for_node(node_id: int, priorities: bool = False) -> dict:
         for reservation, gpu_uuid, share, limit, memory, pod_uid, priority in rows
     ]
     # Milliseconds keep the revision increasing across portal restarts and processes.
-    return {"v": 1, "type": "placements", "revision": time.time_ns() // 1_000_000, "placements": placements}
+    return Placements(v=PROTOCOL_VERSION, type="placements", revision=time.time_ns() // 1_000_000,
+                      placements=placements)
 
 
-def revoked_shares_for_node(node_id: int) -> dict:
-    """The `revoked_shares` message body for a GPU node's agent (PROTOCOL.md 5.5): the shares that
+def revoked_shares_for_node(node_id: int) -> RevokedShares:
+    """The `revoked_shares` message for a GPU node's agent (PROTOCOL.md 5.5): the shares that
     left its GPUs within the longest a share token outlives its release (TESSERA_REMOTE_TOKEN_TTL_S
     + the tokens' slack; a token issued with an end time expires earlier), newest first, each with
     the placement attempt from which its tokens stay valid. Those that ended as remote shares, and
@@ -108,7 +109,7 @@ def revoked_shares_for_node(node_id: int) -> dict:
     shares = [{"share": str(reservation), "at": int(at.timestamp()),
                "from_attempt": max(1, attempt) if here else attempt + 1}
               for reservation, at, attempt, here in rows]
-    return {"v": 1, "type": "revoked_shares", "shares": shares}
+    return RevokedShares(v=PROTOCOL_VERSION, type="revoked_shares", shares=shares)
 
 
 def latest_gpu_readings(gpu_ids: Iterable[int] | None = None) -> dict[int, dict]:

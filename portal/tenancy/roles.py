@@ -9,6 +9,12 @@ from .models import Membership, Role, Team
 SUBMIT_ROLES = {Role.MEMBER, Role.ADMIN}
 
 
+def is_site_admin(user) -> bool:
+    """Site admins are Django's staff users: they see every team and set the fleet, the
+    organisation and the teams' limits. The one answer pages, API and sockets ask for."""
+    return user.is_authenticated and user.is_staff
+
+
 def team_roles(user) -> dict[int, str]:
     """team id → role for an authenticated user (cached on the user object per request)."""
     if not user.is_authenticated:
@@ -31,7 +37,7 @@ def remember_roles(user, roles: dict[int, str]) -> None:
 def visible_team_ids(user) -> list[int] | None:
     """The ids of the teams `user` may see; None for staff, who see every team. A list, so that
     a filter on it is `team_id IN (…)`, not a subquery on the teams."""
-    return None if user.is_staff else list(team_roles(user))
+    return None if is_site_admin(user) else list(team_roles(user))
 
 
 def visible_teams(user) -> QuerySet[Team]:
@@ -45,11 +51,11 @@ def role_in(user, team: Team | int) -> str | None:
 
 
 def can_submit(user, team: Team) -> bool:
-    return user.is_staff or role_in(user, team) in SUBMIT_ROLES
+    return is_site_admin(user) or role_in(user, team) in SUBMIT_ROLES
 
 
 def can_admin(user, team: Team | int) -> bool:
-    return user.is_staff or role_in(user, team) == Role.ADMIN
+    return is_site_admin(user) or role_in(user, team) == Role.ADMIN
 
 
 def forget_roles(user) -> None:

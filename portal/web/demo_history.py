@@ -23,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.fleet.models import Gpu
-from portal.reservations import rules, services
+from portal.reservations import actors, rules, services
 from portal.reservations.models import Reservation
 from portal.reservations.states import State
 from portal.telemetry import hours
@@ -34,7 +34,6 @@ from portal.tenancy.models import Membership
 PREFIX = "hist-"
 DAYS = 7
 GPUS = 6  # the GPUs the history runs on: a few of each model, not the whole fleet (startup time)
-ACTOR = "system:demo-history"
 SHARES = [Decimal("0.25"), Decimal("0.5"), Decimal("0.5"), Decimal("1.0")]
 
 
@@ -133,15 +132,15 @@ def _one(rng, user, team, gpu, begin: datetime, finish: datetime, share: Decimal
                 r = services.submit(user, spec)
             with clock_at(begin):
                 services.place(r.pk, gpu.node_id, [services.NewAllocation(gpu.pk, share, spec.gpu_memory_mib)],
-                               actor=ACTOR)
+                               actor=actors.DEMO_HISTORY)
             with clock_at(begin + timedelta(seconds=20)):
-                services.move(r.pk, State.PLACED, State.RUNNING, "its pod runs", ACTOR)
+                services.move(r.pk, State.PLACED, State.RUNNING, "its pod runs", actors.DEMO_HISTORY)
             outcome = State.SUCCEEDED if rng.random() < 0.8 else State.FAILED
             with clock_at(finish):
                 if rng.random() < 0.1:
                     services.cancel(r.pk, user)
                 else:
-                    services.release(r.pk, outcome, "its pod ended", ACTOR)
+                    services.release(r.pk, outcome, "its pod ended", actors.DEMO_HISTORY)
     except (rules.RuleViolation, services.CapacityConflict):
         # A GPU held now by a live reservation, or a rule of the team: this one is left out.
         return None

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
 
@@ -24,12 +23,8 @@ from portal.tenancy import departments as services
 from portal.tenancy.models import ANY_MODEL, MAX_DEPARTMENT_DEPTH, Department, Team
 
 from . import navigation, quota_lines
+from .fleet_admin import require_site_admin
 from .quota_editor import in_words
-
-
-def _staff(request) -> None:
-    if not request.user.is_staff:
-        raise PermissionDenied("only site admins may arrange departments")
 
 
 @dataclass
@@ -144,7 +139,7 @@ def _act(request, action: str, by: audit.Actor) -> str:
 
 @login_required
 def departments_page(request):
-    _staff(request)
+    require_site_admin(request, "arrange departments")
     errors: dict[str, dict[str, list[str]]] = {}
     posted: dict[str, dict] = {}
     status = 200
@@ -177,4 +172,4 @@ def departments_page(request):
     }, status=status)
 
 
-navigation.register("Departments", "fleet-departments", allowed=navigation.staff, order=71)
+navigation.register("Departments", "fleet-departments", allowed=navigation.site_admin, order=71)

@@ -9,12 +9,15 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 
+from portal.tenancy import roles
+
 from . import navigation
 
 
-def require_site_admin(request) -> None:
-    if not request.user.is_staff:
-        raise PermissionDenied("only site admins may see the fleet")
+def require_site_admin(request, doing: str = "see the fleet") -> None:
+    """403 for anyone but a site admin: the check of every site admin's page (/fleet/…)."""
+    if not roles.is_site_admin(request.user):
+        raise PermissionDenied(f"only site admins may {doing}")
 
 
 def back_to_fleet(request):
@@ -23,5 +26,5 @@ def back_to_fleet(request):
     return redirect(target if target.startswith("/fleet/") else "fleet")
 
 
-navigation.register("Fleet", "fleet", allowed=navigation.staff, order=70)
-navigation.register("Teams & quotas", "fleet-teams", allowed=navigation.staff, order=72)
+navigation.register("Fleet", "fleet", allowed=navigation.site_admin, order=70)
+navigation.register("Teams & quotas", "fleet-teams", allowed=navigation.site_admin, order=72)

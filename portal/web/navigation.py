@@ -2,7 +2,7 @@
 
 A page module adds itself with one line, e.g.
 
-    navigation.register("Fleet", "fleet", allowed=navigation.staff, order=60)
+    navigation.register("Fleet", "fleet", allowed=navigation.site_admin, order=60)
 
 `entries_for(request)` gives the entries the signed-in user may use, in order, with the current
 one marked. Who may see an entry is a hint for the menu only: every view still checks on the
@@ -26,23 +26,22 @@ def signed_in(user) -> bool:
     return user.is_authenticated
 
 
-def staff(user) -> bool:
-    return user.is_authenticated and user.is_staff
+site_admin = roles.is_site_admin
 
 
 def submitter(user) -> bool:
-    """May request GPU shares for some team (member or team admin), or staff."""
-    return staff(user) or any(r in roles.SUBMIT_ROLES for r in roles.team_roles(user).values())
+    """May request GPU shares for some team (member or team admin), or a site admin."""
+    return site_admin(user) or any(r in roles.SUBMIT_ROLES for r in roles.team_roles(user).values())
 
 
 def team_admin(user) -> bool:
-    """Administers some team, or staff."""
-    return staff(user) or Role.ADMIN in roles.team_roles(user).values()
+    """Administers some team, or a site admin."""
+    return site_admin(user) or Role.ADMIN in roles.team_roles(user).values()
 
 
 def manager(user) -> bool:
-    """Reads a team's reports: its manager or admin, or staff."""
-    return staff(user) or bool({Role.ADMIN, Role.MANAGER} & set(roles.team_roles(user).values()))
+    """Reads a team's reports: its manager or admin, or a site admin."""
+    return site_admin(user) or bool({Role.ADMIN, Role.MANAGER} & set(roles.team_roles(user).values()))
 
 
 @dataclass(frozen=True)
@@ -110,4 +109,4 @@ register("Request GPU", "new-reservation", allowed=submitter, order=20)
 # The bell in the header leads there too (portal/notifications).
 register("Notifications", "notifications", order=85)
 register("API", "/api/docs/", order=90)
-register("Django admin", "/admin/", allowed=staff, order=95)
+register("Django admin", "/admin/", allowed=site_admin, order=95)

@@ -13,7 +13,6 @@ import re
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 
 from portal.audit import services as audit
@@ -23,6 +22,7 @@ from portal.tenancy import quotas
 from portal.tenancy.models import ANY_MODEL, Department, Team
 
 from . import quota_lines
+from .fleet_admin import require_site_admin
 
 AMOUNTS = ("gpu_share", "gpu_memory_gib", "gpus")
 LIMITS = {"borrowing_limit": "borrow_", "lending_limit": "lend_"}
@@ -47,11 +47,6 @@ def in_words(message: str) -> str:
     for pattern, words in WORDS:
         message = pattern.sub(words, message)
     return message
-
-
-def _staff(request) -> None:
-    if not request.user.is_staff:
-        raise PermissionDenied("only site admins may change quotas")
 
 
 def _text(value) -> str:
@@ -179,7 +174,7 @@ def _unit_context(team: Team | None, department: Department | None) -> dict:
 
 
 def editor(request, *, team: Team | None = None, department: Department | None = None):
-    _staff(request)
+    require_site_admin(request, "change quotas")
     unit = team or department
     kind = "team" if team is not None else "department"
     rows = form_rows(quota_lines.rows_of(team=team, department=department))
@@ -220,11 +215,11 @@ def editor(request, *, team: Team | None = None, department: Department | None =
 
 @login_required
 def team_quotas_page(request, slug: str):
-    _staff(request)
+    require_site_admin(request, "change quotas")
     return editor(request, team=get_object_or_404(Team.objects.select_related("department"), slug=slug))
 
 
 @login_required
 def department_quotas_page(request, slug: str):
-    _staff(request)
+    require_site_admin(request, "change quotas")
     return editor(request, department=get_object_or_404(Department.objects.select_related("parent"), slug=slug))

@@ -35,11 +35,11 @@ Pods for portal reservations
 Pod naming and linking: `pod_name(reservation_id, attempt)` = ``tessera-r<id>-<attempt>``;
 `attempt` counts the placements of that reservation (a requeued one gets a new name, so the old
 pod still terminating never collides). Labels: `RESERVATION_LABEL` (the reservation id),
-`TEAM_LABEL`, `MANAGED_BY_LABEL`. Annotation `PLACEMENT_ANNOTATION` holds the placement as compact
-JSON (`placement_annotation`): {"reservation": "12", "gpus": ["GPU-..."], "request": 0.25,
-"limit": 0.5, "memory_mib": 8192, "priority": "high"}; the device plugin of the kubectl path
-reads the same annotation. `env` holds what the container needs: NVIDIA_VISIBLE_DEVICES (the GPU
-UUIDs, comma-separated), LD_PRELOAD (`PRELOAD_PATH`, mounted read-only from the node's
+`TEAM_LABEL`, `MANAGED_BY_LABEL`. Annotation `PLACEMENT_ANNOTATION` holds the placement
+(`placement_annotation`, in the format wire/pod_placement.py defines: {"reservation": "12", "gpus":
+["GPU-..."], "request": 0.25, "limit": 0.5, "memory_mib": 8192, "priority": "high"}); the device
+plugin of the kubectl path reads the same annotation. `env` holds what the container needs:
+NVIDIA_VISIBLE_DEVICES (the GPU UUIDs, comma-separated), LD_PRELOAD (`PRELOAD_PATH`, mounted read-only from the node's
 `PRELOAD_HOST_DIR`), TESSERA_GPU_REQUEST, TESSERA_GPU_LIMIT, TESSERA_GPU_MEMORY_LIMIT (``<n>Mi``),
 TESSERA_PRIORITY (high|low), TESSERA_SHARE_ID (the reservation id), TESSERA_BROKER_SOCKET
 (`BROKER_SOCKET`, its directory mounted from the node's `BROKER_HOST_DIR`). On Kubernetes the pod
@@ -77,18 +77,19 @@ Everything a backend raises derives from `BackendError`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
+
+from wire import pod_placement
+from wire.pod_placement import PLACEMENT_ANNOTATION
 
 SCHEDULER_NAME = "tessera"
 MANAGED_BY = "tessera"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 RESERVATION_LABEL = "tessera.io/reservation"
 TEAM_LABEL = "tessera.io/team"
-PLACEMENT_ANNOTATION = "tessera.io/placement"
 REASON_ANNOTATION = "tessera.io/deletion-reason"
 
 PRELOAD_HOST_DIR = "/opt/tessera/lib"
@@ -313,30 +314,19 @@ def broker_priority(priority: int) -> str:
 
 
 def placement_annotation(reservation_id: str, gpus: tuple[GpuShare, ...], priority: int) -> str:
+    """The pod's placement annotation (wire/pod_placement.py: the format the node reads)."""
     first = gpus[0]
-    return json.dumps({
-        "reservation": reservation_id,
-        "gpus": [g.uuid for g in gpus],
-        "request": first.gpu_request,
-        "limit": first.gpu_limit,
-        "memory_mib": first.gpu_memory_mib,
-        "priority": broker_priority(priority),
-    }, separators=(",", ":"), sort_keys=True)
+    return pod_placement.encode(reservation_id, [g.uuid for g in gpus], first.gpu_request, first.gpu_limit,
+                                first.gpu_memory_mib, broker_priority(priority))
 
 
 def share_env(reservation_id: str, gpus: tuple[GpuShare, ...], priority: int) -> dict[str, str]:
-    """The variables the preload library and the NVIDIA runtime read (see preload/README.md)."""
+    """The variables the preload library and the NVIDIA runtime read (wire/pod_placement.py), at
+    the paths the node's pods mount them."""
     first = gpus[0]
-    return {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
-        "LD_PRELOAD": PRELOAD_PATH,
-        "TESSERA_GPU_REQUEST": f"{first.gpu_request:g}",
-        "TESSERA_GPU_LIMIT": f"{first.gpu_limit:g}",
-        "TESSERA_GPU_MEMORY_LIMIT": f"{first.gpu_memory_mib}Mi",
-        "TESSERA_PRIORITY": broker_priority(priority),
-        "TESSERA_SHARE_ID": reservation_id,
-        "TESSERA_BROKER_SOCKET": BROKER_SOCKET,
-    }
+    return pod_placement.share_env(reservation_id, [g.uuid for g in gpus], first.gpu_request, first.gpu_limit,
+                                   first.gpu_memory_mib, broker_priority(priority), preload=PRELOAD_PATH,
+                                   broker_socket=BROKER_SOCKET)
 
 
 def remote_share_env(reservation_id: str, server: str, token: str) -> dict[str, str]:

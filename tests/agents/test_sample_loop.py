@@ -7,11 +7,10 @@ import time
 
 import pytest
 
+from agents.agent import next_tick
 from agents.gpus.simulated import SimulatedSource
 
 from .conftest import make_agent
-
-pytestmark = pytest.mark.asyncio
 
 
 class StallingSource(SimulatedSource):
@@ -38,6 +37,7 @@ def stalling_agent(url: str, interval_s: float, stall_on: int, stall_s: float, k
     return agent, source
 
 
+@pytest.mark.asyncio
 async def test_sampling_stays_on_its_interval_grid_after_a_stall_instead_of_catching_up(portal):
     interval = 0.2
     # Read 3 stalls for 2.5 intervals: the missed ticks are skipped, not made up in a burst.
@@ -47,35 +47,40 @@ async def test_sampling_stays_on_its_interval_grid_after_a_stall_instead_of_catc
     await portal.wait_for(lambda: len(source.started) >= 10)
     stop.set()
     await asyncio.wait_for(task, 10)
-    start = source.started[0]
     stalled_until = source.started[2] + 0.5
     after = [t for t in source.started if t > stalled_until]
-    # A catch-up read would start right when the stall ends, half an interval off the grid.
-    lateness = [(t - start) % interval for t in after]
-    assert all(late < 0.08 or late > interval - 0.005 for late in lateness), lateness
-    assert after[0] - stalled_until < interval + 0.08
+    # No burst: at most one read per interval after the stall (a busy machine only makes them later).
     assert len(after) >= 6
+    assert len(after) <= (after[-1] - stalled_until) / interval + 2, (after, stalled_until)
 
 
+@pytest.mark.parametrize(("due", "now", "expected"), [
+    (1.0, 0.5, 1.0),  # on time: the tick as due
+    (1.0, 1.0, 1.0),
+    (0.6, 1.05, 1.2),  # a read stalled past two ticks: the next grid point, not 0.8 and 1.0 at once
+    (0.6, 0.61, 0.8),
+])
+def test_a_late_tick_moves_to_the_next_point_of_its_grid(due, now, expected):
+    assert next_tick(due, now, 0.2) == pytest.approx(expected)
+
+
+@pytest.mark.asyncio
 async def test_sampling_stops_promptly_when_stopped_between_two_samples(portal):
     agent, source = stalling_agent(portal.url, interval_s=30.0, stall_on=0, stall_s=0.0)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     await portal.wait_for(lambda: portal.last_seq >= 1)
-    stopped_at = time.monotonic()
     stop.set()
-    await asyncio.wait_for(task, 10)
-    assert time.monotonic() - stopped_at < 1.0  # not the 30 s to the next tick
+    await asyncio.wait_for(task, 10)  # well before the 30 s to the next tick
     assert len(source.started) == 1
 
 
+@pytest.mark.asyncio
 async def test_sampling_stops_promptly_when_stopped_during_a_read_off_the_event_loop(portal):
     agent, source = stalling_agent(portal.url, interval_s=30.0, stall_on=1, stall_s=0.5, kind="nvml")
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     await portal.wait_for(lambda: portal.hellos and source.started)
-    stopped_at = time.monotonic()
     stop.set()  # while the first read is still running in its thread
-    await asyncio.wait_for(task, 10)
-    assert time.monotonic() - stopped_at < 0.5 + 1.0
+    await asyncio.wait_for(task, 10)  # well before the 30 s to the next tick
     assert len(source.started) == 1

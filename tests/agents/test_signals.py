@@ -8,30 +8,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The second signal is sent at the worst moment: inside loop.close(), after asyncio closed the
-# loop's wakeup pipe and before it removed its signal handlers (what the demo's stop hit by chance).
+# The second and third signals come while the agent stops: they must stay pending (blocked) until
+# the process ends, so no moment of asyncio's loop.close() (which closes the loop's wakeup pipe
+# before it removes its signal handlers: what the demo's stop hit by chance) can receive them.
 SCRIPT = textwrap.dedent("""
-    import asyncio, os, signal, sys
-    from asyncio import selector_events
+    import asyncio, os, signal
     from agents.signals import stop_on_signals
 
-    close_pipe = selector_events.BaseSelectorEventLoop._close_self_pipe
-
-    def close_then_signal(self):
-        close_pipe(self)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    selector_events.BaseSelectorEventLoop._close_self_pipe = close_then_signal
+    HELD = {signal.SIGTERM, signal.SIGINT}
 
     async def main():
         stop = asyncio.Event()
         stop_on_signals(asyncio.get_running_loop(), stop.set)
         os.kill(os.getpid(), signal.SIGINT)
         await asyncio.wait_for(stop.wait(), 10)
-        os.kill(os.getpid(), signal.SIGINT)  # a repeat while stopping changes nothing
-        await asyncio.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)  # the supervisor's, while stopping
+        os.kill(os.getpid(), signal.SIGINT)  # a repeat changes nothing
+        await asyncio.sleep(0)
+        assert HELD <= signal.sigpending(), signal.sigpending()
 
     asyncio.run(main())
+    assert HELD <= signal.sigpending(), signal.sigpending()  # through the loop's close, still held
     print("stopped cleanly", flush=True)
 """)
 

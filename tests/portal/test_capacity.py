@@ -114,15 +114,15 @@ def test_the_fleet_version_moves_with_what_placement_reads_and_not_with_heartbea
 
     if connection.vendor != "postgresql":
         return
-    before = fleet_cache._version()
+    before = fleet_cache.version()
     Node.objects.update(last_seen=timezone.now())  # every agent's heartbeat
-    assert fleet_cache._version() == before
+    assert fleet_cache.version() == before
     for change in (lambda: Gpu.objects.filter(pk=Gpu.objects.first().pk).update(memory_mib=1),
                    lambda: Node.objects.filter(pk=Node.objects.first().pk).update(labels={"zone": "b"}),
                    lambda: Gpu.objects.filter(pk=Gpu.objects.last().pk).delete()):
         change()
-        assert fleet_cache._version() != before
-        before = fleet_cache._version()
+        assert fleet_cache.version() != before
+        before = fleet_cache.version()
 
 
 def test_a_version_seen_in_a_rolled_back_transaction_never_names_other_rows(fleet):
@@ -136,9 +136,9 @@ def test_a_version_seen_in_a_rolled_back_transaction_never_names_other_rows(flee
     try:
         with transaction.atomic():
             Gpu.objects.filter(pk=gpu.pk).update(memory_mib=1)
-            seen_inside = fleet_cache._version()
+            seen_inside = fleet_cache.version()
             raise RuntimeError("roll back")
     except RuntimeError:
         pass
     Gpu.objects.filter(pk=gpu.pk).update(memory_mib=2)
-    assert fleet_cache._version() != seen_inside
+    assert fleet_cache.version() != seen_inside

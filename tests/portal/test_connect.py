@@ -11,7 +11,7 @@ from django.test import Client
 
 from portal.audit.services import Actor
 from portal.connect import access
-from portal.connect.proxy import Masker, _split_cookies
+from portal.connect.proxy import Masker, same_origin, split_cookies
 from portal.reservations import presets, rules
 from portal.tenancy.policy import set_policy
 from scheduler.backends import GpuShare, make_pod_spec
@@ -126,7 +126,7 @@ def test_the_token_is_masked_wherever_the_stream_cuts_it(cut):
 
 
 def test_the_portal_cookies_stay_behind():
-    session, kept = _split_cookies(b"sessionid=abc; _xsrf=2|x; csrftoken=t; username-127-0-0-1-8888=u")
+    session, kept = split_cookies(b"sessionid=abc; _xsrf=2|x; csrftoken=t; username-127-0-0-1-8888=u")
     assert session == "abc"
     assert kept == "_xsrf=2|x; username-127-0-0-1-8888=u"
 
@@ -194,8 +194,6 @@ def test_oversized_request_headers_are_refused_before_anything_else():
 
 
 def test_a_page_of_another_site_may_not_drive_the_app():
-    from portal.connect.proxy import _same_origin
-
-    assert _same_origin([(b"host", b"portal.example.org"), (b"origin", b"https://portal.example.org")])
-    assert not _same_origin([(b"host", b"portal.example.org"), (b"origin", b"https://evil.example")])
-    assert _same_origin([(b"host", b"portal.example.org")])  # no Origin: not a cross-site browser request
+    assert same_origin([(b"host", b"portal.example.org"), (b"origin", b"https://portal.example.org")])
+    assert not same_origin([(b"host", b"portal.example.org"), (b"origin", b"https://evil.example")])
+    assert same_origin([(b"host", b"portal.example.org")])  # no Origin: not a cross-site browser request

@@ -91,7 +91,7 @@ def test_a_broken_connection_fails_the_check_and_the_next_one_connects_again(rem
         recheck = Recheck()
         try:
             first = await recheck.holds(decision.recheck)
-            pid = recheck._pgconn.backend_pid
+            pid = recheck.backend_pid
             await asyncio.to_thread(_terminate, pid)
             # Whether the loop saw the connection go before this check was sent (then it connects
             # again and answers) or after (then the check fails: the proxy decides in full): never
@@ -101,7 +101,7 @@ def test_a_broken_connection_fails_the_check_and_the_next_one_connects_again(rem
             except RecheckFailed:
                 during = RecheckFailed
             after = await recheck.holds(decision.recheck)
-            return first, during, after, recheck._pgconn.backend_pid != pid
+            return first, during, after, recheck.backend_pid != pid
         finally:
             recheck.close()
 

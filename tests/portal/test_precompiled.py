@@ -98,7 +98,7 @@ def test_only_model_and_values_list_querysets():
 
 # Queries with parameters, each as (its parameters, how it is built from the two kinds of filter):
 # Precompiled gets param_eq/param_in, the ORM plain filters with the same values.
-_PARAMETERISED = [
+PARAMETERISED = [
     # decimals, datetimes, a join; the order asked for, whatever the order of the ids
     (("ids",), lambda eq, any_of: Reservation.objects.filter(any_of("pk", "ids")).order_by("-pk")
      .values_list("pk", "gpu_request", "created_at", "team__slug")),
@@ -127,7 +127,7 @@ def _loaded(obj):
     return type(obj), values, obj.get_deferred_fields(), obj._state.db, obj._state.adding, related
 
 
-def _same_as_the_orm(teams: list[int]) -> int:
+def same_as_the_orm(teams: list[int]) -> int:
     """Every parameterised query, precompiled once, against the ORM's rows for each set of values
     (empty lists, unknown and repeated ids included). Returns the comparisons made."""
     ids = sorted(Reservation.objects.values_list("pk", flat=True))
@@ -140,7 +140,7 @@ def _same_as_the_orm(teams: list[int]) -> int:
               {"ids": ids + gpus, "team": teams[-1], "node": nodes[0]}]
     made = 0
     with transaction.atomic():
-        for names, build in _PARAMETERISED:
+        for names, build in PARAMETERISED:
             compiled = Precompiled(lambda build=build: build(param_eq, param_in))
             for given in values:
                 orm = build(lambda field, name, given=given: Q(**{field: given[name]}),
@@ -158,7 +158,7 @@ def test_parameterised_rows_are_the_orms(fleet, teams, people):
     gpus = list(Gpu.objects.order_by("pk")[:2])
     services.place_many([[services.Placing(r.pk, gpu.node_id, (services.NewAllocation(gpu.pk, r.gpu_request, 512),))]
                          for r, gpu in zip((vision[0], nlp), gpus, strict=True)])
-    assert _same_as_the_orm([teams["vision"].pk, teams["nlp"].pk]) == len(_PARAMETERISED) * 4
+    assert same_as_the_orm([teams["vision"].pk, teams["nlp"].pk]) == len(PARAMETERISED) * 4
 
 
 def test_the_same_on_sqlite(on_sqlite):
@@ -171,7 +171,7 @@ def test_the_same_on_sqlite(on_sqlite):
         from portal.reservations import rules, services
         from portal.tenancy.models import Membership, Team
         from tests.teams import make_team
-        from tests.portal.test_precompiled import _PARAMETERISED, _same_as_the_orm
+        from tests.portal.test_precompiled import PARAMETERISED, same_as_the_orm
         inventory.load(os.environ["INVENTORY"])
         teams = [make_team(s, name=s, quota_gpu_share=Decimal(10), quota_memory_mib=10**7,
                                      quota_max_gpus=10) for s in ("t", "u")]
@@ -184,7 +184,7 @@ def test_the_same_on_sqlite(on_sqlite):
         g = Gpu.objects.order_by("pk").first()
         services.place_many([[services.Placing(r.pk, g.node_id, (services.NewAllocation(g.pk, Decimal("0.5"), 100),))]
                              for r in rs[:2]])
-        print(_same_as_the_orm([t.pk for t in teams]) == len(_PARAMETERISED) * 4)
+        print(same_as_the_orm([t.pk for t in teams]) == len(PARAMETERISED) * 4)
     """)
     assert lines[-1] == "True"
 

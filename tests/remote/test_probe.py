@@ -100,9 +100,10 @@ def test_the_link_table_reports_to_the_portal_in_the_wire_links_message() -> Non
             raise ProbeError("cannot probe 10.0.0.2:7470: refused")
         return LinkQuality(gpu_node, 0.0004, 9400.5, 1_790_000_000.0)
 
+    now = [1000.0]
     table = LinkTable({"gpu-a": "10.0.0.1:7470", "gpu-b": "10.0.0.2:7470"}, interval_s=600, prober=prober,
-                      clock=lambda: 1000.0, rng=random.Random(1))
-    table._due = dict.fromkeys(table._due, 0.0)  # both due now
+                      clock=lambda: now[0], rng=random.Random(1))
+    now[0] += 61  # past the first probes' jitter (at most a tenth of the interval): both due now
     table.refresh()
     table.refresh()
     message = parse(table.message(), AGENT_MESSAGES)  # what the portal's consumer accepts

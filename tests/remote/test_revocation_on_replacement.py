@@ -5,7 +5,6 @@ node's agent writes it (agents/remote/revocations.py), against the real remote s
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import socket
 from collections.abc import Iterator
@@ -89,10 +88,10 @@ def _agent_writes_what_the_portal_sends(path: Path) -> None:
     from agents.remote.revocations import RevokedFile
     from portal.fleet.models import Node
     from portal.telemetry.services import revoked_shares_for_node
-    from wire.agent_portal import PORTAL_MESSAGES, parse
+    from wire.agent_portal import PORTAL_MESSAGES, encode, parse
 
     body = revoked_shares_for_node(Node.objects.get(name=NODE).pk)
-    RevokedFile(path).write(parse(json.dumps(body), PORTAL_MESSAGES))
+    RevokedFile(path).write(parse(encode(body), PORTAL_MESSAGES))
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ from wire.agent_portal import (
     AGENT_MESSAGES,
     MAX_REVOKED_SHARES,
     PORTAL_MESSAGES,
-    SHARE_ID_PATTERN,
     ProtocolError,
     RevokedShares,
     parse,
@@ -81,5 +80,18 @@ def test_only_the_portal_sends_it():
         parse(_frame([]), AGENT_MESSAGES)
 
 
-def test_the_share_pattern_is_the_one_share_tokens_carry():
-    assert tokens._ID_RE.pattern == SHARE_ID_PATTERN
+@pytest.mark.parametrize("share", ["812", "team-a:job_1.2", "a" * 128, "", "a b", "x\n", "a/b", "ü", "a" * 129])
+def test_a_share_id_is_revocable_exactly_when_a_token_may_carry_it(share):
+    """A share whose token was issued can be revoked, and no id is revocable that no token names."""
+    terms = tokens.ShareTerms(share=share, gpu="GPU-1", memory_bytes=0, request=0.5, limit=0.5)
+    try:
+        terms.validate()
+        carried = True
+    except tokens.TokenError:
+        carried = False
+    try:
+        parse(_frame([{"share": share, "at": AT, "from_attempt": 2}]), PORTAL_MESSAGES)
+        revocable = True
+    except ProtocolError:
+        revocable = False
+    assert carried == revocable

@@ -6,7 +6,6 @@ agent_batches and stored by the writer (ingest).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 
@@ -22,12 +21,18 @@ from portal.telemetry.writer import writer
 from portal.tenancy.models import hash_secret
 from wire.agent_portal import (
     AGENT_MESSAGES,
+    PROTOCOL_VERSION,
     TOKEN_PATTERN,
+    Ack,
     Error,
     Hello,
     Links,
     ProtocolError,
+    RevokedShare,
     Samples,
+    Servers,
+    Welcome,
+    encode,
     error_message,
     parse,
 )
@@ -71,7 +76,7 @@ def prepare_samples(info: streams.StreamInfo, message: Samples, skew) -> agent_b
 
 
 def ack_text(stream: str, seq: int) -> str:
-    return json.dumps({"v": 1, "type": "ack", "stream": stream, "seq": seq}, separators=(",", ":"))
+    return encode(Ack(v=PROTOCOL_VERSION, type="ack", stream=stream, seq=seq))
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -96,7 +101,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # What this connection last sent: the reservations placed on the node (a change there is
         # when a share may have ended or come back) and the revoked shares (sent again only if changed).
         self.placed_sent: frozenset[str] | None = None
-        self.revoked_sent: list[dict] | None = None
+        self.revoked_sent: list[RevokedShare] | None = None
         token = _bearer_token(self.scope)
         if token:
             # Tied to its token from the start: joined before the lookup, so a rotation or
@@ -208,12 +213,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # An older connection of the same node gives way (close 4409); then this one joins.
         await self.channel_layer.group_send(group, {"type": "agent.superseded", "by": self.channel_name})
         await self.channel_layer.group_add(group, self.channel_name)
-        welcome = {"v": 1, "type": "welcome", "node": hello.node, "stream": hello.stream,
+        welcome = {"v": PROTOCOL_VERSION, "type": "welcome", "node": hello.node, "stream": hello.stream,
                    "acked_seq": self.info.acked_seq}
         if self.info.remote_servers is not None:  # an agent that probes GPU nodes' servers
             welcome["remote_servers"] = self.servers_sent = self.info.remote_servers
             await self.channel_layer.group_add(REMOTE_PROBERS, self.channel_name)
-        await self.send(json.dumps(welcome, separators=(",", ":")))
+        await self.send(encode(Welcome(**welcome)))
         await self._send_placements()
 
     async def _on_samples(self, message: Samples) -> None:
@@ -253,10 +258,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # The agent keeps its previous placements; it gets the full list at its next hello.
             log.exception("reading the placements of %s failed", self.node.name)
             return
-        await self.send(json.dumps(body, separators=(",", ":")))
+        await self.send(encode(body))
         if not self.hello.revocations:
             return
-        placed = frozenset(p["reservation"] for p in body["placements"])
+        placed = frozenset(p.reservation for p in body.placements)
         if placed != self.placed_sent:
             # A share that left the node may have ended (its token must stop working at once), and
             # one placed here again (requeued) must leave the revoked list.
@@ -270,9 +275,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Sent again at the next change on the node or the next hello; the token expires anyway.
             log.exception("reading the revoked shares of %s failed", self.node.name)
             return
-        if body["shares"] != self.revoked_sent:
-            self.revoked_sent = body["shares"]
-            await self.send(json.dumps(body, separators=(",", ":")))
+        if body.shares != self.revoked_sent:
+            self.revoked_sent = body.shares
+            await self.send(encode(body))
 
     # Channel layer events
     async def placements_changed(self, event) -> None:
@@ -289,7 +294,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return  # it gets the list again at its next session
         if servers != self.servers_sent:
             self.servers_sent = servers
-            await self.send(json.dumps({"v": 1, "type": "servers", "remote_servers": servers}, separators=(",", ":")))
+            await self.send(encode(Servers(v=PROTOCOL_VERSION, type="servers", remote_servers=servers)))
 
     async def agent_token_changed(self, event) -> None:
         if self.node is None:

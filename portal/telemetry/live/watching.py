@@ -118,3 +118,10 @@ def store() -> _MemoryStore | _RedisStore:
         if _store is None or _store_url != url:
             _store, _store_url = (_RedisStore(url) if url else _MemoryStore()), url
         return _store
+
+
+def forget() -> None:
+    """The next store() starts empty (tests that run in memory start with nobody watching)."""
+    global _store, _store_url
+    with _store_lock:
+        _store = _store_url = None

@@ -126,7 +126,7 @@ class KubeApi:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.policy = policy or RetryPolicy()
-        self._sleep = sleep
+        self.sleep = sleep  # every wait between tries goes through it (tests see the waits)
         self._rng = random.Random(seed)
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -154,7 +154,7 @@ class KubeApi:
                         confirming = True
                         log.info("%s refused (%s); asking again once the API server is ready", what, refusal.text)
                         self.await_ready(time.monotonic() + self.policy.outage_s)
-                        self._sleep(self.policy.recheck_s)
+                        self.sleep(self.policy.recheck_s)
                         continue
                     last = refusal.text
                 else:
@@ -233,7 +233,7 @@ class KubeApi:
     def _backoff(self, what: str, attempt: int, last: str) -> None:
         delay = self.policy.delay(attempt - 1, self._rng)
         log.info("%s failed (%s); retry %d in %.2f s", what, last, attempt, delay)
-        self._sleep(delay)
+        self.sleep(delay)
 
     def ready(self) -> bool:
         """Whether the API server says it is ready (`/readyz`, which every caller may read)."""
@@ -254,7 +254,7 @@ class KubeApi:
         while not self.ready():
             if time.monotonic() >= until:
                 return False
-            self._sleep(self.policy.probe_s)
+            self.sleep(self.policy.probe_s)
         return True
 
     def close(self) -> None:

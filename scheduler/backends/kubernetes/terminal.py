@@ -10,7 +10,7 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
-from kubernetes.stream.ws_client import RESIZE_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
+from kubernetes.stream.ws_client import RESIZE_CHANNEL, STDIN_CHANNEL
 
 from ..base import PermanentBackendError, PodRef, TransientBackendError
 
@@ -28,19 +28,11 @@ def resize_message(rows: int, cols: int) -> bytes:
     return json.dumps({"Width": cols, "Height": rows}, separators=(",", ":")).encode()
 
 
-class _Discard:
-    def write(self, _data) -> None:
-        pass
-
-
 class ExecTerminal:
     """The `scheduler.backends.base.Terminal` contract over one exec WebSocket."""
 
     def __init__(self, ws) -> None:
         self._ws = ws
-        # The client keeps a copy of all output for callers that read it at the end; a terminal
-        # never does, and would otherwise hold every byte of a long session.
-        ws._all = _Discard()
         self._pending = b""
         self._read_lock = threading.Lock()
 
@@ -48,19 +40,18 @@ class ExecTerminal:
         with self._read_lock:
             if not self._pending:
                 self._ws.update(timeout=timeout_s)
-                self._pending = self._take(STDOUT_CHANNEL) + self._take(STDERR_CHANNEL)
+                # The client's read_all(): stdout and stderr as they came, and its buffers emptied
+                # (else it keeps a copy of every byte of a long session).
+                data = self._ws.read_all()
+                self._pending = data.encode() if isinstance(data, str) else data
             if not self._pending:
                 return None if self._ws.is_open() else b""
             data, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
             return data
 
-    def _take(self, channel: int) -> bytes:
-        data = self._ws._channels.pop(channel, b"")  # what update() buffered, without another wait
-        return data.encode() if isinstance(data, str) else data
-
     def write(self, data: bytes) -> None:
         if self._ws.is_open():
-            self._ws.write_channel(0, bytes(data))
+            self._ws.write_channel(STDIN_CHANNEL, bytes(data))
 
     def resize(self, rows: int, cols: int) -> None:
         if self._ws.is_open():

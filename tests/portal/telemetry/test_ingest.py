@@ -17,7 +17,7 @@ from portal.telemetry import agent_batches, ingest, streams
 from portal.telemetry.models import GpuSample, ShareSample
 from portal.telemetry.services import placements_for_node, recent_utilization
 from scheduler.backends import Phase, PodStatus
-from wire.agent_portal import PORTAL_MESSAGES, parse
+from wire.agent_portal import PORTAL_MESSAGES, encode, parse
 
 from .conftest import hello_for, samples_for
 
@@ -118,23 +118,24 @@ def test_placements_for_the_agent_are_the_live_shares_of_its_node(node, placed):
         services.record_pod(r.pk, PodStatus(namespace=r.pod_namespace, name=r.pod_name, uid=uid, node=node.name,
                                             phase=Phase.RUNNING, reservation_id=str(r.pk)))
     # What the agent's own validation accepts.
-    message = parse(json.dumps(placements_for_node(node.pk)), PORTAL_MESSAGES)
+    message = parse(encode(placements_for_node(node.pk)), PORTAL_MESSAGES)
     got = {(p.reservation, p.gpu_uuid, p.request, p.pod_uid) for p in message.placements}
     gpus = {g.index: g.uuid for g in node.gpus.all()}
     assert got == {(str(placed["vision"].pk), gpus[0], 0.5, "0f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b"),
                    (str(placed["nlp"].pk), gpus[1], 0.25, None)}
     other = Node.objects.exclude(pk=node.pk).first()
-    assert placements_for_node(other.pk)["placements"] == []
+    assert placements_for_node(other.pk).placements == []
 
 
 def test_placements_carry_the_brokers_priority_only_to_agents_that_ask(node, placed):
     placed["vision"].__class__.objects.filter(pk=placed["vision"].pk).update(priority=90)
     placed["nlp"].__class__.objects.filter(pk=placed["nlp"].pk).update(priority=10)
-    message = parse(json.dumps(placements_for_node(node.pk, priorities=True)), PORTAL_MESSAGES)
+    message = parse(encode(placements_for_node(node.pk, priorities=True)), PORTAL_MESSAGES)
     assert {p.reservation: p.priority for p in message.placements} == {
         str(placed["vision"].pk): "high", str(placed["nlp"].pk): "low"}
     # an older agent refuses unknown fields: it is sent none
-    assert all("priority" not in p for p in placements_for_node(node.pk)["placements"])
+    sent = json.loads(encode(placements_for_node(node.pk)))
+    assert sent["placements"] and all("priority" not in p for p in sent["placements"])
 
 
 @pytest.mark.django_db(transaction=True)  # foreign keys are checked at commit

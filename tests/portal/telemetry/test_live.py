@@ -119,7 +119,7 @@ def test_the_fleet_hears_of_the_nodes_a_changed_reservation_holds_gpus_on(people
 @pytest.mark.asyncio
 async def test_readings_nobody_watches_are_not_made_into_messages(settings, monkeypatch):
     settings.REDIS_URL = ""
-    monkeypatch.setattr(live.watching, "_store", None)  # in memory: nobody watches anything
+    live.watching.forget()  # in memory: nobody watches anything
 
     def refuse(*args, **kwargs):
         raise AssertionError("messages built for groups nobody watches")

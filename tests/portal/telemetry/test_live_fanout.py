@@ -40,7 +40,7 @@ class StalledRedis(InMemoryChannelLayer):
 def layer(settings, monkeypatch):
     settings.REDIS_URL = ""
     settings.TESSERA_TELEMETRY_TICKER = False
-    monkeypatch.setattr(live.watching, "_store", None)  # watched groups and sequence numbers in memory
+    live.watching.forget()  # watched groups and sequence numbers in memory
     channel_layers.backends.clear()
     channel_layers.backends["default"] = stalled = StalledRedis()
     yield stalled

@@ -251,15 +251,28 @@ def test_member_defaults_prefill_the_request_form(fleet, browser_for, people):
     assert "has no exclusion group &#x27;nope&#x27;; create it first" in bad.content.decode()
 
 
-def test_changes_in_django_admin_are_audited_too(browser_for, teams, people):
-    people["admin"].is_superuser = True  # Django's admin asks for model permissions
+def test_tenancy_rows_are_read_only_in_django_admin_and_tokens_are_revoked_by_the_service(browser_for, teams, people):
+    # an edit there would skip the writers' checks (quotas within their department's, policy within
+    # its limits, what a renamed group does to the team's reservations) and the placement cycle's wake-up
+    from portal.tenancy import services as tenancy_services
+    from portal.tenancy.models import ApiToken
+
+    people["admin"].is_superuser = True
     people["admin"].save()
-    r = browser_for("admin").post(f"/admin/tenancy/exclusiongroup/{ExclusionGroup.objects.get().pk}/change/",
-                                  {"team": teams["vision"].pk, "label": "renamed-in-admin", "description": ""})
-    assert r.status_code == 302, r.content[:2000]
-    entry = AuditEntry.objects.get(object_type="exclusion")
-    assert (entry.actor_label, entry.via, entry.action, entry.team) == ("admin", "web", "changed", teams["vision"])
-    assert entry.message.startswith("in Django admin:")
+    admin = browser_for("admin")
+    group = ExclusionGroup.objects.get()
+    assert admin.post(f"/admin/tenancy/exclusiongroup/{group.pk}/change/",
+                      {"team": teams["vision"].pk, "label": "renamed-in-admin", "description": ""}).status_code == 403
+    member = Membership.objects.filter(team=teams["vision"]).first()
+    assert admin.post(f"/admin/tenancy/membership/{member.pk}/change/", {"role": "admin"}).status_code == 403
+    assert admin.post(f"/admin/tenancy/team/{teams['vision'].pk}/change/",
+                      {"quota_gpu_share": "99"}).status_code == 403
+    assert admin.get("/admin/tenancy/teampolicy/add/").status_code == 403
+    assert ExclusionGroup.objects.get().label == group.label
+    assert admin.get(f"/admin/tenancy/exclusiongroup/{group.pk}/change/").status_code == 200  # still shown
+    token, _key = tenancy_services.create_token(people["alice"], "laptop")
+    admin.post("/admin/tenancy/apitoken/", {"action": "revoke_selected", "_selected_action": [token.pk]})
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is not None
 
 
 def test_teams_are_not_added_in_django_admin(browser_for, people):

@@ -44,7 +44,7 @@ def test_after_an_outage_binding_resumes_when_the_server_answers_not_after_the_b
         waits.append(seconds)
         time.sleep(seconds)
 
-    backend.api._sleep = sleep
+    backend.api.sleep = sleep
     restart = restartable.restart(down_s=0.5, authorizing_s=0.0)
     try:
         backend.bind(pod_spec())

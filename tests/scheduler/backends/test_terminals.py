@@ -1,11 +1,12 @@
 """`Backend.open_terminal`. Local: a real shell on a real PTY with the pod's environment and
 nothing of this process's. Kubernetes: what is asked of the exec subresource and what goes over
-its channels (the fake API server does not speak exec, so the stream itself is replaced here: these
-tests hold the arguments and the frames, not a real kubelet's answer)."""
+its channels, through the kubernetes client to a WebSocket server that answers as a kubelet's exec
+stream does (the fake API server does not speak exec)."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -79,55 +80,72 @@ class Core:
         raise AssertionError
 
 
-class FakeExecSocket:
-    """What `stream(..., _preload_content=False, binary=True)` returns, as far as a terminal uses it."""
+class ExecServer:
+    """The exec subresource's WebSocket as a kubelet answers it (v4.channel.k8s.io: each binary
+    message's first byte is its channel): sends `frames` one message each, then records what the
+    terminal sends until it has `expect` messages, then sends the exit status and closes. The
+    kubernetes client talks to it for real, so a change of the client's stream API fails here."""
 
-    def __init__(self, frames):
-        self.frames = list(frames)  # (channel, bytes) arriving, one per update
-        self._channels: dict[int, bytes] = {}
-        self._all = None
-        self.sent: list[tuple[int, bytes]] = []
-        self.open = True
+    def __init__(self, frames, expect: int) -> None:
+        from websockets.sync.server import serve
 
-    def update(self, timeout=0):
-        if self.frames:
-            channel, data = self.frames.pop(0)
-            self._channels[channel] = self._channels.get(channel, b"") + data
+        self.frames, self.expect = frames, expect
+        self.path = ""
+        self.received: list[tuple[int, bytes]] = []
+        self.server = serve(self._handle, "127.0.0.1", 0, subprotocols=["v4.channel.k8s.io"])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.host = f"http://127.0.0.1:{self.server.socket.getsockname()[1]}"
 
-    def is_open(self):
-        return bool(self.open)
+    def _handle(self, ws) -> None:
+        self.path = ws.request.path
+        for channel, data in self.frames:
+            ws.send(bytes([channel]) + data)
+        while len(self.received) < self.expect:
+            message = ws.recv(timeout=30)
+            self.received.append((message[0], bytes(message[1:])))
+        ws.send(b"\x03" + json.dumps({"status": "Success"}).encode())
+        ws.close()
 
-    def write_channel(self, channel, data):
-        self.sent.append((channel, data))
-
-    def close(self):
-        self.open = False
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join(10)
 
 
-def test_exec_terminal_reads_writes_and_resizes(monkeypatch):
-    ws = FakeExecSocket([(1, b"hello "), (2, b"world"), (1, b"x" * 10)])
-    calls = []
+def _core(host: str):
+    from kubernetes import client
 
-    def fake_stream(method, **kwargs):
-        calls.append((method, kwargs))
-        return ws
+    configuration = client.Configuration()
+    configuration.host = host
+    return client.CoreV1Api(client.ApiClient(configuration))
 
-    monkeypatch.setattr(k8s_terminal, "stream", fake_stream)
-    core = Core()
-    terminal = k8s_terminal.open_exec_terminal(core, PodRef("team-a", "p"), 30, 100)
-    assert calls[0][0] == core.connect_get_namespaced_pod_exec
-    assert calls[0][1] == k8s_terminal.exec_arguments(PodRef("team-a", "p"))
-    assert ws.sent == [(4, b'{"Width":100,"Height":30}')]  # the size first
-    assert terminal.read(100, 0.1) == b"hello "
-    assert terminal.read(100, 0.1) == b"world"
-    assert terminal.read(4, 0.1) == b"xxxx"  # a chunk at most as large as asked
-    assert terminal.read(100, 0.1) == b"x" * 6
-    assert terminal.read(100, 0.1) is None  # nothing yet, still open
-    terminal.write(b"ls\r")
-    terminal.resize(50, 200)
-    assert ws.sent[1:] == [(0, b"ls\r"), (4, b'{"Width":200,"Height":50}')]
-    terminal.close()
-    assert terminal.read(100, 0.1) == b""
+
+def test_exec_terminal_reads_writes_and_resizes_over_a_real_exec_stream():
+    server = ExecServer([(1, b"hello "), (2, b"world"), (1, b"x" * 10)], expect=3)
+    try:
+        terminal = k8s_terminal.open_exec_terminal(_core(server.host), PodRef("team-a", "p"), 30, 100)
+        seen = b""
+        while len(seen) < len(b"hello world") + 10:
+            data = terminal.read(4, 5.0)
+            assert data, f"the stream ended or stalled after {seen!r}"
+            assert len(data) <= 4  # a chunk at most as large as asked
+            seen += data
+        assert seen == b"hello world" + b"x" * 10  # stdout and stderr in the order they came
+        assert terminal.read(100, 0.05) is None  # nothing more yet, still open
+        terminal.write(b"ls\r")
+        terminal.resize(50, 200)
+        for _ in range(300):  # until the server's exit status and close end the stream
+            if terminal.read(100, 0.1) == b"":
+                break
+        else:
+            raise AssertionError("the exec stream never ended")
+        terminal.close()
+    finally:
+        server.stop()
+    assert server.path.startswith("/api/v1/namespaces/team-a/pods/p/exec?")
+    assert "tty=True" in server.path and "stdin=True" in server.path
+    assert server.received == [(4, b'{"Width":100,"Height":30}'),  # the size first
+                               (0, b"ls\r"), (4, b'{"Width":200,"Height":50}')]
 
 
 def test_exec_refusals_say_what_the_cluster_said(monkeypatch):
