@@ -57,6 +57,7 @@ from .state import ClusterState, Holding
 from .takeable import TakeableIndex
 
 ORDER = (Admission.GUARANTEED, Admission.BORROWED, Admission.OPPORTUNISTIC)
+_OPPORTUNISTIC, _BORROWED = 3, 4  # `Fair._candidates_on`'s kinds that the taker's priority settles
 GivenBack = dict[str, tuple[str, str, Vec, Admission]]  # victim → what the ledger held: team, model, amount, how
 MIN_RUN_S = 600.0  # another team's work younger than this is not evicted for a taker that is not guaranteed
 EVICTION_CAP = 2  # evicted this often within EVICTION_WINDOW_S: protected as above for the next window
@@ -87,6 +88,12 @@ def _preemptible(share: Share, req: Request) -> bool:
     """Another team's share any higher priority may take at once: opportunistic, or priority 0
     (counted in a quota or not, as KubeShare's priority 0 is)."""
     return (share.admission == Admission.OPPORTUNISTIC or share.priority == 0) and share.priority < req.priority
+
+
+def _reclaim_key(req: Request) -> tuple:
+    """All of a request that a reclaim by fair share reads: everything but its id and age."""
+    return (req.team, req.priority, req.gpu_request, req.gpu_limit, req.gpu_memory_mib, req.gpu_count, req.gpu_model,
+            req.affinity, req.anti_affinity, req.exclusion, req.group, req.cpu_milli, req.memory_mib)
 
 
 def _newer(reservation_id: str) -> tuple:
@@ -129,6 +136,15 @@ class Fair:
         # `above_share`'s answers: (team, model, losing) → (the team's use, its losing then, answer)
         self._above: dict[tuple[str, str, Vec], tuple[Vec, Vec, bool]] = {}
         self._takeable: TakeableIndex | None = None  # built by the first reclaim by fair share
+        # What the cycle has decided so far, counted: every charge, release, eviction, claim and
+        # node hold moves it; a search that fails puts back all it tried, so it does not. What a
+        # reclaim by fair share works out from the ledger and the running shares is kept while it
+        # stands: a failed search per request shape (`_no_reclaim`), the shares it may take per
+        # model with their rank (`_candidates`).
+        self.changes = 0
+        self._candidates: dict[str, list[tuple]] = {}  # model → `_candidates_on`'s, at `_candidates_at`
+        self._candidates_at = -1
+        self._no_reclaim: dict[tuple, tuple[int, int]] = {}  # `_reclaim_key` → `_changes_now` when it failed
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -228,11 +244,13 @@ class Fair:
         return None, reasons
 
     def charge(self, req: Request, choice: Choice, admission: Admission) -> None:
+        self.changes += 1
         model = self.state.model_at(choice.node, choice.slots[0]) if choice.slots else None
         if model is not None:
             self.ledger.charge(req.id, req.team, model, demand_of(req), admission)
 
     def release(self, req_id: str) -> Holding:
+        self.changes += 1
         self.ledger.refund(req_id)
         return self.state.release(req_id)
 
@@ -438,6 +456,7 @@ class Fair:
         """Other teams' borrowed victims go after their team's grace: then nothing changes now
         (they run and stay charged until then) and each victim's time is returned; else the
         victims go now and `req` is reserved and charged."""
+        self.changes += 1
         due = {}
         for h in released:
             s = h.share
@@ -524,15 +543,31 @@ class Fair:
         teams' borrowed shares of teams above theirs (`above_share`), furthest above first, lowest
         priority, newest; with the preemptible work and the team's own lower priorities that any
         preemption may take. Admitted as borrowed (or better) once they are gone. Returns the
-        choice, victims, their holdings (released), what the ledger held (refunded), the admission."""
+        choice, victims, their holdings (released), what the ledger held (refunded), the admission.
+        A search that failed is answered from `_no_reclaim` while nothing has changed since."""
+        key = _reclaim_key(req)
+        if self._no_reclaim.get(key) == self._changes_now():
+            return None
+        found = self._search_by_share(req)
+        if found is None:
+            self._no_reclaim[key] = self._changes_now()
+        return found
+
+    def _changes_now(self) -> tuple[int, int]:
+        # Held nodes as well: the cycle may hold one for a reclaim it was given (`decide(node_hold=True)`).
+        return self.changes, int(self.held.sum())
+
+    def _search_by_share(self, req: Request
+                         ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
         amount = demand_of(req)
         models = [m for m in self.models_of(req) if self.below_share(req.team, m, amount)
                   and not self.ledger.verdict(req.team, m, amount, req.priority).never]
         if not models or not self._reclaim_could_admit(req, models):
             return None
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
+        among, ranked = self._ranked_by_share(req, models)
         found = find_preemption(self.state, target, self._may_take_by_share, self._rank(req), nodes=self._open_nodes(),
-                                among=self._takeable_by_share(req, models))
+                                among=among, ranked=ranked)
         if found is None:
             return None
         return self._admit_by_share(req, *found)
@@ -608,6 +643,75 @@ class Fair:
         for m in models:
             out.extend(index.by_model.get(m, ()))
         return out
+
+    def _ranked_by_share(self, req: Request, models: Iterable[str]) -> tuple[list[Holding], dict[str, tuple]]:
+        """`_takeable_by_share`'s shares that `_may_take_by_share` lets go, each with its `_rank`:
+        other teams' from `_candidates_on` (kept while nothing changes), with the parts that depend
+        on the taker's priority; the team's own below its priority."""
+        team, priority = req.team, req.priority
+        among: list[Holding] = []
+        ranked: dict[str, tuple] = {}
+        for m in models:
+            for h, rid, other, p, kind, rest in self._candidates_on(m):
+                if other == team:
+                    continue  # the team's own: below
+                if kind == _OPPORTUNISTIC:
+                    if p >= priority:
+                        continue
+                    kind = 0
+                elif kind == _BORROWED:
+                    kind = 0 if p == 0 < priority else 1  # priority 0 (`_preemptible`)
+                ranked[rid] = (kind, *rest)
+                among.append(h)
+        placed, claimed, saturation, model_of = self.state.placed, self.claimed, self.ledger.saturation, self._model_of
+        for h in self._takeable_index().lower(team, priority):
+            rid = h.share.reservation_id
+            if placed.get(rid) is h and rid not in claimed:
+                ranked[rid] = (2, -saturation(team, model_of[rid]), *self._rank_tail(h.share))
+                among.append(h)
+        return among, ranked
+
+    def _candidates_on(self, model: str) -> list[tuple[Holding, str, str, int, int, tuple]]:
+        """Other teams' shares on `model` that a reclaim by fair share may take from a team below
+        its share (`_may_take_by_share`), as (holding, id, team, priority, kind, the rest of its
+        `_rank`): kind -1 warned; `_OPPORTUNISTIC`, taken only below the taker's priority;
+        `_BORROWED`, of a team that stays at or above its share without it. Worked out once per
+        model while nothing changes (`changes`): what this reads moves only with a decision."""
+        if self._candidates_at != self.changes:
+            self._candidates.clear()
+            self._candidates_at = self.changes
+        found = self._candidates.get(model)
+        if found is not None:
+            return found
+        found = self._candidates[model] = []
+        placed, claimed, holdings, model_of = self.state.placed, self.claimed, self.ledger.holdings, self._model_of
+        for h in self._takeable_index().by_model.get(model, ()):
+            s = h.share
+            rid = s.reservation_id
+            if placed.get(rid) is not h or rid in claimed:
+                continue
+            if s.reclaim_at is not None:
+                kind = -1  # warned of a reclaim: it goes anyway
+            elif self._protected(s):
+                continue
+            elif s.admission == Admission.OPPORTUNISTIC:
+                kind = _OPPORTUNISTIC
+            elif s.admission != Admission.BORROWED:
+                continue  # another team's guaranteed work
+            else:
+                m, entry = model_of.get(rid), holdings.get(rid)
+                if m is None or entry is None or not self.above_share(s.team, m, entry[2]):
+                    continue
+                kind = _BORROWED
+            rest = (-self.ledger.saturation(s.team, model_of[rid]), *self._rank_tail(s))
+            found.append((h, rid, s.team, s.priority, kind, rest))
+        return found
+
+    def _rank_tail(self, s: Share) -> tuple:
+        tail = self._rank_tails.get(s.reservation_id)
+        if tail is None:
+            tail = self._rank_tails[s.reservation_id] = (s.priority, -s.since, _newer(s.reservation_id))
+        return tail
 
     def _may_take_by_share(self, share: Share, r: Request) -> bool:
         """What a reclaim by fair share may take (the taker's team is below its share there)."""
@@ -697,6 +801,7 @@ class Fair:
             if cost[0] > 0:  # no node can be freed now: keep the one that needs the least time
                 self.held[node] = True
                 self._held_models.add(m)
+                self.changes += 1
                 return node, None
             found = find_preemption(self.state, target, may, self._rank(req), nodes=[node])
             if found is None:
@@ -714,6 +819,7 @@ class Fair:
                     continue
                 _, _, _, given_back, admission = taken
             self._held_models.add(m)
+            self.changes += 1
             decided = self._evict(req, choice, victims, released, given_back, admission)
             if decided[3]:  # its victims have a grace to run out: keep the node for it
                 self.held[node] = True

@@ -100,7 +100,7 @@ def _clashes(p: Holding, req: Request) -> bool:
 def find_preemption(
     state: ClusterState, req: Request, may_evict: MayEvict = may_evict, rank: Rank = priority_order, *,
     nodes: Iterable[int] | None = None, exclude: Container[str] | None = None,
-    among: Iterable[Holding] | None = None,
+    among: Iterable[Holding] | None = None, ranked: dict[str, tuple] | None = None,
 ) -> tuple[Choice, tuple[str, ...], list[Holding]] | None:
     """Where `req` fits after evicting some shares: the choice, the victims, and their holdings,
     already released from `state` (restore them to undo). Options are ranked by number of victims,
@@ -108,7 +108,9 @@ def find_preemption(
     `exclude`: reservations that are never victims (None: `state.reserved_now`, this cycle's
     decisions, which are not running yet); `among`: the only shares `may_evict` may allow (None:
     any; `may_evict` itself: those of the request's team and of priority 0, `state.holdings_of`),
-    so that the rule is asked about those alone (holdings no longer in `state` are passed over).
+    so that the rule is asked about those alone (holdings no longer in `state` are passed over);
+    `ranked`: with `among`, the rule's answers worked out by the caller: the shares of `among` it
+    lets go, each with its `rank` (then neither is asked).
 
     Only nodes with enough GPUs of the request's model and GPU memory, holding a share `may_evict`
     lets it take, are searched: elsewhere no slot has a victim, so no option (an option has some).
@@ -157,9 +159,10 @@ def find_preemption(
             if not wanted_at[h.node]:
                 continue
             rid = h.share.reservation_id
-            if rid not in exclude and rid not in protected and placed.get(rid) is h and may_evict(h.share, req):
+            if (rid not in exclude and rid not in protected and placed.get(rid) is h
+                    and (rid in ranked if ranked is not None else may_evict(h.share, req))):
                 evictable.setdefault(h.node, {})[rid] = h
-    ranks: dict[str, tuple] = {}
+    ranks: dict[str, tuple] = {} if ranked is None else ranked
 
     def rank_of(h: Holding) -> tuple:
         key = ranks.get(h.share.reservation_id)
