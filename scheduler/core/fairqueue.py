@@ -27,6 +27,7 @@ evictable work is reclaimed with its grace while nothing else is placed there th
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -137,13 +138,18 @@ class Fair:
         self._above: dict[tuple[str, str, Vec], tuple[Vec, Vec, bool]] = {}
         self._takeable: TakeableIndex | None = None  # built by the first reclaim by fair share
         # What the cycle has decided so far, counted: every charge, release, eviction, claim and
-        # node hold moves it; a search that fails puts back all it tried, so it does not. What a
-        # reclaim by fair share works out from the ledger and the running shares is kept while it
-        # stands: a failed search per request shape (`_no_reclaim`), the shares it may take per
-        # model with their rank (`_candidates`).
+        # node hold moves it (`_changed`); a search that fails puts back all it tried, so it does
+        # not. What a reclaim by fair share works out from the ledger and the running shares is kept
+        # while it stands: a failed search per request shape (`_no_reclaim`), the shares it may take
+        # per model and team with their rank (`_candidates`, `_own`). A charge changes only its
+        # team's use (its shares' rank, whether they may go): that team's are worked out again; any
+        # other change (a release, an eviction, a claim, a hold) starts them all afresh.
         self.changes = 0
-        self._candidates: dict[str, list[tuple]] = {}  # model → `_candidates_on`'s, at `_candidates_at`
-        self._candidates_at = -1
+        self._candidates: dict[str, dict[str, list[tuple]]] = {}  # model → team → `_candidates_on`'s
+        self._own: dict[str, tuple[list[tuple[Holding, str, tuple]], list[int]]] = {}  # `_own_ranked`'s
+        self._stale_teams: set[str] = set()
+        self._stale_all = False
+        self._by_model_team: dict[str, dict[str, list[Holding]]] = {}  # `_takeable_teams`'
         self._no_reclaim: dict[tuple, tuple[int, int]] = {}  # `_reclaim_key` → `_changes_now` when it failed
 
     # ---- order --------------------------------------------------------------------------------
@@ -243,14 +249,22 @@ class Fair:
             reasons.extend(explain(self.state, req))
         return None, reasons
 
-    def charge(self, req: Request, choice: Choice, admission: Admission) -> None:
+    def _changed(self, team: str | None = None) -> None:
+        """A decision changed the state or the ledger: for `team`'s use alone, or anything."""
         self.changes += 1
+        if team is None:
+            self._stale_all = True
+        else:
+            self._stale_teams.add(team)
+
+    def charge(self, req: Request, choice: Choice, admission: Admission) -> None:
+        self._changed(req.team)
         model = self.state.model_at(choice.node, choice.slots[0]) if choice.slots else None
         if model is not None:
             self.ledger.charge(req.id, req.team, model, demand_of(req), admission)
 
     def release(self, req_id: str) -> Holding:
-        self.changes += 1
+        self._changed()
         self.ledger.refund(req_id)
         return self.state.release(req_id)
 
@@ -456,7 +470,7 @@ class Fair:
         """Other teams' borrowed victims go after their team's grace: then nothing changes now
         (they run and stay charged until then) and each victim's time is returned; else the
         victims go now and `req` is reserved and charged."""
-        self.changes += 1
+        self._changed()
         due = {}
         for h in released:
             s = h.share
@@ -646,46 +660,55 @@ class Fair:
 
     def _ranked_by_share(self, req: Request, models: Iterable[str]) -> tuple[list[Holding], dict[str, tuple]]:
         """`_takeable_by_share`'s shares that `_may_take_by_share` lets go, each with its `_rank`:
-        other teams' from `_candidates_on` (kept while nothing changes), with the parts that depend
-        on the taker's priority; the team's own below its priority."""
+        other teams' from `_candidates_on`, the team's own below its priority from `_own_ranked`
+        (both kept while nothing changes), with the parts that depend on the taker's priority."""
         team, priority = req.team, req.priority
         among: list[Holding] = []
         ranked: dict[str, tuple] = {}
+        self._fresh_candidates()
         for m in models:
-            for h, rid, other, p, kind, rest in self._candidates_on(m):
+            for other in self._takeable_teams(m):
                 if other == team:
                     continue  # the team's own: below
-                if kind == _OPPORTUNISTIC:
-                    if p >= priority:
-                        continue
-                    kind = 0
-                elif kind == _BORROWED:
-                    kind = 0 if p == 0 < priority else 1  # priority 0 (`_preemptible`)
-                ranked[rid] = (kind, *rest)
-                among.append(h)
-        placed, claimed, saturation, model_of = self.state.placed, self.claimed, self.ledger.saturation, self._model_of
-        for h in self._takeable_index().lower(team, priority):
-            rid = h.share.reservation_id
-            if placed.get(rid) is h and rid not in claimed:
-                ranked[rid] = (2, -saturation(team, model_of[rid]), *self._rank_tail(h.share))
-                among.append(h)
+                for h, rid, p, kind, first, second in self._candidates_on(m, other):
+                    if kind == _OPPORTUNISTIC:
+                        if p >= priority:
+                            continue
+                        ranked[rid] = first
+                    elif kind == _BORROWED:
+                        ranked[rid] = second if p == 0 < priority else first  # priority 0: `_preemptible`
+                    else:
+                        ranked[rid] = first
+                    among.append(h)
+        own, priorities = self._own_ranked(team)
+        for h, rid, rank in own[: bisect_left(priorities, priority)]:
+            ranked[rid] = rank
+            among.append(h)
         return among, ranked
 
-    def _candidates_on(self, model: str) -> list[tuple[Holding, str, str, int, int, tuple]]:
-        """Other teams' shares on `model` that a reclaim by fair share may take from a team below
-        its share (`_may_take_by_share`), as (holding, id, team, priority, kind, the rest of its
-        `_rank`): kind -1 warned; `_OPPORTUNISTIC`, taken only below the taker's priority;
-        `_BORROWED`, of a team that stays at or above its share without it. Worked out once per
-        model while nothing changes (`changes`): what this reads moves only with a decision."""
-        if self._candidates_at != self.changes:
-            self._candidates.clear()
-            self._candidates_at = self.changes
-        found = self._candidates.get(model)
+    def _takeable_teams(self, model: str) -> dict[str, list[Holding]]:
+        """`TakeableIndex.by_model`'s shares on `model` per team."""
+        found = self._by_model_team.get(model)
+        if found is None:
+            found = self._by_model_team[model] = defaultdict(list)
+            for h in self._takeable_index().by_model.get(model, ()):
+                found[h.share.team].append(h)
+        return found
+
+    def _candidates_on(self, model: str, team: str) -> list[tuple[Holding, str, int, int, tuple, tuple]]:
+        """`team`'s shares on `model` that a reclaim by fair share may take for another team
+        below its share (`_may_take_by_share`), as (holding, id, priority, kind, rank, rank for a
+        taker above priority 0 of a priority-0 borrowed share): kind -1 warned; `_OPPORTUNISTIC`,
+        taken only below the taker's priority; `_BORROWED`, of a team that stays at or above its
+        share without it. Kept until a decision changes what this reads (`_changed`, applied by
+        `_fresh_candidates` before)."""
+        by_team = self._candidates.setdefault(model, {})
+        found = by_team.get(team)
         if found is not None:
             return found
-        found = self._candidates[model] = []
+        found = by_team[team] = []
         placed, claimed, holdings, model_of = self.state.placed, self.claimed, self.ledger.holdings, self._model_of
-        for h in self._takeable_index().by_model.get(model, ()):
+        for h in self._takeable_teams(model).get(team, ()):
             s = h.share
             rid = s.reservation_id
             if placed.get(rid) is not h or rid in claimed:
@@ -704,8 +727,36 @@ class Fair:
                     continue
                 kind = _BORROWED
             rest = (-self.ledger.saturation(s.team, model_of[rid]), *self._rank_tail(s))
-            found.append((h, rid, s.team, s.priority, kind, rest))
+            first = ((-1 if kind == -1 else 0 if kind == _OPPORTUNISTIC else 1), *rest)
+            found.append((h, rid, s.priority, kind, first, (0, *rest)))
         return found
+
+    def _own_ranked(self, team: str) -> tuple[list[tuple[Holding, str, tuple]], list[int]]:
+        """The team's own running shares a reclaim by fair share may take (below the taker's
+        priority), lowest priority first, as (holding, id, rank), and their priorities."""
+        self._fresh_candidates()
+        found = self._own.get(team)
+        if found is None:
+            placed, claimed, model_of = self.state.placed, self.claimed, self._model_of
+            saturation = self.ledger.saturation
+            own = [(h, h.share.reservation_id) for h in self._takeable_index().by_team.get(team, ())]
+            own = [(h, rid) for h, rid in own if placed.get(rid) is h and rid not in claimed]
+            found = self._own[team] = ([(h, rid, (2, -saturation(team, model_of[rid]), *self._rank_tail(h.share)))
+                                        for h, rid in own], [h.share.priority for h, _ in own])
+        return found
+
+    def _fresh_candidates(self) -> None:
+        if self._stale_all:
+            self._candidates.clear()
+            self._own.clear()
+            self._stale_all = False
+        elif self._stale_teams:
+            for by_team in self._candidates.values():
+                for team in self._stale_teams:
+                    by_team.pop(team, None)
+            for team in self._stale_teams:
+                self._own.pop(team, None)
+        self._stale_teams.clear()
 
     def _rank_tail(self, s: Share) -> tuple:
         tail = self._rank_tails.get(s.reservation_id)
@@ -801,7 +852,7 @@ class Fair:
             if cost[0] > 0:  # no node can be freed now: keep the one that needs the least time
                 self.held[node] = True
                 self._held_models.add(m)
-                self.changes += 1
+                self._changed()
                 return node, None
             found = find_preemption(self.state, target, may, self._rank(req), nodes=[node])
             if found is None:
@@ -819,7 +870,7 @@ class Fair:
                     continue
                 _, _, _, given_back, admission = taken
             self._held_models.add(m)
-            self.changes += 1
+            self._changed()
             decided = self._evict(req, choice, victims, released, given_back, admission)
             if decided[3]:  # its victims have a grace to run out: keep the node for it
                 self.held[node] = True

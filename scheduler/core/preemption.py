@@ -146,8 +146,27 @@ def find_preemption(
         wanted &= chosen
     # The shares the rule lets go, per node (asked once each: its answer holds for the search).
     evictable: dict[int, dict[str, Holding]] = {}
+    bound: dict[int, tuple] = {}  # per node, the best rank of those it may take there
     protected = state.protected
-    if among is None:
+    if ranked is not None:
+        wanted_at = wanted.tolist()
+        placed = state.placed
+        for h in among if among is not None else ():
+            node = h.node
+            if not wanted_at[node]:
+                continue
+            rid = h.share.reservation_id
+            key = ranked.get(rid)
+            if key is None or rid in exclude or rid in protected or placed.get(rid) is not h:
+                continue
+            here = evictable.get(node)
+            if here is None:
+                evictable[node], bound[node] = {rid: h}, key
+            else:
+                here[rid] = h
+                if key < bound[node]:
+                    bound[node] = key
+    elif among is None:
         for node in np.flatnonzero(wanted).tolist():
             for rid, h in state.on_node.get(node, {}).items():
                 if rid not in exclude and rid not in protected and may_evict(h.share, req):
@@ -159,8 +178,7 @@ def find_preemption(
             if not wanted_at[h.node]:
                 continue
             rid = h.share.reservation_id
-            if (rid not in exclude and rid not in protected and placed.get(rid) is h
-                    and (rid in ranked if ranked is not None else may_evict(h.share, req))):
+            if rid not in exclude and rid not in protected and placed.get(rid) is h and may_evict(h.share, req):
                 evictable.setdefault(h.node, {})[rid] = h
     ranks: dict[str, tuple] = {} if ranked is None else ranked
 
@@ -210,9 +228,12 @@ def find_preemption(
     # Options are tried best first. A node's option is worked out only when no other can come
     # before it: until then it stands in the queue at a bound of its key (one victim, the best
     # rank of those it may take there), which no option of that node is below.
+    for node, here in evictable.items():
+        if node not in bound:
+            bound[node] = min(rank_of(h) for h in here.values())
+    tie = state.tie_rank
     queue: list[tuple[tuple[int, tuple, int], int, bool, tuple[int, ...], tuple[str, ...]]] = [
-        ((1, min(rank_of(h) for h in here.values()), int(state.tie_rank[node])), node, False, (), ())
-        for node, here in evictable.items()]
+        ((1, bound[node], int(tie[node])), node, False, (), ()) for node in evictable]
     heapq.heapify(queue)
     while queue:
         _, node, known, slots, ids = heapq.heappop(queue)
