@@ -188,12 +188,11 @@ def find_preemption(
             key = ranks[h.share.reservation_id] = rank(h)
         return key
 
-    cpu_free, mem_free = state.cpu_free.tolist(), state.node_mem_free.tolist()
-
     def option_at(node: int) -> tuple[tuple[int, tuple, int], tuple[int, ...], tuple[str, ...]] | None:
         """The node's option: its key (victims, worst victim's rank, node order), slots, victims."""
         victims_here = evictable[node]
-        if _short_without(req, cpu_free[node], mem_free[node], victims_here.values()):
+        cpu_free, mem_free = int(state.cpu_free[node]), int(state.node_mem_free[node])
+        if _short_without(req, cpu_free, mem_free, victims_here.values()):
             return None  # no eviction here frees the CPU or memory it needs
         by_slot: dict[int, list[Holding]] = {}
         for rid, h in state.on_node[node].items():
@@ -219,7 +218,7 @@ def find_preemption(
         gone = {p.share.reservation_id: p for *_, vs in picked for p in vs}
         if not gone:
             return None  # fits without eviction: the filters refused it for another reason
-        if _short_without(req, cpu_free[node], mem_free[node], gone.values()):
+        if _short_without(req, cpu_free, mem_free, gone.values()):
             return None  # these victims leave it short of CPU or memory: it would fail the filters
         ids = tuple(sorted(gone))
         top = max(rank_of(p) for p in gone.values())
