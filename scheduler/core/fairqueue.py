@@ -310,6 +310,16 @@ class Fair:
 
         return may
 
+    def _may_evict_among(self, req: Request, guaranteed: bool) -> list[Holding]:
+        """The only shares `_may_evict(guaranteed)` can let go (from the state's indexes): the team's
+        own, opportunistic and priority-0 work, those warned of a reclaim, and for a guaranteed
+        taker borrowed work; not other teams' guaranteed work above priority 0, most of the fleet."""
+        admissions = (Admission.OPPORTUNISTIC, Admission.BORROWED) if guaranteed else (Admission.OPPORTUNISTIC,)
+        placed = self.state.placed
+        among = list(self.state.holdings_of(teams=(req.team,), admissions=admissions, priorities=(0,)).values())
+        among.extend(placed[rid] for rid in self._warned if rid in placed)
+        return among
+
     def _rank(self, req: Request):
         saturation, model_of, tails = self.ledger.saturation, self._model_of, self._rank_tails
 
@@ -442,7 +452,7 @@ class Fair:
             if free:
                 target = req if len(free) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(free))
                 found = find_preemption(self.state, target, self._may_evict(guaranteed), self._rank(req),
-                                        nodes=self._open_nodes())
+                                        nodes=self._open_nodes(), among=self._may_evict_among(req, guaranteed))
                 if found is not None:
                     choice, victims, released = found
                     given_back = self._refund_if_it_makes_room(req, choice, admission, victims)
