@@ -27,6 +27,7 @@ evictable work is reclaimed with its grace while nothing else is placed there th
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -57,6 +58,7 @@ from .state import ClusterState, Holding
 from .takeable import TakeableIndex
 
 ORDER = (Admission.GUARANTEED, Admission.BORROWED, Admission.OPPORTUNISTIC)
+_OPPORTUNISTIC, _BORROWED = 3, 4  # `Fair._candidates_on`'s kinds that the taker's priority settles
 GivenBack = dict[str, tuple[str, str, Vec, Admission]]  # victim → what the ledger held: team, model, amount, how
 MIN_RUN_S = 600.0  # another team's work younger than this is not evicted for a taker that is not guaranteed
 EVICTION_CAP = 2  # evicted this often within EVICTION_WINDOW_S: protected as above for the next window
@@ -87,6 +89,12 @@ def _preemptible(share: Share, req: Request) -> bool:
     """Another team's share any higher priority may take at once: opportunistic, or priority 0
     (counted in a quota or not, as KubeShare's priority 0 is)."""
     return (share.admission == Admission.OPPORTUNISTIC or share.priority == 0) and share.priority < req.priority
+
+
+def _reclaim_key(req: Request) -> tuple:
+    """All of a request that a reclaim by fair share reads: everything but its id and age."""
+    return (req.team, req.priority, req.gpu_request, req.gpu_limit, req.gpu_memory_mib, req.gpu_count, req.gpu_model,
+            req.affinity, req.anti_affinity, req.exclusion, req.group, req.cpu_milli, req.memory_mib)
 
 
 def _newer(reservation_id: str) -> tuple:
@@ -129,6 +137,20 @@ class Fair:
         # `above_share`'s answers: (team, model, losing) → (the team's use, its losing then, answer)
         self._above: dict[tuple[str, str, Vec], tuple[Vec, Vec, bool]] = {}
         self._takeable: TakeableIndex | None = None  # built by the first reclaim by fair share
+        # What the cycle has decided so far, counted: every charge, release, eviction, claim and
+        # node hold moves it (`_changed`); a search that fails puts back all it tried, so it does
+        # not. What a reclaim by fair share works out from the ledger and the running shares is kept
+        # while it stands: a failed search per request shape (`_no_reclaim`), the shares it may take
+        # per model and team with their rank (`_candidates`, `_own`). A charge changes only its
+        # team's use (its shares' rank, whether they may go): that team's are worked out again; any
+        # other change (a release, an eviction, a claim, a hold) starts them all afresh.
+        self.changes = 0
+        self._candidates: dict[str, dict[str, list[tuple]]] = {}  # model → team → `_candidates_on`'s
+        self._own: dict[str, tuple[list[tuple[Holding, str, tuple]], list[int]]] = {}  # `_own_ranked`'s
+        self._stale_teams: set[str] = set()
+        self._stale_all = False
+        self._by_model_team: dict[str, dict[str, list[Holding]]] = {}  # `_takeable_teams`'
+        self._no_reclaim: dict[tuple, tuple[int, int]] = {}  # `_reclaim_key` → `_changes_now` when it failed
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -227,12 +249,22 @@ class Fair:
             reasons.extend(explain(self.state, req))
         return None, reasons
 
+    def _changed(self, team: str | None = None) -> None:
+        """A decision changed the state or the ledger: for `team`'s use alone, or anything."""
+        self.changes += 1
+        if team is None:
+            self._stale_all = True
+        else:
+            self._stale_teams.add(team)
+
     def charge(self, req: Request, choice: Choice, admission: Admission) -> None:
+        self._changed(req.team)
         model = self.state.model_at(choice.node, choice.slots[0]) if choice.slots else None
         if model is not None:
             self.ledger.charge(req.id, req.team, model, demand_of(req), admission)
 
     def release(self, req_id: str) -> Holding:
+        self._changed()
         self.ledger.refund(req_id)
         return self.state.release(req_id)
 
@@ -277,6 +309,16 @@ class Fair:
             return guaranteed and share.admission == Admission.BORROWED
 
         return may
+
+    def _may_evict_among(self, req: Request, guaranteed: bool) -> list[Holding]:
+        """The only shares `_may_evict(guaranteed)` can let go (from the state's indexes): the team's
+        own, opportunistic and priority-0 work, those warned of a reclaim, and for a guaranteed
+        taker borrowed work; not other teams' guaranteed work above priority 0, most of the fleet."""
+        admissions = (Admission.OPPORTUNISTIC, Admission.BORROWED) if guaranteed else (Admission.OPPORTUNISTIC,)
+        placed = self.state.placed
+        among = list(self.state.holdings_of(teams=(req.team,), admissions=admissions, priorities=(0,)).values())
+        among.extend(placed[rid] for rid in self._warned if rid in placed)
+        return among
 
     def _rank(self, req: Request):
         saturation, model_of, tails = self.ledger.saturation, self._model_of, self._rank_tails
@@ -410,7 +452,7 @@ class Fair:
             if free:
                 target = req if len(free) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(free))
                 found = find_preemption(self.state, target, self._may_evict(guaranteed), self._rank(req),
-                                        nodes=self._open_nodes())
+                                        nodes=self._open_nodes(), among=self._may_evict_among(req, guaranteed))
                 if found is not None:
                     choice, victims, released = found
                     given_back = self._refund_if_it_makes_room(req, choice, admission, victims)
@@ -438,6 +480,7 @@ class Fair:
         """Other teams' borrowed victims go after their team's grace: then nothing changes now
         (they run and stay charged until then) and each victim's time is returned; else the
         victims go now and `req` is reserved and charged."""
+        self._changed()
         due = {}
         for h in released:
             s = h.share
@@ -524,15 +567,31 @@ class Fair:
         teams' borrowed shares of teams above theirs (`above_share`), furthest above first, lowest
         priority, newest; with the preemptible work and the team's own lower priorities that any
         preemption may take. Admitted as borrowed (or better) once they are gone. Returns the
-        choice, victims, their holdings (released), what the ledger held (refunded), the admission."""
+        choice, victims, their holdings (released), what the ledger held (refunded), the admission.
+        A search that failed is answered from `_no_reclaim` while nothing has changed since."""
+        key = _reclaim_key(req)
+        if self._no_reclaim.get(key) == self._changes_now():
+            return None
+        found = self._search_by_share(req)
+        if found is None:
+            self._no_reclaim[key] = self._changes_now()
+        return found
+
+    def _changes_now(self) -> tuple[int, int]:
+        # Held nodes as well: the cycle may hold one for a reclaim it was given (`decide(node_hold=True)`).
+        return self.changes, int(self.held.sum())
+
+    def _search_by_share(self, req: Request
+                         ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
         amount = demand_of(req)
         models = [m for m in self.models_of(req) if self.below_share(req.team, m, amount)
                   and not self.ledger.verdict(req.team, m, amount, req.priority).never]
         if not models or not self._reclaim_could_admit(req, models):
             return None
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
+        among, ranked = self._ranked_by_share(req, models)
         found = find_preemption(self.state, target, self._may_take_by_share, self._rank(req), nodes=self._open_nodes(),
-                                among=self._takeable_by_share(req, models))
+                                among=among, ranked=ranked)
         if found is None:
             return None
         return self._admit_by_share(req, *found)
@@ -608,6 +667,112 @@ class Fair:
         for m in models:
             out.extend(index.by_model.get(m, ()))
         return out
+
+    def _ranked_by_share(self, req: Request, models: Iterable[str]) -> tuple[list[Holding], dict[str, tuple]]:
+        """`_takeable_by_share`'s shares that `_may_take_by_share` lets go, each with its `_rank`:
+        other teams' from `_candidates_on`, the team's own below its priority from `_own_ranked`
+        (both kept while nothing changes), with the parts that depend on the taker's priority."""
+        team, priority = req.team, req.priority
+        among: list[Holding] = []
+        ranked: dict[str, tuple] = {}
+        self._fresh_candidates()
+        for m in models:
+            for other in self._takeable_teams(m):
+                if other == team:
+                    continue  # the team's own: below
+                for h, rid, p, kind, first, second in self._candidates_on(m, other):
+                    if kind == _OPPORTUNISTIC:
+                        if p >= priority:
+                            continue
+                        ranked[rid] = first
+                    elif kind == _BORROWED:
+                        ranked[rid] = second if p == 0 < priority else first  # priority 0: `_preemptible`
+                    else:
+                        ranked[rid] = first
+                    among.append(h)
+        own, priorities = self._own_ranked(team)
+        for h, rid, rank in own[: bisect_left(priorities, priority)]:
+            ranked[rid] = rank
+            among.append(h)
+        return among, ranked
+
+    def _takeable_teams(self, model: str) -> dict[str, list[Holding]]:
+        """`TakeableIndex.by_model`'s shares on `model` per team."""
+        found = self._by_model_team.get(model)
+        if found is None:
+            found = self._by_model_team[model] = defaultdict(list)
+            for h in self._takeable_index().by_model.get(model, ()):
+                found[h.share.team].append(h)
+        return found
+
+    def _candidates_on(self, model: str, team: str) -> list[tuple[Holding, str, int, int, tuple, tuple]]:
+        """`team`'s shares on `model` that a reclaim by fair share may take for another team
+        below its share (`_may_take_by_share`), as (holding, id, priority, kind, rank, rank for a
+        taker above priority 0 of a priority-0 borrowed share): kind -1 warned; `_OPPORTUNISTIC`,
+        taken only below the taker's priority; `_BORROWED`, of a team that stays at or above its
+        share without it. Kept until a decision changes what this reads (`_changed`, applied by
+        `_fresh_candidates` before)."""
+        by_team = self._candidates.setdefault(model, {})
+        found = by_team.get(team)
+        if found is not None:
+            return found
+        found = by_team[team] = []
+        placed, claimed, holdings, model_of = self.state.placed, self.claimed, self.ledger.holdings, self._model_of
+        for h in self._takeable_teams(model).get(team, ()):
+            s = h.share
+            rid = s.reservation_id
+            if placed.get(rid) is not h or rid in claimed:
+                continue
+            if s.reclaim_at is not None:
+                kind = -1  # warned of a reclaim: it goes anyway
+            elif self._protected(s):
+                continue
+            elif s.admission == Admission.OPPORTUNISTIC:
+                kind = _OPPORTUNISTIC
+            elif s.admission != Admission.BORROWED:
+                continue  # another team's guaranteed work
+            else:
+                m, entry = model_of.get(rid), holdings.get(rid)
+                if m is None or entry is None or not self.above_share(s.team, m, entry[2]):
+                    continue
+                kind = _BORROWED
+            rest = (-self.ledger.saturation(s.team, model_of[rid]), *self._rank_tail(s))
+            first = ((-1 if kind == -1 else 0 if kind == _OPPORTUNISTIC else 1), *rest)
+            found.append((h, rid, s.priority, kind, first, (0, *rest)))
+        return found
+
+    def _own_ranked(self, team: str) -> tuple[list[tuple[Holding, str, tuple]], list[int]]:
+        """The team's own running shares a reclaim by fair share may take (below the taker's
+        priority), lowest priority first, as (holding, id, rank), and their priorities."""
+        self._fresh_candidates()
+        found = self._own.get(team)
+        if found is None:
+            placed, claimed, model_of = self.state.placed, self.claimed, self._model_of
+            saturation = self.ledger.saturation
+            own = [(h, h.share.reservation_id) for h in self._takeable_index().by_team.get(team, ())]
+            own = [(h, rid) for h, rid in own if placed.get(rid) is h and rid not in claimed]
+            found = self._own[team] = ([(h, rid, (2, -saturation(team, model_of[rid]), *self._rank_tail(h.share)))
+                                        for h, rid in own], [h.share.priority for h, _ in own])
+        return found
+
+    def _fresh_candidates(self) -> None:
+        if self._stale_all:
+            self._candidates.clear()
+            self._own.clear()
+            self._stale_all = False
+        elif self._stale_teams:
+            for by_team in self._candidates.values():
+                for team in self._stale_teams:
+                    by_team.pop(team, None)
+            for team in self._stale_teams:
+                self._own.pop(team, None)
+        self._stale_teams.clear()
+
+    def _rank_tail(self, s: Share) -> tuple:
+        tail = self._rank_tails.get(s.reservation_id)
+        if tail is None:
+            tail = self._rank_tails[s.reservation_id] = (s.priority, -s.since, _newer(s.reservation_id))
+        return tail
 
     def _may_take_by_share(self, share: Share, r: Request) -> bool:
         """What a reclaim by fair share may take (the taker's team is below its share there)."""
@@ -697,6 +862,7 @@ class Fair:
             if cost[0] > 0:  # no node can be freed now: keep the one that needs the least time
                 self.held[node] = True
                 self._held_models.add(m)
+                self._changed()
                 return node, None
             found = find_preemption(self.state, target, may, self._rank(req), nodes=[node])
             if found is None:
@@ -714,6 +880,7 @@ class Fair:
                     continue
                 _, _, _, given_back, admission = taken
             self._held_models.add(m)
+            self._changed()
             decided = self._evict(req, choice, victims, released, given_back, admission)
             if decided[3]:  # its victims have a grace to run out: keep the node for it
                 self.held[node] = True

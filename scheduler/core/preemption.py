@@ -100,7 +100,7 @@ def _clashes(p: Holding, req: Request) -> bool:
 def find_preemption(
     state: ClusterState, req: Request, may_evict: MayEvict = may_evict, rank: Rank = priority_order, *,
     nodes: Iterable[int] | None = None, exclude: Container[str] | None = None,
-    among: Iterable[Holding] | None = None,
+    among: Iterable[Holding] | None = None, ranked: dict[str, tuple] | None = None,
 ) -> tuple[Choice, tuple[str, ...], list[Holding]] | None:
     """Where `req` fits after evicting some shares: the choice, the victims, and their holdings,
     already released from `state` (restore them to undo). Options are ranked by number of victims,
@@ -108,7 +108,9 @@ def find_preemption(
     `exclude`: reservations that are never victims (None: `state.reserved_now`, this cycle's
     decisions, which are not running yet); `among`: the only shares `may_evict` may allow (None:
     any; `may_evict` itself: those of the request's team and of priority 0, `state.holdings_of`),
-    so that the rule is asked about those alone (holdings no longer in `state` are passed over).
+    so that the rule is asked about those alone (holdings no longer in `state` are passed over);
+    `ranked`: with `among`, the rule's answers worked out by the caller: the shares of `among` it
+    lets go, each with its `rank` (then neither is asked).
 
     Only nodes with enough GPUs of the request's model and GPU memory, holding a share `may_evict`
     lets it take, are searched: elsewhere no slot has a victim, so no option (an option has some).
@@ -144,8 +146,27 @@ def find_preemption(
         wanted &= chosen
     # The shares the rule lets go, per node (asked once each: its answer holds for the search).
     evictable: dict[int, dict[str, Holding]] = {}
+    bound: dict[int, tuple] = {}  # per node, the best rank of those it may take there
     protected = state.protected
-    if among is None:
+    if ranked is not None:
+        wanted_at = wanted.tolist()
+        placed = state.placed
+        for h in among if among is not None else ():
+            node = h.node
+            if not wanted_at[node]:
+                continue
+            rid = h.share.reservation_id
+            key = ranked.get(rid)
+            if key is None or rid in exclude or rid in protected or placed.get(rid) is not h:
+                continue
+            here = evictable.get(node)
+            if here is None:
+                evictable[node], bound[node] = {rid: h}, key
+            else:
+                here[rid] = h
+                if key < bound[node]:
+                    bound[node] = key
+    elif among is None:
         for node in np.flatnonzero(wanted).tolist():
             for rid, h in state.on_node.get(node, {}).items():
                 if rid not in exclude and rid not in protected and may_evict(h.share, req):
@@ -159,7 +180,7 @@ def find_preemption(
             rid = h.share.reservation_id
             if rid not in exclude and rid not in protected and placed.get(rid) is h and may_evict(h.share, req):
                 evictable.setdefault(h.node, {})[rid] = h
-    ranks: dict[str, tuple] = {}
+    ranks: dict[str, tuple] = {} if ranked is None else ranked
 
     def rank_of(h: Holding) -> tuple:
         key = ranks.get(h.share.reservation_id)
@@ -167,12 +188,11 @@ def find_preemption(
             key = ranks[h.share.reservation_id] = rank(h)
         return key
 
-    cpu_free, mem_free = state.cpu_free.tolist(), state.node_mem_free.tolist()
-
     def option_at(node: int) -> tuple[tuple[int, tuple, int], tuple[int, ...], tuple[str, ...]] | None:
         """The node's option: its key (victims, worst victim's rank, node order), slots, victims."""
         victims_here = evictable[node]
-        if _short_without(req, cpu_free[node], mem_free[node], victims_here.values()):
+        cpu_free, mem_free = int(state.cpu_free[node]), int(state.node_mem_free[node])
+        if _short_without(req, cpu_free, mem_free, victims_here.values()):
             return None  # no eviction here frees the CPU or memory it needs
         by_slot: dict[int, list[Holding]] = {}
         for rid, h in state.on_node[node].items():
@@ -198,7 +218,7 @@ def find_preemption(
         gone = {p.share.reservation_id: p for *_, vs in picked for p in vs}
         if not gone:
             return None  # fits without eviction: the filters refused it for another reason
-        if _short_without(req, cpu_free[node], mem_free[node], gone.values()):
+        if _short_without(req, cpu_free, mem_free, gone.values()):
             return None  # these victims leave it short of CPU or memory: it would fail the filters
         ids = tuple(sorted(gone))
         top = max(rank_of(p) for p in gone.values())
@@ -207,9 +227,12 @@ def find_preemption(
     # Options are tried best first. A node's option is worked out only when no other can come
     # before it: until then it stands in the queue at a bound of its key (one victim, the best
     # rank of those it may take there), which no option of that node is below.
+    for node, here in evictable.items():
+        if node not in bound:
+            bound[node] = min(rank_of(h) for h in here.values())
+    tie = state.tie_rank
     queue: list[tuple[tuple[int, tuple, int], int, bool, tuple[int, ...], tuple[str, ...]]] = [
-        ((1, min(rank_of(h) for h in here.values()), int(state.tie_rank[node])), node, False, (), ())
-        for node, here in evictable.items()]
+        ((1, bound[node], int(tie[node])), node, False, (), ()) for node in evictable]
     heapq.heapify(queue)
     while queue:
         _, node, known, slots, ids = heapq.heappop(queue)
