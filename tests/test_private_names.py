@@ -13,10 +13,9 @@ OURS = ("portal", "scheduler", "agents", "wire", "tests", "bench")
 # Underscore names that are documented public API: Django's model options, default manager and
 # instance state; namedtuple's methods.
 DOCUMENTED = {"_meta", "_default_manager", "_state", "_fields", "_make", "_replace", "_asdict"}
-# Left to the modules' owners (scheduler/core/, portal/connect/proxy.py): each is a test reaching a
+# Left to the module's owner (scheduler/core/): each is a test reaching a
 # private name, named here so that no new one comes in unnoticed.
 KNOWN = {
-    ("tests/portal/test_connect_recheck.py", "proxy._lookup"),
     ("tests/scheduler/test_fair_search_bounds.py", "Fair._reclaim_could_admit"),
 }
 

@@ -145,7 +145,8 @@ class Decision:
     recheck: list[bytes] | None = None
 
 
-def _lookup(session_key: str | None, reservation_id: int) -> Decision:
+def decide_access(session_key: str | None, reservation_id: int) -> Decision:
+    """Whom this session is and what it may open of the reservation (a database read: run off the loop)."""
     from django.contrib.auth import get_user
 
     from portal.reservations.states import State
@@ -170,7 +171,7 @@ def _address(target: access.Target) -> str | None:
     return get_backend().app_address(PodRef(target.pod_namespace, target.pod_name), target.port)
 
 
-_lookup_async = database_sync_to_async(_lookup)
+_decide_access_async = database_sync_to_async(decide_access)
 _address_async = database_sync_to_async(_address)
 
 
@@ -184,7 +185,7 @@ async def _decide(session_key: str | None, reservation_id: int) -> Decision:
         except RecheckFailed as exc:
             log.warning("connect: the access recheck failed (deciding in full): %s", exc)
         _remembered.drop(key)
-    decision = await _lookup_async(session_key, reservation_id)
+    decision = await _decide_access_async(session_key, reservation_id)
     if decision.recheck is not None:
         _remembered.put(key, decision)
     return decision

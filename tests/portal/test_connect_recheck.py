@@ -38,7 +38,7 @@ def remembered(fleet, teams, people):
     assert r.state == State.RUNNING and r.pod_name
     client = Client()
     client.force_login(people["alice"])
-    decision = proxy._lookup(client.session.session_key, r.pk)
+    decision = proxy.decide_access(client.session.session_key, r.pk)
     assert decision.target is not None and decision.recheck is not None
     return r, decision, client
 

@@ -3,7 +3,6 @@ official client. Read `scheduler/backends/base.py` for what each call promises."
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -16,8 +15,9 @@ from typing import Any
 
 from kubernetes import client
 
+from wire.pod_placement import parse_placement
+
 from ..base import (
-    PLACEMENT_ANNOTATION,
     REASON_ANNOTATION,
     RESERVATION_LABEL,
     BackendError,
@@ -316,7 +316,7 @@ class KubernetesBackend:
         current = listed or self._read_external(pod)
         bound_to = (current.get("spec") or {}).get("nodeName")
         if bound_to:
-            self._check_bound(pod, node, bound_to)
+            self.check_bound(pod, node, bound_to)
             return
         marked = RESERVATION_LABEL in ((current.get("metadata") or {}).get("labels") or {})
         try:
@@ -339,7 +339,7 @@ class KubernetesBackend:
         except Conflict:
             # Bound meanwhile: by our own earlier try (answer lost) or by someone else.
             after = self._read_external(pod)
-            self._check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
+            self.check_bound(pod, node, (after.get("spec") or {}).get("nodeName") or "")
 
     def bind_external_many(self, bindings: Sequence[ExternalBinding]) -> list[BackendError | None]:
         """`bind_external` for each, side by side (at most bind_concurrency pods in flight): a pod's
@@ -365,7 +365,7 @@ class KubernetesBackend:
             return list(pool.map(one, bindings))
 
     def _warm_slice(self, node: str) -> None:
-        """Read the node's slice into the index `_on_slice` keeps, if nobody has (a failure is left to
+        """Read the node's slice into the index `on_slice` keeps, if nobody has (a failure is left to
         the bind that needs it, which says what is wrong)."""
         with self._memory_lock:
             reading = self._slice_reads.setdefault(node, threading.Lock())
@@ -391,10 +391,10 @@ class KubernetesBackend:
     def _allocate_claims(self, pod: PodRef, obj: dict, node: str, annotations: Mapping[str, str]) -> None:
         """Before the Binding: allocate the pod's claims of our classes to the placed GPUs (one status
         write each), so the kubelet finds them allocated and reserved when the pod reaches it."""
-        placement = json.loads(annotations[PLACEMENT_ANNOTATION])
-        gpus = self._on_slice(node, [GpuShare(uuid=u, index=-1, gpu_request=placement["request"],
-                                              gpu_limit=placement["limit"], gpu_memory_mib=placement["memory_mib"])
-                                     for u in placement["gpus"]])
+        placement = parse_placement(annotations)  # ours, written by this backend a moment ago
+        gpus = self.on_slice(node, [GpuShare(uuid=u, index=-1, gpu_request=placement.request,
+                                             gpu_limit=placement.limit, gpu_memory_mib=placement.memory_mib)
+                                    for u in placement.gpus])
         for name in dra.pod_claim_names(obj):
             with self._memory_lock:
                 claim = self._claims.pop((pod.namespace, name), None)
@@ -421,7 +421,7 @@ class KubernetesBackend:
         self._no_dra_since = None
         return dra.foreign_shares(list(claims.values()))
 
-    def _on_slice(self, node: str, gpus: Sequence[GpuShare]) -> list[GpuShare]:
+    def on_slice(self, node: str, gpus: Sequence[GpuShare]) -> list[GpuShare]:
         """The shares with each GPU's index as the node's ResourceSlice names its device (read once per
         node, again when it lacks a GPU: the node's GPUs changed)."""
         index = self._slices.get(node) or {}
@@ -498,7 +498,7 @@ class KubernetesBackend:
         return obj
 
     @staticmethod
-    def _check_bound(pod: PodRef, node: str, bound_to: str) -> None:
+    def check_bound(pod: PodRef, node: str, bound_to: str) -> None:
         if bound_to != node:
             raise PodConflict(f"pod {pod.namespace}/{pod.name} is bound to {bound_to or 'no node'}, not {node}")
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from wire.pod_placement import PlacementError, parse_placement
+
 from ..base import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
-    PLACEMENT_ANNOTATION,
     REMOTE_CLIENT_DIR,
     RESERVATION_LABEL,
     SCHEDULER_NAME,
@@ -264,12 +264,10 @@ def pod_status(obj: Mapping[str, Any]) -> PodStatus:
 def _placed_reservation(meta: Mapping[str, Any]) -> str | None:
     """The reservation of a kubectl pod the webhook marked (`RESERVATION_LABEL` present, empty) and
     that was bound with its placement annotation; None while it waits."""
-    text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
     try:
-        rid = json.loads(text).get("reservation") if text else None
-    except (ValueError, AttributeError):
+        return parse_placement(meta.get("annotations")).reservation
+    except PlacementError:
         return None
-    return str(rid) if isinstance(rid, str | int) and str(rid) else None
 
 
 def node_condition(obj: Mapping[str, Any]) -> NodeCondition:

@@ -127,7 +127,7 @@ class PortalClaims:
         except Conflict:
             status = backend._adopt(spec)
         if status.node:
-            backend._check_bound(spec.ref, spec.node, status.node)
+            backend.check_bound(spec.ref, spec.node, status.node)
             return status
         name = claim_name(spec.name)
         try:
@@ -138,12 +138,12 @@ class PortalClaims:
                 # An earlier pod's of this name (deleted, its claim not collected yet): it goes by itself.
                 raise TransientBackendError(f"claim {spec.namespace}/{name} still belongs to an earlier pod "
                                             f"{spec.name}; the garbage collector deletes it") from None
-        backend.claims.allocate(claim, spec.ref, status.uid, spec.node, backend._on_slice(spec.node, spec.gpus))
+        backend.claims.allocate(claim, spec.ref, status.uid, spec.node, backend.on_slice(spec.node, spec.gpus))
         try:
             api.bind(spec.namespace, spec.name, binding_manifest(spec.namespace, spec.name, spec.node))
         except NotFound as exc:
             raise PodConflict(f"pod {spec.namespace}/{spec.name} is gone") from exc
         except Conflict:
             after = backend._read_external(spec.ref)
-            backend._check_bound(spec.ref, spec.node, (after.get("spec") or {}).get("nodeName") or "")
+            backend.check_bound(spec.ref, spec.node, (after.get("spec") or {}).get("nodeName") or "")
         return replace(status, node=spec.node)
