@@ -53,6 +53,7 @@ from .model import Reason, ReasonCode, Request, Share
 from .preemption import find_preemption
 from .queue import DEFAULT_AGING_S, effective_priority
 from .scorers import BestFitScorer, Scorer
+from .segregation import NodeKinds, placement_tier
 from .state import ClusterState, Holding
 from .takeable import TakeableIndex
 
@@ -129,6 +130,7 @@ class Fair:
         # `above_share`'s answers: (team, model, losing) → (the team's use, its losing then, answer)
         self._above: dict[tuple[str, str, Vec], tuple[Vec, Vec, bool]] = {}
         self._takeable: TakeableIndex | None = None  # built by the first reclaim by fair share
+        self._kinds = NodeKinds(state)  # what each node holds, for `placement_tier`
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -218,7 +220,9 @@ class Fair:
             ok = ok_all if len(chosen) == len(models) else ok_all & self.state.model_mask(frozenset(chosen))
             if self.held.any():
                 ok = ok & ~self.held[:, None]
-            choice = choose(self.state, req, scorer, ok=ok, tier=tier)
+            # A gang's closeness comes first; else guaranteed work is kept apart (`placement_tier`).
+            where = tier if tier is not None else placement_tier(self._kinds, admission)
+            choice = choose(self.state, req, scorer, ok=ok, tier=where)
             if choice is not None:
                 self.state.reserve(req, choice.node, choice.slots, admission=str(admission))
                 self.charge(req, choice, admission)
