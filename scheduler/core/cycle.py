@@ -32,6 +32,7 @@ from .model import (
 from .preemption import find_preemption
 from .queue import DEFAULT_AGING_S, queue_order
 from .scorers import Scorer
+from .segregation import NodeKinds, placement_tier
 from .state import ClusterState
 
 ZONE_LABELS = ("topology.kubernetes.io/rack", "rack", "topology.kubernetes.io/zone", "zone")
@@ -328,7 +329,8 @@ def judge(snapshot: Snapshot, request: Request, limit: int | None = None, policy
         if not chosen:
             continue
         mask = None if len(chosen) == len(models) else state.model_mask(frozenset(chosen))
-        candidates, count, reasons = _best(snapshot, state, request, limit, policy, typical, mask)
+        tier = placement_tier(NodeKinds(state), admission)  # the nodes the cycle would prefer first
+        candidates, count, reasons = _best(snapshot, state, request, limit, policy, typical, mask, tier)
         if candidates:
             return Judgement(admission, candidates, count, quota_reasons + reasons)
     _, _, reasons = _best(snapshot, state, request, 0, policy, typical) if any(groups) else (None, 0, [])
@@ -336,7 +338,7 @@ def judge(snapshot: Snapshot, request: Request, limit: int | None = None, policy
 
 
 def _best(snapshot: Snapshot, state: ClusterState, request: Request, limit: int | None, policy: str,
-          typical: Sequence[TypicalPod] | None, mask: np.ndarray | None = None
+          typical: Sequence[TypicalPod] | None, mask: np.ndarray | None = None, tier: np.ndarray | None = None
           ) -> tuple[list[GpuCandidate], int, list[Reason]]:
     ok = feasible(state, request)
     if mask is not None:
@@ -350,8 +352,10 @@ def _best(snapshot: Snapshot, state: ClusterState, request: Request, limit: int 
     )
     scores, _ = scorer.score(state, request, ok, room)
     nodes = np.flatnonzero(room)
-    # Best node first, ties by the fixed tie rank; within a node its GPUs in slot order.
-    order = nodes[np.lexsort((state.tie_rank[nodes], -scores[nodes]))]
+    # Best node first (by `tier` first where given, as the cycle compares it), ties by the fixed
+    # tie rank; within a node its GPUs in slot order.
+    keys = (state.tie_rank[nodes], -scores[nodes]) + ((-tier[nodes],) if tier is not None else ())
+    order = nodes[np.lexsort(keys)]
     count = int(ok[nodes].sum())
     out: list[GpuCandidate] = []
     for i in order.tolist():

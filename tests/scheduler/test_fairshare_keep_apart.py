@@ -3,7 +3,7 @@ apart from work that may be taken back, so that a reclaim can empty a node (sche
 
 from __future__ import annotations
 
-from scheduler.core import Preemption, Unit
+from scheduler.core import Preemption, Snapshot, Unit, judge
 from tests.scheduler.test_fairshare import decisions, node, q, tree
 from tests.scheduler.test_fairshare_reclaim_by_share import asks, mine
 
@@ -40,3 +40,10 @@ def test_a_job_that_needs_a_whole_node_still_finds_the_empty_one():
     nodes, quotas = lab()
     ds = decisions(nodes, quotas, [asks("b1", "b"), asks("b2", "b", count=4)])
     assert placed_on(ds, "b1") == "n3" and placed_on(ds, "b2") == "n1"
+
+
+def test_the_request_preview_names_first_the_node_the_cycle_would_choose():
+    nodes, quotas = lab()
+    judged = judge(Snapshot(tuple(nodes), quotas=quotas, now=1000.0), asks("b1", "b"))
+    assert judged.admission == "guaranteed" and judged.candidates[0].node == "n3"
+    assert placed_on(decisions(nodes, quotas, [asks("b1", "b")]), "b1") == "n3"
