@@ -101,6 +101,7 @@ def schedule(
     min_run_s: float = MIN_RUN_S,
     evictions: Mapping[str, Sequence[float]] | None = None,
     node_hold: bool = False,
+    keep_apart: bool = False,
 ) -> CycleResult:
     """Decide for every pending request: a placement, a preemption, or reasons it waits."""
     placements: list[Placement] = []
@@ -108,7 +109,8 @@ def schedule(
     refused: list[Unschedulable] = []
     reclaims: list[Reclaim] = []
     for decision in decide(snapshot, pending, policy, preemption=preemption, typical=typical, seed=seed,
-                           aging_s=aging_s, min_run_s=min_run_s, evictions=evictions, node_hold=node_hold):
+                           aging_s=aging_s, min_run_s=min_run_s, evictions=evictions, node_hold=node_hold,
+                           keep_apart=keep_apart):
         if isinstance(decision, Preemption):
             preemptions.append(decision)
         elif isinstance(decision, Reclaim):
@@ -135,6 +137,7 @@ def decide(
     min_run_s: float = MIN_RUN_S,
     evictions: Mapping[str, Sequence[float]] | None = None,
     node_hold: bool = False,
+    keep_apart: bool = False,
 ) -> Iterator[Decision]:
     """`schedule`, one decision at a time in queue order, as soon as it is made: a tuple of
     placements (one request, or the members of a pod group that go together), a Preemption, a
@@ -142,7 +145,9 @@ def decide(
     still computed. Under a quota tree, `min_run_s` and `evictions` (running reservation → when it
     was evicted before) ration evictions for takers that are not guaranteed, and `node_hold` lets a
     multi-GPU request that fits nowhere hold a node (`fairqueue.Fair.hold`; off by default: in the
-    replay it doubled evictions for no gain in fairness)."""
+    replay it doubled evictions for no gain in fairness), and `keep_apart` places by what nodes hold
+    (`segregation.placement_tier`; off by default: in the replay it added evictions on two seeds of
+    three)."""
     ids = [r.id for r in pending]
     if len(set(ids)) != len(ids):
         raise ValueError("pending requests repeat an id")
@@ -163,7 +168,7 @@ def decide(
             gangs.setdefault(r.group.name, []).append(r)
     if snapshot.quotas is not None:
         fair = Fair(state, snapshot.quotas, waiting, snapshot.now, snapshot.past_use, aging_s,
-                    min_run_s=min_run_s, evictions=evictions)
+                    min_run_s=min_run_s, evictions=evictions, keep_apart=keep_apart)
         ordered: Iterable[Request] = fair.order(waiting, decided)
     else:
         fair = None
@@ -313,7 +318,7 @@ class Judgement:
 
 
 def judge(snapshot: Snapshot, request: Request, limit: int | None = None, policy: str = "tessera",
-          typical: Sequence[TypicalPod] | None = None) -> Judgement:
+          typical: Sequence[TypicalPod] | None = None, *, keep_apart: bool = False) -> Judgement:
     """The cycle's decision for `request` as if it were the only one waiting, without preemption:
     the same quota verdicts (`Fair.verdicts`) and the same filters and scoring. The request page's
     preview and the capacity API answer with it."""
@@ -329,7 +334,8 @@ def judge(snapshot: Snapshot, request: Request, limit: int | None = None, policy
         if not chosen:
             continue
         mask = None if len(chosen) == len(models) else state.model_mask(frozenset(chosen))
-        tier = placement_tier(NodeKinds(state), admission)  # the nodes the cycle would prefer first
+        # With `keep_apart`, the nodes the cycle (`decide(keep_apart=True)`) would prefer first.
+        tier = placement_tier(NodeKinds(state), admission) if keep_apart else None
         candidates, count, reasons = _best(snapshot, state, request, limit, policy, typical, mask, tier)
         if candidates:
             return Judgement(admission, candidates, count, quota_reasons + reasons)

@@ -99,7 +99,7 @@ def _newer(reservation_id: str) -> tuple:
 class Fair:
     def __init__(self, state: ClusterState, tree: QuotaTree, pending: Sequence[Request], now: float,
                  past=None, aging_s: float = DEFAULT_AGING_S, *, min_run_s: float = MIN_RUN_S,
-                 evictions: Mapping[str, Sequence[float]] | None = None) -> None:
+                 evictions: Mapping[str, Sequence[float]] | None = None, keep_apart: bool = False) -> None:
         self.state, self.tree, self.now, self.aging_s = state, tree, now, aging_s
         self.min_run_s = min_run_s
         self.evictions = evictions or {}  # reservation → when it was evicted before (requeued)
@@ -132,7 +132,7 @@ class Fair:
         # `above_share`'s answers: (team, model, losing) → (the team's use, its losing then, answer)
         self._above: dict[tuple[str, str, Vec], tuple[Vec, Vec, bool]] = {}
         self._takeable: TakeableIndex | None = None  # built by the first reclaim by fair share
-        self._kinds = NodeKinds(state)  # what each node holds, for `placement_tier`
+        self._kinds = NodeKinds(state) if keep_apart else None  # what nodes hold, for `placement_tier`
 
     # ---- order --------------------------------------------------------------------------------
     def models_of(self, req: Request) -> list[str]:
@@ -222,8 +222,8 @@ class Fair:
             ok = ok_all if len(chosen) == len(models) else ok_all & self.state.model_mask(frozenset(chosen))
             if self.held.any():
                 ok = ok & ~self.held[:, None]
-            # A gang's closeness comes first; else guaranteed work is kept apart (`placement_tier`).
-            where = tier if tier is not None else placement_tier(self._kinds, admission)
+            # A gang's closeness comes first; else, with `keep_apart`, guaranteed work is kept apart.
+            where = tier if tier is not None or self._kinds is None else placement_tier(self._kinds, admission)
             choice = choose(self.state, req, scorer, ok=ok, tier=where)
             if choice is not None:
                 self.state.reserve(req, choice.node, choice.slots, admission=str(admission))

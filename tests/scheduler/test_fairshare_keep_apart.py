@@ -1,10 +1,11 @@
-"""Placement keeps empty nodes whole for jobs that need a whole node, and keeps guaranteed work
-apart from work that may be taken back, so that a reclaim can empty a node (scheduler/core/segregation.py)."""
+"""With `keep_apart` (off by default: in the replay it added evictions on two seeds of three),
+placement keeps empty nodes whole for jobs that need a whole node, and keeps guaranteed work apart
+from work that may be taken back, so that a reclaim can empty a node (scheduler/core/segregation.py)."""
 
 from __future__ import annotations
 
-from scheduler.core import Preemption, Snapshot, Unit, judge
-from tests.scheduler.test_fairshare import decisions, node, q, tree
+from scheduler.core import Preemption, Snapshot, Unit, decide, judge
+from tests.scheduler.test_fairshare import node, q, tree
 from tests.scheduler.test_fairshare_reclaim_by_share import asks, mine
 
 
@@ -16,6 +17,10 @@ def lab():
              node("n2", "A100", 4, {0: [mine("x1", "a", admission="borrowed")]}),
              node("n3", "A100", 4, {0: [mine("g1", "a")]})]
     return nodes, quotas
+
+
+def decisions(nodes, quotas, pending, keep_apart=True):
+    return list(decide(Snapshot(tuple(nodes), quotas=quotas, now=1000.0), pending, keep_apart=keep_apart))
 
 
 def placed_on(ds, rid):
@@ -44,6 +49,11 @@ def test_a_job_that_needs_a_whole_node_still_finds_the_empty_one():
 
 def test_the_request_preview_names_first_the_node_the_cycle_would_choose():
     nodes, quotas = lab()
-    judged = judge(Snapshot(tuple(nodes), quotas=quotas, now=1000.0), asks("b1", "b"))
+    judged = judge(Snapshot(tuple(nodes), quotas=quotas, now=1000.0), asks("b1", "b"), keep_apart=True)
     assert judged.admission == "guaranteed" and judged.candidates[0].node == "n3"
     assert placed_on(decisions(nodes, quotas, [asks("b1", "b")]), "b1") == "n3"
+
+
+def test_by_default_placement_does_not_look_at_what_nodes_hold():
+    nodes, quotas = lab()
+    assert placed_on(decisions(nodes, quotas, [asks("b1", "b")], keep_apart=False), "b1") == "n1"
