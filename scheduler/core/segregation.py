@@ -1,4 +1,5 @@
-"""Keep empty nodes empty, and guaranteed work apart from work that may be taken back.
+"""Keep empty nodes empty, and guaranteed work apart from work that may be taken back (off by
+default, `decide(keep_apart=True)`: in the replay it added evictions on two seeds of three).
 
 A request for a whole node (8 GPUs of an 8-GPU node) can start only on a node that is empty or that
 reclaim can empty. In the fair-share replay (bench/fairshare/replay.py) the teams below their share
