@@ -101,9 +101,9 @@ class Replay(Simulation):
     preempt, and every `sample_s` what each team holds is compared with its fair share."""
 
     def __init__(self, trace, tree: QuotaTree, ideal: QuotaTree, sample_s: float, node_hold: bool = False,
-                 **kw) -> None:
+                 keep_apart: bool = False, **kw) -> None:
         self.tree, self.ideal, self.sample_s = tree, ideal, sample_s
-        self.node_hold = node_hold
+        self.node_hold, self.keep_apart = node_hold, keep_apart
         self.reclaim_started: dict[str, float] = {}
         self.reclaim_latency: list[float] = []  # of reclaims that completed
         self.reclaims_given_up = 0
@@ -119,7 +119,8 @@ class Replay(Simulation):
 
     def _decide_extra(self, sim) -> dict:
         return {"evictions": {jid: self.logs[jid].preempted for jid in self.running if self.logs[jid].preempted},
-                "node_hold": self.node_hold}
+                "node_hold": self.node_hold,
+                "keep_apart": self.keep_apart}
 
     def _share_extra(self, run) -> dict:
         return {"admission": run.extra.get("admission", "guaranteed"), "since": run.started,
@@ -270,6 +271,8 @@ def main() -> int:
     ap.add_argument("--no-estimate", action="store_true", help="skip the estimated-start error")
     ap.add_argument("--hold", action="store_true",
                     help="hold a node for multi-GPU requests that fit nowhere (off by default: it doubled evictions)")
+    ap.add_argument("--keep-apart", action="store_true",
+                    help="place by what nodes hold (scheduler/core/segregation.py; off by default: it added evictions)")
     ns = ap.parse_args()
     trace = generate(TenantConfig(seed=ns.seed, departments=3, teams=12, load=ns.load, horizon_s=ns.horizon_h * HOUR))
     ideal = fair_tree(trace, ns.grace_s)
@@ -281,7 +284,7 @@ def main() -> int:
         if ns.only not in (None, name):
             continue
         t0 = time.perf_counter()
-        sim = Replay(trace, tree, ideal, ns.sample_s, ns.hold, cycle_s=ns.cycle_s, estimators=estimators,
+        sim = Replay(trace, tree, ideal, ns.sample_s, ns.hold, ns.keep_apart, cycle_s=ns.cycle_s, estimators=estimators,
                      estimate_s=ns.estimate_s, until_s=trace.config.horizon_s * 3)
         result = sim.run()
         got = measure(sim, result, trace)
@@ -295,7 +298,7 @@ def main() -> int:
     flat, fair = out["policies"]["flat"], out["policies"]["fair"]
     out["ratios"] = {"allocation_fair_over_flat": round(fair["allocation_pct"] / flat["allocation_pct"], 3)}
     ns.out.mkdir(parents=True, exist_ok=True)
-    stem = "replay" if ns.seed == 1 else f"replay-seed{ns.seed}"
+    stem = ("replay" if ns.seed == 1 else f"replay-seed{ns.seed}") + ("-keep-apart" if ns.keep_apart else "")
     (ns.out / f"{stem}.json").write_text(json.dumps(out, indent=2, default=str))
     lines = ["# Fair share vs flat quotas: one trace, same engine\n", f"Command: `{out['command']}`\n",
              f"Trace: seed {ns.seed}, {len(trace.jobs)} jobs, {trace.gpus} GPUs, 3 departments, 12 teams, load "

@@ -32,6 +32,7 @@ from .model import (
 from .preemption import find_preemption
 from .queue import DEFAULT_AGING_S, queue_order
 from .scorers import Scorer
+from .segregation import NodeKinds, placement_tier
 from .state import ClusterState
 
 ZONE_LABELS = ("topology.kubernetes.io/rack", "rack", "topology.kubernetes.io/zone", "zone")
@@ -100,6 +101,7 @@ def schedule(
     min_run_s: float = MIN_RUN_S,
     evictions: Mapping[str, Sequence[float]] | None = None,
     node_hold: bool = False,
+    keep_apart: bool = False,
 ) -> CycleResult:
     """Decide for every pending request: a placement, a preemption, or reasons it waits."""
     placements: list[Placement] = []
@@ -107,7 +109,8 @@ def schedule(
     refused: list[Unschedulable] = []
     reclaims: list[Reclaim] = []
     for decision in decide(snapshot, pending, policy, preemption=preemption, typical=typical, seed=seed,
-                           aging_s=aging_s, min_run_s=min_run_s, evictions=evictions, node_hold=node_hold):
+                           aging_s=aging_s, min_run_s=min_run_s, evictions=evictions, node_hold=node_hold,
+                           keep_apart=keep_apart):
         if isinstance(decision, Preemption):
             preemptions.append(decision)
         elif isinstance(decision, Reclaim):
@@ -134,6 +137,7 @@ def decide(
     min_run_s: float = MIN_RUN_S,
     evictions: Mapping[str, Sequence[float]] | None = None,
     node_hold: bool = False,
+    keep_apart: bool = False,
 ) -> Iterator[Decision]:
     """`schedule`, one decision at a time in queue order, as soon as it is made: a tuple of
     placements (one request, or the members of a pod group that go together), a Preemption, a
@@ -141,7 +145,9 @@ def decide(
     still computed. Under a quota tree, `min_run_s` and `evictions` (running reservation → when it
     was evicted before) ration evictions for takers that are not guaranteed, and `node_hold` lets a
     multi-GPU request that fits nowhere hold a node (`fairqueue.Fair.hold`; off by default: in the
-    replay it doubled evictions for no gain in fairness)."""
+    replay it doubled evictions for no gain in fairness), and `keep_apart` places by what nodes hold
+    (`segregation.placement_tier`; off by default: in the replay it added evictions on two seeds of
+    three)."""
     ids = [r.id for r in pending]
     if len(set(ids)) != len(ids):
         raise ValueError("pending requests repeat an id")
@@ -162,7 +168,7 @@ def decide(
             gangs.setdefault(r.group.name, []).append(r)
     if snapshot.quotas is not None:
         fair = Fair(state, snapshot.quotas, waiting, snapshot.now, snapshot.past_use, aging_s,
-                    min_run_s=min_run_s, evictions=evictions)
+                    min_run_s=min_run_s, evictions=evictions, keep_apart=keep_apart)
         ordered: Iterable[Request] = fair.order(waiting, decided)
     else:
         fair = None
@@ -312,7 +318,7 @@ class Judgement:
 
 
 def judge(snapshot: Snapshot, request: Request, limit: int | None = None, policy: str = "tessera",
-          typical: Sequence[TypicalPod] | None = None) -> Judgement:
+          typical: Sequence[TypicalPod] | None = None, *, keep_apart: bool = False) -> Judgement:
     """The cycle's decision for `request` as if it were the only one waiting, without preemption:
     the same quota verdicts (`Fair.verdicts`) and the same filters and scoring. The request page's
     preview and the capacity API answer with it."""
@@ -328,7 +334,9 @@ def judge(snapshot: Snapshot, request: Request, limit: int | None = None, policy
         if not chosen:
             continue
         mask = None if len(chosen) == len(models) else state.model_mask(frozenset(chosen))
-        candidates, count, reasons = _best(snapshot, state, request, limit, policy, typical, mask)
+        # With `keep_apart`, the nodes the cycle (`decide(keep_apart=True)`) would prefer first.
+        tier = placement_tier(NodeKinds(state), admission) if keep_apart else None
+        candidates, count, reasons = _best(snapshot, state, request, limit, policy, typical, mask, tier)
         if candidates:
             return Judgement(admission, candidates, count, quota_reasons + reasons)
     _, _, reasons = _best(snapshot, state, request, 0, policy, typical) if any(groups) else (None, 0, [])
@@ -336,7 +344,7 @@ def judge(snapshot: Snapshot, request: Request, limit: int | None = None, policy
 
 
 def _best(snapshot: Snapshot, state: ClusterState, request: Request, limit: int | None, policy: str,
-          typical: Sequence[TypicalPod] | None, mask: np.ndarray | None = None
+          typical: Sequence[TypicalPod] | None, mask: np.ndarray | None = None, tier: np.ndarray | None = None
           ) -> tuple[list[GpuCandidate], int, list[Reason]]:
     ok = feasible(state, request)
     if mask is not None:
@@ -350,8 +358,10 @@ def _best(snapshot: Snapshot, state: ClusterState, request: Request, limit: int 
     )
     scores, _ = scorer.score(state, request, ok, room)
     nodes = np.flatnonzero(room)
-    # Best node first, ties by the fixed tie rank; within a node its GPUs in slot order.
-    order = nodes[np.lexsort((state.tie_rank[nodes], -scores[nodes]))]
+    # Best node first (by `tier` first where given, as the cycle compares it), ties by the fixed
+    # tie rank; within a node its GPUs in slot order.
+    keys = (state.tie_rank[nodes], -scores[nodes]) + ((-tier[nodes],) if tier is not None else ())
+    order = nodes[np.lexsort(keys)]
     count = int(ok[nodes].sum())
     out: list[GpuCandidate] = []
     for i in order.tolist():

@@ -1,7 +1,7 @@
 """The cycle's speed work changes no decision but one tie rule: the engine decides seeded cycles
 exactly as the engine before the speed work did, with a quota tree as FAIR_BEFORE (the last commit
-that changed fair-share decisions on purpose: rationed evictions) and without one as FLAT_BEFORE
-(before the label indexes and the pruned preemption search). A change that means to change
+that changed fair-share decisions on purpose: the 4 h eviction window) and
+without one as FLAT_BEFORE (before the label indexes and the pruned preemption search). A change that means to change
 decisions moves the anchor it changes to the commit that made it.
 
 The tie rule: victims on one GPU that rank equal and are of equal size go in the order they were
@@ -24,7 +24,7 @@ import pytest
 from scheduler import core
 from tests.scheduler.test_fairshare_properties import engine_at
 
-FAIR_BEFORE = "6f72d0a"  # rationed evictions: the latest change of fair-share decisions
+FAIR_BEFORE = "4362729"  # 4 h eviction window (nodes kept apart off): the latest change of fair-share decisions
 FLAT_BEFORE = "aa9af83"  # before the label indexes and the pruned preemption search
 MODELS = ("A", "B")
 TEAMS = tuple(f"t{i}" for i in range(6))

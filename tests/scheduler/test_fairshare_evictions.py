@@ -1,6 +1,6 @@
 """Evictions are rationed (a requeued job runs again from the start): a share already warned of a
 reclaim goes before anyone else is warned, work younger than the minimum run time and a job evicted
-twice within an hour are left alone by takers that are not guaranteed (guaranteed ones always win),
+twice within four hours are left alone by takers that are not guaranteed (guaranteed ones always win),
 and priority-0 work makes way for other non-guaranteed work only of a team below its fair share."""
 
 from __future__ import annotations
@@ -51,15 +51,23 @@ def test_a_guaranteed_taker_evicts_young_borrowed_work():
     assert isinstance(d, Preemption) and d.victims == ("a3",) and d.placement.admission == "guaranteed"
 
 
-def test_a_job_evicted_twice_within_an_hour_is_left_alone_for_the_next_hour():
+def test_a_job_evicted_twice_within_the_window_is_left_alone_for_the_next_window():
     twice = {"a3": [100.0, 900.0]}
     (d,) = run(a_borrows_two(), two_teams(), [asks("b2", "b")], now=1000, evictions=twice)
     assert isinstance(d, Preemption) and d.victims == ("a2",)
     (d,) = run(a_borrows_two(), two_teams(), [asks("b2", "b")], now=900 + EVICTION_WINDOW_S, evictions=twice)
     assert isinstance(d, Preemption) and d.victims == ("a3",)
-    apart = {"a3": [100.0, 100.0 + 2 * EVICTION_WINDOW_S]}  # twice, but not within an hour
+    apart = {"a3": [100.0, 100.0 + 2 * EVICTION_WINDOW_S]}  # twice, but not within the window
     (d,) = run(a_borrows_two(), two_teams(), [asks("b2", "b")], now=200 + 2 * EVICTION_WINDOW_S, evictions=apart)
     assert isinstance(d, Preemption) and d.victims == ("a3",)
+
+
+def test_a_job_evicted_twice_three_hours_apart_is_still_left_alone():
+    # The jobs evicted most ran, waited and ran again in rounds of one to two hours: a one-hour
+    # window never saw two of their evictions.
+    twice = {"a3": [100.0, 100.0 + 3 * 3600]}
+    (d,) = run(a_borrows_two(), two_teams(), [asks("b2", "b")], now=200 + 3 * 3600, evictions=twice)
+    assert isinstance(d, Preemption) and d.victims == ("a2",)
 
 
 def test_a_guaranteed_taker_evicts_a_job_however_often_it_was_evicted():
