@@ -194,8 +194,14 @@ def replay_starts(
         if req.id in durations:
             heapq.heappush(events, (t + durations[req.id], next(seq), "end", req.id, nth))
         if req.id in wanted and req.id not in out:
-            cause = f"by preempting {names(list(victims))}" if victims else ended_now[0] if ended_now else ""
-            out[req.id] = Estimate(t, cause, NOW if t <= now else AFTER_ENDS)
+            if victims:
+                out[req.id] = Estimate(t, f"by preempting {names(list(victims))} (lower priority)", AFTER_ENDS)
+            elif ended_now:
+                out[req.id] = Estimate(t, f"when {names(ended_now)} end(s)", AFTER_ENDS)
+            elif not any_end:
+                out[req.id] = Estimate(t, "it fits now: the next cycle places it", NOW)
+            else:
+                out[req.id] = Estimate(t, "when running reservations end", AFTER_ENDS)
 
     def release(rid: str) -> _Held:
         h = held.pop(rid)
@@ -207,7 +213,8 @@ def replay_starts(
     next_tick = phase
     cycles = 0
     budget_hit = False
-    ended_now: list[str] = []
+    ended_now: list[str] = []  # what ended just before the cycle deciding now
+    any_end = False  # whether anything ended (or was evicted) in the forecast so far
     while any(rid not in out for rid in wanted):
         fresh = [rid for rid in waiting if rid not in looked]
         t = events[0][0] if events else math.inf
@@ -246,7 +253,8 @@ def replay_starts(
             budget_hit = True
             break
         cycles += 1
-        ended_now = [f"when {names(ended)} end(s)"] if ended else []
+        ended_now = ended
+        any_end = any_end or bool(ended)
         snap = cluster.at(t, {rid: durations[rid] for rid in waiting if rid in durations})
         extra = {"evictions": evicted} if snapshot.quotas is not None and evicted else {}
         changed = False
@@ -255,6 +263,7 @@ def replay_starts(
                 for victim in decision.victims:
                     if victim in held:
                         h = release(victim)
+                        any_end = True
                         if requeue:
                             waiting[victim] = h.request
                         evicted.setdefault(victim, []).append(t)
