@@ -155,7 +155,7 @@ def arrivals_seen(sim: Simulation) -> Arrivals:
     return learnt
 
 
-def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = False) -> tuple:
+def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = False, requeue: bool = False) -> tuple:
     """The forecast with the order, learnt run lengths and the arrivals expected from what arrived
     within the last day (`Arrivals`), twice from one walk: with every start it found, and honest
     (a start that rests mainly on expected arrivals withheld, `ARRIVALS`). With `exact`, every
@@ -172,6 +172,10 @@ def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = Fals
             runs = {jid: job.duration for jid, job in sim.waiting.items()}
         else:
             ends, runs = sim.known_ends(sim.run_lengths), sim.known_durations(sim.run_lengths)
+        if requeue:  # an evicted job runs its whole run time again
+            runs.update({jid: run.job.duration for jid, run in sim.running.items()} if exact else
+                        {jid: sim.run_lengths.run(run.job.max_duration) for jid, run in sim.running.items()
+                         if run.job.max_duration is not None})
         if future:
             jobs = sim.trace.jobs
             first = bisect.bisect_right(jobs, sim.now, key=lambda j: j.arrival)
@@ -181,7 +185,9 @@ def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = Fals
             coming = arrivals_seen(sim).forward(sim.now)
         made[sim.now] = estimate_starts(snapshot, queue, ends, now=sim.now, durations=runs,
                                         order=QueueOrder(snapshot, sim.aging_s), policy=policy, arrivals=coming,
-                                        arrivals_until=sim.now + DEFAULT_HORIZON_S)
+                                        arrivals_until=sim.now + DEFAULT_HORIZON_S,
+                                        requeue={jid: run.job.request() for jid, run in sim.running.items()}
+                                        if requeue else None)
         return made[sim.now]
 
     def every(sim: Simulation, snapshot: Snapshot, queue: list[Request]) -> dict[str, Estimate]:
@@ -238,6 +244,8 @@ def estimators(policy: str, only: str = "") -> dict:
             "exact_all": lambda: exact_estimator(batch_too=True),
             "exact_all_arrivals": lambda: exact_arrivals[0],
             "exact_future": lambda: future[0],
+            "exact_future_requeue": lambda: arrivals_estimators(policy, exact=True, future=True, requeue=True)[0],
+            "forecast_arrivals_requeue": lambda: arrivals_estimators(policy, requeue=True)[0],
             "engine_learnt": lambda: engine_estimator(policy),
             "engine_arrivals": lambda: engine_estimator(policy, arrivals="seen"),
             "engine_exact": lambda: engine_estimator(policy, exact=True),
@@ -246,12 +254,14 @@ def estimators(policy: str, only: str = "") -> dict:
             # The engine's replay with what the walk leaves out left out too: what each costs.
             "engine_future_no_requeue": lambda: engine_estimator(policy, exact=True, arrivals="future",
                                                                  requeue=False),
-            "engine_future_no_ticks": lambda: engine_estimator(policy, exact=True, arrivals="future", ticks=False)}
+            "engine_future_no_ticks": lambda: engine_estimator(policy, exact=True, arrivals="future", ticks=False),
+            "engine_learnt_no_requeue": lambda: engine_estimator(policy, requeue=False)}
     wanted = only.split(",") if only else list(made)
     return {name: made[name]() for name in wanted}
 
 
-BOUNDS = ("exact_interactive", "exact_all", "exact_all_arrivals", "exact_future", "engine_exact",
+BOUNDS = ("exact_interactive", "exact_all", "exact_all_arrivals", "exact_future", "exact_future_requeue",
+          "engine_exact",
           "engine_exact_arrivals", "engine_future", "engine_future_no_requeue", "engine_future_no_ticks")
 
 # Where the error comes from: the same seed with one source of surprise taken away at a time.
