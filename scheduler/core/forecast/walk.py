@@ -46,6 +46,7 @@ class Walk:
         # Evicted work waits again, as the cycle has it (running id -> its request; None: it vanishes).
         self.requeue = requeue
         self.requeued: set[str] = set()  # evicted in the forecast and waiting again
+        self.kept: set[str] = set()  # of those, requests of the queue (their first start is their estimate)
         self.requests: dict[str, Request] = {}  # placed in the forecast
         self.end_at: dict[str, float] = {}  # evicted and placed again: its new end (earlier ones are stale)
         self.durations, self.preemption, self.max_events = durations, preemption, max_events
@@ -106,7 +107,8 @@ class Walk:
         self.placed_at.add(rec.node)
         if req.priority > 0:
             self.team_placed.setdefault(rec.node, set()).add(req.team)
-        self.out[req.id] = Estimate(t, why or "it fits now", AFTER_ENDS if why else NOW)
+        if req.id not in self.kept:
+            self.out[req.id] = Estimate(t, why or "it fits now", AFTER_ENDS if why else NOW)
         model = state.model_at(rec.node, rec.gpus[0]) if rec.gpus else ""
         if self.gate is not None:
             self.gate.charge(req, model)
@@ -144,7 +146,8 @@ class Walk:
         if rec_req is None or rec_req.group is not None:  # unknown, or a pod group's member: it vanishes
             return
         self.requeued.add(rid)
-        self.out.pop(rid, None)
+        if rid in self.out:  # a request of the queue placed earlier in the forecast: its estimate stands
+            self.kept.add(rid)
         line = Line(deque([(-1, rec_req)]), model_ids(self.state, rec_req), True, need=need_of(rec_req),
                     fit=shape_of(rec_req, False), team=rec_req.team, priority=rec_req.priority)
         line.capable_gpus = 1
@@ -505,7 +508,7 @@ class Walk:
                         self.admit(t, chosen, why_of, local, frozenset(anywhere))
             self.index.forget_empty()
         self.explain(live, budget_hit)
-        for rid in (*self.arrive, *self.requeued):
+        for rid in (*self.arrive, *(self.requeued - self.kept)):
             self.out.pop(rid, None)
 
     def _why_of(self, released: dict[int, list[str]]) -> WhyOf:
@@ -554,4 +557,5 @@ class Walk:
                        f"are held by reservations without a known end{tail}")
                 code = UNKNOWN_ENDS
             for _, r in line.waiting:
-                self.out[r.id] = Estimate(None, why, code)
+                if r.id not in self.kept:
+                    self.out[r.id] = Estimate(None, why, code)
