@@ -34,11 +34,13 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
 import os
 import platform
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from scheduler.core.forecast import Arrivals, Estimate, Expected, QueueOrder, estimate_starts
 from scheduler.core.forecast.arrivals import DEFAULT_HORIZON_S, PREFIX
+from scheduler.core.forecast.replay import replay_starts
 from scheduler.core.model import Request, Snapshot
 from scheduler.sim.events import SimResult, Simulation, forecast_estimator, kth_end_estimator, simulate
 from scheduler.sim.tenants import HOUR, TenantConfig, generate
@@ -152,7 +155,7 @@ def arrivals_seen(sim: Simulation) -> Arrivals:
     return learnt
 
 
-def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = False) -> tuple:
+def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = False, requeue: bool = False) -> tuple:
     """The forecast with the order, learnt run lengths and the arrivals expected from what arrived
     within the last day (`Arrivals`), twice from one walk: with every start it found, and honest
     (a start that rests mainly on expected arrivals withheld, `ARRIVALS`). With `exact`, every
@@ -169,6 +172,10 @@ def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = Fals
             runs = {jid: job.duration for jid, job in sim.waiting.items()}
         else:
             ends, runs = sim.known_ends(sim.run_lengths), sim.known_durations(sim.run_lengths)
+        if requeue:  # an evicted job runs its whole run time again
+            runs.update({jid: run.job.duration for jid, run in sim.running.items()} if exact else
+                        {jid: sim.run_lengths.run(run.job.max_duration) for jid, run in sim.running.items()
+                         if run.job.max_duration is not None})
         if future:
             jobs = sim.trace.jobs
             first = bisect.bisect_right(jobs, sim.now, key=lambda j: j.arrival)
@@ -178,7 +185,9 @@ def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = Fals
             coming = arrivals_seen(sim).forward(sim.now)
         made[sim.now] = estimate_starts(snapshot, queue, ends, now=sim.now, durations=runs,
                                         order=QueueOrder(snapshot, sim.aging_s), policy=policy, arrivals=coming,
-                                        arrivals_until=sim.now + DEFAULT_HORIZON_S)
+                                        arrivals_until=sim.now + DEFAULT_HORIZON_S,
+                                        requeue={jid: run.job.request() for jid, run in sim.running.items()}
+                                        if requeue else None)
         return made[sim.now]
 
     def every(sim: Simulation, snapshot: Snapshot, queue: list[Request]) -> dict[str, Estimate]:
@@ -186,6 +195,40 @@ def arrivals_estimators(policy: str, *, exact: bool = False, future: bool = Fals
                 for rid, e in honest(sim, snapshot, queue).items()}
 
     return every, honest
+
+
+def engine_estimator(policy: str, *, exact: bool = False, arrivals: str = "", **kw) -> Callable:
+    """The forecast by the engine itself (`replay_starts`: `decide` replayed forward, the cycle's
+    cadence on the simulation's grid). Ends and run times learnt (`RunLengths`), or with `exact`
+    every running and waiting job's real ones (a bound). `arrivals`: "" none, "seen" the work
+    expected from what arrived within the last day (`Arrivals`), "future" the jobs that really
+    arrive next (a bound). `kw`: more `replay_starts` arguments (`requeue`, `ticks`)."""
+
+    def estimate(sim: Simulation, snapshot: Snapshot, queue: list[Request]) -> dict[str, Estimate]:
+        if exact:
+            ends = {jid: run.ends for jid, run in sim.running.items()}
+            runs = {jid: job.duration for jid, job in sim.waiting.items()}
+            runs.update({jid: run.job.duration for jid, run in sim.running.items()})
+        else:
+            lengths = sim.run_lengths
+            ends, runs = sim.known_ends(lengths), sim.known_durations(lengths)
+            runs.update({jid: lengths.run(run.job.max_duration) for jid, run in sim.running.items()
+                         if run.job.max_duration is not None})
+        coming: list[Expected] = []
+        if arrivals == "future":
+            jobs = sim.trace.jobs
+            first = bisect.bisect_right(jobs, sim.now, key=lambda j: j.arrival)
+            last = bisect.bisect_right(jobs, sim.now + DEFAULT_HORIZON_S, key=lambda j: j.arrival)
+            coming = [Expected(j.arrival, replace(j.request(), id=PREFIX + j.id), j.duration) for j in jobs[first:last]]
+        elif arrivals == "seen":
+            coming = arrivals_seen(sim).forward(sim.now)
+        tick = (math.floor(sim.now / sim.cycle_s + 1e-9) + 1) * sim.cycle_s
+        return replay_starts(snapshot, queue, ends, now=sim.now, durations=runs, arrivals=coming, policy=policy,
+                             aging_s=sim.aging_s, cycle_s=sim.cycle_s, tick_at=tick,
+                             running={jid: run.job.request() for jid, run in sim.running.items()},
+                             until=sim.now + DEFAULT_HORIZON_S if coming else None, **kw)
+
+    return estimate
 
 
 def estimators(policy: str, only: str = "") -> dict:
@@ -200,12 +243,26 @@ def estimators(policy: str, only: str = "") -> dict:
             "exact_interactive": lambda: exact_estimator(batch_too=False),
             "exact_all": lambda: exact_estimator(batch_too=True),
             "exact_all_arrivals": lambda: exact_arrivals[0],
-            "exact_future": lambda: future[0]}
+            "exact_future": lambda: future[0],
+            "exact_future_requeue": lambda: arrivals_estimators(policy, exact=True, future=True, requeue=True)[0],
+            "forecast_arrivals_requeue": lambda: arrivals_estimators(policy, requeue=True)[0],
+            "engine_learnt": lambda: engine_estimator(policy),
+            "engine_arrivals": lambda: engine_estimator(policy, arrivals="seen"),
+            "engine_exact": lambda: engine_estimator(policy, exact=True),
+            "engine_exact_arrivals": lambda: engine_estimator(policy, exact=True, arrivals="seen"),
+            "engine_future": lambda: engine_estimator(policy, exact=True, arrivals="future"),
+            # The engine's replay with what the walk leaves out left out too: what each costs.
+            "engine_future_no_requeue": lambda: engine_estimator(policy, exact=True, arrivals="future",
+                                                                 requeue=False),
+            "engine_future_no_ticks": lambda: engine_estimator(policy, exact=True, arrivals="future", ticks=False),
+            "engine_learnt_no_requeue": lambda: engine_estimator(policy, requeue=False)}
     wanted = only.split(",") if only else list(made)
     return {name: made[name]() for name in wanted}
 
 
-BOUNDS = ("exact_interactive", "exact_all", "exact_all_arrivals", "exact_future")
+BOUNDS = ("exact_interactive", "exact_all", "exact_all_arrivals", "exact_future", "exact_future_requeue",
+          "engine_exact",
+          "engine_exact_arrivals", "engine_future", "engine_future_no_requeue", "engine_future_no_ticks")
 
 # Where the error comes from: the same seed with one source of surprise taken away at a time.
 VARIANTS = (

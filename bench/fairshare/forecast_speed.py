@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from scheduler.core import FleetLayout, Gpu, Node, Request, Share, Snapshot
 from scheduler.core.engine import choose, make_scorer
 from scheduler.core.forecast import Arrivals, estimate_starts
+from scheduler.core.forecast.replay import replay_starts
 from scheduler.core.fragmentation import typical_pods
 from scheduler.core.model import MILLI
 from scheduler.sim.replay import MODEL_MEMORY_MIB, arrival_order, build_cluster, to_request
@@ -119,9 +120,15 @@ def main() -> int:
     parser.add_argument("--arrivals", type=int, default=2000, help="requests submitted over the last day")
     parser.add_argument("--only-arrivals", action="store_true",
                         help="only the configuration with a FleetLayout and preemption, without and with arrivals")
+    parser.add_argument("--engine", action="store_true",
+                        help="instead: the forecast by the engine itself (forecast.replay) against the walk, "
+                             "with preemption and a FleetLayout, no arrivals, at most --engine-cycles cycles")
+    parser.add_argument("--engine-cycles", type=int, default=20)
     ns = parser.parse_args()
     empty, full, ends, queue, durations, _, filled = build(ns.fill, ns.known, ns.spread_h, ns.waiting, ns.seed)
     layout = FleetLayout(empty)
+    if ns.engine:
+        return engine(ns, Snapshot(tuple(full), now=0.0, layout=layout), ends, queue, durations, filled)
     expected = history(ns.arrivals, ns.seed).forward(0.0)
     rows = []
     configs = [(True, True, 0), (True, True, ns.arrivals)]
@@ -181,6 +188,59 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "forecast_speed.md").write_text("\n".join(lines) + "\n")
     (OUT / "forecast_speed.json").write_text(json.dumps({"command": command.strip(), "rows": rows}, indent=1) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def engine(ns: argparse.Namespace, snap: Snapshot, ends: dict, queue: list, durations: dict, filled: float) -> int:
+    """The engine's replay (`replay_starts`, each cycle a `decide` over the whole queue, as the
+    portal's cycle) against the walk (`estimate_starts`) on the same state, in one run."""
+    rows = []
+    for limit in [int(x) for x in ns.limits.split(",")]:
+        for name in ("walk", "engine"):
+            wall, cycles, given = [], [], 0
+            for _ in range(ns.repeat):
+                t0 = time.perf_counter()
+                if name == "walk":
+                    out = estimate_starts(snap, queue, ends, now=0.0, durations=durations, limit=limit)
+                else:
+                    out = replay_starts(snap, queue, ends, now=0.0, durations=durations, limit=limit,
+                                        max_cycles=ns.engine_cycles)
+                wall.append(time.perf_counter() - t0)
+                given = sum(1 for e in out.values() if e.start is not None)
+                cycles.append(sum(1 for e in out.values() if e.code == "event_budget"))
+            row = {"estimator": name, "limit": limit, "waiting": len(queue), "nodes": len(snap.nodes),
+                   "median_s": round(float(np.median(wall)), 3), "max_s": round(float(np.max(wall)), 3),
+                   "with_time": given, "stopped_by_budget": cycles[-1]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    command = "python bench/fairshare/forecast_speed.py " + " ".join(sys.argv[1:])
+    load = os.getloadavg()
+    lines = [
+        "# Estimated start by the engine itself (forecast.replay) against the walk: time per call",
+        "",
+        f"Command: `{command.strip()}`",
+        f"Machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, load average at the end "
+        f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (shared with other builds).",
+        "",
+        f"State as in `forecast_speed.md`: {len(snap.nodes)} nodes, {filled:.1%} of GPU compute held, "
+        f"{len(ends)} known ends, {len(queue)} waiting; FleetLayout, preemption, no arrivals. The replay "
+        f"stops after {ns.engine_cycles} cycles (`max_cycles`; those it has not placed by then are answered "
+        f"`event_budget`); median and max of {ns.repeat} calls.",
+        "",
+        "| estimator | limit | median s (wall) | max s | with a time | stopped by the cycle budget | "
+        "median time / walk's |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = {r["limit"]: r["median_s"] for r in rows if r["estimator"] == "walk"}
+    for r in rows:
+        ratio = r["median_s"] / base[r["limit"]] if base[r["limit"]] else float("nan")
+        lines.append(f"| {r['estimator']} | {r['limit']} | {r['median_s']} | {r['max_s']} | {r['with_time']} "
+                     f"| {r['stopped_by_budget']} | {ratio:.1f}x |")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "forecast_speed_engine.md").write_text("\n".join(lines) + "\n")
+    (OUT / "forecast_speed_engine.json").write_text(json.dumps({"command": command.strip(), "rows": rows},
+                                                               indent=1) + "\n")
     print("\n".join(lines))
     return 0
 

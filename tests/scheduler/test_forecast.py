@@ -401,3 +401,22 @@ def test_after_a_cycle_the_forecast_sees_what_it_placed_preempted_and_warned():
     out = estimate_starts(after, [Request("next")], {}, now=NOW)
     assert out["next"].start == NOW + 600
     assert after_cycle(snap, []) is snap
+
+
+def test_work_evicted_in_the_forecast_waits_again_and_goes_before_younger_work():
+    # "mine" evicts "spare-time" when "guaranteed" ends. Evicted, "spare-time" waits again with
+    # its first submission, older than "young": it takes half the GPU when "mine" ends, and "young"
+    # (a whole GPU) waits for it to end too, as in the cycle.
+    snap = Snapshot((make_node("a1", shares={0: [busy("guaranteed", 0.5, team="nlp", priority=1),
+                                                  busy("spare-time", 0.5, team="ops", priority=0)]}),))
+    queue = [Request("mine", team="vision", priority=2), Request("young", team="ops", created_at=NOW - 5)]
+    running = {"spare-time": Request("spare-time", team="ops", gpu_request=0.5, created_at=0.0)}
+    durations = {"mine": 3600.0, "spare-time": 1800.0}
+    ends = {"guaranteed": NOW + 300, "spare-time": NOW + 100_000}
+    gone = estimate_starts(snap, queue, ends, now=NOW, durations=durations, order=QueueOrder(snap))
+    again = estimate_starts(snap, queue, ends, now=NOW, durations=durations, order=QueueOrder(snap),
+                            requeue=running)
+    assert gone["mine"].start == again["mine"].start == NOW + 300
+    assert gone["young"].start == NOW + 300 + 3600  # the victim vanished for good
+    assert again["young"].start == NOW + 300 + 3600 + 1800
+    assert "spare-time" not in again

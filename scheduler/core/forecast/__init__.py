@@ -38,6 +38,12 @@ rule; without one, the order of `queue` holds throughout). `RunLengths` turns ex
 ends from what ended reservations used, for callers that want a likely start rather than the latest.
 `after_cycle` is a cycle's snapshot with what the cycle committed (the forecast's start after it).
 
+`replay_starts` (replay.py) is the same answer by the engine itself: `decide` replayed forward
+over the ends and arrivals, at the portal's cadence, victims waiting again. Told every end and
+arrival exactly it gives every job its real start (the walk: median error 0.063 on a 10 h trace,
+0.002 with `requeue`); it costs a cycle over the whole queue per end, and with guessed ends it
+is no closer, so the portal keeps the walk without `requeue` (bench/results/fairshare/README.md).
+
 Not modelled: requests that arrive later (a higher priority, or a team below its share, passes
 ahead), ends that come early (unless the caller passes likely ends), and batch work whose end
 nobody knows. The walk does no work that cannot change an answer (lines.py, walk.py): requests
@@ -75,6 +81,7 @@ from .answers import (
 from .arrivals import Arrivals, Expected
 from .hooks import Gate, Order, QueueOrder
 from .lines import Line, RoomScorer, model_ids, need_of, shape_of
+from .replay import replay_starts
 from .run_lengths import RunLengths
 from .walk import Walk
 
@@ -103,6 +110,7 @@ __all__ = [
     "RunLengths",
     "after_cycle",
     "estimate_starts",
+    "replay_starts",
 ]
 
 
@@ -123,6 +131,7 @@ def estimate_starts(
     arrivals: Sequence[Expected] = (),
     arrivals_until: float | None = None,
     withhold: bool = True,
+    requeue: Mapping[str, Request] | None = None,
 ) -> dict[str, Estimate]:
     """An estimated start for each request of `queue` (in the order the cycle admits them).
 
@@ -139,7 +148,10 @@ def estimate_starts(
     `arrivals_until`: the end of the time they cover (default: the last one's arrival). With
     `withhold`, a start that depends mainly on them is not given (`ARRIVALS`, see `_withhold`).
     Only the first `limit` requests are estimated (those behind get `behind`), and at most
-    `max_events` ends and arrivals are walked. Every request of `queue` gets an Estimate.
+    `max_events` ends and arrivals are walked. `requeue` (running reservation -> its request):
+    work evicted in the forecast waits again as itself, ranked by its age, as in the cycle (an
+    empty mapping: the forecast's own placements only; None: evicted work vanishes). Every request
+    of `queue` gets an Estimate.
     """
     ids = [r.id for r in queue]
     if len(set(ids)) != len(ids):
@@ -153,7 +165,7 @@ def estimate_starts(
     if arrivals:
         durations = {**(durations or {}), **{e.request.id: e.run_s for e in arrivals}}
     walk = Walk(state, scorer, gate=gate, order=order, durations=durations or {}, preemption=preemption,
-                max_events=max_events)
+                max_events=max_events, requeue=requeue)
     ends = _with_bookings(walk, state, snapshot, ends, now)
     out = walk.out
     lines = _lines(state, [*queue, *(e.request for e in arrivals)], limit,

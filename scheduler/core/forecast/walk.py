@@ -31,7 +31,7 @@ from .answers import (
     room_at_last,
 )
 from .hooks import Gate, Order
-from .lines import Index, Line, Summary, might_fit, model_ids, most_free
+from .lines import Index, Line, Summary, might_fit, model_ids, most_free, need_of, shape_of
 from .preemption import EvictableRoom, evictable_room, might_preempt, preempt_on
 
 MAX_PREEMPT_NODES = 32  # an arriving request looks for victims on at most this many nodes
@@ -40,8 +40,15 @@ WhyOf = Callable[[int], str]  # node -> why a request starts there now ("" at `n
 
 class Walk:
     def __init__(self, state: ClusterState, scorer: Scorer, *, gate: Gate | None, order: Order | None,
-                 durations: Mapping[str, float], preemption: bool, max_events: int) -> None:
+                 durations: Mapping[str, float], preemption: bool, max_events: int,
+                 requeue: Mapping[str, Request] | None = None) -> None:
         self.state, self.scorer, self.gate, self.order = state, scorer, gate, order
+        # Evicted work waits again, as the cycle has it (running id -> its request; None: it vanishes).
+        self.requeue = requeue
+        self.requeued: set[str] = set()  # evicted in the forecast and waiting again
+        self.kept: set[str] = set()  # of those, requests of the queue (their first start is their estimate)
+        self.requests: dict[str, Request] = {}  # placed in the forecast
+        self.end_at: dict[str, float] = {}  # evicted and placed again: its new end (earlier ones are stale)
         self.durations, self.preemption, self.max_events = durations, preemption, max_events
         self.out: dict[str, Estimate] = {}
         self.events: list[tuple[float, int, str]] = []  # (time, sequence, reservation id that ends)
@@ -100,15 +107,18 @@ class Walk:
         self.placed_at.add(rec.node)
         if req.priority > 0:
             self.team_placed.setdefault(rec.node, set()).add(req.team)
-        self.out[req.id] = Estimate(t, why or "it fits now", AFTER_ENDS if why else NOW)
+        if req.id not in self.kept:
+            self.out[req.id] = Estimate(t, why or "it fits now", AFTER_ENDS if why else NOW)
         model = state.model_at(rec.node, rec.gpus[0]) if rec.gpus else ""
         if self.gate is not None:
             self.gate.charge(req, model)
         if self.order is not None and self.order is not self.gate:
             self.order.charge(req, model)
         self.forecast_ids.add(req.id)
+        if self.requeue is not None:
+            self.requests[req.id] = req
         self._hold(rec)
-        expected = req.id in self.arrive
+        expected = req.id in self.arrive or req.id in self.requeued
         if not expected:
             self.real_placed += 1
         if rec.gpus:
@@ -122,8 +132,27 @@ class Walk:
         run = self.durations.get(req.id)
         if run is not None:
             heapq.heappush(self.events, (t + max(0.0, float(run)), next(self.seq), req.id))
+            if req.id in self.requeued:
+                self.end_at[req.id] = t + max(0.0, float(run))
         else:
             self.unending.append(rec.node)
+
+    def wait_again(self, rid: str, t: float) -> None:
+        """An evicted reservation back in the queue with its first submission (its age ranks it):
+        a line of its own, tried after every end like the lines with affinity."""
+        if self.requeue is None:
+            return
+        rec_req = self.requeue.get(rid) or self.requests.get(rid)
+        if rec_req is None or rec_req.group is not None:  # unknown, or a pod group's member: it vanishes
+            return
+        self.requeued.add(rid)
+        if rid in self.out:  # a request of the queue placed earlier in the forecast: its estimate stands
+            self.kept.add(rid)
+        line = Line(deque([(-1, rec_req)]), model_ids(self.state, rec_req), True, need=need_of(rec_req),
+                    fit=shape_of(rec_req, False), team=rec_req.team, priority=rec_req.priority)
+        line.capable_gpus = 1
+        self.always.append(line)
+        self.live.append(line)
 
     def _hold(self, rec) -> None:
         held = self.held_by.get(rec.share.priority)
@@ -384,6 +413,8 @@ class Walk:
             choice, victims = found
             for rid in victims:
                 self.release(rid)
+                if self.requeue is not None:
+                    self.wait_again(rid, t)
             state.reserve(req, choice.node, choice.slots)
             line.waiting.popleft()
             line.quota_limited = False
@@ -453,7 +484,7 @@ class Walk:
                         joined.append(line)
                 elif rid in self.bookings:
                     self.booking_due.append(self.bookings.pop(rid))
-                elif rid in state.placed:
+                elif rid in state.placed and self.end_at.get(rid, t) == t:  # not the end of an evicted run
                     released.setdefault(self.release(rid), []).append(rid)
             if self.booking_due:
                 self.hold_bookings()
@@ -477,7 +508,7 @@ class Walk:
                         self.admit(t, chosen, why_of, local, frozenset(anywhere))
             self.index.forget_empty()
         self.explain(live, budget_hit)
-        for rid in self.arrive:
+        for rid in (*self.arrive, *(self.requeued - self.kept)):
             self.out.pop(rid, None)
 
     def _why_of(self, released: dict[int, list[str]]) -> WhyOf:
@@ -526,4 +557,5 @@ class Walk:
                        f"are held by reservations without a known end{tail}")
                 code = UNKNOWN_ENDS
             for _, r in line.waiting:
-                self.out[r.id] = Estimate(None, why, code)
+                if r.id not in self.kept:
+                    self.out[r.id] = Estimate(None, why, code)
