@@ -578,7 +578,7 @@ class Fair:
         key = _reclaim_key(req)
         if self._no_reclaim.get(key) == self._changes_now():
             return None
-        found = self._search_by_share(req)
+        found = self.search_by_share(req)
         if found is None:
             self._no_reclaim[key] = self._changes_now()
         return found
@@ -587,12 +587,12 @@ class Fair:
         # Held nodes as well: the cycle may hold one for a reclaim it was given (`decide(node_hold=True)`).
         return self.changes, int(self.held.sum())
 
-    def _search_by_share(self, req: Request
+    def search_by_share(self, req: Request
                          ) -> tuple[Choice, tuple[str, ...], list[Holding], GivenBack, Admission] | None:
         amount = demand_of(req)
         models = [m for m in self.models_of(req) if self.below_share(req.team, m, amount)
                   and not self.ledger.verdict(req.team, m, amount, req.priority).never]
-        if not models or not self._reclaim_could_admit(req, models):
+        if not models or not self.reclaim_could_admit(req, models):
             return None
         target = req if len(models) == len(self.models_of(req)) else replace(req, gpu_model=frozenset(models))
         among, ranked = self._ranked_by_share(req, models)
@@ -602,7 +602,7 @@ class Fair:
             return None
         return self._admit_by_share(req, *found)
 
-    def _reclaim_could_admit(self, req: Request, models: list[str]) -> bool:
+    def reclaim_could_admit(self, req: Request, models: list[str]) -> bool:
         """False when no victims a reclaim by fair share could find on `models` would leave `req`
         admitted (borrowed or better) once refunded, so that its search cannot end in a reclaim
         (`_admit_by_share` would refuse whatever it found). Victims lie on the GPUs the request

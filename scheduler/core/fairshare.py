@@ -347,11 +347,12 @@ class Ledger:
         found = self._verdicts.get(key)
         if found is not None and found[0] == version:
             return found[1]
-        verdict = self._verdict(team, model, amount, priority)
+        verdict = self.fresh_verdict(team, model, amount, priority)
         self._verdicts[key] = (version, verdict)
         return verdict
 
-    def _verdict(self, team: str, model: str, amount: Vec, priority: int) -> Verdict:
+    def fresh_verdict(self, team: str, model: str, amount: Vec, priority: int) -> Verdict:
+        """`verdict` worked out afresh, not from its cache (what the cache must agree with)."""
         unit = self.tree.units.get(team)
         if unit is None or not unit.team:
             return Verdict(Admission.GUARANTEED)  # a team the tree does not know: no quota policy for it

@@ -63,13 +63,13 @@ def test_a_failed_reclaim_is_searched_again_once_a_release_changed_the_state():
 def test_a_failed_reclaim_is_not_searched_again_while_nothing_changed():
     fair, _ = fleet_where_a_is_at_its_share()
     searched = []
-    search = Fair._search_by_share
+    search = Fair.search_by_share
 
     def counting(self, r):
         searched.append(r.id)
         return search(self, r)
 
-    with patch.object(Fair, "_search_by_share", counting):
+    with patch.object(Fair, "search_by_share", counting):
         assert fair.preempt(req("b1-more", "b", memory_gib=20)) is None
         assert fair.preempt(req("b2-more", "b", memory_gib=20)) is None
         assert fair.preempt(req("b3-more", "b", memory_gib=21)) is None  # another shape: searched

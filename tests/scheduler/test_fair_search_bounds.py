@@ -1,7 +1,7 @@
 """The fair cycle's shortcuts never change a decision (issue 23's cycle speed).
 
 A reclaim by fair share is ruled out before its search when no victims it could find would leave
-the request admitted once refunded (`Fair._reclaim_could_admit`, on `Ledger.refund_needed`); the
+the request admitted once refunded (`Fair.reclaim_could_admit`, on `Ledger.refund_needed`); the
 preemption search works out a node's option only when no other can come before it. Each is checked
 three ways: the bound is a bound (hypothesis, on ledgers with borrowed shares), the cycle decides
 the same with the bound as with every search run, and the same as the engine before these changes
@@ -61,7 +61,7 @@ def exact(decisions: list) -> list[str]:
 
 def unbounded():
     """Every reclaim by fair share runs its search (the bound answers: it could admit)."""
-    return patch.object(Fair, "_reclaim_could_admit", lambda self, req, models: True)
+    return patch.object(Fair, "reclaim_could_admit", lambda self, req, models: True)
 
 
 # ---- the bound is a bound -----------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_a_seeded_cycle_decides_as_before_the_speedups_and_the_bound_rules_out_s
     tree, nodes, first, second = seeded_cycle()
     case = (tree, nodes, first, second, {"n0"})
     ruled_out = []
-    bound = Fair._reclaim_could_admit
+    bound = Fair.reclaim_could_admit
 
     def counting(self, req, models):
         could = bound(self, req, models)
@@ -132,7 +132,7 @@ def test_a_seeded_cycle_decides_as_before_the_speedups_and_the_bound_rules_out_s
             ruled_out.append(req.id)
         return could
 
-    with patch.object(Fair, "_reclaim_could_admit", counting):
+    with patch.object(Fair, "reclaim_could_admit", counting):
         bounded = two_cycles(case)
     with unbounded():
         searched = two_cycles(case)

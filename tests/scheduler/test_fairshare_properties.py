@@ -461,7 +461,7 @@ def test_the_ledgers_caches_never_change_a_decision(case):
     def saturation(self, team, model, extra=ZERO):
         return self._saturation(team, model, extra)
 
-    with patch.object(ledger, "verdict", ledger._verdict), patch.object(ledger, "saturation", saturation):
+    with patch.object(ledger, "verdict", ledger.fresh_verdict), patch.object(ledger, "saturation", saturation):
         fresh = list(decide(Snapshot(tuple(nodes), quotas=tree, now=FIRST), first))
         fresh2 = list(decide(Snapshot(tuple(nodes2), quotas=tree, now=SECOND), second))
     assert signature(cached) == signature(fresh)
@@ -525,7 +525,7 @@ def test_the_ledgers_caches_decide_a_seeded_cycle_as_without_them():
         return ds, list(decide(Snapshot(tuple(later), quotas=tree, now=SECOND), second)), later
 
     cached = both()
-    with patch.object(ledger, "verdict", ledger._verdict), patch.object(ledger, "saturation", saturation):
+    with patch.object(ledger, "verdict", ledger.fresh_verdict), patch.object(ledger, "saturation", saturation):
         fresh = both()
     assert [signature(c) for c in cached[:2]] == [signature(f) for f in fresh[:2]]
     kinds = {type(d).__name__ for d in cached[1]}
