@@ -200,6 +200,16 @@ class BookedModelSerializer(serializers.Serializer):
     peak_gpus = serializers.IntegerField()
 
 
+class PlannedDrainDipSerializer(serializers.Serializer):
+    id = serializers.IntegerField(source="plan", help_text="The planned drain")
+    node = serializers.CharField()
+    gpu_model = serializers.CharField()
+    gpus = serializers.IntegerField(source="out", help_text="The model's GPUs on the node, out over the window")
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField(allow_null=True, help_text="null: until a person returns the node")
+    reason = serializers.CharField()
+
+
 class BookingsAnswerSerializer(serializers.Serializer):
     # `from` is a Python keyword: declared through the class namespace.
     vars()["from"] = serializers.DateTimeField()
@@ -207,6 +217,8 @@ class BookingsAnswerSerializer(serializers.Serializer):
     models = BookedModelSerializer(many=True, help_text="Per GPU model: its cards and the peak of the bookings "
                                                         "listed (those you may see)")
     bookings = BookingSerializer(many=True)
+    drains = PlannedDrainDipSerializer(many=True, help_text="Planned drains meeting the span, per GPU model of their "
+                                                           "node (site admins and team managers; empty for others)")
 
 
 class BookingsQuerySerializer(serializers.Serializer):

@@ -120,8 +120,9 @@ def booking_window(data: dict) -> services.Window | None:
 
 class BookingsView(APIView):
     """Booked capacity over a span (default: the next four weeks): the bookings you may see (members:
-    their team's; managers: the teams they manage; site admins: all) and, per GPU model, the fleet's
-    cards and the most of them those bookings take at once."""
+    their team's; managers: the teams they manage; site admins: all), per GPU model the fleet's
+    cards and the most of them those bookings take at once, and (site admins and team managers, as
+    the calendar page) the drains planned over the span."""
 
     @extend_schema(parameters=[serializers.BookingsQuerySerializer],
                    responses={200: serializers.BookingsAnswerSerializer, **ERRORS})
@@ -135,7 +136,9 @@ class BookingsView(APIView):
         q = query.validated_data
         rows = list(booking_calendar.bookings_of(request.user, q["from"], q["to"], q["gpu_model"],
                                                  q["mine"] == "true"))
-        answer = {"from": q["from"], "to": q["to"], "bookings": rows,
+        drains = (booking_calendar.drain_dips(q["from"], q["to"], q["gpu_model"])
+                  if booking_calendar.sees_fleet(request.user) else [])
+        answer = {"from": q["from"], "to": q["to"], "bookings": rows, "drains": drains,
                   "models": booking_calendar.load_by_model(rows, q["gpu_model"])}
         return Response(serializers.BookingsAnswerSerializer(answer).data)
 

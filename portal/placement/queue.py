@@ -177,8 +177,10 @@ def _forecast(fleet: core.Snapshot, requests: list[core.Request]) -> tuple[list[
             durations[str(pk)] = lengths.run(float(seconds), _keys(owner, team, gpus))
         reasons[pk] = reason
     expected = arrivals().forward(now, HORIZON_S) if settings.TESSERA_FORECAST_ARRIVALS else ()
+    drains = snapshot.planned_drains(datetime.fromtimestamp(now, tz=UTC))
     estimates = estimate_starts(fleet, ordered, ends, now=now, durations=durations, gate=hooks, order=hooks,
-                                limit=ESTIMATED, arrivals=expected, arrivals_until=now + HORIZON_S, withhold=False)
+                                limit=ESTIMATED, arrivals=expected, arrivals_until=now + HORIZON_S, withhold=False,
+                                drains=drains)
     return ordered, estimates, reasons
 
 

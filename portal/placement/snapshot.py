@@ -9,10 +9,11 @@ from decimal import Decimal
 from typing import NamedTuple
 
 from django.conf import settings
+from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from portal.fleet.models import NodeLink
+from portal.fleet.models import DrainState, NodeLink, NodeStatus, PlannedDrain
 from portal.precompiled import Precompiled, param_in
 from portal.reservations import engine_quotas
 from portal.reservations.models import Allocation, Reservation, StateTransition
@@ -81,6 +82,19 @@ _LIVE_SHARES = Precompiled(lambda: Allocation.objects.filter(released_at__isnull
     "reservation__admission", "reservation__placed_at", "reservation__reclaim_at"))
 _POD_NODES = Precompiled(lambda: Reservation.objects.filter(state__in=HOLDS_GPU, node__isnull=False).order_by()
                          .values_list(Coalesce("client_node_id", "node_id"), flat=True))
+
+
+def planned_drains(now: datetime) -> tuple[core.PlannedDrain, ...]:
+    """The planned drains the forecast counts (`fleet.PlannedDrain`): those still to start (one due
+    but not applied yet only on a ready node: a person's drain stands), and those draining their node
+    now, which return it at their end."""
+    rows = (PlannedDrain.objects
+            .filter(Q(state=DrainState.PLANNED, starts_at__gt=now)
+                    | Q(state=DrainState.PLANNED, node__status=NodeStatus.READY)
+                    | Q(state=DrainState.ACTIVE, applied=True))
+            .order_by("starts_at", "pk").values_list("node__name", "starts_at", "ends_at"))
+    return tuple(core.PlannedDrain(name, start.timestamp(), end.timestamp() if end else None)
+                 for name, start, end in rows)
 
 
 def past_evictions(now: datetime) -> dict[str, list[float]]:

@@ -1,7 +1,8 @@
 """What is booked over a span of time, as the calendar page, the bookings API and the iCal feed
 show it: the bookings a user may see (their teams' reservations: members their own team's,
 managers the teams they manage, site admins all) and, per GPU model, the fleet's cards, the most
-of them booked at once and the drains planned on them (the dips in what can be booked)."""
+of them booked at once and the drains planned on them (the dips in what can be booked): that side
+only to site admins and team managers (`sees_fleet`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from django.db.models import Count, Sum
 
 from portal.fleet import drain_plans
 from portal.fleet.models import Gpu
+from portal.tenancy import roles
+from portal.tenancy.models import Role
 
 from .models import Reservation
 from .services.booking import TAKING
@@ -37,6 +40,12 @@ class ModelLoad:
     def high(self) -> float:
         """Where a meter of this model's booked GPUs turns to a warning: 80 % of its cards."""
         return 0.8 * self.gpus
+
+
+def sees_fleet(user) -> bool:
+    """Whether `user` sees the fleet's side of the calendar (per GPU model: its cards, the peak
+    booked, the drains planned): site admins, and the managers and admins of a team."""
+    return roles.is_site_admin(user) or bool({Role.ADMIN, Role.MANAGER} & set(roles.team_roles(user).values()))
 
 
 def bookings_of(user, start: datetime, end: datetime, gpu_model: str = "", mine: bool = False):
@@ -110,14 +119,16 @@ class DrainDip:
     out: int  # the model's GPUs on the node
     of: int  # the model's GPUs in the fleet
     reason: str
+    ends_at: datetime | None  # None: until a person returns the node
+    plan: int  # the PlannedDrain's id
 
     @property
     def left(self) -> int:
         return self.of - self.out
 
 
-def drain_dips(start: datetime, end: datetime) -> list[DrainDip]:
-    """Per GPU model, the drains planned over [start, end), earliest first."""
+def drain_dips(start: datetime, end: datetime, gpu_model: str = "") -> list[DrainDip]:
+    """Per GPU model (or the one named), the drains planned over [start, end), earliest first."""
     plans = list(drain_plans.overlapping(start, end).select_related("node").order_by("starts_at", "pk"))
     if not plans:
         return []
@@ -127,5 +138,5 @@ def drain_dips(start: datetime, end: datetime) -> list[DrainDip]:
         per_node[node_id][model] = n
     totals = dict(Gpu.objects.order_by().values_list("model").annotate(n=Count("id")))
     return [DrainDip(model, p.node.name, drain_plans.window_text(p.starts_at, p.ends_at), p.starts_at, n,
-                     totals.get(model, n), p.reason)
-            for p in plans for model, n in sorted(per_node[p.node_id].items())]
+                     totals.get(model, n), p.reason, p.ends_at, p.pk)
+            for p in plans for model, n in sorted(per_node[p.node_id].items()) if not gpu_model or model == gpu_model]

@@ -41,7 +41,7 @@ def bookings_page(request):
     start = _today()
     end = start + timedelta(weeks=WEEKS)
     rows = list(booking_calendar.bookings_of(request.user, start, end))
-    overview = navigation.manager(request.user)
+    overview = booking_calendar.sees_fleet(request.user)
     models = booking_calendar.load_by_model(rows) if overview else []
     token = request.session.pop(NEW_FEED, None)
     return render(request, "web/bookings.html", {

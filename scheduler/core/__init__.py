@@ -23,6 +23,8 @@ Data in (frozen dataclasses, `scheduler.core.model`):
   placed first, a running window nobody's victim); `Snapshot.durations`: waiting request → known
   run time (placement keeps long work off booked GPUs and backfills short work before a window).
   Shares carry `admission`, `since` and `reclaim_at`; placements carry `admission`.
+- `PlannedDrain(node, starts_at, ends_at=None)`: a node's maintenance window, for the forecast
+  (`forecast.estimate_starts(drains=...)`: the node takes no new work over it).
 - `Request(id, team, gpu_request, gpu_limit, gpu_memory_mib, gpu_count, gpu_model, priority,
   affinity, anti_affinity, exclusion, group=PodGroup(name, headcount, threshold), created_at,
   cpu_milli, memory_mib)`; gpu_model: None, "A100", {"V100M16", "V100M32"} or "V100M16|V100M32";
@@ -79,6 +81,7 @@ from .model import (
     Node,
     NodeStatus,
     Placement,
+    PlannedDrain,
     PodGroup,
     Preemption,
     Reason,
@@ -110,6 +113,7 @@ __all__ = [
     "Node",
     "NodeStatus",
     "Placement",
+    "PlannedDrain",
     "PodGroup",
     "Preemption",
     "QuotaTree",

@@ -134,6 +134,25 @@ class Node:
 
 
 @dataclass(frozen=True)
+class PlannedDrain:
+    """A node's planned maintenance window (seconds, the snapshot's clock): from `starts_at` the
+    node takes no new work (what runs there runs on), from `ends_at` (None: until a person returns
+    it) it takes work again. Read by the forecast (`forecast.estimate_starts(drains=...)`); the
+    cycle sees a drain through the node's status once the portal applies it."""
+
+    node: str
+    starts_at: float
+    ends_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ends_at is not None and self.ends_at <= self.starts_at:
+            raise ValueError(f"planned drain of {self.node}: ends_at must be after starts_at")
+
+    def covers(self, t: float) -> bool:
+        return self.starts_at <= t and (self.ends_at is None or t < self.ends_at)
+
+
+@dataclass(frozen=True)
 class TeamUsage:
     """Optional per-team numbers for fair-share ordering (quota itself is enforced by the portal)."""
 

@@ -28,6 +28,11 @@ Booked windows (`Snapshot.bookings`) take their room from their lead time (now, 
 to their end, before any waiting request, on the GPUs the cycle would hold for them, so a request
 waits for a booked window as it waits for running work (`_with_bookings`, `Walk.hold_bookings`).
 
+Planned drains (`drains`, `PlannedDrain`; drains.py): a node takes no new work from a drain's start
+(what runs there runs on) and takes work again at its end (open-ended: never); a node draining now
+by a drain passed for it comes back at that drain's end. A request that only such nodes could take
+waits for the end, and one that only nodes closed for good could take has no estimate.
+
 Pod groups are forecast together: a group's members wait in one line at the place of its first
 member and are placed with the cycle's own gang rule (at least the group's threshold at once,
 running members counted), so a member's estimate is when its group can start.
@@ -57,10 +62,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from ..cycle import cycle_workload
 from ..engine import make_scorer
 from ..fragmentation import FgdScorer, TypicalPod, typical_pods
-from ..model import Request, Snapshot
+from ..model import PlannedDrain, Request, Snapshot
 from ..state import ClusterState
 from .after import after_cycle
 from .answers import (
@@ -79,6 +86,7 @@ from .answers import (
     capable,
 )
 from .arrivals import Arrivals, Expected
+from .drains import Drains
 from .hooks import Gate, Order, QueueOrder
 from .lines import Line, RoomScorer, model_ids, need_of, shape_of
 from .replay import replay_starts
@@ -132,6 +140,7 @@ def estimate_starts(
     arrivals_until: float | None = None,
     withhold: bool = True,
     requeue: Mapping[str, Request] | None = None,
+    drains: Sequence[PlannedDrain] = (),
 ) -> dict[str, Estimate]:
     """An estimated start for each request of `queue` (in the order the cycle admits them).
 
@@ -151,7 +160,8 @@ def estimate_starts(
     `max_events` ends and arrivals are walked. `requeue` (running reservation -> its request):
     work evicted in the forecast waits again as itself, ranked by its age, as in the cycle (an
     empty mapping: the forecast's own placements only; None: evicted work vanishes). Every request
-    of `queue` gets an Estimate.
+    of `queue` gets an Estimate. `drains`: the nodes' planned drains (`PlannedDrain`; drains.py):
+    a node takes no new work over one, and again after its end.
     """
     ids = [r.id for r in queue]
     if len(set(ids)) != len(ids):
@@ -166,12 +176,16 @@ def estimate_starts(
         durations = {**(durations or {}), **{e.request.id: e.run_s for e in arrivals}}
     walk = Walk(state, scorer, gate=gate, order=order, durations=durations or {}, preemption=preemption,
                 max_events=max_events, requeue=requeue)
+    if drains:
+        walk.plan_drains(Drains(state, snapshot.nodes, drains, now), now)
     ends = _with_bookings(walk, state, snapshot, ends, now)
     out = walk.out
     lines = _lines(state, [*queue, *(e.request for e in arrivals)], limit,
                    per_team=lambda req: gate is not None or order is not None or (preemption and req.priority > 0),
                    out=out, expected=len(queue))
-    walk.run(_startable(state, lines, out), _with_reclaims(state, ends), now, {e.request.id: e.at for e in arrivals})
+    ever = walk.drains.ever if walk.drains is not None else None
+    walk.run(_startable(state, lines, out, ever), _with_reclaims(state, ends), now,
+             {e.request.id: e.at for e in arrivals})
     if arrivals and withhold:
         until = arrivals_until if arrivals_until is not None else max(e.at for e in arrivals)
         _withhold(out, walk, state, until - now, now)
@@ -264,19 +278,21 @@ def _lines(state: ClusterState, queue: Sequence[Request], limit: int, per_team, 
     return lines
 
 
-def _startable(state: ClusterState, lines: list[Line], out: dict[str, Estimate]) -> list[Line]:
-    """The lines that some ready node could take, whatever ends; the others are answered in `out`."""
+def _startable(state: ClusterState, lines: list[Line], out: dict[str, Estimate],
+               ever: np.ndarray | None = None) -> list[Line]:
+    """The lines that some ready node could take, whatever ends (`ever`: the nodes that take work
+    at some time of the forecast; default: those ready now); the others are answered in `out`."""
     live: list[Line] = []
     for line in lines:
         if line.group is None:
-            count, why = capable(state, line.head[1])
+            count, why = capable(state, line.head[1], ever)
             if not count:
                 for _, req in line.waiting:
                     out[req.id] = Estimate(None, why, NO_READY_GPU)
                 continue
             line.capable_gpus = count
         else:
-            answers = [(capable(state, r), r) for _, r in line.waiting]
+            answers = [(capable(state, r, ever), r) for _, r in line.waiting]
             group = line.head[1].group
             assert group is not None
             if sum(1 for (count, _), _ in answers if count) < group.min_members:

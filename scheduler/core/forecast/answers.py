@@ -46,16 +46,18 @@ def behind(limit: int) -> Estimate:
     return Estimate(None, f"no estimate: more than {limit} requests wait ahead of it", BEHIND)
 
 
-def capable(state: ClusterState, req: Request) -> tuple[int, str]:
+def capable(state: ClusterState, req: Request, ready_nodes: np.ndarray | None = None) -> tuple[int, str]:
     """Ready GPUs that could take one GPU's worth of `req` if nothing ran on them (0 with the reason
-    when no ready node could ever take the whole request)."""
+    when no ready node could ever take the whole request). `ready_nodes`: the nodes that take work
+    at some time of the forecast (default: those ready now)."""
     of = models_text(req)
+    nodes_ok = state.ready if ready_nodes is None else ready_nodes
     if req.gpu_count == 0:
-        return (int(state.ready.sum()), "") if state.ready.any() else (0, "no estimate: no node is ready")
+        return (int(nodes_ok.sum()), "") if nodes_ok.any() else (0, "no estimate: no node is ready")
     of_model = state.valid & (state.model_mask(req.gpu_model) if req.gpu_model is not None else True)
     if not of_model.any():
         return 0, f"no estimate: the cluster has no GPU {of}"
-    ready = of_model & state.ready[:, None]
+    ready = of_model & nodes_ok[:, None]
     if not ready.any():
         return 0, f"no estimate: no ready GPU {of}: all {int(of_model.sum())} are on nodes that are draining or lost"
     big = ready & (state.mem_total >= req.gpu_memory_mib)
@@ -105,14 +107,15 @@ class Evictable:
 
 
 def fits_in(state: ClusterState, room: tuple[np.ndarray, ...], need: tuple[int, int, int, int, int],
-            req: Request, evictable: np.ndarray | None) -> bool:
+            req: Request, evictable: np.ndarray | None, ready_nodes: np.ndarray | None = None) -> bool:
     """Whether a request that needs `need` (like `req`) fits somewhere in `room` (node rules, model,
-    memory, compute; not labels), with `evictable` compute added (what it may preempt)."""
+    memory, compute; not labels), with `evictable` compute added (what it may preempt), on the
+    nodes `ready_nodes` (default: those ready now)."""
     milli, count, gpu_mem, cpu_need, mem_need = need
     free, mem_free, cpu, node_mem = room
     if evictable is not None:  # the GPU memory evictions free is not counted: that test is skipped
         free, gpu_mem = free + evictable, 0
-    node_ok = state.ready & (cpu >= cpu_need) & (node_mem >= mem_need)
+    node_ok = (state.ready if ready_nodes is None else ready_nodes) & (cpu >= cpu_need) & (node_mem >= mem_need)
     if count == 0:
         return bool(node_ok.any())
     ok = (free >= milli) & node_ok[:, None]

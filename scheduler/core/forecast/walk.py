@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +19,7 @@ from ..state import ClusterState
 from .answers import (
     AFTER_ENDS,
     EVENT_BUDGET,
+    NO_READY_GPU,
     NOW,
     POD_GROUP,
     QUOTA,
@@ -30,6 +31,7 @@ from .answers import (
     names,
     room_at_last,
 )
+from .drains import Drains
 from .hooks import Gate, Order
 from .lines import Index, Line, Summary, might_fit, model_ids, most_free, need_of, shape_of
 from .preemption import EvictableRoom, evictable_room, might_preempt, preempt_on
@@ -85,6 +87,19 @@ class Walk:
         # any waiting request is tried, and gives it back at its end.
         self.bookings: dict[str, Any] = {}
         self.booking_due: list[Any] = []
+        # Planned drains: each node's readiness over the walk, and the events where one may change
+        # (event id -> node).
+        self.drains: Drains | None = None
+        self.drain_events: dict[str, int] = {}
+
+    def plan_drains(self, drains: Drains, now: float) -> None:
+        """The nodes' readiness at `now` under the planned drains, and an event wherever it may change."""
+        self.drains = drains
+        drains.apply(self.state, now)
+        for k, (t, i) in enumerate(drains.times(now)):
+            rid = f"\0drain:{k}"
+            self.drain_events[rid] = i
+            heapq.heappush(self.events, (t, next(self.seq), rid))
 
     # ---- changes ------------------------------------------------------------------------------
     def release(self, rid: str) -> int:
@@ -440,10 +455,11 @@ class Walk:
         # may preempt) waits for an unknown end: answered now, and left out of the walk.
         room = room_at_last(state, [*ends, *(rid for rid in self.forecast_ids if rid in self.durations)])
         evictable = Evictable(state) if self.preemption else None
+        ever = self.drains.ever if self.drains is not None else None
         blocked = {id(line): line for line in live if not line.always and not fits_in(
-            state, room, line.need, line.head[1], evictable.of(line.head[1]) if evictable else None)}
+            state, room, line.need, line.head[1], evictable.of(line.head[1]) if evictable else None, ever)}
         if blocked:
-            self.explain(list(blocked.values()), budget_hit=False)
+            self.explain(list(blocked.values()), budget_hit=False, walked=False)
             live = [line for line in live if id(line) not in blocked]
         self.live = live
         self.index = Index([line for line in live if not line.always])
@@ -474,6 +490,7 @@ class Walk:
             t = self.events[0][0]
             released: dict[int, list[str]] = {}
             joined: list[Line] = []  # lines whose first request arrived now
+            drained: set[int] = set()  # nodes whose planned drain starts or ends now
             self.placed_at, self.freed_guaranteed, self.team_placed = set(), set(), {}
             while self.events and self.events[0][0] == t:
                 _, _, rid = heapq.heappop(self.events)
@@ -484,12 +501,16 @@ class Walk:
                         joined.append(line)
                 elif rid in self.bookings:
                     self.booking_due.append(self.bookings.pop(rid))
+                elif rid in self.drain_events:
+                    drained.add(self.drain_events.pop(rid))
                 elif rid in state.placed and self.end_at.get(rid, t) == t:  # not the end of an evicted run
                     released.setdefault(self.release(rid), []).append(rid)
+            reopened = self._redrain(drained, t) if drained else []
             if self.booking_due:
                 self.hold_bookings()
-            why_of = self._why_of(released)
-            chosen, local, anywhere = self.select([i for i in released if state.ready[i]], bool(released))
+            why_of = self._why_of(released, reopened)
+            chosen, local, anywhere = self.select([*(i for i in released if state.ready[i] and i not in reopened),
+                                                   *reopened], bool(released))
             if joined:  # what just arrived may fit anywhere
                 chosen += [line for line in joined if line not in chosen]
                 anywhere |= {id(line) for line in joined}
@@ -511,10 +532,20 @@ class Walk:
         for rid in (*self.arrive, *(self.requeued - self.kept)):
             self.out.pop(rid, None)
 
-    def _why_of(self, released: dict[int, list[str]]) -> WhyOf:
+    def _redrain(self, nodes: set[int], t: float) -> list[int]:
+        """The readiness of `nodes` at `t` under their planned drains; those that take work again."""
+        assert self.drains is not None
+        state = self.state
+        was = {i: bool(state.ready[i]) for i in nodes}
+        self.drains.apply(state, t)
+        return sorted(i for i in nodes if state.ready[i] and not was[i])
+
+    def _why_of(self, released: dict[int, list[str]], reopened: Collection[int] = ()) -> WhyOf:
         def why_of(node: int) -> str:
             rids = released.get(node)
             name = self.state.node_names[node]
+            if node in reopened and not rids:
+                return f"when the planned drain of {name} ends"
             if not rids:
                 return "when running reservations end"
             own = [r for r in rids if r in self.forecast_ids]
@@ -524,8 +555,17 @@ class Walk:
 
         return why_of
 
-    def explain(self, lines: list[Line], budget_hit: bool) -> None:
-        """Why each request of `lines` left without a start has none."""
+    def _ready_for(self, line: Line, walked: bool) -> bool:
+        """Whether a node of the line's models takes work at the walk's last time (`walked`), or at
+        some time of it."""
+        assert self.drains is not None
+        ready = self.state.ready if walked else self.drains.ever
+        return any(ready[i] and (line.models is None or self.node_models[i] & line.models)
+                   for i in range(len(self.node_models)))
+
+    def explain(self, lines: list[Line], budget_hit: bool, walked: bool = True) -> None:
+        """Why each request of `lines` left without a start has none (`walked`: after the walk, where
+        the nodes are as its last time left them)."""
         blocked_by_own: dict[frozenset[int] | None, bool] = {}
         for line in lines:
             if not line.waiting:
@@ -547,6 +587,10 @@ class Walk:
                 why = (f"no estimate: pod group {group.name} needs {group.min_members} members placed together, "
                        "and the GPUs that could take them are held by reservations without a known end")
                 code = POD_GROUP
+            elif self.drains is not None and not self._ready_for(line, walked):
+                why = (f"no estimate: the GPUs {models_text(req)} that could take it are on nodes a planned drain "
+                       "takes out before it could start, until a person returns them")
+                code = NO_READY_GPU
             else:
                 if line.models not in blocked_by_own:
                     blocked_by_own[line.models] = any(

@@ -160,3 +160,27 @@ def test_only_mine_lists_ones_own_bookings(client_for, fleet, people, teams, boo
     assert len(client_for("alice").get(BOOKINGS).json()["bookings"]) == 2
     assert [b["owner"] for b in client_for("alice").get(BOOKINGS, {"mine": "true"}).json()["bookings"]] == ["alice"]
     assert client_for("alice").get(BOOKINGS, {"mine": "0"}).status_code == 400
+
+
+def test_planned_drains_over_the_span_are_listed_to_site_admins_and_managers_only(client_for, fleet, people, day):
+    from portal.audit import services as audit
+    from portal.fleet import drain_plans
+    from portal.fleet.models import Node
+    from portal.reservations import drain_effects
+
+    by = audit.web(people["admin"])
+    for node, start, end, reason in [("t4-node-1", day + timedelta(hours=3), day + timedelta(hours=5), "new PSU"),
+                                     ("v100-node-1", day, None, "retired"),
+                                     ("a100-node-2", day + timedelta(days=3), day + timedelta(days=4), "later")]:
+        drain_effects.plan_drain(Node.objects.get(name=node), by, drain_plans.window_of(start, end, reason))
+    span = {"from": _iso(day - timedelta(hours=1)), "to": _iso(day + timedelta(days=1))}
+    t4 = {"id": 1, "node": "t4-node-1", "gpu_model": "T4", "gpus": 2, "starts_at": _iso(day + timedelta(hours=3)),
+          "ends_at": _iso(day + timedelta(hours=5)), "reason": "new PSU"}
+
+    everyone = client_for("admin").get(BOOKINGS, span).json()["drains"]
+    assert [(d["node"], d["gpu_model"], d["gpus"], d["ends_at"]) for d in everyone] == [
+        ("v100-node-1", "V100-32GB", 4, None), ("t4-node-1", "T4", 2, _iso(day + timedelta(hours=5)))]
+    manager = client_for("dave").get(BOOKINGS, {**span, "gpu_model": "T4"}).json()["drains"]
+    assert [{**d, "id": 1} for d in manager] == [t4]
+    member = client_for("alice").get(BOOKINGS, {**span, "gpu_model": "T4"}).json()
+    assert member["drains"] == []  # members see their team's bookings, not the fleet's maintenance
