@@ -57,7 +57,9 @@ def test_auto_gives_a_portal_pod_an_allocated_claim_instead_of_the_device_plugin
                                                "uid": pod["metadata"]["uid"]}]
     # The claim was allocated and reserved before the pod had a node: the kubelet never waits for it.
     writes = [(r.method, r.path.rsplit("/", 1)[-1]) for r in dra_cluster.requests if r.method in ("POST", "PUT")]
-    assert writes[-4:] == [("POST", "pods"), ("POST", "resourceclaims"), ("PUT", "status"), ("POST", "binding")]
+    # Each write's first time (a read timeout on a busy machine retries one: idempotent, and later).
+    first = [w for i, w in enumerate(writes) if w not in writes[:i]]
+    assert first[-4:] == [("POST", "pods"), ("POST", "resourceclaims"), ("PUT", "status"), ("POST", "binding")]
 
     # Released: one delete of the pod; the garbage collector takes its claim (owned by the pod).
     assert backend.unbind(PodRef("tessera", "tessera-r42-1"), grace_s=0, reason="ended")
