@@ -84,20 +84,22 @@ class FlowControlledServer(daphne.server.Server):
         self.send_buffers: weakref.WeakKeyDictionary[WebRequest, SendBuffer] = weakref.WeakKeyDictionary()
 
     async def handle_reply(self, protocol, message) -> None:
-        if not isinstance(protocol, WebRequest) or message["type"] != "http.response.body":
+        if not isinstance(protocol, WebRequest):  # a WebSocket: its messages are not streamed bodies
             await super().handle_reply(protocol, message)
-            if message["type"] == "http.response.start" and isinstance(protocol, WebRequest):
-                self.send_buffers[protocol] = buffer = SendBuffer()
-                protocol.registerProducer(buffer, True)
-            return
-        buffer = self.send_buffers.get(protocol)
-        if buffer is not None and not message.get("more_body", False):
-            # Twisted wants the producer gone before the request finishes, which the last chunk does.
-            del self.send_buffers[protocol]
-            protocol.unregisterProducer()
-        await super().handle_reply(protocol, message)
-        if buffer is not None and message.get("more_body", False):
-            await buffer.room.wait()
+        elif message["type"] == "http.response.start":
+            await super().handle_reply(protocol, message)
+            self.send_buffers[protocol] = buffer = SendBuffer()
+            protocol.registerProducer(buffer, True)
+        elif message["type"] == "http.response.body" and message.get("more_body", False):
+            await super().handle_reply(protocol, message)
+            buffer = self.send_buffers.get(protocol)
+            if buffer is not None:
+                await buffer.room.wait()
+        else:
+            if self.send_buffers.pop(protocol, None) is not None:
+                # Twisted wants the producer gone before the request finishes, which the last chunk does.
+                protocol.unregisterProducer()
+            await super().handle_reply(protocol, message)
 
     def protocol_disconnected(self, protocol) -> None:
         buffer = self.send_buffers.pop(protocol, None)

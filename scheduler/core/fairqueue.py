@@ -662,20 +662,8 @@ class Fair:
             self._takeable = TakeableIndex(self.state, self.ledger)
         return self._takeable
 
-    def _takeable_by_share(self, req: Request, models: Iterable[str]) -> Iterable[Holding]:
-        """The only shares `_may_take_by_share` can let go on `models`: the team's own, borrowed or
-        opportunistic ones, and those warned before the cycle (another team's guaranteed work
-        never), the team's own only below its priority. Those running when the cycle's first reclaim
-        by fair share was searched (`TakeableIndex`; what this cycle places is never a victim),
-        some of which may have gone since: the search passes over those."""
-        index = self._takeable_index()
-        out = index.lower(req.team, req.priority)
-        for m in models:
-            out.extend(index.by_model.get(m, ()))
-        return out
-
     def _ranked_by_share(self, req: Request, models: Iterable[str]) -> tuple[list[Holding], dict[str, tuple]]:
-        """`_takeable_by_share`'s shares that `_may_take_by_share` lets go, each with its `_rank`:
+        """The shares `_may_take_by_share` lets go on `models`, each with its `_rank`:
         other teams' from `_candidates_on`, the team's own below its priority from `_own_ranked`
         (both kept while nothing changes), with the parts that depend on the taker's priority."""
         team, priority = req.team, req.priority

@@ -16,14 +16,14 @@ class TakeableIndex:
     share) from the shares running then (this cycle's placements are never victims, and victims
     only leave, so it bounds what later searches find):
     - `by_model`: the borrowed, opportunistic and warned shares, per model of their GPUs: with the
-      team's own, the only shares `Fair._may_take_by_share` lets go (`Fair._takeable_by_share`);
+      team's own, the only shares `Fair._may_take_by_share` lets go;
     - `givable`: per GPU slot (nodes x slots x 3), the counted use (what the ledger would refund)
       that the borrowed and warned shares of every team hold there (a share counts on each slot
       it holds; opportunistic work is not counted); `most`, per model, the most of that on one
       slot and on one node; `own`, per team, its other counted shares as (priority, node, slots,
       amount), which only the team's own higher priorities may take; `slot_rows`, per model, each
       distinct `givable` of a GPU of a ready node and the most GPU memory of such a GPU; `by_team`, per team its
-      shares, lowest priority first, and their priorities (`lower`: those below a priority)."""
+      shares, lowest priority first."""
 
     def __init__(self, state: ClusterState, ledger: Ledger) -> None:
         self.by_model: dict[str, list[Holding]] = defaultdict(list)
@@ -58,7 +58,6 @@ class TakeableIndex:
                 totals.append((t[0] + a[0] * len(gpus), t[1] + a[1] * len(gpus), t[2] + a[2] * len(gpus)))
             self._own_totals[team] = totals
         self.by_team = {team: sorted(hs, key=lambda h: h.share.priority) for team, hs in team_shares.items()}
-        self._priorities = {team: [h.share.priority for h in hs] for team, hs in self.by_team.items()}
         per_node = self.per_node = self.givable.sum(axis=1)  # (nodes x 3)
         self.most: dict[str, tuple[Vec, Vec]] = {}
         for m, model in enumerate(state.models):
@@ -74,11 +73,6 @@ class TakeableIndex:
             rows = self.slot_rows[state.models[int(state.gpu_model[node, j])]]
             key = tuple(row)
             rows[key] = max(rows.get(key, memory), memory)
-
-    def lower(self, team: str, priority: int) -> list[Holding]:
-        """The team's shares below `priority` (some may have gone since)."""
-        found = self.by_team.get(team)
-        return found[: bisect_left(self._priorities[team], priority)] if found else []
 
     def own_below(self, team: str, priority: int) -> tuple[list[tuple[int, int, tuple[int, ...], Vec]], Vec]:
         """The team's other counted shares below `priority` (see `own`), and what they hold on all
